@@ -1,0 +1,1 @@
+//! broker: placeholder until its issue lands.

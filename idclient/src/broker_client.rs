@@ -1,0 +1,1 @@
+//! The broker client (owned by the broker work).

@@ -1,0 +1,492 @@
+//! Start and stop a local quorum of `redis-server` processes configured for durability.
+//!
+//! [`LocalQuorum`] is used three ways: `idctl cluster up/down` (processes outlive the
+//! command, their pids are recorded in `DIR/cluster.json`), and tests and benchmarks
+//! ([`LocalQuorum::temp`]: free loopback ports in a temp dir, stopped on drop).
+
+use std::io::{Read, Write};
+use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::time::{Duration, Instant};
+
+/// How long a node may take to answer PING after it was started. A node replaying a
+/// large AOF can be slow; a node that takes longer is reported as failed to start.
+pub const START_TIMEOUT: Duration = Duration::from_secs(20);
+
+/// How long `down` waits for a node to exit after SIGTERM before it sends SIGKILL.
+pub const STOP_TIMEOUT: Duration = Duration::from_secs(10);
+
+/// The file under the cluster dir that records what `cluster up` started.
+pub const STATE_FILE: &str = "cluster.json";
+
+/// What can go wrong starting or stopping a local quorum.
+#[derive(Debug, thiserror::Error)]
+pub enum ClusterError {
+    #[error("redis-server not found in PATH: install it (Debian/Ubuntu: `sudo apt-get install redis-server`) or put it on PATH")]
+    RedisMissing,
+    #[error("port {port} on 127.0.0.1 is already in use: pick another --base-port, or stop what holds it")]
+    PortInUse { port: u16 },
+    #[error("node count must be odd and at least 3, got {0}")]
+    BadNodeCount(usize),
+    #[error("ports {base}..{base}+{nodes} do not fit below 65536")]
+    BadPorts { base: u16, nodes: usize },
+    #[error("redis-server on port {port} failed to start: {reason}")]
+    StartFailed { port: u16, reason: String },
+    #[error("{path}: a cluster is already running there (pids {pids:?}); run `idctl cluster down --dir {dir}` first", path = .state.display(), dir = .dir.display())]
+    AlreadyRunning { state: PathBuf, dir: PathBuf, pids: Vec<u32> },
+    #[error("{}: no cluster state found (was `idctl cluster up --dir` run with this dir?)", .0.display())]
+    NoState(PathBuf),
+    #[error("{path}: {source}", path = .path.display())]
+    Io { path: PathBuf, source: std::io::Error },
+    #[error("{path}: unreadable cluster state: {source}", path = .path.display())]
+    State { path: PathBuf, source: serde_json::Error },
+}
+
+fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ClusterError + '_ {
+    move |source| ClusterError::Io { path: path.to_path_buf(), source }
+}
+
+/// One node as recorded in `cluster.json`.
+#[derive(Debug, Clone, serde::Serialize, serde::Deserialize)]
+pub struct NodeRecord {
+    pub port: u16,
+    pub pid: u32,
+    pub url: String,
+    pub data_dir: PathBuf,
+}
+
+#[derive(Debug, serde::Serialize, serde::Deserialize)]
+struct StateFile {
+    nodes: Vec<NodeRecord>,
+}
+
+struct LocalNode {
+    port: u16,
+    data_dir: PathBuf,
+    child: Option<Child>,
+}
+
+/// A running local quorum. Dropping it stops every node it started (SIGKILL, then reap),
+/// unless it was [`detach`](LocalQuorum::detach)ed.
+pub struct LocalQuorum {
+    dir: PathBuf,
+    nodes: Vec<LocalNode>,
+    _temp: Option<tempfile_guard::TempDir>,
+}
+
+mod tempfile_guard {
+    //! A minimal temp-dir guard (removed on drop), so the library needs no extra crate.
+    use std::path::{Path, PathBuf};
+
+    pub struct TempDir(PathBuf);
+
+    impl TempDir {
+        pub fn new(prefix: &str) -> std::io::Result<TempDir> {
+            let base = std::env::temp_dir();
+            for attempt in 0..100u32 {
+                let name = format!("{prefix}-{}-{}-{attempt}", std::process::id(), rand::random::<u32>());
+                let path = base.join(name);
+                match std::fs::create_dir(&path) {
+                    Ok(()) => return Ok(TempDir(path)),
+                    Err(e) if e.kind() == std::io::ErrorKind::AlreadyExists => continue,
+                    Err(e) => return Err(e),
+                }
+            }
+            Err(std::io::Error::other("could not create a unique temp dir"))
+        }
+
+        pub fn path(&self) -> &Path {
+            &self.0
+        }
+    }
+
+    impl Drop for TempDir {
+        fn drop(&mut self) {
+            let _ = std::fs::remove_dir_all(&self.0);
+        }
+    }
+}
+
+/// Finds a port that is free on 127.0.0.1 right now (the OS picks it).
+pub fn free_port() -> std::io::Result<u16> {
+    let listener = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))?;
+    Ok(listener.local_addr()?.port())
+}
+
+fn port_is_free(port: u16) -> bool {
+    TcpListener::bind((Ipv4Addr::LOCALHOST, port)).is_ok()
+}
+
+/// The `redis-server` arguments that make a node safe for the quorum (DESIGN.md).
+pub fn durable_args(port: u16, data_dir: &Path) -> Vec<String> {
+    let mut args: Vec<String> = vec![
+        "--port".into(),
+        port.to_string(),
+        "--bind".into(),
+        "127.0.0.1".into(),
+        "--dir".into(),
+        data_dir.display().to_string(),
+        "--logfile".into(),
+        data_dir.join("redis.log").display().to_string(),
+        "--daemonize".into(),
+        "no".into(),
+        "--appendonly".into(),
+        "yes".into(),
+        "--appendfsync".into(),
+        "always".into(),
+        "--no-appendfsync-on-rewrite".into(),
+        "no".into(),
+        "--maxmemory-policy".into(),
+        "noeviction".into(),
+        // No RDB snapshots: the AOF is the durable copy.
+        "--save".into(),
+        "".into(),
+    ];
+    args.shrink_to_fit();
+    args
+}
+
+/// Starts one redis-server in its own process group (so a terminal's Ctrl-C does not reach
+/// a detached cluster) and waits until it answers PING.
+fn spawn_node(port: u16, data_dir: &Path, extra_args: &[String]) -> Result<Child, ClusterError> {
+    std::fs::create_dir_all(data_dir).map_err(io_err(data_dir))?;
+    let mut cmd = Command::new("redis-server");
+    cmd.args(durable_args(port, data_dir))
+        .args(extra_args)
+        .stdin(Stdio::null())
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .process_group(0);
+    let mut child = cmd.spawn().map_err(|e| match e.kind() {
+        std::io::ErrorKind::NotFound => ClusterError::RedisMissing,
+        _ => ClusterError::StartFailed { port, reason: e.to_string() },
+    })?;
+    let started = Instant::now();
+    loop {
+        if ping(port) {
+            return Ok(child);
+        }
+        if let Ok(Some(status)) = child.try_wait() {
+            return Err(ClusterError::StartFailed {
+                port,
+                reason: format!("exited with {status}; log: {}", log_tail(data_dir)),
+            });
+        }
+        if started.elapsed() > START_TIMEOUT {
+            let _ = child.kill();
+            let _ = child.wait();
+            return Err(ClusterError::StartFailed {
+                port,
+                reason: format!("no PONG within {START_TIMEOUT:?}; log: {}", log_tail(data_dir)),
+            });
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn log_tail(data_dir: &Path) -> String {
+    let text = std::fs::read_to_string(data_dir.join("redis.log")).unwrap_or_default();
+    let lines: Vec<&str> = text.lines().rev().take(3).collect();
+    let tail: Vec<&str> = lines.into_iter().rev().collect();
+    if tail.is_empty() {
+        "(empty)".to_string()
+    } else {
+        tail.join(" | ")
+    }
+}
+
+/// True when a Redis server on 127.0.0.1:`port` answers PING.
+pub fn ping(port: u16) -> bool {
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    let Ok(mut stream) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
+    if stream.write_all(b"PING\r\n").is_err() {
+        return false;
+    }
+    let mut buf = [0u8; 7];
+    stream.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n"
+}
+
+impl LocalQuorum {
+    /// Starts `nodes` durable redis-servers on ports `base_port..` with data dirs under
+    /// `dir`, and records them in `dir/cluster.json`. Nodes stop when the value drops,
+    /// unless [`detach`](Self::detach) is called.
+    ///
+    /// # Errors
+    /// An even or too small node count, a port in use, redis-server missing or failing
+    /// to start (the nodes already started are stopped again), a cluster already running
+    /// in `dir`, or the state file not writable.
+    pub fn start(dir: &Path, nodes: usize, base_port: u16) -> Result<LocalQuorum, ClusterError> {
+        check_node_count(nodes)?;
+        if usize::from(base_port) + nodes > 65536 || base_port == 0 {
+            return Err(ClusterError::BadPorts { base: base_port, nodes });
+        }
+        let state = dir.join(STATE_FILE);
+        if let Ok(old) = read_state(dir) {
+            let alive: Vec<u32> = old.iter().filter(|n| is_our_redis(n.pid, n.port)).map(|n| n.pid).collect();
+            if !alive.is_empty() {
+                return Err(ClusterError::AlreadyRunning { state, dir: dir.to_path_buf(), pids: alive });
+            }
+        }
+        let ports: Vec<u16> = (0..nodes).map(|i| base_port + i as u16).collect();
+        if let Some(&port) = ports.iter().find(|&&p| !port_is_free(p)) {
+            return Err(ClusterError::PortInUse { port });
+        }
+        std::fs::create_dir_all(dir).map_err(io_err(dir))?;
+        let mut quorum = LocalQuorum { dir: dir.to_path_buf(), nodes: Vec::new(), _temp: None };
+        for port in ports {
+            let data_dir = dir.join(format!("node-{port}"));
+            let child = spawn_node(port, &data_dir, &[])?;
+            quorum.nodes.push(LocalNode { port, data_dir, child: Some(child) });
+        }
+        quorum.write_state()?;
+        Ok(quorum)
+    }
+
+    /// Starts a throwaway quorum on free loopback ports in a fresh temp dir; everything
+    /// is stopped and removed on drop. This is what tests and benchmarks use.
+    ///
+    /// # Errors
+    /// As [`LocalQuorum::start`].
+    pub fn temp(nodes: usize) -> Result<LocalQuorum, ClusterError> {
+        LocalQuorum::temp_with_args(nodes, &[])
+    }
+
+    /// Like [`LocalQuorum::temp`], with extra `redis-server` arguments appended to the
+    /// durable ones (tests use this to start a deliberately unsafe node).
+    ///
+    /// # Errors
+    /// As [`LocalQuorum::start`].
+    pub fn temp_with_args(nodes: usize, extra_args: &[String]) -> Result<LocalQuorum, ClusterError> {
+        if nodes == 0 {
+            return Err(ClusterError::BadNodeCount(nodes));
+        }
+        let temp = tempfile_guard::TempDir::new("qlist-quorum").map_err(io_err(&std::env::temp_dir()))?;
+        let dir = temp.path().to_path_buf();
+        let mut quorum = LocalQuorum { dir: dir.clone(), nodes: Vec::new(), _temp: None };
+        for i in 0..nodes {
+            let data_dir = dir.join(format!("node-{i}"));
+            // A free port can be taken between our probe and redis' bind: try a few.
+            let mut last = None;
+            for _ in 0..5 {
+                let port = free_port().map_err(io_err(&dir))?;
+                match spawn_node(port, &data_dir, extra_args) {
+                    Ok(child) => {
+                        quorum.nodes.push(LocalNode { port, data_dir: data_dir.clone(), child: Some(child) });
+                        last = None;
+                        break;
+                    }
+                    Err(e @ ClusterError::RedisMissing) => return Err(e),
+                    Err(e) => last = Some(e),
+                }
+            }
+            if let Some(e) = last {
+                return Err(e);
+            }
+        }
+        quorum._temp = Some(temp);
+        Ok(quorum)
+    }
+
+    /// The directory holding the nodes' data dirs.
+    pub fn dir(&self) -> &Path {
+        &self.dir
+    }
+
+    /// Number of nodes.
+    pub fn len(&self) -> usize {
+        self.nodes.len()
+    }
+
+    /// A quorum always has nodes.
+    pub fn is_empty(&self) -> bool {
+        self.nodes.is_empty()
+    }
+
+    /// The nodes' ports, in order.
+    pub fn ports(&self) -> Vec<u16> {
+        self.nodes.iter().map(|n| n.port).collect()
+    }
+
+    /// The nodes' URLs (`redis://127.0.0.1:PORT`), in order.
+    pub fn urls(&self) -> Vec<String> {
+        self.nodes.iter().map(|n| format!("redis://127.0.0.1:{}", n.port)).collect()
+    }
+
+    /// The URLs joined by commas, as `--nodes` takes them.
+    pub fn urls_arg(&self) -> String {
+        self.urls().join(",")
+    }
+
+    /// The pid of node `i`, if it is running.
+    pub fn pid(&self, i: usize) -> Option<u32> {
+        self.nodes[i].child.as_ref().map(|c| c.id())
+    }
+
+    /// kill -9 node `i` and reap it. Its data dir stays, so [`restart`](Self::restart)
+    /// brings it back with everything it had fsynced.
+    pub fn kill(&mut self, i: usize) {
+        if let Some(mut child) = self.nodes[i].child.take() {
+            let _ = child.kill();
+            let _ = child.wait();
+        }
+    }
+
+    /// Starts node `i` again on its old port and data dir.
+    ///
+    /// # Errors
+    /// The node fails to start (e.g. its port was taken meanwhile).
+    pub fn restart(&mut self, i: usize) -> Result<(), ClusterError> {
+        self.kill(i);
+        let node = &mut self.nodes[i];
+        node.child = Some(spawn_node(node.port, &node.data_dir, &[])?);
+        if self._temp.is_none() {
+            self.write_state()?;
+        }
+        Ok(())
+    }
+
+    /// SIGSTOP node `i`: it keeps its connections but answers nothing until resumed.
+    pub fn pause(&self, i: usize) {
+        self.signal(i, libc::SIGSTOP);
+    }
+
+    /// SIGCONT node `i`.
+    pub fn resume(&self, i: usize) {
+        self.signal(i, libc::SIGCONT);
+    }
+
+    fn signal(&self, i: usize, sig: libc::c_int) {
+        if let Some(pid) = self.pid(i) {
+            // SAFETY: kill(2) on a pid we spawned and have not reaped yet.
+            unsafe {
+                libc::kill(pid as libc::pid_t, sig);
+            }
+        }
+    }
+
+    /// Leaves the nodes running after this value is dropped (for `idctl cluster up`);
+    /// `cluster down` stops them by the pids in the state file.
+    pub fn detach(mut self) -> Vec<NodeRecord> {
+        let records = self.records();
+        for node in &mut self.nodes {
+            node.child = None; // dropping a Child neither kills nor waits
+        }
+        records
+    }
+
+    fn records(&self) -> Vec<NodeRecord> {
+        self.nodes
+            .iter()
+            .filter_map(|n| {
+                n.child.as_ref().map(|c| NodeRecord {
+                    port: n.port,
+                    pid: c.id(),
+                    url: format!("redis://127.0.0.1:{}", n.port),
+                    data_dir: n.data_dir.clone(),
+                })
+            })
+            .collect()
+    }
+
+    fn write_state(&self) -> Result<(), ClusterError> {
+        let path = self.dir.join(STATE_FILE);
+        let tmp = self.dir.join(format!("{STATE_FILE}.tmp"));
+        let json = serde_json::to_vec_pretty(&StateFile { nodes: self.records() })
+            .map_err(|source| ClusterError::State { path: path.clone(), source })?;
+        std::fs::write(&tmp, json).map_err(io_err(&tmp))?;
+        std::fs::rename(&tmp, &path).map_err(io_err(&path))
+    }
+}
+
+impl Drop for LocalQuorum {
+    fn drop(&mut self) {
+        for i in 0..self.nodes.len() {
+            // A paused node must be resumed or SIGKILL still works; SIGKILL works on
+            // stopped processes, so just kill.
+            self.kill(i);
+        }
+    }
+}
+
+fn check_node_count(nodes: usize) -> Result<(), ClusterError> {
+    if nodes < 3 || nodes % 2 == 0 {
+        return Err(ClusterError::BadNodeCount(nodes));
+    }
+    Ok(())
+}
+
+/// Reads the nodes recorded by `cluster up` in `dir`.
+///
+/// # Errors
+/// No state file, or one that does not parse.
+pub fn read_state(dir: &Path) -> Result<Vec<NodeRecord>, ClusterError> {
+    let path = dir.join(STATE_FILE);
+    let bytes = match std::fs::read(&path) {
+        Ok(b) => b,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(ClusterError::NoState(dir.to_path_buf())),
+        Err(e) => return Err(ClusterError::Io { path, source: e }),
+    };
+    let state: StateFile = serde_json::from_slice(&bytes).map_err(|source| ClusterError::State { path, source })?;
+    Ok(state.nodes)
+}
+
+/// True if `pid` is alive, not a zombie, and is a redis-server on `port` (so a recycled
+/// pid is never signalled).
+fn is_our_redis(pid: u32, port: u16) -> bool {
+    let Ok(cmdline) = std::fs::read(format!("/proc/{pid}/cmdline")) else {
+        return false;
+    };
+    let cmdline = String::from_utf8_lossy(&cmdline);
+    if !cmdline.contains("redis-server") {
+        return false;
+    }
+    // redis-server rewrites its title to "redis-server 127.0.0.1:PORT".
+    if !(cmdline.contains(&format!(":{port}")) || cmdline.contains(&format!("\0{port}\0"))) {
+        return false;
+    }
+    match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
+        Ok(stat) => !stat.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z')),
+        Err(_) => false,
+    }
+}
+
+/// Stops the nodes `cluster up` started in `dir`: SIGTERM by recorded pid (only if that
+/// pid is still our redis-server), SIGKILL after [`STOP_TIMEOUT`]. Returns how many were
+/// running. Data dirs are kept.
+///
+/// # Errors
+/// No state file in `dir`.
+pub fn down(dir: &Path) -> Result<usize, ClusterError> {
+    let nodes = read_state(dir)?;
+    let mut stopped = 0;
+    for node in &nodes {
+        if !is_our_redis(node.pid, node.port) {
+            continue;
+        }
+        stopped += 1;
+        // SAFETY: kill(2) on a pid we verified to be our redis-server just above.
+        unsafe {
+            libc::kill(node.pid as libc::pid_t, libc::SIGCONT);
+            libc::kill(node.pid as libc::pid_t, libc::SIGTERM);
+        }
+        let started = Instant::now();
+        while is_our_redis(node.pid, node.port) {
+            if started.elapsed() > STOP_TIMEOUT {
+                // SAFETY: as above.
+                unsafe {
+                    libc::kill(node.pid as libc::pid_t, libc::SIGKILL);
+                }
+                break;
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+    let path = dir.join(STATE_FILE);
+    std::fs::remove_file(&path).map_err(io_err(&path))?;
+    Ok(stopped)
+}

@@ -1,0 +1,74 @@
+//! idclient: globally ordered, never-repeated IDs from a majority of independent Redis nodes.
+//!
+//! Every ID handed out is greater than every ID handed out before it, anywhere, and no ID
+//! is handed out twice, through crashes, pauses and partitions (see `docs/` and DESIGN.md).
+//!
+//! Main types:
+//! - [`QuorumClient`]: the direct client. One conditional-write round per request
+//!   ([`Protocol::Fast`], the default) or read-then-write ([`Protocol::Classic`]).
+//! - [`IdSource`]: what producers and benchmarks take; the direct client and the broker
+//!   client both implement it.
+//! - [`cluster::LocalQuorum`]: starts and stops a local `redis-server` quorum (used by
+//!   `idctl cluster up`, tests and benchmarks).
+//! - [`history`]: a linearizability checker for recorded ID histories.
+
+pub mod cluster;
+pub mod error;
+pub mod history;
+pub mod node;
+pub mod quorum;
+pub mod script;
+pub mod wire;
+pub mod broker_client;
+
+pub use error::IdError;
+pub use quorum::{ClientConfig, Counters, Protocol, QuorumClient};
+
+use std::future::Future;
+
+/// An inclusive range of IDs `lo..=hi`, reserved by one successful quorum round.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+pub struct IdRange {
+    pub lo: u64,
+    pub hi: u64,
+}
+
+impl IdRange {
+    /// Number of IDs in the range (`hi - lo + 1`).
+    pub fn len(&self) -> u64 {
+        self.hi - self.lo + 1
+    }
+
+    /// A range always holds at least one ID.
+    pub fn is_empty(&self) -> bool {
+        false
+    }
+
+    /// The IDs of the range in ascending order.
+    pub fn iter(&self) -> std::ops::RangeInclusive<u64> {
+        self.lo..=self.hi
+    }
+}
+
+/// A source of globally ordered IDs: the direct quorum client or a broker client.
+///
+/// Guarantee of every implementation: a returned range lies wholly above every range
+/// returned (by any source on the same quorum) before this call was made, and no ID is
+/// returned twice.
+pub trait IdSource: Send + Sync {
+    /// Reserves `n` consecutive IDs (`n >= 1`) in one round.
+    ///
+    /// # Errors
+    /// No quorum, deadline exceeded, unsafe node configuration, bad register value or
+    /// (for brokers) a broken connection to every broker. An error never carries IDs:
+    /// IDs whose outcome is unknown are burned (a hole), never handed out.
+    fn next_ids(&self, n: u64) -> impl Future<Output = Result<IdRange, IdError>> + Send;
+
+    /// One ID.
+    ///
+    /// # Errors
+    /// As [`IdSource::next_ids`].
+    fn next_id(&self) -> impl Future<Output = Result<u64, IdError>> + Send {
+        async move { self.next_ids(1).await.map(|r| r.lo) }
+    }
+}

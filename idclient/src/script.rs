@@ -1,0 +1,1 @@
+//! The conditional-write Lua script.

@@ -1,0 +1,1 @@
+//! The idbroker wire protocol (owned by the broker work).

@@ -1,0 +1,1 @@
+//! merger: placeholder until its issue lands.

@@ -1,0 +1,1 @@
+//! producer: placeholder until its issue lands.

@@ -1,0 +1,1 @@
+//! list.bin (owned by the merger work).

@@ -1,0 +1,1 @@
+//! The RocksDB sublist schema (owned by the producer work).
