@@ -1,1 +1,692 @@
-//! list.bin (owned by the merger work).
+//! list.bin: the merger's output, one file holding every item in strictly increasing ID order.
+//!
+//! Layout (little-endian throughout, see `docs/list-format.md`):
+//!
+//! ```text
+//! header:  8 bytes magic "QLIST001", u64 record count
+//! record:  u64 id, u32 shard, u64 seq, u64 payload length, payload bytes
+//!          (bincode 1.3 legacy fixed-int encoding of `Record`)
+//! footer:  u32 CRC-32 (IEEE, as zlib's crc32) of all record bytes
+//! ```
+//!
+//! - [`ListWriter`] writes a temporary file next to the target, fsyncs it, renames it into
+//!   place and fsyncs the directory, so a reader never sees a torn list.bin; a writer that is
+//!   dropped before [`ListWriter::finish`] (or fails) removes its temporary file.
+//! - [`ListReader`] streams records back as `Result<Record, ListError>`, checking framing,
+//!   strict ID order, the count and the checksum as it goes; every error names a byte offset.
+//! - [`verify`] reads a whole file and returns a [`Summary`] or the first problem.
+
+use std::fs::File;
+use std::io::{self, BufReader, BufWriter, Read, Seek, SeekFrom, Write};
+use std::path::{Path, PathBuf};
+
+use crate::Record;
+
+/// The footer's checksum (CRC-32 IEEE), re-exported so tools that produce list.bin bytes
+/// themselves (benchmarks, tests) compute exactly the same one.
+pub use crc32fast::Hasher as Crc32;
+
+/// The 8 bytes every list.bin starts with; the digits version the format.
+pub const MAGIC: [u8; 8] = *b"QLIST001";
+/// Magic plus the u64 record count.
+pub const HEADER_LEN: u64 = 16;
+/// The u32 CRC-32 after the last record.
+pub const FOOTER_LEN: u64 = 4;
+/// Fixed part of a record before its payload: id u64, shard u32, seq u64, length u64.
+pub const RECORD_HEAD_LEN: usize = 8 + 4 + 8 + 8;
+/// Byte offset of the record count inside the header (patched by the writer at the end).
+const COUNT_OFFSET: u64 = 8;
+/// Large buffers: list.bin is written and read strictly sequentially, and the default 8 KiB
+/// would cost one syscall per ~60 records.
+const IO_BUFFER: usize = 1 << 20;
+
+/// Everything that can go wrong writing or reading a list.bin. Format errors carry the byte
+/// offset (from the start of the file) of the first problem found.
+#[derive(Debug, thiserror::Error)]
+pub enum ListError {
+    /// An operating-system error on the named file.
+    #[error("{path}: {op}: {source}")]
+    Io {
+        path: PathBuf,
+        op: &'static str,
+        #[source]
+        source: io::Error,
+    },
+    /// The directory that should receive the output does not exist.
+    #[error("output directory {} does not exist", dir.display())]
+    MissingDir { dir: PathBuf },
+    /// The writer was handed IDs that are not strictly increasing.
+    #[error("refusing to write record id {id} after id {prev}: list.bin ids must strictly increase")]
+    WriteOrder { prev: u64, id: u64 },
+    /// The file is shorter than a header plus a footer.
+    #[error("file is {len} bytes, shorter than the {min}-byte minimum (header + footer): not a list.bin or truncated")]
+    TooShort { len: u64, min: u64 },
+    /// The first 8 bytes are not `QLIST001`.
+    #[error("byte 0: bad magic {}, expected \"QLIST001\": not a list.bin", found.escape_ascii())]
+    BadMagic { found: [u8; 8] },
+    /// A record's fixed part or payload runs past the start of the footer.
+    #[error("byte {offset}: record {index} is truncated: its {what} needs {need} bytes but only {have} remain before the footer")]
+    Truncated { offset: u64, index: u64, what: &'static str, need: u64, have: u64 },
+    /// The header count disagrees with the records actually present.
+    #[error("byte {offset}: header says {header} records but {}", if *found < *header { format!("the records end after {found}") } else { format!("more record bytes follow record {header} ({extra} bytes before the footer)") })]
+    CountMismatch { offset: u64, header: u64, found: u64, extra: u64 },
+    /// A record's ID is not above the previous record's ID.
+    #[error("byte {offset}: record {index} has id {id}, not above the previous id {prev}: ids must strictly increase")]
+    OutOfOrder { offset: u64, index: u64, prev: u64, id: u64 },
+    /// The stored CRC-32 does not match the record bytes.
+    #[error("byte {offset}: checksum mismatch: footer stores {stored:#010x}, records hash to {computed:#010x} (a record byte or the footer is corrupt)")]
+    Checksum { offset: u64, stored: u32, computed: u32 },
+}
+
+/// What a complete, valid list.bin holds (returned by [`verify`] and [`ListWriter::finish`]).
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Summary {
+    /// Number of records.
+    pub records: u64,
+    /// Total file size in bytes.
+    pub file_bytes: u64,
+    /// Sum of payload lengths.
+    pub payload_bytes: u64,
+    /// Smallest ID, if any record.
+    pub first_id: Option<u64>,
+    /// Largest ID, if any record.
+    pub last_id: Option<u64>,
+    /// The CRC-32 stored in the footer.
+    pub checksum: u32,
+}
+
+/// Encodes the fixed part of a record (everything but the payload bytes): the same bytes
+/// `bincode::serialize` produces for the first four fields, written by hand for speed.
+pub fn encode_record_head(record: &Record) -> [u8; RECORD_HEAD_LEN] {
+    let mut head = [0u8; RECORD_HEAD_LEN];
+    head[0..8].copy_from_slice(&record.id.to_le_bytes());
+    head[8..12].copy_from_slice(&record.shard.to_le_bytes());
+    head[12..20].copy_from_slice(&record.seq.to_le_bytes());
+    head[20..28].copy_from_slice(&(record.payload.len() as u64).to_le_bytes());
+    head
+}
+
+/// Appends one full encoded record to `out` (used by tools that build list.bin bytes
+/// themselves, e.g. benchmarks and tests).
+pub fn encode_record(record: &Record, out: &mut Vec<u8>) {
+    out.extend_from_slice(&encode_record_head(record));
+    out.extend_from_slice(&record.payload);
+}
+
+fn io_err<'a>(path: &'a Path, op: &'static str) -> impl FnOnce(io::Error) -> ListError + 'a {
+    move |source| ListError::Io { path: path.to_path_buf(), op, source }
+}
+
+/// Writes a list.bin atomically: records go to a temporary file in the target directory,
+/// which [`ListWriter::finish`] completes (count, checksum), fsyncs and renames into place.
+///
+/// Dropping the writer before `finish`, or any error, removes the temporary file, so no
+/// partial file ever appears under the final name.
+pub struct ListWriter {
+    path: PathBuf,
+    tmp: Option<tempfile::NamedTempFile>,
+    out: BufWriter<File>,
+    hasher: crc32fast::Hasher,
+    records: u64,
+    bytes: u64,
+    payload_bytes: u64,
+    first_id: Option<u64>,
+    last_id: Option<u64>,
+}
+
+impl ListWriter {
+    /// Starts writing `path` (through a temporary file in the same directory).
+    ///
+    /// # Errors
+    /// [`ListError::MissingDir`] if the parent directory does not exist, [`ListError::Io`]
+    /// if the temporary file cannot be created.
+    pub fn create(path: &Path) -> Result<ListWriter, ListError> {
+        let dir = match path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        if !dir.is_dir() {
+            return Err(ListError::MissingDir { dir });
+        }
+        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        // A leading dot and a .tmp suffix: clearly not a finished list.bin to anyone listing
+        // the directory, and unique so concurrent or crashed merges never collide.
+        let tmp = tempfile::Builder::new()
+            .prefix(&format!(".{name}."))
+            .suffix(".tmp")
+            .tempfile_in(&dir)
+            .map_err(io_err(&dir, "create temporary file"))?;
+        let file = tmp.reopen().map_err(io_err(tmp.path(), "open temporary file"))?;
+        let mut out = BufWriter::with_capacity(IO_BUFFER, file);
+        let mut header = [0u8; HEADER_LEN as usize];
+        header[..8].copy_from_slice(&MAGIC);
+        out.write_all(&header).map_err(io_err(tmp.path(), "write header"))?;
+        Ok(ListWriter {
+            path: path.to_path_buf(),
+            tmp: Some(tmp),
+            out,
+            hasher: crc32fast::Hasher::new(),
+            records: 0,
+            bytes: HEADER_LEN,
+            payload_bytes: 0,
+            first_id: None,
+            last_id: None,
+        })
+    }
+
+    /// The final path this writer will rename its file to.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Records written so far.
+    pub fn records(&self) -> u64 {
+        self.records
+    }
+
+    /// Bytes written so far (header and records).
+    pub fn bytes(&self) -> u64 {
+        self.bytes
+    }
+
+    fn tmp_path(&self) -> &Path {
+        self.tmp.as_ref().map(|t| t.path()).unwrap_or(&self.path)
+    }
+
+    /// Appends one record.
+    ///
+    /// # Errors
+    /// [`ListError::WriteOrder`] if `record.id` is not above the previous ID (list.bin's
+    /// order is its contract, so the writer enforces it too), [`ListError::Io`] on a write error.
+    pub fn write(&mut self, record: &Record) -> Result<(), ListError> {
+        if let Some(prev) = self.last_id {
+            if record.id <= prev {
+                return Err(ListError::WriteOrder { prev, id: record.id });
+            }
+        }
+        let head = encode_record_head(record);
+        self.hasher.update(&head);
+        self.hasher.update(&record.payload);
+        let res = self.out.write_all(&head).and_then(|()| self.out.write_all(&record.payload));
+        if let Err(e) = res {
+            return Err(io_err(self.tmp_path(), "write record")(e));
+        }
+        self.records += 1;
+        self.bytes += (RECORD_HEAD_LEN + record.payload.len()) as u64;
+        self.payload_bytes += record.payload.len() as u64;
+        self.first_id.get_or_insert(record.id);
+        self.last_id = Some(record.id);
+        Ok(())
+    }
+
+    /// Writes the footer, patches the count into the header, fsyncs the file, renames it to
+    /// the final path and fsyncs the directory.
+    ///
+    /// # Errors
+    /// [`ListError::Io`] if any step fails; the temporary file is removed then.
+    pub fn finish(mut self) -> Result<Summary, ListError> {
+        let checksum = self.hasher.clone().finalize();
+        let tmp_path = self.tmp_path().to_path_buf();
+        let tmp = self.tmp.take();
+        let res = (|| {
+            self.out.write_all(&checksum.to_le_bytes()).map_err(io_err(&tmp_path, "write footer"))?;
+            self.out.flush().map_err(io_err(&tmp_path, "write"))?;
+            let file = self.out.get_mut();
+            file.seek(SeekFrom::Start(COUNT_OFFSET)).map_err(io_err(&tmp_path, "seek"))?;
+            file.write_all(&self.records.to_le_bytes()).map_err(io_err(&tmp_path, "write count"))?;
+            file.sync_all().map_err(io_err(&tmp_path, "fsync"))?;
+            Ok(())
+        })();
+        // On error `tmp` drops here and deletes the temporary file.
+        res?;
+        let tmp = tmp.ok_or_else(|| ListError::Io {
+            path: tmp_path.clone(),
+            op: "finish",
+            source: io::Error::other("writer already finished"),
+        })?;
+        tmp.persist(&self.path).map_err(|e| ListError::Io {
+            path: self.path.clone(),
+            op: "rename temporary file into place",
+            source: e.error,
+        })?;
+        let dir = match self.path.parent() {
+            Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+            _ => PathBuf::from("."),
+        };
+        // The rename is durable only once the directory entry is on disk.
+        File::open(&dir)
+            .and_then(|d| d.sync_all())
+            .map_err(io_err(&dir, "fsync directory"))?;
+        Ok(Summary {
+            records: self.records,
+            file_bytes: self.bytes + FOOTER_LEN,
+            payload_bytes: self.payload_bytes,
+            first_id: self.first_id,
+            last_id: self.last_id,
+            checksum,
+        })
+    }
+}
+
+/// Streams the records of a list.bin, validating as it reads.
+///
+/// Yields every record in order, then (instead of `None`) one error if the end of the file
+/// is wrong: a count mismatch or a checksum mismatch. Records are yielded before the
+/// checksum can be checked, so a consumer must read to the end and treat any error as
+/// "the whole file is bad". After the first error the iterator ends.
+pub struct ListReader<R> {
+    input: R,
+    /// Named in I/O errors; empty for an anonymous stream.
+    path: PathBuf,
+    /// Offset of the first footer byte: records occupy `HEADER_LEN..records_end`.
+    records_end: u64,
+    header_count: u64,
+    pos: u64,
+    index: u64,
+    last_id: Option<u64>,
+    hasher: crc32fast::Hasher,
+    payload_bytes: u64,
+    first_id: Option<u64>,
+    done: bool,
+    checksum: Option<u32>,
+}
+
+impl ListReader<BufReader<File>> {
+    /// Opens a list.bin file and checks its header.
+    ///
+    /// # Errors
+    /// [`ListError::Io`] if the file cannot be opened, [`ListError::TooShort`] or
+    /// [`ListError::BadMagic`] if it is not a list.bin.
+    pub fn open(path: &Path) -> Result<Self, ListError> {
+        let file = File::open(path).map_err(io_err(path, "open"))?;
+        let len = file.metadata().map_err(io_err(path, "stat"))?.len();
+        let mut reader = ListReader::new(BufReader::with_capacity(IO_BUFFER, file), len).map_err(|e| match e {
+            ListError::Io { op, source, .. } => ListError::Io { path: path.to_path_buf(), op, source },
+            other => other,
+        })?;
+        reader.path = path.to_path_buf();
+        Ok(reader)
+    }
+}
+
+impl<R: Read> ListReader<R> {
+    /// Reads the header from `input`, a stream of exactly `len` bytes (the file size: it
+    /// locates the footer and bounds every payload length, so a corrupt length can never
+    /// make the reader allocate more than the file holds).
+    ///
+    /// # Errors
+    /// [`ListError::TooShort`], [`ListError::BadMagic`], or [`ListError::Io`] (with an
+    /// empty path when reading an anonymous stream).
+    pub fn new(mut input: R, len: u64) -> Result<Self, ListError> {
+        let min = HEADER_LEN + FOOTER_LEN;
+        if len < min {
+            return Err(ListError::TooShort { len, min });
+        }
+        let mut header = [0u8; HEADER_LEN as usize];
+        input.read_exact(&mut header).map_err(io_err(Path::new(""), "read header"))?;
+        let mut found = [0u8; 8];
+        found.copy_from_slice(&header[..8]);
+        if found != MAGIC {
+            return Err(ListError::BadMagic { found });
+        }
+        let header_count = u64::from_le_bytes(le8(&header[8..16]));
+        Ok(ListReader {
+            input,
+            path: PathBuf::new(),
+            records_end: len - FOOTER_LEN,
+            header_count,
+            pos: HEADER_LEN,
+            index: 0,
+            last_id: None,
+            hasher: crc32fast::Hasher::new(),
+            payload_bytes: 0,
+            first_id: None,
+            done: false,
+            checksum: None,
+        })
+    }
+
+    /// The record count the header claims (checked against the records when the end is read).
+    pub fn header_count(&self) -> u64 {
+        self.header_count
+    }
+
+    /// Byte offset of the next record to be read.
+    pub fn position(&self) -> u64 {
+        self.pos
+    }
+
+    /// After the iterator returned `None` (the file is fully valid), its summary.
+    pub fn summary(&self) -> Option<Summary> {
+        self.checksum.map(|checksum| Summary {
+            records: self.index,
+            file_bytes: self.records_end + FOOTER_LEN,
+            payload_bytes: self.payload_bytes,
+            first_id: self.first_id,
+            last_id: self.last_id,
+            checksum,
+        })
+    }
+
+    fn read_record(&mut self) -> Result<Option<Record>, ListError> {
+        let offset = self.pos;
+        let have = self.records_end - offset;
+        if self.index == self.header_count {
+            if have != 0 {
+                return Err(ListError::CountMismatch {
+                    offset,
+                    header: self.header_count,
+                    found: self.index,
+                    extra: have,
+                });
+            }
+            return self.read_footer().map(|()| None);
+        }
+        if have == 0 {
+            return Err(ListError::CountMismatch { offset, header: self.header_count, found: self.index, extra: 0 });
+        }
+        if have < RECORD_HEAD_LEN as u64 {
+            return Err(ListError::Truncated {
+                offset,
+                index: self.index,
+                what: "fixed fields",
+                need: RECORD_HEAD_LEN as u64,
+                have,
+            });
+        }
+        let mut head = [0u8; RECORD_HEAD_LEN];
+        self.input.read_exact(&mut head).map_err(io_err(&self.path, "read record"))?;
+        let id = u64::from_le_bytes(le8(&head[0..8]));
+        let shard = u32::from_le_bytes([head[8], head[9], head[10], head[11]]);
+        let seq = u64::from_le_bytes(le8(&head[12..20]));
+        let len = u64::from_le_bytes(le8(&head[20..28]));
+        let have = have - RECORD_HEAD_LEN as u64;
+        // The guard against a lying length: never allocate more than the file still holds.
+        if len > have {
+            return Err(ListError::Truncated { offset, index: self.index, what: "payload", need: len, have });
+        }
+        if let Some(prev) = self.last_id {
+            if id <= prev {
+                return Err(ListError::OutOfOrder { offset, index: self.index, prev, id });
+            }
+        }
+        // `len <= have <= file size`, which fits in memory's address space on 64-bit.
+        let mut payload = vec![0u8; len as usize];
+        self.input.read_exact(&mut payload).map_err(io_err(&self.path, "read payload"))?;
+        self.hasher.update(&head);
+        self.hasher.update(&payload);
+        self.pos += RECORD_HEAD_LEN as u64 + len;
+        self.index += 1;
+        self.payload_bytes += len;
+        self.first_id.get_or_insert(id);
+        self.last_id = Some(id);
+        Ok(Some(Record { id, shard, seq, payload }))
+    }
+
+    fn read_footer(&mut self) -> Result<(), ListError> {
+        let mut footer = [0u8; FOOTER_LEN as usize];
+        self.input.read_exact(&mut footer).map_err(io_err(&self.path, "read footer"))?;
+        let stored = u32::from_le_bytes(footer);
+        let computed = self.hasher.clone().finalize();
+        if stored != computed {
+            return Err(ListError::Checksum { offset: self.records_end, stored, computed });
+        }
+        self.checksum = Some(stored);
+        Ok(())
+    }
+}
+
+impl<R: Read> Iterator for ListReader<R> {
+    type Item = Result<Record, ListError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        match self.read_record() {
+            Ok(Some(r)) => Some(Ok(r)),
+            Ok(None) => {
+                self.done = true;
+                None
+            }
+            Err(e) => {
+                self.done = true;
+                Some(Err(e))
+            }
+        }
+    }
+}
+
+fn le8(b: &[u8]) -> [u8; 8] {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(b);
+    a
+}
+
+/// Checks a whole list.bin: magic, framing of every record, strict ID order, the header
+/// count and the checksum.
+///
+/// # Errors
+/// The first problem found, with its byte offset; [`ListError::Io`] if the file cannot be read.
+pub fn verify(path: &Path) -> Result<Summary, ListError> {
+    let mut reader = ListReader::open(path)?;
+    for item in reader.by_ref() {
+        item?;
+    }
+    reader.summary().ok_or_else(|| ListError::Io {
+        path: path.to_path_buf(),
+        op: "verify",
+        source: io::Error::other("reader stopped without a verdict"),
+    })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Cursor;
+
+    fn rec(id: u64, shard: u32, seq: u64, payload: &[u8]) -> Record {
+        Record { id, shard, seq, payload: payload.to_vec() }
+    }
+
+    fn write_file(dir: &Path, records: &[Record]) -> PathBuf {
+        let path = dir.join("list.bin");
+        let mut w = ListWriter::create(&path).expect("create");
+        for r in records {
+            w.write(r).expect("write");
+        }
+        w.finish().expect("finish");
+        path
+    }
+
+    fn sample() -> Vec<Record> {
+        vec![rec(1, 0, 0, b"a"), rec(2, 1, 0, b""), rec(0x0102_0304_0506_0708, 7, 9, b"xyz")]
+    }
+
+    fn read_all(bytes: &[u8]) -> Result<Vec<Record>, ListError> {
+        ListReader::new(Cursor::new(bytes), bytes.len() as u64)?.collect()
+    }
+
+    #[test]
+    fn record_encoding_is_bincode_legacy_fixint() {
+        let r = rec(0x1122_3344_5566_7788, 0xAABB_CCDD, 42, b"hi\x00\xff");
+        let mut ours = Vec::new();
+        encode_record(&r, &mut ours);
+        assert_eq!(ours, bincode::serialize(&r).expect("bincode"));
+        let expected: Vec<u8> = [
+            &[0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11][..],
+            &[0xDD, 0xCC, 0xBB, 0xAA],
+            &[42, 0, 0, 0, 0, 0, 0, 0],
+            &[4, 0, 0, 0, 0, 0, 0, 0],
+            b"hi\x00\xff",
+        ]
+        .concat();
+        assert_eq!(ours, expected);
+    }
+
+    #[test]
+    fn exact_file_bytes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = write_file(dir.path(), &[rec(5, 1, 0, b"ab")]);
+        let bytes = std::fs::read(&path).expect("read");
+        let record: Vec<u8> = [&5u64.to_le_bytes()[..], &1u32.to_le_bytes(), &0u64.to_le_bytes(), &2u64.to_le_bytes(), b"ab"].concat();
+        let crc = crc32fast::hash(&record);
+        let expected: Vec<u8> = [&b"QLIST001"[..], &1u64.to_le_bytes(), &record, &crc.to_le_bytes()].concat();
+        assert_eq!(bytes, expected);
+        // zlib's crc32 of "123456789" is the standard check value: the footer uses IEEE CRC-32.
+        assert_eq!(crc32fast::hash(b"123456789"), 0xCBF4_3926);
+    }
+
+    #[test]
+    fn empty_list_bytes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = write_file(dir.path(), &[]);
+        let bytes = std::fs::read(&path).expect("read");
+        assert_eq!(bytes, [&b"QLIST001"[..], &[0u8; 8], &[0u8; 4]].concat());
+        let s = verify(&path).expect("verify");
+        assert_eq!(s, Summary { records: 0, file_bytes: 20, payload_bytes: 0, first_id: None, last_id: None, checksum: 0 });
+    }
+
+    #[test]
+    fn round_trip_and_summary() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let records = sample();
+        let path = write_file(dir.path(), &records);
+        let back: Vec<Record> = ListReader::open(&path).expect("open").collect::<Result<_, _>>().expect("read");
+        assert_eq!(back, records);
+        let s = verify(&path).expect("verify");
+        assert_eq!(s.records, 3);
+        assert_eq!(s.payload_bytes, 4);
+        assert_eq!(s.file_bytes, std::fs::metadata(&path).expect("stat").len());
+        assert_eq!(s.first_id, Some(1));
+        assert_eq!(s.last_id, Some(0x0102_0304_0506_0708));
+        // Only list.bin remains: the temporary file was renamed, not copied.
+        let names: Vec<_> = std::fs::read_dir(dir.path()).expect("ls").map(|e| e.expect("entry").file_name()).collect();
+        assert_eq!(names, vec![std::ffi::OsString::from("list.bin")]);
+    }
+
+    #[test]
+    fn writer_refuses_out_of_order_and_cleans_up() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("list.bin");
+        let mut w = ListWriter::create(&path).expect("create");
+        w.write(&rec(2, 0, 0, b"")).expect("write");
+        let err = w.write(&rec(2, 1, 0, b"")).expect_err("duplicate id must fail");
+        assert!(matches!(err, ListError::WriteOrder { prev: 2, id: 2 }), "{err}");
+        drop(w);
+        assert_eq!(std::fs::read_dir(dir.path()).expect("ls").count(), 0, "temporary file left behind");
+    }
+
+    #[test]
+    fn writer_missing_dir() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let err = ListWriter::create(&dir.path().join("nope/list.bin")).err().expect("must fail");
+        assert!(matches!(err, ListError::MissingDir { .. }));
+        assert!(err.to_string().contains("does not exist"), "{err}");
+    }
+
+    fn good_bytes() -> Vec<u8> {
+        let dir = tempfile::tempdir().expect("tempdir");
+        std::fs::read(write_file(dir.path(), &sample())).expect("read")
+    }
+
+    // Offsets in `good_bytes`: header 0..16, record 0 at 16 (29 bytes), record 1 at 45
+    // (28 bytes), record 2 at 73 (31 bytes), footer at 104, length 108.
+    #[test]
+    fn corruption_flip_payload_is_checksum_error() {
+        let mut b = good_bytes();
+        assert_eq!(b.len(), 108);
+        b[16 + 28] ^= 0x01;
+        let err = read_all(&b).expect_err("corrupt");
+        assert!(matches!(err, ListError::Checksum { offset: 104, .. }), "{err}");
+        assert!(err.to_string().starts_with("byte 104: checksum mismatch"), "{err}");
+    }
+
+    #[test]
+    fn corruption_flip_checksum() {
+        let mut b = good_bytes();
+        b[105] ^= 0x80;
+        assert!(matches!(read_all(&b), Err(ListError::Checksum { offset: 104, .. })));
+    }
+
+    #[test]
+    fn corruption_id_out_of_order() {
+        let mut b = good_bytes();
+        b[45] = 0; // record 1's id becomes 0, below record 0's id 1
+        let err = read_all(&b).expect_err("corrupt");
+        assert!(matches!(err, ListError::OutOfOrder { offset: 45, index: 1, prev: 1, id: 0 }), "{err}");
+    }
+
+    #[test]
+    fn corruption_lying_payload_length_does_not_allocate() {
+        let mut b = good_bytes();
+        b[16 + 20..16 + 28].copy_from_slice(&u64::MAX.to_le_bytes());
+        let err = read_all(&b).expect_err("corrupt");
+        assert!(
+            matches!(err, ListError::Truncated { offset: 16, index: 0, what: "payload", need: u64::MAX, have: 60 }),
+            "{err}"
+        );
+    }
+
+    #[test]
+    fn corruption_truncated() {
+        let b = good_bytes();
+        for cut in [1usize, 4, 5, 40, 88] {
+            let t = &b[..b.len() - cut];
+            assert!(read_all(t).is_err(), "truncating {cut} bytes went unnoticed");
+        }
+        let err = read_all(&b[..107]).expect_err("corrupt");
+        assert!(matches!(err, ListError::Truncated { offset: 73, index: 2, what: "payload", need: 3, have: 2 }), "{err}");
+        let err = read_all(&b[..10]).expect_err("corrupt");
+        assert!(matches!(err, ListError::TooShort { len: 10, min: 20 }), "{err}");
+    }
+
+    #[test]
+    fn corruption_bad_magic() {
+        let mut b = good_bytes();
+        b[7] = b'2';
+        let err = read_all(&b).expect_err("corrupt");
+        assert!(matches!(err, ListError::BadMagic { .. }), "{err}");
+        assert!(err.to_string().contains("QLIST002"), "{err}");
+    }
+
+    #[test]
+    fn corruption_count_lies() {
+        let mut b = good_bytes();
+        b[8] = 4;
+        let err = read_all(&b).expect_err("corrupt");
+        assert!(matches!(err, ListError::CountMismatch { offset: 104, header: 4, found: 3, extra: 0 }), "{err}");
+        b[8] = 2;
+        let err = read_all(&b).expect_err("corrupt");
+        assert!(matches!(err, ListError::CountMismatch { offset: 73, header: 2, found: 2, extra: 31 }), "{err}");
+        b[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert!(matches!(read_all(&b), Err(ListError::CountMismatch { .. })));
+    }
+
+    #[test]
+    fn verify_reports_path_on_io_error() {
+        let err = verify(Path::new("/definitely/not/here/list.bin")).expect_err("missing");
+        assert!(err.to_string().contains("/definitely/not/here/list.bin"), "{err}");
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn prop_round_trip(ids in proptest::collection::btree_set(proptest::num::u64::ANY, 0..50),
+                           payload in proptest::collection::vec(proptest::num::u8::ANY, 0..40)) {
+            let records: Vec<Record> = ids.iter().enumerate()
+                .map(|(i, &id)| rec(id, i as u32 % 3, i as u64, &payload[..i % (payload.len() + 1)]))
+                .collect();
+            let dir = tempfile::tempdir().expect("tempdir");
+            let path = write_file(dir.path(), &records);
+            let back: Vec<Record> = ListReader::open(&path).expect("open").collect::<Result<_, _>>().expect("read");
+            proptest::prop_assert_eq!(back, records);
+        }
+
+        #[test]
+        fn prop_any_single_byte_flip_is_detected(pos in 0usize..108, bit in 0u8..8) {
+            let mut b = good_bytes();
+            b[pos] ^= 1 << bit;
+            proptest::prop_assert!(read_all(&b).is_err());
+        }
+    }
+}
