@@ -1,1 +1,558 @@
-//! The RocksDB sublist schema (owned by the producer work).
+//! A producer's sublist: one RocksDB database `DIR/shard-<n>` (written by the producer
+//! with [`ShardWriter`], read by the merger with [`ShardReader`]).
+//!
+//! # Schema (format version 1)
+//!
+//! Two column families. All integers are fixed width; IDs in keys are big-endian so that
+//! RocksDB's bytewise key order is ID order, everything else is little-endian.
+//!
+//! Column family `default`: the items, and nothing else.
+//!
+//! | key                  | value                                                     |
+//! |----------------------|-----------------------------------------------------------|
+//! | u64 ID, big-endian   | u32 shard (LE), u64 seq (LE), payload bytes (rest, may be empty) |
+//!
+//! Column family `meta`: what the database is and how far the producer got.
+//!
+//! | key        | value                                                                 |
+//! |------------|-----------------------------------------------------------------------|
+//! | `format`   | the 14 ASCII bytes `qlist-shard-v1`                                   |
+//! | `shard`    | u32 shard number (LE)                                                 |
+//! | `progress` | the progress marker, see below (absent until the first batch)         |
+//!
+//! The progress marker:
+//!
+//! ```text
+//! u64 next_seq   (LE)  items 0..next_seq are in the sublist, exactly once each
+//! u8  finished         1 once the producer reached the end of its input, else 0
+//! u64 last_id    (LE)  the highest ID in the sublist (0 while it is empty)
+//! u32 fp_len     (LE)  length of the input fingerprint
+//! fp_len bytes         the input fingerprint (opaque to this module, UTF-8 by convention)
+//! ```
+//!
+//! Every batch of items is written together with the new progress marker in one
+//! `WriteBatch` with `sync = true`, so after a crash the marker and the items agree: a
+//! producer resumes at `next_seq` and never writes an item twice or loses one.
+//!
+//! `format` and `shard` are written (synced) when the database is created. A database that
+//! has the `meta` column family but no `shard` key was killed during creation and is
+//! adopted by the next writer if it holds no items. Compression is off (no codec is built).
+
+use crate::Record;
+use rocksdb::{ColumnFamilyDescriptor, DBCompressionType, IteratorMode, Options, WriteBatch, WriteOptions, DB};
+use std::path::{Path, PathBuf};
+
+/// Name of the column family holding the metadata (never seen by item iteration).
+pub const META_CF: &str = "meta";
+/// Value of the `format` key: the schema version this module writes and reads.
+pub const FORMAT: &[u8] = b"qlist-shard-v1";
+
+const KEY_FORMAT: &[u8] = b"format";
+const KEY_SHARD: &[u8] = b"shard";
+const KEY_PROGRESS: &[u8] = b"progress";
+/// Bytes of an item value before the payload: u32 shard + u64 seq.
+const VALUE_HEADER: usize = 12;
+/// Bytes of the progress marker before the fingerprint.
+const PROGRESS_HEADER: usize = 8 + 1 + 8 + 4;
+
+/// Everything that can go wrong with a sublist database. Every variant names the path.
+#[derive(Debug, thiserror::Error)]
+pub enum ShardError {
+    /// Another process (a producer) holds the database's lock.
+    #[error("sublist {path}: in use by another producer (RocksDB lock held): {source}")]
+    InUse { path: PathBuf, source: rocksdb::Error },
+
+    /// The path exists but is not a sublist database (a file, a foreign directory, ...).
+    #[error("{path}: not a sublist database: {reason}")]
+    NotAShard { path: PathBuf, reason: String },
+
+    /// The path does not exist (readers never create a database).
+    #[error("{path}: no such sublist database")]
+    Missing { path: PathBuf },
+
+    /// The database belongs to another shard number.
+    #[error("sublist {path} belongs to shard {found}, not shard {expected}")]
+    WrongShard { path: PathBuf, expected: u32, found: u32 },
+
+    /// A stored key or value does not follow the schema.
+    #[error("sublist {path}: corrupt: {reason}")]
+    Corrupt { path: PathBuf, reason: String },
+
+    /// A caller tried to write a batch that breaks the sublist's invariants.
+    #[error("sublist {path}: invalid batch: {reason}")]
+    InvalidBatch { path: PathBuf, reason: String },
+
+    /// RocksDB failed (I/O error, corruption detected by RocksDB, ...).
+    #[error("sublist {path}: rocksdb: {source}")]
+    Rocks { path: PathBuf, source: rocksdb::Error },
+
+    /// A filesystem operation around the database failed.
+    #[error("sublist {path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+}
+
+/// How far a producer got: written in the same atomic batch as the items it describes.
+#[derive(Debug, Clone, PartialEq, Eq, Default)]
+pub struct Progress {
+    /// Items with seq `0..next_seq` are in the sublist, each exactly once.
+    pub next_seq: u64,
+    /// The producer reached the end of its input: nothing more will be written.
+    pub finished: bool,
+    /// The highest ID in the sublist (0 while it is empty).
+    pub last_id: u64,
+    /// Identifies the producer's input, so a restart with different input is refused.
+    pub fingerprint: Vec<u8>,
+}
+
+impl Progress {
+    /// The marker's stored bytes (see the module docs).
+    pub fn encode(&self) -> Vec<u8> {
+        let mut out = Vec::with_capacity(PROGRESS_HEADER + self.fingerprint.len());
+        out.extend_from_slice(&self.next_seq.to_le_bytes());
+        out.push(u8::from(self.finished));
+        out.extend_from_slice(&self.last_id.to_le_bytes());
+        // A fingerprint is a short description; anything above u32 is a caller bug.
+        let len = u32::try_from(self.fingerprint.len()).unwrap_or(u32::MAX);
+        out.extend_from_slice(&len.to_le_bytes());
+        out.extend_from_slice(&self.fingerprint[..len as usize]);
+        out
+    }
+
+    /// Parses the stored bytes; `Err` carries a reason.
+    pub fn decode(bytes: &[u8]) -> Result<Progress, String> {
+        if bytes.len() < PROGRESS_HEADER {
+            return Err(format!("progress marker has {} bytes, at least {PROGRESS_HEADER} expected", bytes.len()));
+        }
+        let next_seq = u64::from_le_bytes(bytes[0..8].try_into().map_err(|_| "short")?);
+        let finished = match bytes[8] {
+            0 => false,
+            1 => true,
+            b => return Err(format!("progress marker: finished flag is {b}, not 0 or 1")),
+        };
+        let last_id = u64::from_le_bytes(bytes[9..17].try_into().map_err(|_| "short")?);
+        let len = u32::from_le_bytes(bytes[17..21].try_into().map_err(|_| "short")?) as usize;
+        if bytes.len() != PROGRESS_HEADER + len {
+            return Err(format!(
+                "progress marker has {} bytes, {} expected for a {len}-byte fingerprint",
+                bytes.len(),
+                PROGRESS_HEADER + len
+            ));
+        }
+        Ok(Progress { next_seq, finished, last_id, fingerprint: bytes[PROGRESS_HEADER..].to_vec() })
+    }
+}
+
+/// `DIR/shard-<n>`: where shard `n`'s sublist lives.
+pub fn shard_db_path(data_dir: &Path, shard: u32) -> PathBuf {
+    data_dir.join(format!("shard-{shard}"))
+}
+
+/// An item's key: its ID, big-endian.
+pub fn encode_key(id: u64) -> [u8; 8] {
+    id.to_be_bytes()
+}
+
+/// An item's value: u32 shard LE, u64 seq LE, payload.
+pub fn encode_value(shard: u32, seq: u64, payload: &[u8]) -> Vec<u8> {
+    let mut v = Vec::with_capacity(VALUE_HEADER + payload.len());
+    v.extend_from_slice(&shard.to_le_bytes());
+    v.extend_from_slice(&seq.to_le_bytes());
+    v.extend_from_slice(payload);
+    v
+}
+
+/// Parses one stored item; `Err` carries a reason.
+pub fn decode_item(key: &[u8], value: &[u8]) -> Result<Record, String> {
+    let id: [u8; 8] = key.try_into().map_err(|_| format!("item key has {} bytes, 8 expected", key.len()))?;
+    if value.len() < VALUE_HEADER {
+        return Err(format!("item value has {} bytes, at least {VALUE_HEADER} expected", value.len()));
+    }
+    let shard = u32::from_le_bytes(value[0..4].try_into().map_err(|_| "short")?);
+    let seq = u64::from_le_bytes(value[4..12].try_into().map_err(|_| "short")?);
+    Ok(Record { id: u64::from_be_bytes(id), shard, seq, payload: value[VALUE_HEADER..].to_vec() })
+}
+
+/// Options for both column families: only what we use, no compression.
+fn cf_options() -> Options {
+    let mut o = Options::default();
+    o.set_compression_type(DBCompressionType::None);
+    o
+}
+
+fn rocks(path: &Path) -> impl FnOnce(rocksdb::Error) -> ShardError + '_ {
+    move |source| ShardError::Rocks { path: path.to_path_buf(), source }
+}
+
+fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ShardError + '_ {
+    move |source| ShardError::Io { path: path.to_path_buf(), source }
+}
+
+fn not_a_shard(path: &Path, reason: impl Into<String>) -> ShardError {
+    ShardError::NotAShard { path: path.to_path_buf(), reason: reason.into() }
+}
+
+/// RocksDB reports a held lock as an I/O error mentioning the LOCK file.
+fn is_lock_error(e: &rocksdb::Error) -> bool {
+    let s = e.to_string();
+    s.contains("lock") || s.contains("LOCK")
+}
+
+/// Checks that `path` looks like a RocksDB with our `meta` column family, without
+/// creating anything. `Ok(false)` means the path does not exist or is an empty directory.
+fn inspect(path: &Path) -> Result<bool, ShardError> {
+    let meta = match std::fs::metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Ok(false),
+        Err(e) => return Err(io(path)(e)),
+    };
+    if !meta.is_dir() {
+        return Err(not_a_shard(path, "it is a file, not a directory"));
+    }
+    if !path.join("CURRENT").exists() {
+        let empty = std::fs::read_dir(path).map_err(io(path))?.next().is_none();
+        return if empty { Ok(false) } else { Err(not_a_shard(path, "a non-empty directory that is not a RocksDB database (no CURRENT file)")) };
+    }
+    let cfs = DB::list_cf(&Options::default(), path).map_err(|e| not_a_shard(path, format!("cannot read it as RocksDB: {e}")))?;
+    if !cfs.iter().any(|c| c == META_CF) {
+        return Err(not_a_shard(path, format!("a RocksDB database without the `{META_CF}` column family (column families: {})", cfs.join(", "))));
+    }
+    Ok(true)
+}
+
+fn check_format(path: &Path, db: &DB) -> Result<Option<u32>, ShardError> {
+    let meta = db.cf_handle(META_CF).ok_or_else(|| not_a_shard(path, "no meta column family"))?;
+    let format = db.get_cf(meta, KEY_FORMAT).map_err(rocks(path))?;
+    let shard = db.get_cf(meta, KEY_SHARD).map_err(rocks(path))?;
+    match (format, shard) {
+        (Some(f), Some(s)) => {
+            if f != FORMAT {
+                return Err(not_a_shard(path, format!("unknown format {:?}, expected {:?}", String::from_utf8_lossy(&f), String::from_utf8_lossy(FORMAT))));
+            }
+            let s: [u8; 4] = s.as_slice().try_into().map_err(|_| ShardError::Corrupt { path: path.to_path_buf(), reason: format!("shard key has {} bytes, 4 expected", s.len()) })?;
+            Ok(Some(u32::from_le_bytes(s)))
+        }
+        _ => Ok(None),
+    }
+}
+
+fn read_progress(path: &Path, db: &DB) -> Result<Option<Progress>, ShardError> {
+    let meta = db.cf_handle(META_CF).ok_or_else(|| not_a_shard(path, "no meta column family"))?;
+    match db.get_cf(meta, KEY_PROGRESS).map_err(rocks(path))? {
+        None => Ok(None),
+        Some(b) => Progress::decode(&b).map(Some).map_err(|reason| ShardError::Corrupt { path: path.to_path_buf(), reason }),
+    }
+}
+
+/// The only writer of a sublist. RocksDB's LOCK file makes it exclusive across processes.
+pub struct ShardWriter {
+    db: DB,
+    path: PathBuf,
+    shard: u32,
+    progress: Option<Progress>,
+}
+
+impl ShardWriter {
+    /// Opens or creates `DIR/shard-<n>` (creating `DIR` if needed).
+    ///
+    /// # Errors
+    /// [`ShardError::InUse`] if another process has it open; [`ShardError::WrongShard`] if
+    /// it belongs to another shard number; [`ShardError::NotAShard`] if the path is a file
+    /// or a directory that is not a sublist; I/O and RocksDB errors.
+    pub fn open(data_dir: &Path, shard: u32) -> Result<ShardWriter, ShardError> {
+        if data_dir.exists() && !data_dir.is_dir() {
+            return Err(ShardError::Io {
+                path: data_dir.to_path_buf(),
+                source: std::io::Error::new(std::io::ErrorKind::Other, "the data dir is not a directory"),
+            });
+        }
+        std::fs::create_dir_all(data_dir).map_err(io(data_dir))?;
+        let path = shard_db_path(data_dir, shard);
+        let exists = inspect(&path)?;
+        let mut opts = cf_options();
+        opts.create_if_missing(!exists);
+        opts.create_missing_column_families(!exists);
+        let cfs = vec![
+            ColumnFamilyDescriptor::new(rocksdb::DEFAULT_COLUMN_FAMILY_NAME, cf_options()),
+            ColumnFamilyDescriptor::new(META_CF, cf_options()),
+        ];
+        let db = DB::open_cf_descriptors(&opts, &path, cfs).map_err(|source| {
+            if is_lock_error(&source) {
+                ShardError::InUse { path: path.clone(), source }
+            } else {
+                ShardError::Rocks { path: path.clone(), source }
+            }
+        })?;
+        match check_format(&path, &db)? {
+            Some(found) if found != shard => return Err(ShardError::WrongShard { path, expected: shard, found }),
+            Some(_) => {}
+            None => {
+                // New, or killed during creation: adopt it only if it holds nothing.
+                if db.iterator(IteratorMode::Start).next().is_some() || read_progress(&path, &db)?.is_some() {
+                    return Err(ShardError::Corrupt { path, reason: "holds items or progress but no shard number".into() });
+                }
+                let meta = db.cf_handle(META_CF).ok_or_else(|| not_a_shard(&path, "no meta column family"))?;
+                let mut b = WriteBatch::default();
+                b.put_cf(meta, KEY_FORMAT, FORMAT);
+                b.put_cf(meta, KEY_SHARD, shard.to_le_bytes());
+                let mut wo = WriteOptions::default();
+                wo.set_sync(true);
+                db.write_opt(b, &wo).map_err(rocks(&path))?;
+            }
+        }
+        let progress = read_progress(&path, &db)?;
+        Ok(ShardWriter { db, path, shard, progress })
+    }
+
+    /// The shard number.
+    pub fn shard(&self) -> u32 {
+        self.shard
+    }
+
+    /// The database path `DIR/shard-<n>`.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// Atomically writes `records` and `progress` in one `WriteBatch` with `sync = true`.
+    ///
+    /// The batch must continue the sublist: records of this shard, with ascending IDs above
+    /// every ID already stored and consecutive seqs starting at the stored `next_seq`;
+    /// `progress.next_seq` and `progress.last_id` must describe the sublist after the batch.
+    /// Nothing may be written after a finished marker.
+    ///
+    /// # Errors
+    /// [`ShardError::InvalidBatch`] if the batch breaks those rules (nothing is written);
+    /// RocksDB errors (the batch is then either wholly written or not at all).
+    pub fn write_batch(&mut self, records: &[Record], progress: &Progress) -> Result<(), ShardError> {
+        self.validate(records, progress).map_err(|reason| ShardError::InvalidBatch { path: self.path.clone(), reason })?;
+        let meta = self.db.cf_handle(META_CF).ok_or_else(|| not_a_shard(&self.path, "no meta column family"))?;
+        let mut b = WriteBatch::default();
+        for r in records {
+            b.put(encode_key(r.id), encode_value(r.shard, r.seq, &r.payload));
+        }
+        b.put_cf(meta, KEY_PROGRESS, progress.encode());
+        let mut wo = WriteOptions::default();
+        wo.set_sync(true);
+        self.db.write_opt(b, &wo).map_err(rocks(&self.path))?;
+        self.progress = Some(progress.clone());
+        Ok(())
+    }
+
+    fn validate(&self, records: &[Record], progress: &Progress) -> Result<(), String> {
+        let (mut seq, mut last_id) = match &self.progress {
+            Some(p) if p.finished => return Err("the sublist is finished".into()),
+            Some(p) => (p.next_seq, p.last_id),
+            None => (0, 0),
+        };
+        for r in records {
+            if r.shard != self.shard {
+                return Err(format!("record {} has shard {}, this is shard {}", r.id, r.shard, self.shard));
+            }
+            if r.seq != seq {
+                return Err(format!("record {} has seq {}, {seq} expected", r.id, r.seq));
+            }
+            if r.id <= last_id {
+                return Err(format!("record id {} is not above the previous id {last_id}", r.id));
+            }
+            seq += 1;
+            last_id = r.id;
+        }
+        if progress.next_seq != seq || progress.last_id != last_id {
+            return Err(format!(
+                "progress says next_seq {} last_id {}, the sublist would have next_seq {seq} last_id {last_id}",
+                progress.next_seq, progress.last_id
+            ));
+        }
+        Ok(())
+    }
+
+    /// The stored progress marker (`None` before the first batch).
+    ///
+    /// # Errors
+    /// Never for now (the marker is cached); kept fallible for the schema's sake.
+    pub fn progress(&self) -> Result<Option<Progress>, ShardError> {
+        Ok(self.progress.clone())
+    }
+}
+
+/// Read-only access to a sublist (used by the merger and by tests).
+pub struct ShardReader {
+    db: DB,
+    path: PathBuf,
+    shard: u32,
+}
+
+impl ShardReader {
+    /// Opens `path` read-only. Works while no process writes it (RocksDB's read-only mode
+    /// takes no lock and sees what was durable when it was opened).
+    ///
+    /// # Errors
+    /// [`ShardError::Missing`] if the path does not exist; [`ShardError::NotAShard`] if it
+    /// is not a RocksDB database or has no shard metadata; RocksDB errors.
+    pub fn open(path: &Path) -> Result<ShardReader, ShardError> {
+        if !inspect(path)? {
+            return Err(if path.exists() { not_a_shard(path, "an empty directory") } else { ShardError::Missing { path: path.to_path_buf() } });
+        }
+        let db = DB::open_cf_for_read_only(&cf_options(), path, [rocksdb::DEFAULT_COLUMN_FAMILY_NAME, META_CF], false)
+            .map_err(rocks(path))?;
+        let shard = check_format(path, &db)?.ok_or_else(|| not_a_shard(path, "no shard number in its metadata"))?;
+        Ok(ShardReader { db, path: path.to_path_buf(), shard })
+    }
+
+    /// The shard number stored in the database.
+    pub fn shard(&self) -> u32 {
+        self.shard
+    }
+
+    /// The database path.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The stored progress marker (`None` if no batch was ever written).
+    ///
+    /// # Errors
+    /// RocksDB errors, or a marker that does not parse.
+    pub fn progress(&self) -> Result<Option<Progress>, ShardError> {
+        read_progress(&self.path, &self.db)
+    }
+
+    /// All items in ascending ID order, streamed (RocksDB key order).
+    ///
+    /// Each item is checked against the schema and against this database's shard number.
+    pub fn iter(&self) -> impl Iterator<Item = Result<Record, ShardError>> + '_ {
+        self.db.iterator(IteratorMode::Start).map(move |kv| {
+            let (k, v) = kv.map_err(rocks(&self.path))?;
+            let r = decode_item(&k, &v).map_err(|reason| ShardError::Corrupt { path: self.path.clone(), reason })?;
+            if r.shard != self.shard {
+                return Err(ShardError::Corrupt {
+                    path: self.path.clone(),
+                    reason: format!("item {} says shard {}, the database is shard {}", r.id, r.shard, self.shard),
+                });
+            }
+            Ok(r)
+        })
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn rec(id: u64, shard: u32, seq: u64, payload: &[u8]) -> Record {
+        Record { id, shard, seq, payload: payload.to_vec() }
+    }
+
+    fn prog(next_seq: u64, last_id: u64, finished: bool) -> Progress {
+        Progress { next_seq, finished, last_id, fingerprint: b"fp".to_vec() }
+    }
+
+    #[test]
+    fn exact_bytes() {
+        assert_eq!(shard_db_path(Path::new("/d"), 7), PathBuf::from("/d/shard-7"));
+        assert_eq!(encode_key(0x0102), [0, 0, 0, 0, 0, 0, 1, 2]);
+        assert_eq!(encode_value(3, 5, b"xy"), vec![3, 0, 0, 0, 5, 0, 0, 0, 0, 0, 0, 0, b'x', b'y']);
+        let p = Progress { next_seq: 2, finished: true, last_id: 9, fingerprint: b"ab".to_vec() };
+        let b = p.encode();
+        assert_eq!(b, vec![2, 0, 0, 0, 0, 0, 0, 0, 1, 9, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, b'a', b'b']);
+        assert_eq!(Progress::decode(&b), Ok(p));
+        assert!(Progress::decode(&b[..5]).is_err());
+        assert!(Progress::decode(&b[..22]).is_err());
+        assert_eq!(decode_item(&encode_key(42), &encode_value(1, 2, b"")), Ok(rec(42, 1, 2, b"")));
+        assert!(decode_item(&[1, 2], &encode_value(1, 2, b"")).is_err());
+        assert!(decode_item(&encode_key(1), &[0; 11]).is_err());
+    }
+
+    #[test]
+    fn write_then_read_in_id_order() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        {
+            let mut w = ShardWriter::open(dir.path(), 3).expect("open writer");
+            assert_eq!(w.progress().expect("progress"), None);
+            // IDs whose little-endian order differs from numeric order.
+            let batch1 = vec![rec(255, 3, 0, b"a"), rec(256, 3, 1, b"")];
+            w.write_batch(&batch1, &prog(2, 256, false)).expect("batch 1");
+            let batch2 = vec![rec(1 << 40, 3, 2, &[0, 10, 255])];
+            w.write_batch(&batch2, &prog(3, 1 << 40, false)).expect("batch 2");
+            w.write_batch(&[], &prog(3, 1 << 40, true)).expect("finish");
+        }
+        let r = ShardReader::open(&shard_db_path(dir.path(), 3)).expect("open reader");
+        assert_eq!(r.shard(), 3);
+        let all: Vec<Record> = r.iter().collect::<Result<_, _>>().expect("iterate");
+        assert_eq!(all, vec![rec(255, 3, 0, b"a"), rec(256, 3, 1, b""), rec(1 << 40, 3, 2, &[0, 10, 255])]);
+        assert_eq!(r.progress().expect("progress"), Some(prog(3, 1 << 40, true)));
+        drop(r);
+        // Reopening for writing keeps the progress.
+        let w = ShardWriter::open(dir.path(), 3).expect("reopen");
+        assert_eq!(w.progress().expect("progress"), Some(prog(3, 1 << 40, true)));
+    }
+
+    #[test]
+    fn invalid_batches_write_nothing() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut w = ShardWriter::open(dir.path(), 0).expect("open");
+        w.write_batch(&[rec(10, 0, 0, b"x")], &prog(1, 10, false)).expect("first");
+        let bad: Vec<(Vec<Record>, Progress)> = vec![
+            (vec![rec(10, 0, 1, b"")], prog(2, 10, false)),                     // id not above last
+            (vec![rec(11, 1, 1, b"")], prog(2, 11, false)),                     // wrong shard
+            (vec![rec(11, 0, 2, b"")], prog(3, 11, false)),                     // seq gap
+            (vec![rec(12, 0, 1, b""), rec(11, 0, 2, b"")], prog(3, 11, false)), // descending
+            (vec![rec(11, 0, 1, b"")], prog(5, 11, false)),                     // progress lies
+        ];
+        for (records, p) in bad {
+            let e = w.write_batch(&records, &p).expect_err("must refuse");
+            assert!(matches!(e, ShardError::InvalidBatch { .. }), "{e}");
+            assert!(e.to_string().contains("shard-0"), "{e}");
+        }
+        w.write_batch(&[], &prog(1, 10, true)).expect("finish");
+        assert!(w.write_batch(&[rec(11, 0, 1, b"")], &prog(2, 11, false)).is_err());
+        drop(w);
+        let r = ShardReader::open(&shard_db_path(dir.path(), 0)).expect("reader");
+        assert_eq!(r.iter().count(), 1);
+    }
+
+    #[test]
+    fn wrong_shard_lock_and_non_shards_are_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let w = ShardWriter::open(dir.path(), 1).expect("open");
+        // Second writer on the same db: the lock.
+        let e = ShardWriter::open(dir.path(), 1).err().expect("locked");
+        assert!(matches!(e, ShardError::InUse { .. }), "{e}");
+        assert!(e.to_string().contains("in use by another producer"), "{e}");
+        // The reader works while the writer holds the lock.
+        assert_eq!(ShardReader::open(w.path()).expect("reader while writing").iter().count(), 0);
+        drop(w);
+
+        // A shard-1 database renamed to shard-2.
+        std::fs::rename(shard_db_path(dir.path(), 1), shard_db_path(dir.path(), 2)).expect("rename");
+        let e = ShardWriter::open(dir.path(), 2).err().expect("wrong shard");
+        assert!(matches!(e, ShardError::WrongShard { expected: 2, found: 1, .. }), "{e}");
+
+        // A file where the db should be.
+        std::fs::write(shard_db_path(dir.path(), 5), b"hello").expect("write file");
+        let e = ShardWriter::open(dir.path(), 5).err().expect("file");
+        assert!(matches!(e, ShardError::NotAShard { .. }), "{e}");
+        assert!(matches!(ShardReader::open(&shard_db_path(dir.path(), 5)), Err(ShardError::NotAShard { .. })));
+
+        // A foreign non-empty directory.
+        std::fs::create_dir(shard_db_path(dir.path(), 6)).expect("mkdir");
+        std::fs::write(shard_db_path(dir.path(), 6).join("x"), b"x").expect("write");
+        assert!(matches!(ShardWriter::open(dir.path(), 6), Err(ShardError::NotAShard { .. })));
+
+        // A plain RocksDB database without our metadata.
+        let plain = dir.path().join("plain");
+        drop(DB::open_default(&plain).expect("plain db"));
+        let e = ShardReader::open(&plain).err().expect("plain");
+        assert!(matches!(e, ShardError::NotAShard { .. }), "{e}");
+
+        // Missing path: the reader never creates.
+        assert!(matches!(ShardReader::open(&dir.path().join("nope")), Err(ShardError::Missing { .. })));
+        assert!(!dir.path().join("nope").exists());
+
+        // The data dir is a file.
+        let f = dir.path().join("afile");
+        std::fs::write(&f, b"x").expect("write");
+        let e = ShardWriter::open(&f, 0).err().expect("data dir is a file");
+        assert!(e.to_string().contains("afile"), "{e}");
+    }
+}
