@@ -1,0 +1,246 @@
+//! The k-way merge as a pure function over iterators: no RocksDB, no files, so it can be
+//! property-tested against "concatenate, sort, compare".
+
+use std::cmp::Ordering;
+use std::collections::binary_heap::PeekMut;
+use std::collections::BinaryHeap;
+
+use sublist::Record;
+
+use crate::MergeError;
+
+/// One sorted input of the merge: a name for error messages (e.g. the shard's path), the
+/// shard number every record must carry, and the records in strictly increasing ID order.
+pub struct Source<I> {
+    /// Names the source in errors.
+    pub name: String,
+    /// The shard number every record of this source must carry.
+    pub shard: u32,
+    /// The records, ascending by ID.
+    pub records: I,
+}
+
+impl<I> Source<I> {
+    /// Bundles a source.
+    pub fn new(name: impl Into<String>, shard: u32, records: I) -> Source<I> {
+        Source { name: name.into(), shard, records }
+    }
+}
+
+struct State<I> {
+    name: String,
+    shard: u32,
+    records: I,
+    last_id: Option<u64>,
+}
+
+/// A source's current head. Ordered so that `BinaryHeap` (a max-heap) pops the smallest
+/// ID first; ties (duplicates) break by source index so errors are deterministic.
+struct Head {
+    record: Record,
+    source: usize,
+}
+
+impl Head {
+    fn key(&self) -> (u64, usize) {
+        (self.record.id, self.source)
+    }
+}
+
+impl PartialEq for Head {
+    fn eq(&self, other: &Self) -> bool {
+        self.key() == other.key()
+    }
+}
+impl Eq for Head {}
+impl PartialOrd for Head {
+    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
+        Some(self.cmp(other))
+    }
+}
+impl Ord for Head {
+    fn cmp(&self, other: &Self) -> Ordering {
+        other.key().cmp(&self.key())
+    }
+}
+
+/// The merged stream returned by [`merge`].
+pub struct Merge<I> {
+    sources: Vec<State<I>>,
+    heap: BinaryHeap<Head>,
+    started: bool,
+    failed: bool,
+}
+
+/// Merges sorted sources into one stream in strictly increasing ID order.
+///
+/// Holds one record per source at a time (a heap of heads), so memory is bounded by the
+/// number of sources, not the number of records. Yields an error, then ends, when:
+/// - two sources hold the same ID ([`MergeError::Duplicate`], naming both; the duplicated
+///   record is not yielded even once),
+/// - a source's IDs do not strictly increase ([`MergeError::OutOfOrder`]),
+/// - a record's shard is not its source's shard ([`MergeError::WrongShard`]),
+/// - a source yields an error ([`MergeError::Source`]).
+///
+/// These are safety violations of the whole pipeline: the caller must discard the output.
+pub fn merge<I, E>(sources: Vec<Source<I>>) -> Merge<I>
+where
+    I: Iterator<Item = Result<Record, E>>,
+    E: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let heap = BinaryHeap::with_capacity(sources.len());
+    let sources = sources
+        .into_iter()
+        .map(|s| State { name: s.name, shard: s.shard, records: s.records, last_id: None })
+        .collect();
+    Merge { sources, heap, started: false, failed: false }
+}
+
+/// Pulls the next record of a source, checking it against the source's promises.
+fn pull<I, E>(src: &mut State<I>) -> Result<Option<Record>, MergeError>
+where
+    I: Iterator<Item = Result<Record, E>>,
+    E: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let record = match src.records.next() {
+        None => return Ok(None),
+        Some(Err(e)) => return Err(MergeError::Source { source_name: src.name.clone(), error: e.into() }),
+        Some(Ok(r)) => r,
+    };
+    if record.shard != src.shard {
+        return Err(MergeError::WrongShard {
+            source_name: src.name.clone(),
+            expected: src.shard,
+            found: record.shard,
+            id: record.id,
+        });
+    }
+    if let Some(prev) = src.last_id {
+        if record.id <= prev {
+            return Err(MergeError::OutOfOrder { source_name: src.name.clone(), prev, id: record.id });
+        }
+    }
+    src.last_id = Some(record.id);
+    Ok(Some(record))
+}
+
+impl<I, E> Merge<I>
+where
+    I: Iterator<Item = Result<Record, E>>,
+    E: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    fn start(&mut self) -> Result<(), MergeError> {
+        for (i, src) in self.sources.iter_mut().enumerate() {
+            if let Some(record) = pull(src)? {
+                self.heap.push(Head { record, source: i });
+            }
+        }
+        Ok(())
+    }
+
+    fn step(&mut self) -> Result<Option<Record>, MergeError> {
+        if !self.started {
+            self.started = true;
+            self.start()?;
+        }
+        let Some(mut top) = self.heap.peek_mut() else {
+            return Ok(None);
+        };
+        let source = top.source;
+        let id = top.record.id;
+        // Replace the head in place (one sift-down) rather than pop + push (two).
+        let record = match pull(&mut self.sources[source])? {
+            Some(next) => {
+                let record = std::mem::replace(&mut top.record, next);
+                drop(top); // sifts the new head down
+                record
+            }
+            None => PeekMut::pop(top).record,
+        };
+        // The source's own next ID is above `id` (checked by `pull`), so an equal new top
+        // comes from another source: a duplicate.
+        if let Some(next) = self.heap.peek() {
+            if next.record.id == id {
+                return Err(MergeError::Duplicate {
+                    id,
+                    first: self.sources[source].name.clone(),
+                    second: self.sources[next.source].name.clone(),
+                });
+            }
+        }
+        Ok(Some(record))
+    }
+}
+
+impl<I, E> Iterator for Merge<I>
+where
+    I: Iterator<Item = Result<Record, E>>,
+    E: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    type Item = Result<Record, MergeError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.failed {
+            return None;
+        }
+        match self.step() {
+            Ok(r) => r.map(Ok),
+            Err(e) => {
+                self.failed = true;
+                Some(Err(e))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::convert::Infallible;
+
+    fn rec(id: u64, shard: u32) -> Record {
+        Record { id, shard, seq: id, payload: vec![] }
+    }
+
+    fn src(name: &str, shard: u32, ids: &[u64]) -> Source<std::vec::IntoIter<Result<Record, Infallible>>> {
+        Source::new(name, shard, ids.iter().map(|&id| Ok(rec(id, shard))).collect::<Vec<_>>().into_iter())
+    }
+
+    fn ids(m: impl Iterator<Item = Result<Record, MergeError>>) -> Result<Vec<u64>, MergeError> {
+        m.map(|r| r.map(|r| r.id)).collect()
+    }
+
+    #[test]
+    fn merges_in_order() {
+        let m = merge(vec![src("a", 0, &[1, 4, 9]), src("b", 1, &[2, 3, 10]), src("c", 2, &[])]);
+        assert_eq!(ids(m).expect("merge"), vec![1, 2, 3, 4, 9, 10]);
+        assert_eq!(ids(merge(Vec::<Source<std::vec::IntoIter<Result<Record, Infallible>>>>::new())).expect("empty"), vec![]);
+    }
+
+    #[test]
+    fn duplicate_names_both_sources_and_is_never_yielded() {
+        let mut m = merge(vec![src("a", 0, &[1, 5]), src("b", 1, &[2, 5, 6])]);
+        assert_eq!(m.next().map(|r| r.map(|r| r.id).ok()), Some(Some(1)));
+        assert_eq!(m.next().map(|r| r.map(|r| r.id).ok()), Some(Some(2)));
+        let err = m.next().expect("item").expect_err("duplicate");
+        assert!(matches!(&err, MergeError::Duplicate { id: 5, first, second } if first == "a" && second == "b"), "{err}");
+        assert!(err.to_string().contains("id 5") && err.to_string().contains("a") && err.to_string().contains("b"), "{err}");
+        assert!(m.next().is_none(), "fused after an error");
+    }
+
+    #[test]
+    fn out_of_order_and_wrong_shard() {
+        let err = ids(merge(vec![src("a", 0, &[1, 3]), src("b", 1, &[2, 2])])).expect_err("order");
+        assert!(matches!(&err, MergeError::OutOfOrder { source_name, prev: 2, id: 2 } if source_name == "b"), "{err}");
+        let bad = Source::new("c", 7, vec![Ok::<_, Infallible>(rec(1, 8))].into_iter());
+        let err = ids(merge(vec![bad])).expect_err("shard");
+        assert!(matches!(&err, MergeError::WrongShard { expected: 7, found: 8, id: 1, .. }), "{err}");
+    }
+
+    #[test]
+    fn source_error_is_passed_on() {
+        let items: Vec<Result<Record, std::io::Error>> = vec![Ok(rec(1, 0)), Err(std::io::Error::other("disk on fire"))];
+        let err = ids(merge(vec![Source::new("x", 0, items.into_iter())])).expect_err("source error");
+        assert!(err.to_string().contains("disk on fire") && err.to_string().contains('x'), "{err}");
+    }
+}

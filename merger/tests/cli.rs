@@ -1,0 +1,334 @@
+//! The `merger` binary against real RocksDB sublists: merging, verify, cat, bad input,
+//! corrupt list.bin files and a kill -9 in the middle of a merge.
+
+use std::io::{BufRead, BufReader};
+use std::path::{Path, PathBuf};
+use std::process::{Command, Output, Stdio};
+
+use sublist::listbin::{verify, ListReader};
+use sublist::shard::{shard_db_path, Progress, ShardWriter};
+use sublist::Record;
+
+const MERGER: &str = env!("CARGO_BIN_EXE_merger");
+
+/// Writes shard `shard` under `dir` holding `ids` (ascending) with payloads from `payload`.
+fn make_shard(dir: &Path, shard: u32, ids: &[u64], payload: impl Fn(u64) -> Vec<u8>, finished: bool) -> PathBuf {
+    let mut w = ShardWriter::open(dir, shard).expect("open shard writer");
+    // Batches like a producer's, so big shards do not build one giant WriteBatch.
+    let mut seq = 0u64;
+    for chunk in ids.chunks(10_000) {
+        let recs: Vec<Record> = chunk
+            .iter()
+            .map(|&id| {
+                let r = Record { id, shard, seq, payload: payload(id) };
+                seq += 1;
+                r
+            })
+            .collect();
+        let last_id = chunk.last().copied().unwrap_or(0);
+        let p = Progress { next_seq: seq, finished: false, last_id, fingerprint: b"test".to_vec() };
+        w.write_batch(&recs, &p).expect("write batch");
+    }
+    let p = Progress { next_seq: seq, finished, last_id: ids.last().copied().unwrap_or(0), fingerprint: b"test".to_vec() };
+    w.write_batch(&[], &p).expect("write final marker");
+    shard_db_path(dir, shard)
+}
+
+fn text_payload(id: u64) -> Vec<u8> {
+    format!("item-{id}").into_bytes()
+}
+
+/// Three shards, IDs 1..=30 dealt round-robin (shard = id % 3).
+fn three_shards(dir: &Path) -> Vec<PathBuf> {
+    (0..3u32)
+        .map(|s| {
+            let ids: Vec<u64> = (1..=30).filter(|i| i % 3 == u64::from(s)).collect();
+            make_shard(dir, s, &ids, text_payload, true)
+        })
+        .collect()
+}
+
+fn run(args: &[&str]) -> Output {
+    Command::new(MERGER).args(args).env("RUST_LOG", "warn").output().expect("run merger binary")
+}
+
+fn s(p: &Path) -> &str {
+    p.to_str().expect("utf-8 temp path")
+}
+
+#[track_caller]
+fn assert_fails_with(out: &Output, needle: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success(), "expected failure, got success; stderr: {stderr}");
+    assert_eq!(out.status.code(), Some(1), "exit code; stderr: {stderr}");
+    assert!(stderr.contains(needle), "stderr lacks {needle:?}: {stderr}");
+    assert!(!stderr.contains("panicked"), "panic: {stderr}");
+}
+
+fn dir_names(dir: &Path) -> Vec<String> {
+    let mut v: Vec<String> = std::fs::read_dir(dir)
+        .expect("list dir")
+        .map(|e| e.expect("entry").file_name().to_string_lossy().into_owned())
+        .collect();
+    v.sort();
+    v
+}
+
+#[test]
+fn merge_data_dir_then_verify_and_cat() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let data = tmp.path().join("data");
+    three_shards(&data);
+    let out_dir = tmp.path().join("out");
+    std::fs::create_dir(&out_dir).expect("mkdir");
+    let list = out_dir.join("list.bin");
+
+    let out = run(&["--out", s(&list), "--data-dir", s(&data)]);
+    assert!(out.status.success(), "merge failed: {}", String::from_utf8_lossy(&out.stderr));
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    assert!(stdout.contains("merged 30 items from 3 shards"), "{stdout}");
+    assert_eq!(dir_names(&out_dir), vec!["list.bin"], "temporary file left behind");
+
+    let records: Vec<Record> = ListReader::open(&list).expect("open").collect::<Result<_, _>>().expect("read");
+    assert_eq!(records.iter().map(|r| r.id).collect::<Vec<_>>(), (1..=30).collect::<Vec<_>>());
+    for r in &records {
+        assert_eq!(u64::from(r.shard), r.id % 3);
+        assert_eq!(r.seq, (r.id - 1) / 3, "each shard's items keep their input order");
+        assert_eq!(r.payload, text_payload(r.id));
+    }
+    assert_eq!(verify(&list).expect("verify").records, 30);
+
+    let out = run(&["verify", s(&list)]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(String::from_utf8_lossy(&out.stdout).contains("OK: 30 records"));
+
+    let out = run(&["cat", s(&list)]);
+    assert!(out.status.success());
+    let text = String::from_utf8_lossy(&out.stdout);
+    assert_eq!(text.lines().next(), Some("1\t1\t0\titem-1"));
+    assert_eq!(text.lines().count(), 30);
+
+    let out = run(&["cat", "--json", s(&list)]);
+    assert!(out.status.success());
+    let lines: Vec<serde_json::Value> = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .map(|l| serde_json::from_str(l).expect("json line"))
+        .collect();
+    assert_eq!(lines.len(), 30);
+    assert_eq!(lines[29], serde_json::json!({"id": 30, "shard": 0, "seq": 9, "payload": "item-30"}));
+}
+
+#[test]
+fn merge_explicit_paths_and_escaped_cat() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let a = make_shard(&tmp.path().join("a"), 0, &[2, 4], |_| vec![0, 255, b'\n'], true);
+    let b = make_shard(&tmp.path().join("b"), 1, &[1, 3], |id| format!("{id}").into_bytes(), true);
+    let list = tmp.path().join("list.bin");
+    let out = run(&["--out", s(&list), s(&a), s(&b)]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let out = run(&["cat", s(&list)]);
+    let text = String::from_utf8_lossy(&out.stdout).into_owned();
+    assert_eq!(text, "1\t1\t0\t1\n2\t0\t0\t\\x00\\xff\\n\n3\t1\t1\t3\n4\t0\t1\t\\x00\\xff\\n\n");
+    let out = run(&["cat", "--json", s(&list)]);
+    let first_bin = String::from_utf8_lossy(&out.stdout).lines().nth(1).map(str::to_owned);
+    assert_eq!(first_bin.as_deref(), Some(r#"{"id":2,"payload_hex":"00ff0a","seq":0,"shard":0}"#));
+}
+
+#[test]
+fn no_shards_found() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    std::fs::create_dir(tmp.path().join("unrelated")).expect("mkdir");
+    let list = tmp.path().join("list.bin");
+    assert_fails_with(&run(&["--out", s(&list), "--data-dir", s(tmp.path())]), "no sublists found");
+    assert_fails_with(&run(&["--out", s(&list), "--data-dir", s(&tmp.path().join("missing"))]), "cannot list data dir");
+    assert!(!list.exists());
+}
+
+#[test]
+fn shard_dir_that_is_not_rocksdb() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let bogus = tmp.path().join("shard-0");
+    std::fs::create_dir(&bogus).expect("mkdir");
+    std::fs::write(bogus.join("notes.txt"), "hello").expect("write");
+    let list = tmp.path().join("list.bin");
+    let out = run(&["--out", s(&list), "--data-dir", s(tmp.path())]);
+    assert_fails_with(&out, "not a sublist database");
+    assert_fails_with(&out, "shard-0");
+    assert_fails_with(&run(&["--out", s(&list), s(&tmp.path().join("nope"))]), "no such sublist database");
+    std::fs::create_dir(tmp.path().join("shard-3.bak")).expect("mkdir");
+    assert_fails_with(&run(&["--out", s(&list), "--data-dir", s(tmp.path())]), "not shard-<number>");
+    assert!(!list.exists());
+}
+
+#[test]
+fn out_in_missing_directory() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let data = tmp.path().join("data");
+    three_shards(&data);
+    let list = tmp.path().join("no/such/dir/list.bin");
+    assert_fails_with(&run(&["--out", s(&list), "--data-dir", s(&data)]), "does not exist");
+}
+
+#[test]
+fn usage_errors_exit_2() {
+    let out = run(&["--out", "x.bin"]);
+    assert_eq!(out.status.code(), Some(2));
+    let out = run(&["--out", "x.bin", "--data-dir", "d", "extra"]);
+    assert_eq!(out.status.code(), Some(2));
+}
+
+#[test]
+fn duplicate_id_across_shards_leaves_no_list() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let data = tmp.path().join("data");
+    make_shard(&data, 0, &[1, 5, 9], text_payload, true);
+    make_shard(&data, 1, &[2, 5, 10], text_payload, true);
+    let out_dir = tmp.path().join("out");
+    std::fs::create_dir(&out_dir).expect("mkdir");
+    let list = out_dir.join("list.bin");
+    let out = run(&["--out", s(&list), "--data-dir", s(&data)]);
+    assert_fails_with(&out, "duplicate id 5");
+    assert_fails_with(&out, "shard-0");
+    assert_fails_with(&out, "shard-1");
+    assert_eq!(dir_names(&out_dir), Vec::<String>::new(), "no list.bin and no temporary file");
+}
+
+#[test]
+fn same_shard_twice_and_unfinished() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let a = make_shard(&tmp.path().join("a"), 0, &[1, 2], text_payload, true);
+    let b = make_shard(&tmp.path().join("b"), 0, &[3], text_payload, true);
+    let list = tmp.path().join("list.bin");
+    assert_fails_with(&run(&["--out", s(&list), s(&a), s(&b)]), "are both shard 0");
+    let c = make_shard(&tmp.path().join("c"), 1, &[4, 7], text_payload, false);
+    assert_fails_with(&run(&["--out", s(&list), s(&a), s(&c)]), "is not finished");
+    assert!(!list.exists());
+    let out = run(&["--out", s(&list), "--allow-unfinished", s(&a), s(&c)]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(verify(&list).expect("verify").records, 4);
+}
+
+/// Every corruption of a valid list.bin gives a clear error from `merger verify`, with
+/// exit code 1 and the byte offset of the problem.
+#[test]
+fn verify_rejects_corrupt_files() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let data = tmp.path().join("data");
+    three_shards(&data);
+    let list = tmp.path().join("list.bin");
+    let out = run(&["--out", s(&list), "--data-dir", s(&data)]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let good = std::fs::read(&list).expect("read");
+    let footer = good.len() - 4;
+    // Record 0 starts at 16: 28 fixed bytes, then the payload "item-1".
+    let checksum_at_footer = format!("byte {footer}: checksum mismatch");
+    let cases: Vec<(&str, Vec<u8>, &str)> = vec![
+        ("payload byte", flip(&good, 16 + 28), &checksum_at_footer),
+        ("shard byte", flip(&good, 16 + 8), &checksum_at_footer),
+        ("checksum", flip(&good, footer + 1), "checksum mismatch"),
+        ("truncated by 1", good[..good.len() - 1].to_vec(), "is truncated"),
+        ("truncated to 10", good[..10].to_vec(), "shorter than the 20-byte minimum"),
+        ("wrong magic", [&b"QLIST002"[..], &good[8..]].concat(), "byte 0: bad magic"),
+        ("count too high", with_count(&good, 31), "header says 31 records but the records end after 30"),
+        ("count too low", with_count(&good, 29), "header says 29 records but more record bytes follow"),
+        ("id out of order", with_id_of_second(&good, 0), "byte 50: record 1 has id 0"),
+        ("huge length", with_first_len(&good, u64::MAX), "byte 16: record 0 is truncated: its payload needs 18446744073709551615 bytes"),
+    ];
+    for (name, bytes, needle) in cases {
+        let bad = tmp.path().join("bad.bin");
+        std::fs::write(&bad, &bytes).expect("write");
+        let out = run(&["verify", s(&bad)]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert_eq!(out.status.code(), Some(1), "{name}: {stderr}");
+        assert!(stderr.contains(needle), "{name}: stderr lacks {needle:?}: {stderr}");
+        assert!(stderr.contains("is not a valid list.bin"), "{name}: {stderr}");
+        assert!(verify(&bad).is_err(), "{name}: library verify accepted it");
+        // `cat` must not print a corrupt file as if it were fine.
+        assert_eq!(run(&["cat", s(&bad)]).status.code(), Some(1), "{name}: cat");
+    }
+    assert_fails_with(&run(&["verify", s(&tmp.path().join("absent.bin"))]), "absent.bin");
+}
+
+fn flip(b: &[u8], at: usize) -> Vec<u8> {
+    let mut v = b.to_vec();
+    v[at] ^= 0x20;
+    v
+}
+
+fn with_count(b: &[u8], n: u64) -> Vec<u8> {
+    let mut v = b.to_vec();
+    v[8..16].copy_from_slice(&n.to_le_bytes());
+    v
+}
+
+/// Record 0 is 28 + 6 bytes ("item-1"), so record 1 starts at byte 50.
+fn with_id_of_second(b: &[u8], id: u64) -> Vec<u8> {
+    let mut v = b.to_vec();
+    v[50..58].copy_from_slice(&id.to_le_bytes());
+    v
+}
+
+fn with_first_len(b: &[u8], len: u64) -> Vec<u8> {
+    let mut v = b.to_vec();
+    v[16 + 20..16 + 28].copy_from_slice(&len.to_le_bytes());
+    v
+}
+
+/// kill -9 in the middle of a big merge: no list.bin appears under the final name, and an
+/// older list.bin already there is left intact. The merger is told (test hook) to stall
+/// after 30,000 records, so the kill lands mid-merge on any machine, without timing luck.
+#[test]
+fn kill_9_mid_merge_leaves_no_partial_list() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let data = tmp.path().join("data");
+    let payload = |id: u64| vec![(id % 251) as u8; 500];
+    for s in 0..4u32 {
+        let ids: Vec<u64> = (0..20_000u64).map(|i| i * 4 + u64::from(s) + 1).collect();
+        make_shard(&data, s, &ids, payload, true);
+    }
+    let out_dir = tmp.path().join("out");
+    std::fs::create_dir(&out_dir).expect("mkdir");
+    let list = out_dir.join("list.bin");
+
+    for old_list in [false, true] {
+        if old_list {
+            let old = make_shard(&tmp.path().join("old"), 9, &[7], text_payload, true);
+            let out = run(&["--out", s(&list), s(&old)]);
+            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+        }
+        let before = std::fs::read(&list).ok();
+        let mut child = Command::new(MERGER)
+            .args(["--out", s(&list), "--data-dir", s(&data)])
+            .env("QLIST_MERGER_TEST_STALL_AFTER", "30000")
+            .env("RUST_LOG", "info")
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .expect("spawn merger");
+        let stderr = child.stderr.take().expect("piped stderr");
+        let mut stalled = false;
+        for line in BufReader::new(stderr).lines() {
+            let line = line.expect("read merger stderr");
+            if line.contains("stalling until killed") {
+                stalled = true;
+                break;
+            }
+        }
+        assert!(stalled, "merger exited before reaching the stall point");
+        let tmp_files: Vec<String> = dir_names(&out_dir).into_iter().filter(|n| n.ends_with(".tmp")).collect();
+        assert!(!tmp_files.is_empty(), "the merge should be writing a temporary file");
+        child.kill().expect("kill -9 the merger by its pid"); // SIGKILL on Unix
+        let status = child.wait().expect("wait");
+        assert!(!status.success());
+        assert_eq!(std::fs::read(&list).ok(), before, "list.bin changed by a killed merge");
+        if let Some(before) = before {
+            assert!(!before.is_empty());
+            assert_eq!(verify(&list).expect("old list.bin still valid").records, 1);
+        }
+    }
+
+    // A fresh run ignores the killed runs' leftovers and completes.
+    let out = run(&["--out", s(&list), "--data-dir", s(&data)]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert_eq!(verify(&list).expect("verify").records, 80_000);
+}
