@@ -1,1 +1,262 @@
-//! broker: placeholder until its issue lands.
+//! broker: the idbroker ID server.
+//!
+//! Clients send `NextIds` requests over TCP (protocol: [`idclient::wire`],
+//! `docs/wire-protocol.md`); the [batcher](batcher) runs ONE quorum round at a time and
+//! serves every request queued when the round starts from the single range it reserves
+//! (group commit), split in arrival order. Requests arriving during a round wait for the
+//! next one; nothing is ever reserved ahead for later requests, which is what keeps IDs
+//! in real-time order across several brokers (DESIGN.md, "The broker").
+//!
+//! Main items:
+//! - [`run`]: the server, generic over a [`RoundSource`] (production passes
+//!   [`idclient::QuorumClient`]; tests pass fakes), stopped by a future.
+//! - [`BrokerConfig`]: every limit, with defaults from the named constants below.
+//! - [`Stats`]: counters, readable over the wire (`ClientMsg::Stats`) and logged.
+//!
+//! Limits: at most [`BrokerConfig::max_connections`] connections (more wait in the
+//! kernel's accept queue), at most [`BrokerConfig::max_in_flight_per_conn`] unanswered
+//! requests per connection (then the broker stops reading it), frames of at most
+//! [`idclient::wire::MAX_FRAME_LEN`] bytes, and a write timeout that drops a client that
+//! does not read. Memory is therefore bounded by connections x (buffers + in-flight).
+
+pub mod batcher;
+mod conn;
+pub mod stats;
+
+pub use batcher::RoundSource;
+pub use idclient::wire::BrokerStats;
+pub use stats::Stats;
+
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::net::TcpListener;
+use tokio::sync::{mpsc, watch, Semaphore};
+
+/// Default cap on open connections. Each costs ~100 KiB of buffers at most; clients
+/// multiplex many callers over one or two connections, so a thousand is plenty.
+pub const MAX_CONNECTIONS: usize = 1024;
+
+/// Default cap on unanswered requests per connection. Above the largest batch a single
+/// connection usefully contributes to one round, small enough to bound memory.
+pub const MAX_IN_FLIGHT_PER_CONN: usize = 4096;
+
+/// Default cap on IDs per request: a producer reserving a batch asks for thousands, not
+/// billions; the cap keeps a round's total far from u64 overflow.
+pub const MAX_COUNT: u64 = 1 << 20;
+
+/// Default cap on requests per round: bounds the work of fanning one round out, while
+/// being well above what a round collects at the target load.
+pub const MAX_BATCH: usize = 16 * 1024;
+
+/// Default cap on IDs per round; a larger batch is split over rounds.
+pub const MAX_ROUND_IDS: u64 = 1 << 32;
+
+/// Deadline used when a client sends 0 ("broker's default").
+pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(5);
+
+/// The longest deadline a client may ask for: a round that cannot reach a quorum holds
+/// up every later request until its deadline, so one client must not pick hours.
+pub const MAX_DEADLINE: Duration = Duration::from_secs(60);
+
+/// How long a reply write may block before the client is deemed not to read (dropped).
+pub const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long the handshake, and the rest of any frame after its header, may take: a
+/// half-sent frame must not hold a connection slot forever.
+pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How often the counters are logged (at info level).
+pub const STATS_INTERVAL: Duration = Duration::from_secs(60);
+
+/// Capacity of the queue in front of the batcher. Connections wait (and so stop
+/// reading) when it is full: backpressure, not an unbounded queue.
+pub const QUEUE_CAPACITY: usize = 64 * 1024;
+
+/// The broker's limits and timeouts.
+#[derive(Debug, Clone)]
+pub struct BrokerConfig {
+    pub max_connections: usize,
+    pub max_in_flight_per_conn: usize,
+    pub max_count: u64,
+    pub max_batch: usize,
+    pub max_round_ids: u64,
+    pub default_deadline: Duration,
+    pub max_deadline: Duration,
+    pub write_timeout: Duration,
+    pub handshake_timeout: Duration,
+    pub stats_interval: Duration,
+    pub queue_capacity: usize,
+}
+
+impl Default for BrokerConfig {
+    fn default() -> BrokerConfig {
+        BrokerConfig {
+            max_connections: MAX_CONNECTIONS,
+            max_in_flight_per_conn: MAX_IN_FLIGHT_PER_CONN,
+            max_count: MAX_COUNT,
+            max_batch: MAX_BATCH,
+            max_round_ids: MAX_ROUND_IDS,
+            default_deadline: DEFAULT_DEADLINE,
+            max_deadline: MAX_DEADLINE,
+            write_timeout: WRITE_TIMEOUT,
+            handshake_timeout: HANDSHAKE_TIMEOUT,
+            stats_interval: STATS_INTERVAL,
+            queue_capacity: QUEUE_CAPACITY,
+        }
+    }
+}
+
+/// What can stop the broker from starting.
+#[derive(Debug, thiserror::Error)]
+pub enum BrokerError {
+    #[error("invalid broker configuration: {0}")]
+    Config(String),
+    #[error("listener: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+impl BrokerConfig {
+    /// Checks that every limit is usable.
+    ///
+    /// # Errors
+    /// [`BrokerError::Config`] naming the first bad field.
+    pub fn validate(&self) -> Result<(), BrokerError> {
+        let positive = [
+            ("max_connections", self.max_connections as u64),
+            ("max_in_flight_per_conn", self.max_in_flight_per_conn as u64),
+            ("max_count", self.max_count),
+            ("max_batch", self.max_batch as u64),
+            ("queue_capacity", self.queue_capacity as u64),
+            ("max_deadline", self.max_deadline.as_millis() as u64),
+            ("default_deadline", self.default_deadline.as_millis() as u64),
+            ("write_timeout", self.write_timeout.as_millis() as u64),
+            ("handshake_timeout", self.handshake_timeout.as_millis() as u64),
+            ("stats_interval", self.stats_interval.as_millis() as u64),
+        ];
+        if let Some((name, _)) = positive.iter().find(|(_, v)| *v == 0) {
+            return Err(BrokerError::Config(format!("{name} must be positive")));
+        }
+        if self.max_round_ids < self.max_count {
+            return Err(BrokerError::Config(format!("max_round_ids {} is below max_count {}", self.max_round_ids, self.max_count)));
+        }
+        if self.default_deadline > self.max_deadline {
+            return Err(BrokerError::Config("default_deadline exceeds max_deadline".into()));
+        }
+        if u32::try_from(self.max_in_flight_per_conn).is_err() {
+            return Err(BrokerError::Config("max_in_flight_per_conn must fit in u32".into()));
+        }
+        Ok(())
+    }
+}
+
+/// Serves `listener` until `shutdown` completes, then shuts down gracefully: stops
+/// accepting, stops reading requests, lets the round in flight finish and answers its
+/// requests, refuses every queued request (retryable: it was never started), flushes the
+/// replies and returns the final counters.
+///
+/// # Errors
+/// Only an invalid `config`; accept errors (e.g. out of file descriptors) are logged and
+/// retried after a pause.
+pub async fn run<S: RoundSource>(
+    listener: TcpListener,
+    source: Arc<S>,
+    config: BrokerConfig,
+    shutdown: impl Future,
+) -> Result<BrokerStats, BrokerError> {
+    config.validate()?;
+    let config = Arc::new(config);
+    let stats = Arc::new(Stats::default());
+    let name = listener.local_addr().map_or_else(|_| "idbroker".to_string(), |a| a.to_string());
+    let (stop_tx, stopping) = watch::channel(false);
+    let (batch_tx, batch_rx) = mpsc::channel(config.queue_capacity);
+    let batcher_config = batcher::BatcherConfig {
+        max_batch: config.max_batch,
+        max_round_ids: config.max_round_ids,
+        name: name.clone(),
+    };
+    let batcher = tokio::spawn(batcher::run(source, batch_rx, stats.clone(), batcher_config, stopping.clone()));
+    let logger = tokio::spawn(log_stats(stats.clone(), config.stats_interval));
+    // Every connection task holds a clone; recv() returning None means all are done.
+    let (done_tx, mut done_rx) = mpsc::channel::<()>(1);
+    let limit = Arc::new(Semaphore::new(config.max_connections));
+    tracing::info!(listen = %name, "broker serving");
+
+    tokio::pin!(shutdown);
+    loop {
+        let accepted = tokio::select! {
+            biased;
+            _ = &mut shutdown => break,
+            accepted = async {
+                // Wait for a free slot before accepting: excess clients queue in the kernel.
+                let permit = limit.clone().acquire_owned().await;
+                (permit, listener.accept().await)
+            } => accepted,
+        };
+        match accepted {
+            (Ok(permit), Ok((stream, peer))) => {
+                let ctx = conn::Ctx {
+                    config: config.clone(),
+                    stats: stats.clone(),
+                    batch_tx: batch_tx.clone(),
+                    stopping: stopping.clone(),
+                };
+                let done = done_tx.clone();
+                tokio::spawn(async move {
+                    conn::serve(stream, peer, ctx).await;
+                    drop(permit);
+                    drop(done);
+                });
+            }
+            (_, Err(e)) => {
+                // Typically EMFILE: pausing lets connections close instead of spinning.
+                tracing::warn!("accept failed: {e}; pausing 100 ms");
+                tokio::time::sleep(Duration::from_millis(100)).await;
+            }
+            (Err(_), _) => {
+                tracing::error!("connection semaphore closed (a bug); shutting down");
+                break;
+            }
+        }
+    }
+
+    tracing::info!("shutting down: no new connections; finishing the round in flight");
+    drop(listener);
+    let _ = stop_tx.send(true);
+    drop(batch_tx);
+    drop(done_tx);
+    let _ = done_rx.recv().await;
+    if let Err(e) = batcher.await {
+        tracing::error!("batcher task failed: {e}");
+    }
+    logger.abort();
+    let final_stats = stats.snapshot();
+    log_line(&final_stats);
+    Ok(final_stats)
+}
+
+async fn log_stats(stats: Arc<Stats>, every: Duration) {
+    let mut tick = tokio::time::interval(every);
+    tick.tick().await;
+    loop {
+        tick.tick().await;
+        log_line(&stats.snapshot());
+    }
+}
+
+fn log_line(s: &BrokerStats) {
+    tracing::info!(
+        connections = s.connections_open,
+        requests = s.requests,
+        ok = s.requests_ok,
+        failed = s.requests_failed,
+        ids = s.ids,
+        rounds = s.rounds,
+        rounds_failed = s.rounds_failed,
+        mean_batch = format_args!("{:.1}", s.mean_batch()),
+        max_batch = s.batch_max,
+        mean_round_us = format_args!("{:.0}", s.mean_round_us()),
+        max_round_us = s.round_us_max,
+        "broker stats"
+    );
+}

@@ -1,1 +1,152 @@
-fn main() { eprintln!("not implemented yet"); std::process::exit(2) }
+//! idbroker: serves IDs from a Redis quorum to many clients, one group-commit round at a
+//! time. Usage: `idbroker --listen ADDR --nodes URLS`. Prints `listening on ADDR` on
+//! stdout once bound (so scripts and tests can use port 0); logs go to stderr (RUST_LOG).
+
+use anyhow::Context;
+use broker::BrokerConfig;
+use clap::Parser;
+use idclient::{ClientConfig, QuorumClient};
+use std::io::Write;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// The idbroker ID server.
+#[derive(Debug, Parser)]
+#[command(name = "idbroker", version, about = "Serve quorum IDs to many clients with group commit")]
+struct Flags {
+    /// Address to listen on (host:port; port 0 picks a free one).
+    #[arg(long)]
+    listen: String,
+    /// Comma-separated redis://host:port URLs of the quorum nodes.
+    #[arg(long)]
+    nodes: String,
+    /// The register key on every node.
+    #[arg(long, default_value = "current")]
+    key: String,
+    /// Accept nodes that do not fsync every write. CAN REPEAT IDS after a node crash.
+    #[arg(long)]
+    unsafe_skip_durability_check: bool,
+    /// Deadline for requests that do not send one, milliseconds.
+    #[arg(long, default_value_t = broker::DEFAULT_DEADLINE.as_millis() as u64)]
+    default_deadline_ms: u64,
+    /// Longest deadline a client may ask for, milliseconds.
+    #[arg(long, default_value_t = broker::MAX_DEADLINE.as_millis() as u64)]
+    max_deadline_ms: u64,
+    /// Per-node connect timeout, milliseconds.
+    #[arg(long, default_value_t = 500)]
+    node_connect_timeout_ms: u64,
+    /// Per-node reply timeout, milliseconds.
+    #[arg(long, default_value_t = 500)]
+    node_reply_timeout_ms: u64,
+    /// Drop a client whose replies cannot be written for this long, milliseconds.
+    #[arg(long, default_value_t = broker::WRITE_TIMEOUT.as_millis() as u64)]
+    write_timeout_ms: u64,
+    /// Time allowed for the handshake and for the rest of a frame after its header, ms.
+    #[arg(long, default_value_t = broker::HANDSHAKE_TIMEOUT.as_millis() as u64)]
+    handshake_timeout_ms: u64,
+    /// Most open client connections.
+    #[arg(long, default_value_t = broker::MAX_CONNECTIONS)]
+    max_connections: usize,
+    /// Most unanswered requests per connection before the broker stops reading it.
+    #[arg(long, default_value_t = broker::MAX_IN_FLIGHT_PER_CONN)]
+    max_in_flight: usize,
+    /// Most IDs one request may ask for.
+    #[arg(long, default_value_t = broker::MAX_COUNT)]
+    max_count: u64,
+    /// Seconds between two counter log lines.
+    #[arg(long, default_value_t = broker::STATS_INTERVAL.as_secs())]
+    stats_interval_secs: u64,
+}
+
+struct Config {
+    listen: String,
+    quorum: ClientConfig,
+    broker: BrokerConfig,
+}
+
+impl Config {
+    fn from_flags(f: Flags) -> anyhow::Result<Config> {
+        let nodes: Vec<String> = f.nodes.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect();
+        anyhow::ensure!(!nodes.is_empty(), "--nodes: no node URL given");
+        let mut quorum = ClientConfig::new(nodes);
+        quorum.key = f.key;
+        quorum.unsafe_skip_durability_check = f.unsafe_skip_durability_check;
+        quorum.connect_timeout = Duration::from_millis(f.node_connect_timeout_ms);
+        quorum.reply_timeout = Duration::from_millis(f.node_reply_timeout_ms);
+        quorum.deadline = Duration::from_millis(f.default_deadline_ms);
+        let broker = BrokerConfig {
+            default_deadline: Duration::from_millis(f.default_deadline_ms),
+            max_deadline: Duration::from_millis(f.max_deadline_ms),
+            write_timeout: Duration::from_millis(f.write_timeout_ms),
+            handshake_timeout: Duration::from_millis(f.handshake_timeout_ms),
+            max_connections: f.max_connections,
+            max_in_flight_per_conn: f.max_in_flight,
+            max_count: f.max_count,
+            stats_interval: Duration::from_secs(f.stats_interval_secs),
+            ..BrokerConfig::default()
+        };
+        broker.validate()?;
+        Ok(Config { listen: f.listen, quorum, broker })
+    }
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_writer(std::io::stderr)
+        .init();
+    let config = match Config::from_flags(Flags::parse()) {
+        Ok(c) => c,
+        Err(e) => {
+            eprintln!("idbroker: {e:#}");
+            return ExitCode::from(2);
+        }
+    };
+    let runtime = match tokio::runtime::Runtime::new() {
+        Ok(r) => r,
+        Err(e) => {
+            eprintln!("idbroker: cannot start the async runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(run(config)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(e) => {
+            eprintln!("idbroker: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn run(config: Config) -> anyhow::Result<()> {
+    if config.quorum.unsafe_skip_durability_check {
+        tracing::warn!("--unsafe-skip-durability-check: nodes that lose acknowledged writes can make this broker REPEAT IDs");
+    }
+    let listener = tokio::net::TcpListener::bind(&config.listen).await.with_context(|| format!("--listen {}: cannot bind", config.listen))?;
+    let addr = listener.local_addr().context("listener address")?;
+    let quorum = QuorumClient::connect(config.quorum).await.context("connecting to the quorum")?;
+    let mut out = std::io::stdout();
+    writeln!(out, "listening on {addr}").and_then(|()| out.flush()).context("stdout")?;
+    let stats = broker::run(listener, Arc::new(quorum), config.broker, shutdown_signal()).await?;
+    tracing::info!(rounds = stats.rounds, requests = stats.requests, "broker stopped");
+    Ok(())
+}
+
+/// Completes on SIGINT or SIGTERM. If the handlers cannot be installed, logs it and
+/// waits for ctrl-c only.
+async fn shutdown_signal() {
+    use tokio::signal::unix::{signal, SignalKind};
+    let mut term = match signal(SignalKind::terminate()) {
+        Ok(s) => s,
+        Err(e) => {
+            tracing::error!("cannot install SIGTERM handler: {e}");
+            let _ = tokio::signal::ctrl_c().await;
+            return;
+        }
+    };
+    tokio::select! {
+        _ = tokio::signal::ctrl_c() => tracing::info!("SIGINT received"),
+        _ = term.recv() => tracing::info!("SIGTERM received"),
+    }
+}
