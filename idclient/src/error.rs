@@ -27,7 +27,7 @@ fn list(failures: &[NodeFailure]) -> String {
 
 /// Everything that can go wrong getting IDs. An error never carries IDs: a request that
 /// fails may have burned IDs (a hole), but none of them is ever handed out.
-#[derive(Debug, Clone, thiserror::Error, serde::Serialize, serde::Deserialize)]
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]
 pub enum IdError {
     /// Fewer than a majority of nodes could be reached before the deadline.
     #[error("no quorum: {reachable} of {total} nodes answered, {needed} needed (failed: {})", list(.failures))]

@@ -1,1 +1,269 @@
-//! History checker.
+//! A checker for recorded ID histories: every returned ID is unique, and greater than
+//! every ID returned before its request was invoked (linearizability of a counter).
+//!
+//! Times are [`monotonic_ns`] readings, comparable across processes on one machine.
+//! Requests with an unknown outcome (errors, timeouts) add no constraint: they may have
+//! burned IDs, but returned none.
+
+use crate::IdRange;
+use std::fmt;
+use std::io::{BufRead, Write};
+use std::path::Path;
+
+/// CLOCK_MONOTONIC in nanoseconds: one clock for every process on this machine, so
+/// histories recorded by several processes can be checked together.
+pub fn monotonic_ns() -> u64 {
+    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    // SAFETY: clock_gettime writes into the timespec we pass; CLOCK_MONOTONIC always exists.
+    unsafe {
+        libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts);
+    }
+    ts.tv_sec as u64 * 1_000_000_000 + ts.tv_nsec as u64
+}
+
+/// One request: when it was invoked, when it returned, and the range it got (`None` when
+/// it failed or its outcome is unknown).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Event {
+    pub invoke_ns: u64,
+    pub return_ns: u64,
+    pub outcome: Option<IdRange>,
+}
+
+/// A broken guarantee, with the two requests that show it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Violation {
+    /// Two requests got overlapping ranges.
+    Duplicate { a: Event, b: Event },
+    /// `later` was invoked after `earlier` returned, yet got a range not wholly above it.
+    RealTime { earlier: Event, later: Event },
+    /// A malformed event (range with lo > hi, or returned before invoked).
+    Malformed(Event),
+}
+
+impl fmt::Display for Violation {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Violation::Duplicate { a, b } => write!(f, "duplicate IDs: {a:?} and {b:?} overlap"),
+            Violation::RealTime { earlier, later } => {
+                write!(f, "real-time order broken: {later:?} was invoked after {earlier:?} returned, but is not above it")
+            }
+            Violation::Malformed(e) => write!(f, "malformed event {e:?}"),
+        }
+    }
+}
+
+impl std::error::Error for Violation {}
+
+/// Checks a history in O(n log n).
+///
+/// # Errors
+/// The first violation found.
+pub fn check(events: &[Event]) -> Result<(), Violation> {
+    let mut ok: Vec<(Event, IdRange)> = Vec::with_capacity(events.len());
+    for e in events {
+        if e.return_ns < e.invoke_ns {
+            return Err(Violation::Malformed(*e));
+        }
+        if let Some(r) = e.outcome {
+            if r.lo > r.hi {
+                return Err(Violation::Malformed(*e));
+            }
+            ok.push((*e, r));
+        }
+    }
+    // Uniqueness: sorted by lo, each range starts above the previous one's end.
+    ok.sort_by_key(|(_, r)| (r.lo, r.hi));
+    for pair in ok.windows(2) {
+        if pair[1].1.lo <= pair[0].1.hi {
+            return Err(Violation::Duplicate { a: pair[0].0, b: pair[1].0 });
+        }
+    }
+    // Real time: sweep requests in invoke order, folding in every request that returned
+    // strictly before the invoke; each range must lie above the running maximum.
+    let mut by_return: Vec<&(Event, IdRange)> = ok.iter().collect();
+    by_return.sort_by_key(|(e, _)| e.return_ns);
+    let mut by_invoke: Vec<&(Event, IdRange)> = ok.iter().collect();
+    by_invoke.sort_by_key(|(e, _)| e.invoke_ns);
+    let mut returned = by_return.into_iter().peekable();
+    let mut max: Option<&(Event, IdRange)> = None;
+    for later in by_invoke {
+        while let Some(&&earlier) = returned.peek().filter(|(e, _)| e.return_ns < later.0.invoke_ns).as_ref() {
+            if max.is_none_or(|m| earlier.1.hi > m.1.hi) {
+                max = Some(earlier);
+            }
+            returned.next();
+        }
+        if let Some(m) = max {
+            if later.1.lo <= m.1.hi {
+                return Err(Violation::RealTime { earlier: m.0, later: later.0 });
+            }
+        }
+    }
+    Ok(())
+}
+
+/// Writes events one a line: `invoke_ns return_ns lo hi`, or `invoke_ns return_ns -` for
+/// an unknown outcome.
+///
+/// # Errors
+/// I/O errors of the writer.
+pub fn write_events(mut w: impl Write, events: &[Event]) -> std::io::Result<()> {
+    for e in events {
+        match e.outcome {
+            Some(r) => writeln!(w, "{} {} {} {}", e.invoke_ns, e.return_ns, r.lo, r.hi)?,
+            None => writeln!(w, "{} {} -", e.invoke_ns, e.return_ns)?,
+        }
+    }
+    w.flush()
+}
+
+/// Reads a file written by [`write_events`].
+///
+/// # Errors
+/// I/O errors, or a line that does not parse (named with its line number).
+pub fn read_events(path: &Path) -> std::io::Result<Vec<Event>> {
+    let file = std::io::BufReader::new(std::fs::File::open(path)?);
+    let mut events = Vec::new();
+    for (i, line) in file.lines().enumerate() {
+        let line = line?;
+        let bad = || std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{}:{}: bad history line {line:?}", path.display(), i + 1));
+        let f: Vec<&str> = line.split_whitespace().collect();
+        let num = |s: &str| s.parse::<u64>().map_err(|_| bad());
+        let event = match f.as_slice() {
+            [inv, ret, "-"] => Event { invoke_ns: num(inv)?, return_ns: num(ret)?, outcome: None },
+            [inv, ret, lo, hi] => Event { invoke_ns: num(inv)?, return_ns: num(ret)?, outcome: Some(IdRange { lo: num(lo)?, hi: num(hi)? }) },
+            _ => return Err(bad()),
+        };
+        events.push(event);
+    }
+    Ok(events)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    fn ev(invoke_ns: u64, return_ns: u64, lo: u64, hi: u64) -> Event {
+        Event { invoke_ns, return_ns, outcome: Some(IdRange { lo, hi }) }
+    }
+
+    #[test]
+    fn sequential_history_passes() {
+        assert_eq!(check(&[ev(0, 1, 1, 1), ev(2, 3, 2, 5), ev(4, 5, 9, 9)]), Ok(()));
+    }
+
+    #[test]
+    fn concurrent_requests_may_get_any_order() {
+        // Both in flight at once: the later-invoked one may get the smaller ID.
+        assert_eq!(check(&[ev(0, 10, 5, 5), ev(1, 9, 4, 4)]), Ok(()));
+    }
+
+    #[test]
+    fn duplicate_is_caught() {
+        assert!(matches!(check(&[ev(0, 1, 1, 3), ev(5, 6, 3, 4)]), Err(Violation::Duplicate { .. })));
+        assert!(matches!(check(&[ev(0, 10, 7, 7), ev(1, 9, 7, 7)]), Err(Violation::Duplicate { .. })));
+    }
+
+    #[test]
+    fn real_time_inversion_is_caught() {
+        assert!(matches!(check(&[ev(0, 1, 10, 10), ev(2, 3, 5, 5)]), Err(Violation::RealTime { .. })));
+    }
+
+    #[test]
+    fn equal_timestamps_are_not_before() {
+        // Returned at 5, invoked at 5: not strictly before, so no order is required.
+        assert_eq!(check(&[ev(0, 5, 10, 10), ev(5, 6, 5, 5)]), Ok(()));
+        assert!(check(&[ev(0, 5, 10, 10), ev(6, 7, 5, 5)]).is_err());
+    }
+
+    #[test]
+    fn unknown_outcomes_add_no_constraint() {
+        let unknown = Event { invoke_ns: 0, return_ns: 1, outcome: None };
+        assert_eq!(check(&[unknown, ev(2, 3, 1, 1)]), Ok(()));
+    }
+
+    #[test]
+    fn malformed_events_are_caught() {
+        assert!(matches!(check(&[ev(5, 4, 1, 1)]), Err(Violation::Malformed(_))));
+        assert!(matches!(check(&[ev(0, 1, 3, 2)]), Err(Violation::Malformed(_))));
+    }
+
+    #[test]
+    fn file_round_trip() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let path = dir.path().join("h.txt");
+        let events = vec![ev(1, 2, 3, 4), Event { invoke_ns: 5, return_ns: 6, outcome: None }];
+        write_events(std::fs::File::create(&path).expect("create"), &events).expect("write");
+        assert_eq!(read_events(&path).expect("read"), events);
+        std::fs::write(&path, "1 2 x\n").expect("write");
+        let err = read_events(&path).expect_err("bad line");
+        assert!(err.to_string().contains(":1: bad history line"), "{err}");
+    }
+
+    /// A history a correct generator could produce: a sequential order of grants, each
+    /// request's interval around its grant point; random ranges; some unknown outcomes.
+    fn valid_history() -> impl Strategy<Value = Vec<Event>> {
+        prop::collection::vec((1u64..4, 0u64..50, 0u64..50, any::<bool>(), 0u64..3), 1..60).prop_map(|steps| {
+            let mut next = 1;
+            let mut events = Vec::new();
+            for (i, (len, before, after, unknown, gap)) in steps.into_iter().enumerate() {
+                let t = i as u64 * 100 + 50; // the linearization point
+                next += gap; // holes are allowed
+                let range = IdRange { lo: next, hi: next + len - 1 };
+                next += len;
+                events.push(Event { invoke_ns: t - before, return_ns: t + after, outcome: (!unknown).then_some(range) });
+            }
+            events
+        })
+    }
+
+    /// Naive O(n^2) reference.
+    fn naive_ok(events: &[Event]) -> bool {
+        let ok: Vec<(Event, IdRange)> = events.iter().filter_map(|e| e.outcome.map(|r| (*e, r))).collect();
+        for (i, (a, ra)) in ok.iter().enumerate() {
+            for (j, (b, rb)) in ok.iter().enumerate() {
+                if i != j && ra.lo <= rb.hi && rb.lo <= ra.hi {
+                    return false;
+                }
+                if a.return_ns < b.invoke_ns && rb.lo <= ra.hi {
+                    return false;
+                }
+            }
+        }
+        true
+    }
+
+    proptest! {
+        #[test]
+        fn valid_histories_pass(mut events in valid_history(), seed: u64) {
+            // The order events are given in does not matter.
+            let n = events.len();
+            for i in 0..n { events.swap(i, (seed as usize).wrapping_mul(i + 7) % n); }
+            prop_assert_eq!(check(&events), Ok(()));
+        }
+
+        #[test]
+        fn agrees_with_naive_reference(mut events in valid_history(), i: usize, j: usize, delta in 0u64..4) {
+            // Break the history at random (move one range onto another's neighbourhood).
+            let n = events.len();
+            let (i, j) = (i % n, j % n);
+            if let (Some(a), Some(b)) = (events[i].outcome, events[j].outcome) {
+                let lo = b.lo.saturating_sub(delta).max(1);
+                events[i].outcome = Some(IdRange { lo, hi: lo + (a.hi - a.lo) });
+            }
+            prop_assert_eq!(check(&events).is_ok(), naive_ok(&events));
+        }
+
+        #[test]
+        fn a_duplicated_grant_is_always_caught(events in valid_history(), i: usize) {
+            let granted: Vec<Event> = events.iter().copied().filter(|e| e.outcome.is_some()).collect();
+            prop_assume!(!granted.is_empty());
+            let mut events = events;
+            let dup = granted[i % granted.len()];
+            events.push(Event { invoke_ns: dup.invoke_ns, return_ns: dup.return_ns + 1, outcome: dup.outcome });
+            prop_assert!(check(&events).is_err());
+        }
+    }
+}

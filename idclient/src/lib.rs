@@ -12,6 +12,7 @@
 //!   `idctl cluster up`, tests and benchmarks).
 //! - [`history`]: a linearizability checker for recorded ID histories.
 
+pub mod bench;
 pub mod cluster;
 pub mod error;
 pub mod history;

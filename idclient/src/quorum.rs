@@ -1,14 +1,38 @@
-//! The direct quorum client. (Being written: signatures are final, bodies are not.)
+//! The direct quorum client: one round is a conditional write on every node in parallel,
+//! won when a majority accepts.
+//!
+//! Safety comes from the conditional write alone (DESIGN.md): a node accepts `LO..=HI`
+//! only if its register is below LO, and registers only grow, so two majorities (which
+//! share a node) never accept overlapping ranges, and a range accepted after another was
+//! returned lies above it. The protocols differ only in how LO is guessed.
 
+use crate::error::NodeFailure;
+use crate::node::{Node, NodeError, WriteReply};
 use crate::{IdError, IdRange, IdSource};
+use futures::stream::{FuturesUnordered, StreamExt};
+use rand::Rng;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
+use tokio::time::Instant;
+
+/// The most IDs one request may reserve: a typo must not burn the ID space.
+pub const MAX_COUNT: u64 = 1 << 32;
+
+/// First backoff step after a lost round (a loopback round trip is ~100 us).
+pub const BACKOFF_BASE: Duration = Duration::from_micros(200);
+
+/// Backoff never sleeps longer than this at once. C contenders need a window of about
+/// C round trips (~0.4 ms each, fsync-bound) to leave one attempt per round: 100 ms keeps
+/// 256 contenders from burning the nodes' CPU on rejects, and bounds the wait after recovery.
+pub const BACKOFF_CAP: Duration = Duration::from_millis(100);
 
 /// Which round protocol to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Protocol {
     /// Read a majority, then conditional write of max+1: the algorithm as first published.
     Classic,
-    /// Conditional write straight away with a guess; a reject carries the next guess.
+    /// Conditional write straight away with a guess (last known value + 1); a reject
+    /// returns the node's value, so the next guess is right.
     #[default]
     Fast,
 }
@@ -16,7 +40,7 @@ pub enum Protocol {
 /// Configuration of a [`QuorumClient`].
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
-    /// `redis://host:port` URLs, an odd number >= 3 (1 is allowed for tests only).
+    /// `redis://host:port` URLs, an odd number (3 or more in production; 1 for tests).
     pub nodes: Vec<String>,
     /// The register key on every node.
     pub key: String,
@@ -30,6 +54,8 @@ pub struct ClientConfig {
 }
 
 impl ClientConfig {
+    /// Defaults: key `current`, fast protocol, 5 s deadline, 500 ms connect and reply
+    /// timeouts, durability check on.
     pub fn new(nodes: Vec<String>) -> ClientConfig {
         ClientConfig {
             nodes,
@@ -43,46 +69,399 @@ impl ClientConfig {
     }
 }
 
-/// Counters for benchmarks and logs.
-#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+/// Counters for benchmarks and logs (monotonic since the client was created).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq, serde::Serialize)]
 pub struct Counters {
+    /// `next_ids` calls.
     pub requests: u64,
+    /// Conditional-write rounds sent.
     pub rounds: u64,
+    /// Node replies that rejected a write.
     pub rejects: u64,
+    /// Rounds retried after a loss.
     pub retries: u64,
+    /// IDs of lost rounds that some node accepted: an upper bound on the holes this
+    /// client left.
     pub burned: u64,
+    /// Calls that ended in an error.
     pub errors: u64,
 }
 
-/// The direct client: talks to all nodes in parallel.
+#[derive(Default)]
+struct AtomicCounters {
+    requests: AtomicU64,
+    rounds: AtomicU64,
+    rejects: AtomicU64,
+    retries: AtomicU64,
+    burned: AtomicU64,
+    errors: AtomicU64,
+}
+
+fn bump(c: &AtomicU64, by: u64) {
+    c.fetch_add(by, Ordering::Relaxed);
+}
+
+/// Replies of one round so far.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct Tally {
+    pub accepts: usize,
+    pub rejects: usize,
+    pub failures: usize,
+    /// Highest register value any node reported (accepted HI included).
+    pub max_seen: u64,
+}
+
+/// Where a round stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// Neither outcome is certain yet.
+    Pending,
+    /// A majority accepted: the range is generated.
+    Won,
+    /// A majority can no longer accept.
+    Lost,
+}
+
+/// The quorum decision, a pure function of the node count and the replies so far.
+pub fn decide(nodes: usize, tally: &Tally) -> Decision {
+    let majority = nodes / 2 + 1;
+    if tally.accepts >= majority {
+        Decision::Won
+    } else if tally.rejects + tally.failures > nodes - majority {
+        Decision::Lost
+    } else {
+        Decision::Pending
+    }
+}
+
+/// Why a round did not produce a range.
+enum RoundLoss {
+    /// Give up now: retrying cannot help.
+    Fatal(IdError),
+    /// Too few nodes answered.
+    Unreachable { reachable: usize, failures: Vec<NodeFailure> },
+    /// Enough nodes answered but too few accepted (another client won, or our guess was
+    /// stale). `all_rejected`: no node accepted, so nothing was burned.
+    Contention { all_rejected: bool },
+}
+
+/// The direct client: talks to all nodes in parallel. Cheap to share (`Arc`) between
+/// tasks; one per process is the usual setup.
 pub struct QuorumClient {
-    _private: (),
+    nodes: Vec<Node>,
+    key: String,
+    protocol: Protocol,
+    deadline: Duration,
+    /// Highest register value seen on any node: the fast protocol's next guess is this + 1.
+    last_known: AtomicU64,
+    counters: AtomicCounters,
 }
 
 impl QuorumClient {
-    /// Connects to every node and checks its durability configuration.
+    /// Connects to every node in parallel and checks its durability configuration.
     ///
     /// # Errors
-    /// Bad URLs, an unsafe node, or fewer than a majority reachable.
-    pub async fn connect(_config: ClientConfig) -> Result<QuorumClient, IdError> {
-        todo!()
+    /// A bad URL or an even node count ([`IdError::Config`]), an unsafe node
+    /// ([`IdError::UnsafeNode`]), or fewer than a majority reachable ([`IdError::NoQuorum`]).
+    pub async fn connect(config: ClientConfig) -> Result<QuorumClient, IdError> {
+        if config.nodes.is_empty() || config.nodes.len() % 2 == 0 {
+            return Err(IdError::Config(format!(
+                "the node count must be odd (3, 5, 7, ...), got {}: an even count adds a node without tolerating one more failure",
+                config.nodes.len()
+            )));
+        }
+        if config.key.is_empty() {
+            return Err(IdError::Config("the register key must not be empty".to_string()));
+        }
+        let mut nodes = Vec::with_capacity(config.nodes.len());
+        for url in &config.nodes {
+            let node = Node::new(url.trim(), config.connect_timeout, config.reply_timeout, !config.unsafe_skip_durability_check)
+                .map_err(|e| IdError::Config(format!("bad node URL: {e}")))?;
+            nodes.push(node);
+        }
+        let client = QuorumClient {
+            nodes,
+            key: config.key,
+            protocol: config.protocol,
+            deadline: config.deadline,
+            last_known: AtomicU64::new(0),
+            counters: AtomicCounters::default(),
+        };
+        let results = futures::future::join_all(client.nodes.iter().map(|n| n.warm_up())).await;
+        let mut failures = Vec::new();
+        for (node, result) in client.nodes.iter().zip(results) {
+            match result {
+                Ok(()) => {}
+                Err(NodeError::Unsafe(reason)) => return Err(IdError::UnsafeNode { addr: node.addr().to_string(), reason }),
+                Err(NodeError::Unavailable(reason) | NodeError::BadValue(reason)) => {
+                    failures.push(NodeFailure { addr: node.addr().to_string(), reason })
+                }
+            }
+        }
+        if config.unsafe_skip_durability_check {
+            tracing::warn!("durability check skipped: a node that loses writes can make this client repeat IDs");
+        }
+        let total = client.nodes.len();
+        let reachable = total - failures.len();
+        if reachable < client.majority() {
+            return Err(IdError::NoQuorum { needed: client.majority(), reachable, total, failures });
+        }
+        for f in &failures {
+            tracing::warn!(node = %f.addr, reason = %f.reason, "node unreachable at connect; continuing with a majority");
+        }
+        Ok(client)
     }
 
-    /// Reserves `n` IDs, giving up at `deadline` (the broker passes its caller's deadline).
-    ///
-    /// # Errors
-    /// As [`IdSource::next_ids`].
-    pub async fn next_ids_until(&self, _n: u64, _deadline: tokio::time::Instant) -> Result<IdRange, IdError> {
-        todo!()
+    fn majority(&self) -> usize {
+        self.nodes.len() / 2 + 1
     }
 
+    /// The node URLs, in configured order.
+    pub fn node_addrs(&self) -> Vec<String> {
+        self.nodes.iter().map(|n| n.addr().to_string()).collect()
+    }
+
+    /// A snapshot of the counters.
     pub fn counters(&self) -> Counters {
-        todo!()
+        let c = &self.counters;
+        let get = |a: &AtomicU64| a.load(Ordering::Relaxed);
+        Counters {
+            requests: get(&c.requests),
+            rounds: get(&c.rounds),
+            rejects: get(&c.rejects),
+            retries: get(&c.retries),
+            burned: get(&c.burned),
+            errors: get(&c.errors),
+        }
+    }
+
+    /// Reserves `n` IDs, retrying lost rounds with jittered backoff until `deadline`
+    /// (the broker passes its callers' deadline here).
+    ///
+    /// # Errors
+    /// As [`IdSource::next_ids`]: [`IdError::BadRequest`] for `n` outside
+    /// `1..=MAX_COUNT`; [`IdError::BadValue`] and [`IdError::Exhausted`] at once;
+    /// [`IdError::NoQuorum`] or [`IdError::Deadline`] when the deadline passes.
+    pub async fn next_ids_until(&self, n: u64, deadline: Instant) -> Result<IdRange, IdError> {
+        bump(&self.counters.requests, 1);
+        let result = self.next_ids_inner(n, deadline).await;
+        if result.is_err() {
+            bump(&self.counters.errors, 1);
+        }
+        result
+    }
+
+    async fn next_ids_inner(&self, n: u64, deadline: Instant) -> Result<IdRange, IdError> {
+        if n == 0 || n > MAX_COUNT {
+            return Err(IdError::BadRequest(format!("count must be 1..={MAX_COUNT}, got {n}")));
+        }
+        let started = Instant::now();
+        let mut losses: u32 = 0;
+        let mut last_loss = None;
+        loop {
+            let round = tokio::time::timeout_at(deadline, self.round(n)).await;
+            let loss = match round {
+                Ok(Ok(range)) => return Ok(range),
+                Ok(Err(RoundLoss::Fatal(e))) => return Err(e),
+                Ok(Err(loss)) => loss,
+                // The deadline hit mid-round: the outcome is unknown, the IDs are burned.
+                Err(_) => break,
+            };
+            losses += 1;
+            let pause = match &loss {
+                // A stale guess: the rejects told us the right one, try it at once.
+                RoundLoss::Contention { all_rejected: true } if losses == 1 => Duration::ZERO,
+                _ => backoff(losses),
+            };
+            last_loss = Some(loss);
+            if Instant::now() + pause >= deadline {
+                break;
+            }
+            bump(&self.counters.retries, 1);
+            tokio::time::sleep(pause).await;
+        }
+        Err(match last_loss {
+            Some(RoundLoss::Unreachable { reachable, failures }) => {
+                IdError::NoQuorum { needed: self.majority(), reachable, total: self.nodes.len(), failures }
+            }
+            _ => IdError::Deadline { deadline: deadline.saturating_duration_since(started), rounds: u64::from(losses) },
+        })
+    }
+
+    /// One attempt: pick LO (guess or read), then the conditional write.
+    async fn round(&self, n: u64) -> Result<IdRange, RoundLoss> {
+        let base = match self.protocol {
+            Protocol::Fast => self.last_known.load(Ordering::Relaxed),
+            Protocol::Classic => self.read_round().await?,
+        };
+        let exhausted = || RoundLoss::Fatal(IdError::Exhausted { addr: "quorum".to_string(), current: base, count: n });
+        let lo = base.checked_add(1).ok_or_else(exhausted)?;
+        let hi = lo.checked_add(n - 1).ok_or_else(exhausted)?;
+        self.write_round(lo, hi).await.map(|()| IdRange { lo, hi })
+    }
+
+    /// Classic step 1: GET from every node, max of a majority of answers.
+    async fn read_round(&self) -> Result<u64, RoundLoss> {
+        let mut pending: FuturesUnordered<_> =
+            self.nodes.iter().map(|node| async move { (node, node.read(&self.key).await) }).collect();
+        let (mut answers, mut max, mut failures) = (0, 0u64, Vec::new());
+        while let Some((node, reply)) = pending.next().await {
+            match reply {
+                Ok(v) => {
+                    answers += 1;
+                    max = max.max(v);
+                }
+                Err(e) => self.note_failure(node, e, &mut failures)?,
+            }
+            if answers >= self.majority() {
+                self.last_known.fetch_max(max, Ordering::Relaxed);
+                return Ok(max);
+            }
+            if failures.len() > self.nodes.len() - self.majority() {
+                return Err(RoundLoss::Unreachable { reachable: self.nodes.len() - failures.len(), failures });
+            }
+        }
+        Err(RoundLoss::Unreachable { reachable: answers, failures })
+    }
+
+    /// The conditional write of `lo..=hi` on every node; ends as soon as the outcome is
+    /// certain (late replies are dropped: they cannot change it).
+    async fn write_round(&self, lo: u64, hi: u64) -> Result<(), RoundLoss> {
+        bump(&self.counters.rounds, 1);
+        let mut pending: FuturesUnordered<_> = self
+            .nodes
+            .iter()
+            .map(|node| async move { (node, node.conditional_write(&self.key, lo, hi).await) })
+            .collect();
+        let mut tally = Tally::default();
+        let mut failures = Vec::new();
+        let decision = loop {
+            let Some((node, reply)) = pending.next().await else { break Decision::Lost };
+            match reply {
+                Ok(WriteReply::Accepted) => {
+                    tally.accepts += 1;
+                    tally.max_seen = tally.max_seen.max(hi);
+                }
+                Ok(WriteReply::Rejected { current }) => {
+                    tally.rejects += 1;
+                    tally.max_seen = tally.max_seen.max(current);
+                }
+                Err(e) => {
+                    self.note_failure(node, e, &mut failures)?;
+                    tally.failures += 1;
+                }
+            }
+            match decide(self.nodes.len(), &tally) {
+                Decision::Pending => continue,
+                done => break done,
+            }
+        };
+        self.last_known.fetch_max(tally.max_seen, Ordering::Relaxed);
+        bump(&self.counters.rejects, tally.rejects as u64);
+        match decision {
+            Decision::Won => Ok(()),
+            _ if tally.failures > self.nodes.len() - self.majority() => {
+                Err(RoundLoss::Unreachable { reachable: tally.accepts + tally.rejects, failures })
+            }
+            _ => {
+                if tally.accepts > 0 {
+                    bump(&self.counters.burned, hi - lo + 1);
+                }
+                Err(RoundLoss::Contention { all_rejected: tally.accepts == 0 })
+            }
+        }
+    }
+
+    /// Records a node failure; a bad register value ends the request at once.
+    fn note_failure(&self, node: &Node, e: NodeError, failures: &mut Vec<NodeFailure>) -> Result<(), RoundLoss> {
+        match e {
+            NodeError::BadValue(value) => {
+                Err(RoundLoss::Fatal(IdError::BadValue { addr: node.addr().to_string(), key: self.key.clone(), value }))
+            }
+            NodeError::Unsafe(reason) => {
+                tracing::error!(node = node.addr(), %reason, "refusing unsafe node");
+                failures.push(NodeFailure { addr: node.addr().to_string(), reason: format!("unsafe: {reason}") });
+                Ok(())
+            }
+            NodeError::Unavailable(reason) => {
+                failures.push(NodeFailure { addr: node.addr().to_string(), reason });
+                Ok(())
+            }
+        }
     }
 }
 
+/// Full jitter: uniform in `[0, min(cap, base * 2^losses))`.
+fn backoff(losses: u32) -> Duration {
+    let ceiling = BACKOFF_BASE.saturating_mul(1u32 << losses.min(16)).min(BACKOFF_CAP);
+    rand::thread_rng().gen_range(Duration::ZERO..=ceiling)
+}
+
 impl IdSource for QuorumClient {
-    async fn next_ids(&self, _n: u64) -> Result<IdRange, IdError> {
-        todo!()
+    async fn next_ids(&self, n: u64) -> Result<IdRange, IdError> {
+        self.next_ids_until(n, Instant::now() + self.deadline).await
+    }
+}
+
+/// Checks every node's durability configuration (what `idctl check` runs), in parallel.
+/// Returns one line per node: `Ok(())` or why it is unusable.
+///
+/// # Errors
+/// A URL that cannot be parsed.
+pub async fn check_nodes(urls: &[String], connect_timeout: Duration, reply_timeout: Duration) -> Result<Vec<(String, Result<(), String>)>, IdError> {
+    let mut nodes = Vec::new();
+    for url in urls {
+        nodes.push(Node::new(url.trim(), connect_timeout, reply_timeout, true).map_err(|e| IdError::Config(format!("bad node URL: {e}")))?);
+    }
+    let results = futures::future::join_all(nodes.iter().map(|n| n.check_durability())).await;
+    Ok(nodes
+        .iter()
+        .zip(results)
+        .map(|(node, r)| {
+            let r = r.map_err(|e| match e {
+                NodeError::Unsafe(reason) => format!("UNSAFE: {reason}"),
+                NodeError::Unavailable(reason) | NodeError::BadValue(reason) => format!("UNREACHABLE: {reason}"),
+            });
+            (node.addr().to_string(), r)
+        })
+        .collect())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn tally(accepts: usize, rejects: usize, failures: usize) -> Tally {
+        Tally { accepts, rejects, failures, max_seen: 0 }
+    }
+
+    #[test]
+    fn majority_of_accepts_wins() {
+        assert_eq!(decide(5, &tally(3, 0, 0)), Decision::Won);
+        assert_eq!(decide(5, &tally(3, 2, 0)), Decision::Won);
+        assert_eq!(decide(3, &tally(2, 0, 1)), Decision::Won);
+        assert_eq!(decide(1, &tally(1, 0, 0)), Decision::Won);
+    }
+
+    #[test]
+    fn round_is_lost_once_a_majority_cannot_accept() {
+        assert_eq!(decide(5, &tally(0, 3, 0)), Decision::Lost);
+        assert_eq!(decide(5, &tally(2, 2, 1)), Decision::Lost);
+        assert_eq!(decide(5, &tally(0, 0, 3)), Decision::Lost);
+        assert_eq!(decide(3, &tally(1, 1, 1)), Decision::Lost);
+    }
+
+    #[test]
+    fn undecided_until_certain() {
+        assert_eq!(decide(5, &tally(2, 2, 0)), Decision::Pending);
+        assert_eq!(decide(5, &tally(0, 2, 0)), Decision::Pending);
+        assert_eq!(decide(5, &tally(2, 0, 2)), Decision::Pending);
+    }
+
+    #[test]
+    fn backoff_is_bounded() {
+        for losses in 0..40 {
+            assert!(backoff(losses) <= BACKOFF_CAP);
+        }
     }
 }

@@ -1,1 +1,233 @@
-fn main() { eprintln!("not implemented yet"); std::process::exit(2) }
+//! idctl: start a local quorum, check nodes, get IDs, benchmark.
+
+use anyhow::{bail, Context, Result};
+use clap::{Args, Parser, Subcommand};
+use idclient::bench::{self, BenchConfig};
+use idclient::cluster::{self, LocalQuorum};
+use idclient::{ClientConfig, IdSource, Protocol, QuorumClient};
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::time::Duration;
+
+#[derive(Parser)]
+#[command(name = "idctl", version, about = "Globally ordered IDs from a majority of Redis nodes: run a local quorum, check nodes, get IDs, benchmark.")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Start or stop a local redis-server quorum configured for durability.
+    #[command(subcommand)]
+    Cluster(ClusterCmd),
+    /// Check every node's durability configuration; exits non-zero if any node is unsafe
+    /// or unreachable.
+    Check {
+        /// Comma-separated redis://host:port URLs.
+        #[arg(long, value_delimiter = ',', required = true)]
+        nodes: Vec<String>,
+        /// Connect and reply timeout per node, in milliseconds.
+        #[arg(long, default_value_t = 1000)]
+        timeout_ms: u64,
+    },
+    /// Reserve IDs and print "LO HI" (HI = LO + COUNT - 1).
+    Next {
+        #[command(flatten)]
+        source: SourceArgs,
+        /// How many consecutive IDs to reserve in one round.
+        #[arg(long, default_value_t = 1)]
+        count: u64,
+    },
+    /// Run concurrent clients for a while and report throughput and latency. The last line
+    /// is one JSON object: ids_per_sec, requests_per_sec, p50_us, p99_us, holes_pct, errors.
+    Bench {
+        #[command(flatten)]
+        source: SourceArgs,
+        /// Concurrent clients. Direct mode: each its own client (own connections), like
+        /// separate processes. Broker mode: concurrent callers of one broker client.
+        #[arg(long, default_value_t = 16)]
+        clients: usize,
+        /// How long to run.
+        #[arg(long, default_value_t = 5.0)]
+        seconds: f64,
+        /// IDs per request.
+        #[arg(long, default_value_t = 1)]
+        count: u64,
+        /// Record every request (invoke/return time, range) to this file, for the history checker.
+        #[arg(long)]
+        history: Option<PathBuf>,
+    },
+}
+
+#[derive(Subcommand)]
+enum ClusterCmd {
+    /// Start N redis-server processes on 127.0.0.1 (appendonly yes, appendfsync always,
+    /// noeviction), each with its data under DIR; their pids go to DIR/cluster.json.
+    Up {
+        #[arg(long)]
+        dir: PathBuf,
+        /// Number of nodes (odd, >= 3).
+        #[arg(long, default_value_t = 5)]
+        nodes: usize,
+        /// Port of the first node; the others follow.
+        #[arg(long, default_value_t = 7001)]
+        base_port: u16,
+    },
+    /// Stop exactly the processes `cluster up --dir DIR` started (by pid). Data is kept.
+    Down {
+        #[arg(long)]
+        dir: PathBuf,
+    },
+}
+
+#[derive(Args)]
+#[group(required = true, multiple = false, id = "where")]
+struct Where {
+    /// Comma-separated redis://host:port URLs of the quorum (direct mode).
+    #[arg(long, value_delimiter = ',')]
+    nodes: Vec<String>,
+    /// Comma-separated host:port addresses of idbrokers (broker mode, with failover).
+    #[arg(long, value_delimiter = ',')]
+    broker: Vec<String>,
+}
+
+#[derive(Args)]
+struct SourceArgs {
+    #[command(flatten)]
+    r#where: Where,
+    /// Use the classic protocol (read a majority, then write max+1) instead of the fast one.
+    #[arg(long)]
+    classic: bool,
+    /// Give up on a request after this many milliseconds (all retries included).
+    #[arg(long, default_value_t = 5000)]
+    deadline_ms: u64,
+    /// Connect and reply timeout per node, in milliseconds.
+    #[arg(long, default_value_t = 500)]
+    timeout_ms: u64,
+    /// The register key on every node.
+    #[arg(long, default_value = "current")]
+    key: String,
+    /// Use nodes that do not fsync every write. DANGEROUS: a node crash can then repeat IDs.
+    #[arg(long)]
+    unsafe_skip_durability_check: bool,
+}
+
+impl SourceArgs {
+    fn client_config(&self) -> ClientConfig {
+        let mut config = ClientConfig::new(self.r#where.nodes.clone());
+        config.key = self.key.clone();
+        config.protocol = if self.classic { Protocol::Classic } else { Protocol::Fast };
+        config.deadline = Duration::from_millis(self.deadline_ms);
+        config.connect_timeout = Duration::from_millis(self.timeout_ms);
+        config.reply_timeout = Duration::from_millis(self.timeout_ms);
+        config.unsafe_skip_durability_check = self.unsafe_skip_durability_check;
+        config
+    }
+}
+
+fn main() -> ExitCode {
+    tracing_subscriber::fmt()
+        .with_writer(std::io::stderr)
+        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
+        .init();
+    let cli = Cli::parse();
+    match run(cli) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("idctl: error: {e:#}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn run(cli: Cli) -> Result<ExitCode> {
+    match cli.command {
+        Command::Cluster(ClusterCmd::Up { dir, nodes, base_port }) => {
+            let quorum = LocalQuorum::start(&dir, nodes, base_port)?;
+            let urls = quorum.urls_arg();
+            let records = quorum.detach();
+            for r in &records {
+                eprintln!("started redis-server pid {} on {} (data {})", r.pid, r.url, r.data_dir.display());
+            }
+            eprintln!("quorum of {} nodes up; stop it with: idctl cluster down --dir {}", records.len(), dir.display());
+            println!("{urls}");
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Cluster(ClusterCmd::Down { dir }) => {
+            let stopped = cluster::down(&dir)?;
+            eprintln!("stopped {stopped} node(s) of {}", dir.display());
+            Ok(ExitCode::SUCCESS)
+        }
+        Command::Check { nodes, timeout_ms } => runtime()?.block_on(check(nodes, timeout_ms)),
+        Command::Next { source, count } => runtime()?.block_on(async {
+            let range = if source.r#where.broker.is_empty() {
+                QuorumClient::connect(source.client_config()).await?.next_ids(count).await?
+            } else {
+                broker_source(&source).await?.next_ids(count).await?
+            };
+            println!("{} {}", range.lo, range.hi);
+            Ok(ExitCode::SUCCESS)
+        }),
+        Command::Bench { source, clients, seconds, count, history } => {
+            if clients == 0 {
+                bail!("--clients must be at least 1");
+            }
+            if !(seconds > 0.0 && seconds.is_finite()) {
+                bail!("--seconds must be a positive number, got {seconds}");
+            }
+            let config = BenchConfig { clients, duration: Duration::from_secs_f64(seconds), count, progress: true };
+            let report = runtime()?.block_on(async {
+                if source.r#where.broker.is_empty() {
+                    let client_config = source.client_config();
+                    let mut sources = Vec::with_capacity(clients);
+                    for _ in 0..clients {
+                        sources.push(std::sync::Arc::new(QuorumClient::connect(client_config.clone()).await?));
+                    }
+                    Ok::<_, anyhow::Error>(bench::run(&config, &sources).await)
+                } else {
+                    let shared = std::sync::Arc::new(broker_source(&source).await?);
+                    let sources = vec![shared; clients];
+                    Ok(bench::run(&config, &sources).await)
+                }
+            })?;
+            if let Some(path) = history {
+                let file = std::fs::File::create(&path).with_context(|| format!("cannot create history file {}", path.display()))?;
+                idclient::history::write_events(std::io::BufWriter::new(file), &report.events)
+                    .with_context(|| format!("cannot write history file {}", path.display()))?;
+            }
+            eprintln!("{}", report.summary_line());
+            println!("{}", report.json());
+            Ok(ExitCode::SUCCESS)
+        }
+    }
+}
+
+fn runtime() -> Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the tokio runtime")
+}
+
+async fn check(nodes: Vec<String>, timeout_ms: u64) -> Result<ExitCode> {
+    let timeout = Duration::from_millis(timeout_ms);
+    let results = idclient::quorum::check_nodes(&nodes, timeout, timeout).await?;
+    let mut bad = 0;
+    for (addr, result) in &results {
+        match result {
+            Ok(()) => println!("{addr}: ok (appendonly yes, appendfsync always, no-appendfsync-on-rewrite no, noeviction)"),
+            Err(reason) => {
+                bad += 1;
+                println!("{addr}: {reason}");
+            }
+        }
+    }
+    if bad > 0 {
+        eprintln!("idctl: {bad} of {} node(s) unusable", results.len());
+        return Ok(ExitCode::FAILURE);
+    }
+    Ok(ExitCode::SUCCESS)
+}
+
+/// The broker client for `--broker`.
+async fn broker_source(_source: &SourceArgs) -> Result<QuorumClient> {
+    bail!("--broker is not available yet")
+}
