@@ -1,1 +1,550 @@
-//! producer: placeholder until its issue lands.
+//! producer: reads items, stamps them with globally ordered IDs, writes shard `n`'s sublist.
+//!
+//! The input (lines of a file, stdin, or generated items) is read in batches of B items.
+//! Each batch gets one range of B IDs from an [`idclient::IdSource`] (one quorum round or
+//! one broker request per batch), the items get the IDs in input order, and the batch is
+//! written together with the progress marker in one synced RocksDB `WriteBatch`
+//! ([`sublist::shard::ShardWriter`]). A producer killed at any moment and started again with
+//! the same input resumes after the last durable batch: every item ends up in the sublist
+//! exactly once, with the ID it got the first time (IDs fetched for a batch that never
+//! became durable are holes, never duplicates).
+//!
+//! Main items: [`Config`], [`Producer`] (open, then [`Producer::run`]), [`run`],
+//! [`generate_payload`] (the deterministic `--generate` items), [`ProducerError`].
+//!
+//! While batch k is being written (fsync), the ID range of batch k+1 is already being
+//! fetched: the two waits overlap. That is safe: the range of k+1 is requested after the
+//! range of k was returned, so it lies above it; if the process dies, it is a hole.
+
+pub mod input;
+
+pub use input::{generate_payload, scan_file, InputSpec, ItemReader};
+
+use idclient::{IdError, IdRange, IdSource};
+use indicatif::{ProgressBar, ProgressStyle};
+use std::fmt;
+use std::path::PathBuf;
+use std::time::{Duration, Instant};
+use sublist::shard::{Progress, ShardError, ShardWriter};
+use sublist::Record;
+
+/// Largest item (line or generated payload): 16 MiB. Lines of 10 MB are accepted; above
+/// this an input is refused with the line number, before anything is written (file input).
+/// Keeps one item, and the RocksDB value holding it, a sane size.
+pub const MAX_ITEM_BYTES: usize = 16 << 20;
+/// A batch is closed early once it holds this many payload bytes, so a batch of 10,000
+/// huge lines cannot exhaust memory (two batches are in flight at a time).
+pub const MAX_BATCH_BYTES: usize = 32 << 20;
+/// Largest `--batch`: one ID range and one WriteBatch per batch; beyond this a failed
+/// batch wastes too much work and the pending records too much memory.
+pub const MAX_BATCH_ITEMS: u64 = 1_000_000;
+/// Default `--batch`.
+pub const DEFAULT_BATCH: u64 = 1000;
+/// Default `--payload-size` for `--generate`.
+pub const DEFAULT_PAYLOAD_SIZE: usize = 100;
+
+/// Everything that can stop a producer. [`ProducerError::exit_code`] maps it to the
+/// binary's exit code.
+#[derive(Debug, thiserror::Error)]
+pub enum ProducerError {
+    /// The arguments make no sense (batch 0, payload too large, ...).
+    #[error("invalid arguments: {0}")]
+    Config(String),
+
+    /// The input cannot be read.
+    #[error("input {input}: {source}")]
+    Input { input: String, source: std::io::Error },
+
+    /// A line is longer than [`MAX_ITEM_BYTES`].
+    #[error("input {input}: line {line} is longer than the limit of {limit} bytes per item")]
+    LineTooLong { input: String, line: u64, limit: usize },
+
+    /// The input no longer matches what the sublist was written from (found while reading).
+    #[error("input {input} changed since the sublist was started: {reason}")]
+    InputChanged { input: String, reason: String },
+
+    /// The sublist exists and was written from another input.
+    #[error("sublist {path} was written from different input (stored: {stored}; given: {given}); refusing to mix inputs: use another --data-dir or delete {path}")]
+    DifferentInput { path: PathBuf, stored: String, given: String },
+
+    /// stdin cannot be checked to be the same input, so a started sublist cannot resume from it.
+    #[error("sublist {path} already holds {items} items; input from stdin cannot be resumed (it cannot be checked to be the same): use --input FILE, or delete {path}")]
+    StdinNotResumable { path: PathBuf, items: u64 },
+
+    /// The sublist database failed (in use, wrong shard, not a sublist, I/O).
+    #[error(transparent)]
+    Shard(#[from] ShardError),
+
+    /// Connecting to the ID generator failed.
+    #[error("cannot connect to the ID generator: {0}")]
+    Connect(#[source] IdError),
+
+    /// Getting IDs failed (no quorum past the deadline, ...). Everything before is durable.
+    #[error("getting IDs for items {next_seq}.. failed: {source} ({next_seq} items are durably in the sublist; run again to resume)")]
+    Ids { next_seq: u64, source: IdError },
+
+    /// The ID source returned a range of the wrong size: a bug in the source.
+    #[error("ID source returned {got:?} for a request of {wanted} IDs")]
+    BadRange { wanted: u64, got: IdRange },
+
+    /// The `--broker` mode is not available in this build.
+    #[error("--broker is not available: {0}")]
+    BrokerUnavailable(String),
+
+    /// A background write task died.
+    #[error("write task failed: {0}")]
+    Task(String),
+}
+
+impl ProducerError {
+    /// Exit code of the `producer` binary: 2 bad arguments, 3 bad or unreadable input,
+    /// 4 sublist refused (in use, wrong shard, different input, not a sublist, I/O),
+    /// 5 ID generator unavailable (no quorum, deadline, unsafe node), 1 anything else.
+    pub fn exit_code(&self) -> u8 {
+        match self {
+            ProducerError::Config(_) | ProducerError::BrokerUnavailable(_) => 2,
+            ProducerError::Connect(IdError::Config(_)) => 2,
+            ProducerError::Input { .. } | ProducerError::LineTooLong { .. } | ProducerError::InputChanged { .. } => 3,
+            ProducerError::DifferentInput { .. } | ProducerError::StdinNotResumable { .. } | ProducerError::Shard(_) => 4,
+            ProducerError::Connect(_) | ProducerError::Ids { .. } => 5,
+            ProducerError::BadRange { .. } | ProducerError::Task(_) => 1,
+        }
+    }
+}
+
+/// How progress is shown.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Display {
+    /// An indicatif progress bar on stderr (for a terminal).
+    Bar,
+    /// A `tracing` info line every interval (for logs).
+    Log(Duration),
+    /// Nothing (library use, tests).
+    Quiet,
+}
+
+/// What a producer does; built by the binary from its flags, or by tests.
+#[derive(Debug, Clone)]
+pub struct Config {
+    pub shard: u32,
+    pub data_dir: PathBuf,
+    pub input: InputSpec,
+    /// Items per batch: one ID range and one synced WriteBatch each.
+    pub batch: u64,
+    pub display: Display,
+}
+
+impl Config {
+    /// A quiet config with the default batch size.
+    pub fn new(shard: u32, data_dir: impl Into<PathBuf>, input: InputSpec) -> Config {
+        Config { shard, data_dir: data_dir.into(), input, batch: DEFAULT_BATCH, display: Display::Quiet }
+    }
+
+    fn validate(&self) -> Result<(), ProducerError> {
+        if self.batch == 0 || self.batch > MAX_BATCH_ITEMS {
+            return Err(ProducerError::Config(format!("--batch must be 1..={MAX_BATCH_ITEMS}, got {}", self.batch)));
+        }
+        if let InputSpec::Generate { payload_size, .. } = self.input {
+            if payload_size > MAX_ITEM_BYTES {
+                return Err(ProducerError::Config(format!("--payload-size must be at most {MAX_ITEM_BYTES}, got {payload_size}")));
+            }
+        }
+        Ok(())
+    }
+}
+
+/// What one run did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Summary {
+    pub shard: u32,
+    pub path: PathBuf,
+    /// The sublist was already finished: nothing was done.
+    pub already_finished: bool,
+    /// Items in the sublist when this run started (resume point).
+    pub resumed_at: u64,
+    /// Items written by this run.
+    pub written: u64,
+    /// Batches written by this run.
+    pub batches: u64,
+    /// IDs of this run's first and last item.
+    pub id_span: Option<(u64, u64)>,
+    pub elapsed: Duration,
+}
+
+impl Summary {
+    /// Items in the sublist now.
+    pub fn total(&self) -> u64 {
+        self.resumed_at + self.written
+    }
+
+    /// Items stamped and written per second by this run.
+    pub fn ids_per_sec(&self) -> f64 {
+        self.written as f64 / self.elapsed.as_secs_f64().max(1e-9)
+    }
+}
+
+impl fmt::Display for Summary {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if self.already_finished {
+            return write!(f, "shard {}: {} is already finished ({} items): nothing to do", self.shard, self.path.display(), self.total());
+        }
+        write!(
+            f,
+            "shard {}: {} items in {:.3} s, {:.0} IDs/s, {} batches",
+            self.shard,
+            self.written,
+            self.elapsed.as_secs_f64(),
+            self.ids_per_sec(),
+            self.batches
+        )?;
+        if self.resumed_at > 0 {
+            write!(f, " (resumed after {} items)", self.resumed_at)?;
+        }
+        if let Some((lo, hi)) = self.id_span {
+            write!(f, ", ids {lo}..={hi}")?;
+        }
+        write!(f, "; {} holds {} items", self.path.display(), self.total())
+    }
+}
+
+/// An opened producer: the sublist is locked and the input checked against it.
+pub struct Producer {
+    config: Config,
+    writer: ShardWriter,
+    progress: Option<Progress>,
+    fingerprint: Vec<u8>,
+    total: Option<u64>,
+}
+
+impl Producer {
+    /// Validates the config, opens (locks) the sublist and checks the input against it.
+    /// Needs no ID generator: a finished sublist is recognised without one.
+    ///
+    /// # Errors
+    /// Bad config, unreadable input or an over-long line (file input is scanned in full
+    /// first), the sublist in use / of another shard / not a sublist, different input.
+    pub fn open(config: Config) -> Result<Producer, ProducerError> {
+        config.validate()?;
+        let writer = ShardWriter::open(&config.data_dir, config.shard)?;
+        let progress = writer.progress()?;
+        let (fingerprint, total) = match &config.input {
+            InputSpec::File(p) => {
+                let scan = scan_file(p)?;
+                (scan.fingerprint.into_bytes(), Some(scan.items))
+            }
+            InputSpec::Stdin => {
+                if let Some(p) = &progress {
+                    return Err(ProducerError::StdinNotResumable { path: writer.path().to_path_buf(), items: p.next_seq });
+                }
+                (b"stdin".to_vec(), None)
+            }
+            InputSpec::Generate { count, payload_size } => (format!("generate count={count} payload-size={payload_size}").into_bytes(), Some(*count)),
+        };
+        if let Some(p) = &progress {
+            if p.fingerprint != fingerprint {
+                return Err(ProducerError::DifferentInput {
+                    path: writer.path().to_path_buf(),
+                    stored: String::from_utf8_lossy(&p.fingerprint).into_owned(),
+                    given: String::from_utf8_lossy(&fingerprint).into_owned(),
+                });
+            }
+        }
+        if total == Some(0) && progress.is_none() {
+            tracing::warn!(input = %config.input.describe(), "the input is empty: writing an empty, finished sublist");
+        }
+        Ok(Producer { config, writer, progress, fingerprint, total })
+    }
+
+    /// The sublist is finished: [`Producer::run`] would do nothing.
+    pub fn is_finished(&self) -> bool {
+        self.progress.as_ref().is_some_and(|p| p.finished)
+    }
+
+    /// Items already in the sublist.
+    pub fn resume_at(&self) -> u64 {
+        self.progress.as_ref().map_or(0, |p| p.next_seq)
+    }
+
+    /// The summary of a run that did nothing (finished sublist).
+    fn nothing_to_do(&self, start: Instant) -> Summary {
+        Summary {
+            shard: self.config.shard,
+            path: self.writer.path().to_path_buf(),
+            already_finished: true,
+            resumed_at: self.resume_at(),
+            written: 0,
+            batches: 0,
+            id_span: None,
+            elapsed: start.elapsed(),
+        }
+    }
+
+    /// Stamps and writes the rest of the input, then marks the sublist finished.
+    ///
+    /// # Errors
+    /// Input errors, ID errors (every batch before the failing one is durable), sublist
+    /// write errors. The sublist is never half-written: each batch is atomic.
+    pub async fn run(self, source: &impl IdSource) -> Result<Summary, ProducerError> {
+        let start = Instant::now();
+        if self.is_finished() {
+            return Ok(self.nothing_to_do(start));
+        }
+        let Producer { config, writer, progress, fingerprint, total } = self;
+        let shard = config.shard;
+        let path = writer.path().to_path_buf();
+        let resumed_at = progress.as_ref().map_or(0, |p| p.next_seq);
+        let last_id = progress.as_ref().map_or(0, |p| p.last_id);
+        let mut reader = ItemReader::open(&config.input, shard, resumed_at)?;
+        if resumed_at > 0 {
+            tracing::info!(shard, resumed_at, "resuming after the last durable batch");
+        }
+        let mut report = Reporter::new(config.display, shard, total, resumed_at);
+        // The writer when no write is running, else the write of the previous batch,
+        // running on the blocking pool while we fetch the next IDs.
+        let mut idle = Some(Written { writer, next_seq: resumed_at, batches: 0, first_id: None, last_id });
+        let mut pending: Option<tokio::task::JoinHandle<Result<Written, ProducerError>>> = None;
+
+        let result: Result<(), ProducerError> = async {
+            loop {
+                let items = reader.next_batch(config.batch, MAX_BATCH_BYTES);
+                let items = match items {
+                    Ok(i) => i,
+                    Err(e) => {
+                        finish_pending(&mut pending, &mut idle, &mut report).await?;
+                        return Err(e);
+                    }
+                };
+                if items.is_empty() {
+                    finish_pending(&mut pending, &mut idle, &mut report).await?;
+                    let w = idle.as_mut().ok_or_else(|| ProducerError::Task("writer lost".into()))?;
+                    let done = Progress { next_seq: w.next_seq, finished: true, last_id: w.last_id, fingerprint: fingerprint.clone() };
+                    w.writer.write_batch(&[], &done)?;
+                    return Ok(());
+                }
+                let n = items.len() as u64;
+                let ids = source.next_ids(n).await;
+                finish_pending(&mut pending, &mut idle, &mut report).await?;
+                let mut w = idle.take().ok_or_else(|| ProducerError::Task("writer lost".into()))?;
+                let range = match ids {
+                    Ok(r) => r,
+                    Err(source) => {
+                        let next_seq = w.next_seq;
+                        idle = Some(w);
+                        return Err(ProducerError::Ids { next_seq, source });
+                    }
+                };
+                if range.len() != n || range.lo <= w.last_id {
+                    idle = Some(w);
+                    return Err(ProducerError::BadRange { wanted: n, got: range });
+                }
+                let records: Vec<Record> = items
+                    .into_iter()
+                    .zip(range.iter())
+                    .enumerate()
+                    .map(|(i, (payload, id))| Record { id, shard, seq: w.next_seq + i as u64, payload })
+                    .collect();
+                let fp = fingerprint.clone();
+                pending = Some(tokio::task::spawn_blocking(move || {
+                    let p = Progress { next_seq: w.next_seq + n, finished: false, last_id: range.hi, fingerprint: fp };
+                    w.writer.write_batch(&records, &p)?;
+                    w.next_seq += n;
+                    w.last_id = range.hi;
+                    w.batches += 1;
+                    w.first_id.get_or_insert(range.lo);
+                    Ok(w)
+                }));
+            }
+        }
+        .await;
+        // Whatever happened, wait for the last write so the summary and the error are true.
+        let waited = finish_pending(&mut pending, &mut idle, &mut report).await;
+        report.finish();
+        result?;
+        waited?;
+        let state = idle.ok_or_else(|| ProducerError::Task("writer lost".into()))?;
+        Ok(Summary {
+            shard,
+            path,
+            already_finished: false,
+            resumed_at,
+            written: state.next_seq - resumed_at,
+            batches: state.batches,
+            id_span: state.first_id.map(|lo| (lo, state.last_id)),
+            elapsed: start.elapsed(),
+        })
+    }
+}
+
+/// The writer and what it has durably written in this run.
+struct Written {
+    writer: ShardWriter,
+    next_seq: u64,
+    batches: u64,
+    first_id: Option<u64>,
+    last_id: u64,
+}
+
+async fn finish_pending(
+    pending: &mut Option<tokio::task::JoinHandle<Result<Written, ProducerError>>>,
+    idle: &mut Option<Written>,
+    report: &mut Reporter,
+) -> Result<(), ProducerError> {
+    if let Some(h) = pending.take() {
+        let w = h.await.map_err(|e| ProducerError::Task(e.to_string()))??;
+        report.update(w.next_seq);
+        *idle = Some(w);
+    }
+    Ok(())
+}
+
+/// Opens the sublist and runs to the end: [`Producer::open`] then [`Producer::run`].
+///
+/// # Errors
+/// As those two.
+pub async fn run(config: Config, source: &impl IdSource) -> Result<Summary, ProducerError> {
+    Producer::open(config)?.run(source).await
+}
+
+/// Shows progress: a bar on a terminal, periodic log lines otherwise.
+struct Reporter {
+    display: Display,
+    bar: Option<ProgressBar>,
+    shard: u32,
+    total: Option<u64>,
+    start: Instant,
+    start_seq: u64,
+    last_log: Instant,
+}
+
+impl Reporter {
+    fn new(display: Display, shard: u32, total: Option<u64>, start_seq: u64) -> Reporter {
+        let bar = (display == Display::Bar).then(|| {
+            let bar = match total {
+                Some(t) => ProgressBar::new(t),
+                None => ProgressBar::new_spinner(),
+            };
+            let template = if total.is_some() {
+                "shard {prefix} [{elapsed_precise}] {wide_bar} {pos}/{len} items, {per_sec}, ETA {eta}"
+            } else {
+                "shard {prefix} [{elapsed_precise}] {spinner} {pos} items, {per_sec}"
+            };
+            if let Ok(style) = ProgressStyle::with_template(template) {
+                bar.set_style(style);
+            }
+            bar.set_prefix(shard.to_string());
+            bar.set_position(start_seq);
+            bar.reset_eta();
+            bar
+        });
+        let now = Instant::now();
+        Reporter { display, bar, shard, total, start: now, start_seq, last_log: now }
+    }
+
+    fn update(&mut self, next_seq: u64) {
+        match self.display {
+            Display::Bar => {
+                if let Some(b) = &self.bar {
+                    b.set_position(next_seq);
+                }
+            }
+            Display::Log(every) => {
+                if self.last_log.elapsed() >= every {
+                    self.last_log = Instant::now();
+                    let done = next_seq - self.start_seq;
+                    let rate = done as f64 / self.start.elapsed().as_secs_f64().max(1e-9);
+                    let of = self.total.map(|t| format!(" of {t}")).unwrap_or_default();
+                    tracing::info!("shard {}: {next_seq}{of} items, {rate:.0} items/s", self.shard);
+                }
+            }
+            Display::Quiet => {}
+        }
+    }
+
+    fn finish(&mut self) {
+        if let Some(b) = self.bar.take() {
+            b.finish_and_clear();
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::{AtomicU64, Ordering};
+
+    /// An in-process ID source for unit tests (the integration tests use a real quorum).
+    struct Counter(AtomicU64);
+
+    impl IdSource for Counter {
+        async fn next_ids(&self, n: u64) -> Result<IdRange, IdError> {
+            let lo = self.0.fetch_add(n, Ordering::SeqCst) + 1;
+            Ok(IdRange { lo, hi: lo + n - 1 })
+        }
+    }
+
+    /// Fails after `ok` requests.
+    struct Failing(Counter, AtomicU64);
+
+    impl IdSource for Failing {
+        async fn next_ids(&self, n: u64) -> Result<IdRange, IdError> {
+            if self.1.fetch_sub(1, Ordering::SeqCst) == 0 {
+                return Err(IdError::NoQuorum { needed: 3, reachable: 0, total: 5, failures: vec![] });
+            }
+            self.0.next_ids(n).await
+        }
+    }
+
+    fn read_all(dir: &std::path::Path, shard: u32) -> Vec<Record> {
+        let r = sublist::shard::ShardReader::open(&sublist::shard::shard_db_path(dir, shard)).expect("reader");
+        r.iter().collect::<Result<_, _>>().expect("items")
+    }
+
+    #[tokio::test]
+    async fn generate_stamps_in_order_and_finishes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut cfg = Config::new(2, dir.path(), InputSpec::Generate { count: 25, payload_size: 7 });
+        cfg.batch = 10;
+        let src = Counter(AtomicU64::new(100));
+        let s = run(cfg.clone(), &src).await.expect("run");
+        assert_eq!((s.written, s.batches, s.id_span), (25, 3, Some((101, 125))));
+        let items = read_all(dir.path(), 2);
+        assert_eq!(items.len(), 25);
+        for (i, r) in items.iter().enumerate() {
+            assert_eq!((r.id, r.shard, r.seq), (101 + i as u64, 2, i as u64));
+            assert_eq!(r.payload, generate_payload(2, i as u64, 7));
+        }
+        let again = run(cfg.clone(), &src).await.expect("rerun");
+        assert!(again.already_finished, "{again}");
+        assert!(again.to_string().contains("nothing to do"));
+        cfg.input = InputSpec::Generate { count: 26, payload_size: 7 };
+        assert!(matches!(run(cfg, &src).await, Err(ProducerError::DifferentInput { .. })));
+    }
+
+    #[tokio::test]
+    async fn id_failure_keeps_durable_batches_and_resumes() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut cfg = Config::new(0, dir.path(), InputSpec::Generate { count: 50, payload_size: 3 });
+        cfg.batch = 10;
+        let src = Failing(Counter(AtomicU64::new(0)), AtomicU64::new(2));
+        let e = run(cfg.clone(), &src).await.expect_err("no quorum");
+        assert!(matches!(e, ProducerError::Ids { next_seq: 20, .. }), "{e}");
+        assert_eq!(e.exit_code(), 5);
+        assert_eq!(read_all(dir.path(), 0).len(), 20);
+        let s = run(cfg, &Counter(AtomicU64::new(1000))).await.expect("resume");
+        assert_eq!((s.resumed_at, s.written), (20, 30));
+        let items = read_all(dir.path(), 0);
+        assert_eq!(items.iter().map(|r| r.seq).collect::<Vec<_>>(), (0..50).collect::<Vec<_>>());
+        assert_eq!(items[19].id, 20);
+        assert_eq!(items[20].id, 1001);
+    }
+
+    #[tokio::test]
+    async fn bad_config_is_refused() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut cfg = Config::new(0, dir.path(), InputSpec::Generate { count: 1, payload_size: MAX_ITEM_BYTES + 1 });
+        assert!(matches!(Producer::open(cfg.clone()), Err(ProducerError::Config(_))));
+        cfg.input = InputSpec::Generate { count: 1, payload_size: 1 };
+        cfg.batch = 0;
+        assert!(matches!(Producer::open(cfg), Err(ProducerError::Config(_))));
+    }
+}
