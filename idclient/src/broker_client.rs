@@ -1,1 +1,501 @@
-//! The broker client (owned by the broker work).
+//! The broker client: IDs from one or more `idbroker`s, with failover.
+//!
+//! [`BrokerClient`] multiplexes any number of concurrent callers over a few TCP
+//! connections (requests are pipelined, matched to replies by request id, and written in
+//! batches by one writer task per connection). It holds a list of brokers: when a
+//! connection breaks it reconnects to the next broker and resends, within the caller's
+//! deadline. That is the ONLY retry here: quorum trouble is retried by the broker, and
+//! its typed error is returned as is (DESIGN.md: one retrying layer).
+//!
+//! Never returning an ID twice: a request whose connection broke has an unknown outcome
+//! (the broker may have reserved IDs for it); it is resent as a new request, and the old
+//! one's reply can never arrive because its connection is gone. A request abandoned at
+//! its deadline is removed from the pending table first, so a late reply finds no taker
+//! and is dropped. Either way the first request's IDs, if any, become a hole.
+
+use crate::error::NodeFailure;
+use crate::wire::{self, BrokerStats, ClientMsg, ServerMsg};
+use crate::{IdError, IdRange, IdSource};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use tokio::io::{AsyncWriteExt, BufReader};
+use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
+use tokio::net::TcpStream;
+use tokio::sync::{mpsc, oneshot, watch};
+use tokio::time::{timeout_at, Instant};
+
+/// Default total time one `next_ids` call may take, failovers included.
+pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(5);
+
+/// Default time to open a connection and finish the handshake with one broker. Short:
+/// a broker that does not answer promptly is skipped for the next one.
+pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
+
+/// Default number of connections. One pipelined connection carries 100k+ requests/s;
+/// a second spreads the decoding over both of the broker's threads.
+pub const DEFAULT_CONNECTIONS: usize = 2;
+
+/// Requests waiting for a connection's writer. Callers wait (within their deadline)
+/// when it is full, so a stalled broker cannot make the client queue without bound.
+const WRITE_QUEUE: usize = 4096;
+
+/// The writer sends what it has once this much is buffered.
+const WRITE_BUF: usize = 64 * 1024;
+
+/// Pause after every broker refused a connection, doubled up to [`MAX_BACKOFF`], so a
+/// client does not spin while all brokers restart.
+const MIN_BACKOFF: Duration = Duration::from_millis(10);
+const MAX_BACKOFF: Duration = Duration::from_millis(500);
+
+/// Part of the remaining time NOT passed to the broker as the request's deadline (at
+/// most [`MAX_MARGIN`]), so the broker's typed answer ("no quorum") arrives before the
+/// client's own timer fires.
+const MARGIN_DIVISOR: u32 = 20;
+const MAX_MARGIN: Duration = Duration::from_millis(100);
+
+/// Time allowed for [`fetch_stats`] as a whole.
+pub const STATS_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// Configuration of a [`BrokerClient`].
+#[derive(Debug, Clone)]
+pub struct BrokerClientConfig {
+    /// Total time one `next_ids` call may take, reconnects and failovers included.
+    pub deadline: Duration,
+    /// Time to connect and handshake with one broker before trying the next.
+    pub connect_timeout: Duration,
+    /// Connections kept open (all to the preferred broker; callers are spread over them).
+    pub connections: usize,
+}
+
+impl Default for BrokerClientConfig {
+    fn default() -> BrokerClientConfig {
+        BrokerClientConfig { deadline: DEFAULT_DEADLINE, connect_timeout: DEFAULT_CONNECT_TIMEOUT, connections: DEFAULT_CONNECTIONS }
+    }
+}
+
+/// A reply routed to a waiting caller.
+enum Reply {
+    Msg(ServerMsg),
+    /// The connection broke before the reply came: outcome unknown.
+    Lost(String),
+}
+
+#[derive(Default)]
+struct PendingTable {
+    waiting: HashMap<u64, oneshot::Sender<Reply>>,
+    /// Set once: the connection is unusable, and why.
+    broken: Option<String>,
+}
+
+/// State shared by a connection's handle, its reader and its writer.
+struct Shared {
+    addr: String,
+    pending: Mutex<PendingTable>,
+    /// True once broken: stops the reader and the writer.
+    dead: watch::Sender<bool>,
+    /// The broker is shutting down: send it nothing new, let what it owes arrive.
+    draining: std::sync::atomic::AtomicBool,
+}
+
+impl Shared {
+    fn table(&self) -> MutexGuard<'_, PendingTable> {
+        // A panic while holding this lock leaves the table consistent (plain inserts
+        // and removes), so a poisoned lock is still usable.
+        self.pending.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Marks the connection broken and tells every waiting caller (once).
+    fn fail(&self, reason: String) {
+        let waiting = {
+            let mut table = self.table();
+            if table.broken.is_some() {
+                return;
+            }
+            table.broken = Some(reason.clone());
+            std::mem::take(&mut table.waiting)
+        };
+        if !waiting.is_empty() {
+            tracing::debug!(broker = %self.addr, waiting = waiting.len(), "connection lost: {reason}");
+        }
+        for (_, tx) in waiting {
+            let _ = tx.send(Reply::Lost(reason.clone()));
+        }
+        self.dead.send_replace(true);
+    }
+
+    fn usable(&self) -> bool {
+        !self.draining.load(Relaxed) && self.table().broken.is_none()
+    }
+}
+
+/// One open connection to one broker.
+struct Conn {
+    broker: usize,
+    shared: Arc<Shared>,
+    tx: mpsc::Sender<ClientMsg>,
+    max_count: u64,
+}
+
+impl Drop for Conn {
+    fn drop(&mut self) {
+        // The last handle is gone: close the socket (stops reader and writer).
+        self.shared.fail("connection closed by the client".to_string());
+    }
+}
+
+/// What one attempt on one connection came to.
+enum Attempt {
+    Done(Result<IdRange, IdError>),
+    /// Safe to send elsewhere: the connection broke, or the broker refused to start it.
+    Failover(NodeFailure),
+}
+
+struct Inner {
+    addrs: Vec<String>,
+    config: BrokerClientConfig,
+    slots: Vec<tokio::sync::Mutex<Option<Arc<Conn>>>>,
+    next_slot: AtomicUsize,
+    /// The broker new connections go to first; moves on when one fails.
+    preferred: AtomicUsize,
+    next_request: AtomicU64,
+}
+
+/// A client of one or more `idbroker`s. Cheap to share: wrap it in an `Arc`, or clone it
+/// (clones share connections).
+#[derive(Clone)]
+pub struct BrokerClient {
+    inner: Arc<Inner>,
+}
+
+impl std::fmt::Debug for BrokerClient {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("BrokerClient").field("addrs", &self.inner.addrs).finish_non_exhaustive()
+    }
+}
+
+impl BrokerClient {
+    /// Connects to the first broker of `addrs` (`host:port`) that answers, trying them
+    /// in order. More connections are opened on demand.
+    ///
+    /// # Errors
+    /// [`IdError::Config`] for an empty list or zero connections;
+    /// [`IdError::BrokersUnavailable`] if no broker completes a handshake within
+    /// `config.deadline` (a broker speaking another protocol version counts as failed).
+    pub async fn connect(addrs: Vec<String>, config: BrokerClientConfig) -> Result<BrokerClient, IdError> {
+        let addrs: Vec<String> = addrs.into_iter().map(|a| a.trim().to_string()).filter(|a| !a.is_empty()).collect();
+        if addrs.is_empty() {
+            return Err(IdError::Config("no broker address given".into()));
+        }
+        if config.connections == 0 {
+            return Err(IdError::Config("a broker client needs at least one connection".into()));
+        }
+        let slots = (0..config.connections).map(|_| tokio::sync::Mutex::new(None)).collect();
+        let client = BrokerClient {
+            inner: Arc::new(Inner {
+                addrs,
+                config,
+                slots,
+                next_slot: AtomicUsize::new(0),
+                preferred: AtomicUsize::new(0),
+                next_request: AtomicU64::new(1),
+            }),
+        };
+        let deadline = Instant::now() + client.inner.config.deadline;
+        let mut failures = Vec::new();
+        client.inner.conn(0, deadline, &mut failures).await?;
+        Ok(client)
+    }
+
+    /// The broker addresses, in failover order.
+    pub fn addrs(&self) -> &[String] {
+        &self.inner.addrs
+    }
+
+    /// Reserves `n` IDs, giving up at `deadline`.
+    ///
+    /// # Errors
+    /// As [`IdSource::next_ids`]; [`IdError::BrokersUnavailable`] when no broker could
+    /// be reached (or none replied) before the deadline.
+    pub async fn next_ids_until(&self, n: u64, deadline: Instant) -> Result<IdRange, IdError> {
+        if n == 0 {
+            return Err(IdError::BadRequest("count must be at least 1".into()));
+        }
+        let inner = &self.inner;
+        let mut failures: Vec<NodeFailure> = Vec::new();
+        loop {
+            let slot = inner.next_slot.fetch_add(1, Relaxed) % inner.slots.len();
+            let conn = inner.conn(slot, deadline, &mut failures).await?;
+            if n > conn.max_count {
+                return Err(IdError::BadRequest(format!("count {n} exceeds the broker's limit of {}", conn.max_count)));
+            }
+            match inner.attempt(&conn, n, deadline).await {
+                Attempt::Done(result) => return result,
+                Attempt::Failover(failure) => {
+                    tracing::debug!(broker = %failure.addr, "failing over: {}", failure.reason);
+                    inner.move_on_from(conn.broker);
+                    note(&mut failures, failure);
+                }
+            }
+        }
+    }
+}
+
+/// Records `failure`, keeping one entry per broker (the latest) so the list stays short.
+fn note(failures: &mut Vec<NodeFailure>, failure: NodeFailure) {
+    failures.retain(|f| f.addr != failure.addr);
+    failures.push(failure);
+}
+
+impl Inner {
+    /// After broker `b` failed, new connections start at the next one.
+    fn move_on_from(&self, b: usize) {
+        let next = (b + 1) % self.addrs.len();
+        let _ = self.preferred.compare_exchange(b, next, Relaxed, Relaxed);
+    }
+
+    /// A usable connection in `slot`, (re)connecting if needed: brokers are tried from the
+    /// preferred one on, with backoff after a full pass, until `deadline`.
+    async fn conn(&self, slot: usize, deadline: Instant, failures: &mut Vec<NodeFailure>) -> Result<Arc<Conn>, IdError> {
+        let unavailable = |failures: &Vec<NodeFailure>| IdError::BrokersUnavailable { failures: failures.clone() };
+        let mut guard = match timeout_at(deadline, self.slots[slot].lock()).await {
+            Ok(g) => g,
+            Err(_) => return Err(unavailable(failures)),
+        };
+        if let Some(conn) = guard.as_ref() {
+            if conn.shared.usable() {
+                return Ok(conn.clone());
+            }
+            // Someone else's failure on this connection: make sure we move on as well.
+            self.move_on_from(conn.broker);
+        }
+        *guard = None;
+        let n = self.addrs.len();
+        let mut backoff = MIN_BACKOFF;
+        loop {
+            let start = self.preferred.load(Relaxed);
+            for k in 0..n {
+                let b = (start + k) % n;
+                let now = Instant::now();
+                if now >= deadline {
+                    return Err(unavailable(failures));
+                }
+                let until = deadline.min(now + self.config.connect_timeout);
+                let addr = &self.addrs[b];
+                match timeout_at(until, open(b, addr)).await {
+                    Ok(Ok(conn)) => {
+                        self.preferred.store(b, Relaxed);
+                        let conn = Arc::new(conn);
+                        *guard = Some(conn.clone());
+                        return Ok(conn);
+                    }
+                    Ok(Err(e)) => note(failures, NodeFailure { addr: addr.clone(), reason: e.to_string() }),
+                    Err(_) => note(failures, NodeFailure { addr: addr.clone(), reason: format!("no handshake within {:?}", until - now) }),
+                }
+            }
+            let now = Instant::now();
+            if now >= deadline {
+                return Err(unavailable(failures));
+            }
+            tokio::time::sleep_until(deadline.min(now + backoff)).await;
+            backoff = (backoff * 2).min(MAX_BACKOFF);
+        }
+    }
+
+    /// Sends one request on `conn` and waits for its reply until `deadline`.
+    async fn attempt(&self, conn: &Conn, n: u64, deadline: Instant) -> Attempt {
+        let shared = &conn.shared;
+        let lost = |reason: String| Attempt::Failover(NodeFailure { addr: shared.addr.clone(), reason });
+        let id = self.next_request.fetch_add(1, Relaxed);
+        let (tx, rx) = oneshot::channel();
+        {
+            let mut table = shared.table();
+            if let Some(reason) = &table.broken {
+                return lost(reason.clone());
+            }
+            table.waiting.insert(id, tx);
+        }
+        let remaining = deadline.saturating_duration_since(Instant::now());
+        let margin = (remaining / MARGIN_DIVISOR).min(MAX_MARGIN);
+        let deadline_ms = u64::try_from((remaining - margin).as_millis()).unwrap_or(u64::MAX).max(1);
+        let msg = ClientMsg::NextIds { id, count: n, deadline_ms };
+        let timed_out = || {
+            shared.table().waiting.remove(&id);
+            Attempt::Done(Err(IdError::BrokersUnavailable {
+                failures: vec![NodeFailure { addr: shared.addr.clone(), reason: format!("no reply within the deadline ({remaining:?})") }],
+            }))
+        };
+        match timeout_at(deadline, conn.tx.send(msg)).await {
+            Err(_) => return timed_out(),
+            Ok(Err(_)) => {
+                shared.table().waiting.remove(&id);
+                return lost("connection writer stopped".into());
+            }
+            Ok(Ok(())) => {}
+        }
+        let reply = match timeout_at(deadline, rx).await {
+            Err(_) => return timed_out(),
+            Ok(Err(_)) => return lost("connection dropped the request".into()),
+            Ok(Ok(Reply::Lost(reason))) => return lost(reason),
+            Ok(Ok(Reply::Msg(msg))) => msg,
+        };
+        match reply {
+            ServerMsg::Ids { lo, hi, .. } if hi >= lo && hi - lo == n - 1 => Attempt::Done(Ok(IdRange { lo, hi })),
+            ServerMsg::Failed { error: IdError::BrokersUnavailable { failures }, .. } => {
+                // The broker is shutting down and never started this request.
+                shared.draining.store(true, Relaxed);
+                let reason = failures.first().map_or_else(|| "broker unavailable".to_string(), |f| f.reason.clone());
+                lost(reason)
+            }
+            ServerMsg::Failed { error, .. } => Attempt::Done(Err(error)),
+            other => {
+                let reason = format!("unexpected reply to a request for {n} IDs: {other:?}");
+                shared.fail(reason.clone());
+                Attempt::Done(Err(IdError::Protocol { addr: shared.addr.clone(), reason }))
+            }
+        }
+    }
+}
+
+impl IdSource for BrokerClient {
+    async fn next_ids(&self, n: u64) -> Result<IdRange, IdError> {
+        self.next_ids_until(n, Instant::now() + self.inner.config.deadline).await
+    }
+}
+
+/// Connects and handshakes; returns the stream halves and the broker's Welcome values.
+async fn handshake(addr: &str) -> Result<(BufReader<OwnedReadHalf>, OwnedWriteHalf, u64), IdError> {
+    let io = |e: std::io::Error| IdError::BrokersUnavailable { failures: vec![NodeFailure { addr: addr.to_string(), reason: e.to_string() }] };
+    let protocol = |reason: String| IdError::Protocol { addr: addr.to_string(), reason };
+    let stream = TcpStream::connect(addr).await.map_err(io)?;
+    stream.set_nodelay(true).map_err(io)?;
+    let (rd, mut wr) = stream.into_split();
+    let mut rd = BufReader::with_capacity(WRITE_BUF, rd);
+    let mut buf = Vec::new();
+    wire::encode(&ClientMsg::Hello { magic: wire::MAGIC, version: wire::VERSION }, &mut buf).map_err(|e| protocol(e.to_string()))?;
+    wr.write_all(&buf).await.map_err(io)?;
+    match wire::read_msg::<ServerMsg, _>(&mut rd, &mut buf).await {
+        Ok(Some(ServerMsg::Welcome { version, max_count, .. })) if version == wire::VERSION => Ok((rd, wr, max_count)),
+        Ok(Some(ServerMsg::Refused { reason })) => Err(protocol(format!("handshake refused: {reason}"))),
+        Ok(Some(other)) => Err(protocol(format!("unexpected handshake reply {other:?}"))),
+        Ok(None) => Err(io(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "closed during the handshake"))),
+        Err(wire::WireError::Io(e)) => Err(io(e)),
+        Err(e) => Err(protocol(e.to_string())),
+    }
+}
+
+/// Opens a connection to broker `broker` at `addr` and starts its reader and writer.
+async fn open(broker: usize, addr: &str) -> Result<Conn, IdError> {
+    let (rd, wr, max_count) = handshake(addr).await?;
+    let (dead, _) = watch::channel(false);
+    let shared = Arc::new(Shared {
+        addr: addr.to_string(),
+        pending: Mutex::new(PendingTable::default()),
+        dead,
+        draining: std::sync::atomic::AtomicBool::new(false),
+    });
+    let (tx, rx) = mpsc::channel(WRITE_QUEUE);
+    tokio::spawn(read_loop(rd, shared.clone()));
+    tokio::spawn(write_loop(wr, rx, shared.clone()));
+    Ok(Conn { broker, shared, tx, max_count })
+}
+
+/// Routes replies to their callers until the connection ends; then fails the rest.
+async fn read_loop(mut rd: BufReader<OwnedReadHalf>, shared: Arc<Shared>) {
+    let mut dead = shared.dead.subscribe();
+    let mut buf = Vec::new();
+    let reason = loop {
+        let msg = tokio::select! {
+            biased;
+            _ = dead.wait_for(|d| *d) => return,
+            msg = wire::read_msg::<ServerMsg, _>(&mut rd, &mut buf) => msg,
+        };
+        let msg = match msg {
+            Ok(Some(m)) => m,
+            Ok(None) => break "broker closed the connection".to_string(),
+            Err(e) => break format!("reading: {e}"),
+        };
+        let Some(id) = msg.request_id() else {
+            break match msg {
+                ServerMsg::Refused { reason } => format!("broker closed the connection: {reason}"),
+                other => format!("protocol error: unexpected {other:?}"),
+            };
+        };
+        let waiter = shared.table().waiting.remove(&id);
+        match waiter {
+            Some(tx) => {
+                let _ = tx.send(Reply::Msg(msg));
+            }
+            // Its caller gave up (deadline): the IDs in it are burned, never returned.
+            None => tracing::debug!(broker = %shared.addr, id, "late reply dropped"),
+        }
+    };
+    shared.fail(reason);
+}
+
+/// Writes queued requests, as many per system call as are waiting.
+async fn write_loop(mut wr: OwnedWriteHalf, mut rx: mpsc::Receiver<ClientMsg>, shared: Arc<Shared>) {
+    let mut dead = shared.dead.subscribe();
+    let mut buf = Vec::with_capacity(WRITE_BUF);
+    let reason = loop {
+        let first = tokio::select! {
+            biased;
+            _ = dead.wait_for(|d| *d) => return,
+            m = rx.recv() => match m {
+                Some(m) => m,
+                None => break "connection closed by the client".to_string(),
+            },
+        };
+        let mut next = Some(first);
+        let mut bad = None;
+        while let Some(msg) = next.take() {
+            if let Err(e) = wire::encode(&msg, &mut buf) {
+                bad = Some(format!("cannot encode a request: {e}"));
+                break;
+            }
+            if buf.len() >= WRITE_BUF {
+                break;
+            }
+            next = rx.try_recv().ok();
+        }
+        if let Some(reason) = bad {
+            break reason;
+        }
+        let write = tokio::select! {
+            biased;
+            _ = dead.wait_for(|d| *d) => return,
+            r = wr.write_all(&buf) => r,
+        };
+        if let Err(e) = write {
+            break format!("writing: {e}");
+        }
+        buf.clear();
+    };
+    shared.fail(reason);
+}
+
+/// Reads the counters of the broker at `addr` (`host:port`).
+///
+/// # Errors
+/// [`IdError::BrokersUnavailable`] if it cannot be reached or does not answer within
+/// [`STATS_TIMEOUT`]; [`IdError::Protocol`] if it answers something else.
+pub async fn fetch_stats(addr: &str) -> Result<BrokerStats, IdError> {
+    let unavailable = |reason: String| IdError::BrokersUnavailable { failures: vec![NodeFailure { addr: addr.to_string(), reason }] };
+    let work = async {
+        let (mut rd, mut wr, _) = handshake(addr).await?;
+        let mut buf = Vec::new();
+        wire::encode(&ClientMsg::Stats { id: 1 }, &mut buf).map_err(|e| IdError::Protocol { addr: addr.to_string(), reason: e.to_string() })?;
+        wr.write_all(&buf).await.map_err(|e| unavailable(e.to_string()))?;
+        match wire::read_msg::<ServerMsg, _>(&mut rd, &mut buf).await {
+            Ok(Some(ServerMsg::Stats { stats, .. })) => Ok(stats),
+            Ok(Some(other)) => Err(IdError::Protocol { addr: addr.to_string(), reason: format!("expected stats, got {other:?}") }),
+            Ok(None) => Err(unavailable("closed before answering".into())),
+            Err(e) => Err(unavailable(e.to_string())),
+        }
+    };
+    match tokio::time::timeout(STATS_TIMEOUT, work).await {
+        Ok(r) => r,
+        Err(_) => Err(unavailable(format!("no stats within {STATS_TIMEOUT:?}"))),
+    }
+}
