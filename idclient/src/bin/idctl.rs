@@ -58,6 +58,11 @@ enum Command {
         #[arg(long)]
         history: Option<PathBuf>,
     },
+    /// Print an idbroker's counters (rounds, batch sizes, round latency, errors).
+    BrokerStats {
+        /// The broker's host:port.
+        addr: String,
+    },
 }
 
 #[derive(Subcommand)]
@@ -160,6 +165,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             Ok(ExitCode::SUCCESS)
         }
         Command::Check { nodes, timeout_ms } => runtime()?.block_on(check(nodes, timeout_ms)),
+        Command::BrokerStats { addr } => runtime()?.block_on(broker_stats(addr)),
         Command::Next { source, count } => runtime()?.block_on(async {
             let range = if source.r#where.broker.is_empty() {
                 QuorumClient::connect(source.client_config()).await?.next_ids(count).await?
@@ -227,7 +233,38 @@ async fn check(nodes: Vec<String>, timeout_ms: u64) -> Result<ExitCode> {
     Ok(ExitCode::SUCCESS)
 }
 
-/// The broker client for `--broker`.
-async fn broker_source(_source: &SourceArgs) -> Result<QuorumClient> {
-    bail!("--broker is not available yet")
+/// The broker client for `--broker`: one client (a few pipelined connections) shared by
+/// every caller, failing over along the list of brokers.
+async fn broker_source(source: &SourceArgs) -> Result<idclient::broker_client::BrokerClient> {
+    let config = idclient::broker_client::BrokerClientConfig {
+        deadline: Duration::from_millis(source.deadline_ms),
+        connect_timeout: Duration::from_millis(source.timeout_ms),
+        ..Default::default()
+    };
+    let addrs = source.r#where.broker.clone();
+    idclient::broker_client::BrokerClient::connect(addrs.clone(), config)
+        .await
+        .with_context(|| format!("--broker {}", addrs.join(",")))
+}
+
+/// `idctl broker-stats ADDR`: the broker's counters, human-readable, then one JSON line.
+async fn broker_stats(addr: String) -> Result<ExitCode> {
+    let s = idclient::broker_client::fetch_stats(&addr).await.with_context(|| format!("broker {addr}"))?;
+    println!("uptime_ms {}  connections {} open / {} total / {} dropped", s.uptime_ms, s.connections_open, s.connections_total, s.connections_dropped);
+    println!("requests {} (ok {}, failed {})  ids {}", s.requests, s.requests_ok, s.requests_failed, s.ids);
+    println!("rounds {} (failed {})  mean batch {:.1}  max batch {}", s.rounds, s.rounds_failed, s.mean_batch(), s.batch_max);
+    println!("round latency mean {:.0} us  max {} us", s.mean_round_us(), s.round_us_max);
+    let buckets: Vec<String> = s
+        .batch_histogram
+        .iter()
+        .enumerate()
+        .filter(|(_, n)| **n > 0)
+        .map(|(i, n)| format!("{}..{}: {n}", 1u64 << i, (1u64 << (i + 1)) - 1))
+        .collect();
+    println!("batch sizes (rounds per bucket) {}", buckets.join(", "));
+    println!(
+        "{{\"requests\":{},\"ids\":{},\"rounds\":{},\"rounds_failed\":{},\"requests_failed\":{},\"mean_batch\":{:.2},\"max_batch\":{},\"mean_round_us\":{:.0},\"max_round_us\":{}}}",
+        s.requests, s.ids, s.rounds, s.rounds_failed, s.requests_failed, s.mean_batch(), s.batch_max, s.mean_round_us(), s.round_us_max
+    );
+    Ok(ExitCode::SUCCESS)
 }
