@@ -321,7 +321,7 @@ impl QuorumClient {
                 return Err(RoundLoss::Unreachable { reachable: self.nodes.len() - failures.len(), failures });
             }
         }
-        Err(RoundLoss::Unreachable { reachable: answers, failures })
+        Err(RoundLoss::Unreachable { reachable: self.nodes.len() - failures.len(), failures })
     }
 
     /// The conditional write of `lo..=hi` on every node; ends as soon as the outcome is
@@ -361,7 +361,7 @@ impl QuorumClient {
         match decision {
             Decision::Won => Ok(()),
             _ if tally.failures > self.nodes.len() - self.majority() => {
-                Err(RoundLoss::Unreachable { reachable: tally.accepts + tally.rejects, failures })
+                Err(RoundLoss::Unreachable { reachable: self.nodes.len() - failures.len(), failures })
             }
             _ => {
                 if tally.accepts > 0 {

@@ -1,0 +1,166 @@
+//! The direct client under load and faults, on real redis-server processes: concurrent
+//! clients across OS processes, kill -9 of minorities, majorities and all nodes, SIGSTOP.
+//! Every run is checked with the history checker.
+
+use idclient::bench::{self, BenchConfig, BenchReport};
+use idclient::cluster::LocalQuorum;
+use idclient::history::{self, check, monotonic_ns, Event};
+use idclient::{ClientConfig, IdError, IdSource, Protocol, QuorumClient};
+use std::sync::Arc;
+use std::time::Duration;
+
+fn quorum() -> LocalQuorum {
+    LocalQuorum::temp(5).expect("cannot start redis-server quorum (is redis-server installed? `apt-get install redis-server`)")
+}
+
+fn config(q: &LocalQuorum, protocol: Protocol, deadline: Duration) -> ClientConfig {
+    let mut c = ClientConfig::new(q.urls());
+    c.protocol = protocol;
+    c.deadline = deadline;
+    c.reply_timeout = Duration::from_millis(200);
+    c.connect_timeout = Duration::from_millis(200);
+    c
+}
+
+/// Starts `clients` independent clients (half fast, half classic) running for `secs`.
+async fn load(q: &LocalQuorum, clients: usize, secs: f64, count: u64) -> tokio::task::JoinHandle<BenchReport> {
+    let mut sources = Vec::new();
+    for i in 0..clients {
+        let protocol = if i % 2 == 0 { Protocol::Fast } else { Protocol::Classic };
+        sources.push(Arc::new(QuorumClient::connect(config(q, protocol, Duration::from_secs(2))).await.expect("connect")));
+    }
+    let cfg = BenchConfig { clients, duration: Duration::from_secs_f64(secs), count, progress: false };
+    tokio::spawn(async move { bench::run(&cfg, &sources).await })
+}
+
+#[track_caller]
+fn assert_linearizable(events: &[Event]) {
+    if let Err(v) = check(events) {
+        panic!("history of {} requests violates the guarantee: {v}", events.len());
+    }
+}
+
+fn max_id(events: &[Event]) -> u64 {
+    events.iter().filter_map(|e| e.outcome).map(|r| r.hi).max().unwrap_or(0)
+}
+
+fn succeeded_after(events: &[Event], t: u64) -> usize {
+    events.iter().filter(|e| e.invoke_ns > t && e.outcome.is_some()).count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn thirty_two_clients_in_two_processes_are_linearizable() {
+    let q = quorum();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let idctl = env!("CARGO_BIN_EXE_idctl");
+    let mut children = Vec::new();
+    for (i, extra) in [["--count", "1"], ["--count", "3"]].iter().enumerate() {
+        let path = dir.path().join(format!("h{i}.txt"));
+        let mut cmd = std::process::Command::new(idctl);
+        cmd.args(["bench", "--nodes", &q.urls_arg(), "--clients", "16", "--seconds", "2", "--history"])
+            .arg(&path)
+            .args(extra.iter())
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::piped());
+        if i == 1 {
+            cmd.arg("--classic");
+        }
+        children.push((cmd.spawn().expect("spawn idctl bench"), path));
+    }
+    // Mixed in: ranges from this process too.
+    let local = load(&q, 4, 2.0, 7).await;
+    let mut events = local.await.expect("local load").events;
+    for (child, path) in children {
+        let out = child.wait_with_output().expect("idctl bench");
+        assert!(out.status.success(), "idctl bench failed: {}", String::from_utf8_lossy(&out.stderr));
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        let json: serde_json::Value = serde_json::from_str(stdout.lines().last().expect("a JSON line")).expect("JSON");
+        for field in ["ids_per_sec", "requests_per_sec", "p50_us", "p99_us", "holes_pct", "errors"] {
+            assert!(json.get(field).is_some(), "missing {field} in {stdout}");
+        }
+        events.extend(history::read_events(&path).expect("history file"));
+    }
+    let ok = events.iter().filter(|e| e.outcome.is_some()).count();
+    assert!(ok > 100, "only {ok} successful requests");
+    assert_linearizable(&events);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn killing_a_minority_mid_run_keeps_generating() {
+    let mut q = quorum();
+    let run = load(&q, 8, 2.5, 1).await;
+    tokio::time::sleep(Duration::from_millis(700)).await;
+    let killed_at = monotonic_ns();
+    q.kill(0);
+    q.kill(3);
+    let report = run.await.expect("load");
+    assert_linearizable(&report.events);
+    let after = succeeded_after(&report.events, killed_at + 300_000_000);
+    assert!(after > 0, "no request succeeded after two of five nodes died");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_a_majority_requests_fail_and_recover_after_restart() {
+    let mut q = quorum();
+    let deadline = Duration::from_millis(800);
+    let c = QuorumClient::connect(config(&q, Protocol::Fast, deadline)).await.expect("connect");
+    let classic = QuorumClient::connect(config(&q, Protocol::Classic, deadline)).await.expect("connect");
+    let before = c.next_ids(10).await.expect("ids").hi;
+    for i in [1, 2, 4] {
+        q.kill(i);
+    }
+    for client in [&c, &classic] {
+        let started = std::time::Instant::now();
+        let err = client.next_id().await.expect_err("no quorum must mean no ID");
+        let took = started.elapsed();
+        assert!(matches!(err, IdError::NoQuorum { .. }), "{err}");
+        let msg = err.to_string();
+        assert!(msg.contains("no quorum") && msg.contains("2 of 5"), "{msg}");
+        // Fails by its deadline (plus one reply timeout of slack), not never.
+        assert!(took < deadline + Duration::from_secs(2), "took {took:?}");
+    }
+    for i in [1, 2, 4] {
+        q.restart(i).expect("restart");
+    }
+    for client in [&c, &classic] {
+        let id = client.next_id().await.expect("quorum is back");
+        assert!(id > before, "{id} after restart is not above {before}");
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn paused_minority_causes_no_duplicate() {
+    let q = quorum();
+    let run = load(&q, 8, 2.5, 2).await;
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    // Longer than the 200 ms reply timeout: replies arrive late, after the client moved on.
+    q.pause(1);
+    q.pause(2);
+    let paused_at = monotonic_ns();
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    q.resume(1);
+    q.resume(2);
+    let report = run.await.expect("load");
+    assert_linearizable(&report.events);
+    let during = report.events.iter().filter(|e| e.invoke_ns > paused_at && e.return_ns < paused_at + 900_000_000 && e.outcome.is_some()).count();
+    assert!(during > 0, "a paused minority must not stop generation");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_and_restart_all_nodes_repeats_nothing() {
+    let mut q = quorum();
+    let first = load(&q, 6, 1.0, 3).await.await.expect("load").events;
+    let before = max_id(&first);
+    assert!(before > 0);
+    for i in 0..5 {
+        q.kill(i);
+    }
+    for i in 0..5 {
+        q.restart(i).expect("restart");
+    }
+    let second = load(&q, 6, 1.0, 3).await.await.expect("load").events;
+    let mut all = first;
+    all.extend(second.iter().copied());
+    assert!(second.iter().filter_map(|e| e.outcome).all(|r| r.lo > before), "an ID after the restart is not above {before}");
+    assert_linearizable(&all);
+}
