@@ -87,10 +87,6 @@ pub enum ProducerError {
     #[error("ID source returned {got:?} for a request of {wanted} IDs")]
     BadRange { wanted: u64, got: IdRange },
 
-    /// The `--broker` mode is not available in this build.
-    #[error("--broker is not available: {0}")]
-    BrokerUnavailable(String),
-
     /// A background write task died.
     #[error("write task failed: {0}")]
     Task(String),
@@ -102,7 +98,7 @@ impl ProducerError {
     /// 5 ID generator unavailable (no quorum, deadline, unsafe node), 1 anything else.
     pub fn exit_code(&self) -> u8 {
         match self {
-            ProducerError::Config(_) | ProducerError::BrokerUnavailable(_) => 2,
+            ProducerError::Config(_) => 2,
             ProducerError::Connect(IdError::Config(_)) => 2,
             ProducerError::Input { .. } | ProducerError::LineTooLong { .. } | ProducerError::InputChanged { .. } => 3,
             ProducerError::DifferentInput { .. } | ProducerError::StdinNotResumable { .. } | ProducerError::Shard(_) => 4,

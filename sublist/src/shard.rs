@@ -34,9 +34,10 @@
 //! `WriteBatch` with `sync = true`, so after a crash the marker and the items agree: a
 //! producer resumes at `next_seq` and never writes an item twice or loses one.
 //!
-//! `format` and `shard` are written (synced) when the database is created. A database that
-//! has the `meta` column family but no `shard` key was killed during creation and is
-//! adopted by the next writer if it holds no items. Compression is off (no codec is built).
+//! A database is created under `DIR/.creating-shard-<n>` with both column families and the
+//! `format` and `shard` keys (synced), then renamed to `DIR/shard-<n>`: a crash during
+//! creation never leaves a half-made `shard-<n>` (the next writer completes the leftover).
+//! Compression is off (no codec is built).
 
 use crate::Record;
 use rocksdb::{ColumnFamilyDescriptor, DBCompressionType, IteratorMode, Options, WriteBatch, WriteOptions, DB};
@@ -243,6 +244,51 @@ fn read_progress(path: &Path, db: &DB) -> Result<Option<Progress>, ShardError> {
     }
 }
 
+fn descriptors() -> Vec<ColumnFamilyDescriptor> {
+    vec![
+        ColumnFamilyDescriptor::new(rocksdb::DEFAULT_COLUMN_FAMILY_NAME, cf_options()),
+        ColumnFamilyDescriptor::new(META_CF, cf_options()),
+    ]
+}
+
+fn open_error(path: &Path, source: rocksdb::Error) -> ShardError {
+    if is_lock_error(&source) {
+        ShardError::InUse { path: path.to_path_buf(), source }
+    } else {
+        ShardError::Rocks { path: path.to_path_buf(), source }
+    }
+}
+
+/// Creates a sublist so that `path` never exists half-made: RocksDB creates the
+/// `default` column family before `meta`, and a process killed in between would leave a
+/// database that is not a sublist. So it is built under `DIR/.creating-shard-<n>` (a
+/// name the merger ignores), completed with synced metadata, closed, renamed into place
+/// and the directory fsynced. A leftover from a killed creation is simply completed.
+fn create(data_dir: &Path, path: &Path, shard: u32) -> Result<(), ShardError> {
+    let tmp = data_dir.join(format!(".creating-shard-{shard}"));
+    {
+        let mut opts = cf_options();
+        opts.create_if_missing(true);
+        opts.create_missing_column_families(true);
+        let db = DB::open_cf_descriptors(&opts, &tmp, descriptors()).map_err(|source| open_error(&tmp, source))?;
+        let meta = db.cf_handle(META_CF).ok_or_else(|| not_a_shard(&tmp, "no meta column family"))?;
+        let mut b = WriteBatch::default();
+        b.put_cf(meta, KEY_FORMAT, FORMAT);
+        b.put_cf(meta, KEY_SHARD, shard.to_le_bytes());
+        let mut wo = WriteOptions::default();
+        wo.set_sync(true);
+        db.write_opt(b, &wo).map_err(rocks(&tmp))?;
+    }
+    match std::fs::rename(&tmp, path) {
+        Ok(()) => {}
+        // Another producer of the same shard won a creation race: use its database.
+        Err(_) if path.join("CURRENT").exists() => return Ok(()),
+        Err(e) => return Err(io(path)(e)),
+    }
+    let dir = std::fs::File::open(data_dir).map_err(io(data_dir))?;
+    dir.sync_all().map_err(io(data_dir))
+}
+
 /// The only writer of a sublist. RocksDB's LOCK file makes it exclusive across processes.
 pub struct ShardWriter {
     db: DB,
@@ -267,37 +313,15 @@ impl ShardWriter {
         }
         std::fs::create_dir_all(data_dir).map_err(io(data_dir))?;
         let path = shard_db_path(data_dir, shard);
-        let exists = inspect(&path)?;
-        let mut opts = cf_options();
-        opts.create_if_missing(!exists);
-        opts.create_missing_column_families(!exists);
-        let cfs = vec![
-            ColumnFamilyDescriptor::new(rocksdb::DEFAULT_COLUMN_FAMILY_NAME, cf_options()),
-            ColumnFamilyDescriptor::new(META_CF, cf_options()),
-        ];
-        let db = DB::open_cf_descriptors(&opts, &path, cfs).map_err(|source| {
-            if is_lock_error(&source) {
-                ShardError::InUse { path: path.clone(), source }
-            } else {
-                ShardError::Rocks { path: path.clone(), source }
-            }
-        })?;
+        if !inspect(&path)? {
+            create(data_dir, &path, shard)?;
+        }
+        let opts = cf_options();
+        let db = DB::open_cf_descriptors(&opts, &path, descriptors()).map_err(|source| open_error(&path, source))?;
         match check_format(&path, &db)? {
             Some(found) if found != shard => return Err(ShardError::WrongShard { path, expected: shard, found }),
             Some(_) => {}
-            None => {
-                // New, or killed during creation: adopt it only if it holds nothing.
-                if db.iterator(IteratorMode::Start).next().is_some() || read_progress(&path, &db)?.is_some() {
-                    return Err(ShardError::Corrupt { path, reason: "holds items or progress but no shard number".into() });
-                }
-                let meta = db.cf_handle(META_CF).ok_or_else(|| not_a_shard(&path, "no meta column family"))?;
-                let mut b = WriteBatch::default();
-                b.put_cf(meta, KEY_FORMAT, FORMAT);
-                b.put_cf(meta, KEY_SHARD, shard.to_le_bytes());
-                let mut wo = WriteOptions::default();
-                wo.set_sync(true);
-                db.write_opt(b, &wo).map_err(rocks(&path))?;
-            }
+            None => return Err(not_a_shard(&path, "no shard number in its metadata")),
         }
         let progress = read_progress(&path, &db)?;
         Ok(ShardWriter { db, path, shard, progress })
@@ -485,6 +509,19 @@ mod tests {
         // Reopening for writing keeps the progress.
         let w = ShardWriter::open(dir.path(), 3).expect("reopen");
         assert_eq!(w.progress().expect("progress"), Some(prog(3, 1 << 40, true)));
+    }
+
+    #[test]
+    fn a_creation_killed_halfway_is_completed() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        // What a kill between RocksDB's creation of `default` and of `meta` leaves behind.
+        drop(DB::open_default(dir.path().join(".creating-shard-4")).expect("half-made db"));
+        let mut w = ShardWriter::open(dir.path(), 4).expect("open completes the creation");
+        w.write_batch(&[rec(1, 4, 0, b"p")], &prog(1, 1, false)).expect("write");
+        drop(w);
+        assert!(!dir.path().join(".creating-shard-4").exists());
+        let r = ShardReader::open(&shard_db_path(dir.path(), 4)).expect("reader");
+        assert_eq!((r.shard(), r.iter().count()), (4, 1));
     }
 
     #[test]

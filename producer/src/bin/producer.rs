@@ -1,6 +1,7 @@
 //! `producer`: stamps items with quorum IDs and writes shard N's sublist (see `docs/producer.md`).
 
 use clap::{ArgGroup, Parser};
+use idclient::broker_client::{BrokerClient, BrokerClientConfig};
 use idclient::{ClientConfig, IdError, QuorumClient};
 use producer::{Config, Display, InputSpec, Producer, ProducerError, DEFAULT_BATCH, DEFAULT_PAYLOAD_SIZE};
 use std::io::IsTerminal;
@@ -106,10 +107,10 @@ fn config(flags: &Flags) -> anyhow::Result<(Config, Ids)> {
     Ok((cfg, ids))
 }
 
-/// The one place that knows whether the broker client exists.
-async fn run_with_broker(p: Producer, addrs: Vec<String>, _deadline: Duration) -> Result<producer::Summary, ProducerError> {
-    let _ = (p, addrs);
-    Err(ProducerError::BrokerUnavailable("the broker client is not built into this version yet; use --nodes".into()))
+async fn run_with_broker(p: Producer, addrs: Vec<String>, deadline: Duration) -> Result<producer::Summary, ProducerError> {
+    let config = BrokerClientConfig { deadline, ..BrokerClientConfig::default() };
+    let client = BrokerClient::connect(addrs, config).await.map_err(ProducerError::Connect)?;
+    p.run(&client).await
 }
 
 async fn run(flags: Flags) -> anyhow::Result<()> {
