@@ -1,1 +1,107 @@
-fn main() {}
+//! IDs per second under contention: the direct client (fast and classic protocol) against
+//! the broker, at 1, 16, 64 and 256 concurrent callers, single IDs and ranges of 1000.
+//!
+//! Each run starts its own 5-node redis-server quorum (durable: fsync on every write) and
+//! one in-process broker on a free loopback port. Direct callers are independent clients
+//! (own connections, like separate processes); broker callers share one BrokerClient.
+//! Throughput is reported in IDs (elements) per second.
+//!
+//! `cargo bench --bench ids`; `QLIST_BENCH_CALLERS=1,64` limits the caller counts.
+
+use broker::BrokerConfig;
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
+use idclient::broker_client::{BrokerClient, BrokerClientConfig};
+use idclient::cluster::LocalQuorum;
+use idclient::{ClientConfig, IdSource, Protocol, QuorumClient};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+/// Runs `iters` requests of `count` IDs spread over all `sources` concurrently.
+async fn run<S: IdSource + 'static>(sources: &[Arc<S>], iters: u64, count: u64) -> Duration {
+    let remaining = Arc::new(AtomicU64::new(iters));
+    let started = Instant::now();
+    let tasks: Vec<_> = sources
+        .iter()
+        .map(|s| {
+            let (s, remaining) = (Arc::clone(s), Arc::clone(&remaining));
+            tokio::spawn(async move {
+                while remaining.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |r| r.checked_sub(1)).is_ok() {
+                    // Errors would show as a failed benchmark, not a fast one.
+                    if let Err(e) = s.next_ids(count).await {
+                        panic!("request failed during the benchmark: {e}");
+                    }
+                }
+            })
+        })
+        .collect();
+    for t in tasks {
+        if let Err(e) = t.await {
+            panic!("benchmark caller failed: {e}");
+        }
+    }
+    started.elapsed()
+}
+
+fn callers() -> Vec<usize> {
+    std::env::var("QLIST_BENCH_CALLERS")
+        .ok()
+        .map(|v| v.split(',').filter_map(|s| s.trim().parse().ok()).collect())
+        .unwrap_or_else(|| vec![1, 16, 64, 256])
+}
+
+fn ids(c: &mut Criterion) {
+    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
+    let quorum = LocalQuorum::temp(5).expect("cannot start redis-server quorum (apt-get install redis-server)");
+    let (broker_addr, stop_broker) = rt.block_on(async {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let addr = listener.local_addr().expect("addr").to_string();
+        let source = Arc::new(QuorumClient::connect(ClientConfig::new(quorum.urls())).await.expect("broker's quorum client"));
+        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+        tokio::spawn(broker::run(listener, source, BrokerConfig::default(), async move {
+            let _ = rx.await;
+        }));
+        (addr, tx)
+    });
+    let mut group = c.benchmark_group("ids");
+    group.sample_size(10).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3));
+    for callers in callers() {
+        let direct = |protocol| {
+            rt.block_on(async {
+                let mut config = ClientConfig::new(quorum.urls());
+                config.protocol = protocol;
+                config.deadline = Duration::from_secs(30);
+                let mut v = Vec::new();
+                for _ in 0..callers {
+                    v.push(Arc::new(QuorumClient::connect(config.clone()).await.expect("connect")));
+                }
+                v
+            })
+        };
+        let fast = direct(Protocol::Fast);
+        let classic = direct(Protocol::Classic);
+        let brokered = rt.block_on(async {
+            let config = BrokerClientConfig { deadline: Duration::from_secs(30), ..Default::default() };
+            let client = Arc::new(BrokerClient::connect(vec![broker_addr.clone()], config).await.expect("broker client"));
+            vec![client; callers]
+        });
+        for count in [1u64, 1000] {
+            let size = if count == 1 { "single" } else { "range1000" };
+            group.throughput(Throughput::Elements(count));
+            group.bench_function(BenchmarkId::new(format!("direct-fast/{size}"), callers), |b| {
+                b.to_async(&rt).iter_custom(|iters| run(&fast, iters, count))
+            });
+            group.bench_function(BenchmarkId::new(format!("direct-classic/{size}"), callers), |b| {
+                b.to_async(&rt).iter_custom(|iters| run(&classic, iters, count))
+            });
+            group.bench_function(BenchmarkId::new(format!("broker/{size}"), callers), |b| {
+                b.to_async(&rt).iter_custom(|iters| run(&brokered, iters, count))
+            });
+        }
+    }
+    group.finish();
+    let _ = stop_broker.send(());
+}
+
+criterion_group!(benches, ids);
+criterion_main!(benches);

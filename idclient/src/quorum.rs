@@ -18,13 +18,14 @@ use tokio::time::Instant;
 /// The most IDs one request may reserve: a typo must not burn the ID space.
 pub const MAX_COUNT: u64 = 1 << 32;
 
-/// First backoff step after a lost round (a loopback round trip is ~100 us).
-pub const BACKOFF_BASE: Duration = Duration::from_micros(200);
+/// The backoff window starts at one round's duration (measured, see `round_ns`) and
+/// doubles per lost round; this is the first estimate, before any round was timed.
+pub const INITIAL_ROUND: Duration = Duration::from_micros(500);
 
-/// Backoff never sleeps longer than this at once. C contenders need a window of about
-/// C round trips (~0.4 ms each, fsync-bound) to leave one attempt per round: 100 ms keeps
-/// 256 contenders from burning the nodes' CPU on rejects, and bounds the wait after recovery.
-pub const BACKOFF_CAP: Duration = Duration::from_millis(100);
+/// Backoff never sleeps longer than this at once. Exponential backoff lets a few clients
+/// capture the register while losers escalate; a low cap bounds how long a loser sleeps
+/// while the nodes sit idle. `QLIST_BACKOFF_CAP_MS` overrides it (for tuning).
+pub const BACKOFF_CAP: Duration = Duration::from_millis(20);
 
 /// Which round protocol to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -154,6 +155,9 @@ pub struct QuorumClient {
     deadline: Duration,
     /// Highest register value seen on any node: the fast protocol's next guess is this + 1.
     last_known: AtomicU64,
+    /// Moving average of a write round's duration, in ns: the backoff unit.
+    round_ns: AtomicU64,
+    backoff_cap: Duration,
     counters: AtomicCounters,
 }
 
@@ -185,6 +189,11 @@ impl QuorumClient {
             protocol: config.protocol,
             deadline: config.deadline,
             last_known: AtomicU64::new(0),
+            round_ns: AtomicU64::new(INITIAL_ROUND.as_nanos() as u64),
+            backoff_cap: std::env::var("QLIST_BACKOFF_CAP_MS")
+                .ok()
+                .and_then(|v| v.parse().ok())
+                .map_or(BACKOFF_CAP, Duration::from_millis),
             counters: AtomicCounters::default(),
         };
         let results = futures::future::join_all(client.nodes.iter().map(|n| n.warm_up())).await;
@@ -271,7 +280,7 @@ impl QuorumClient {
             let pause = match &loss {
                 // A stale guess: the rejects told us the right one, try it at once.
                 RoundLoss::Contention { all_rejected: true } if losses == 1 => Duration::ZERO,
-                _ => backoff(losses),
+                _ => backoff(losses, Duration::from_nanos(self.round_ns.load(Ordering::Relaxed)), self.backoff_cap),
             };
             last_loss = Some(loss);
             if Instant::now() + pause >= deadline {
@@ -328,6 +337,7 @@ impl QuorumClient {
     /// certain (late replies are dropped: they cannot change it).
     async fn write_round(&self, lo: u64, hi: u64) -> Result<(), RoundLoss> {
         bump(&self.counters.rounds, 1);
+        let started = Instant::now();
         let mut pending: FuturesUnordered<_> = self
             .nodes
             .iter()
@@ -357,6 +367,9 @@ impl QuorumClient {
             }
         };
         self.last_known.fetch_max(tally.max_seen, Ordering::Relaxed);
+        let took = started.elapsed().as_nanos() as u64;
+        let avg = self.round_ns.load(Ordering::Relaxed);
+        self.round_ns.store((avg * 7 + took) / 8, Ordering::Relaxed);
         bump(&self.counters.rejects, tally.rejects as u64);
         match decision {
             Decision::Won => Ok(()),
@@ -392,8 +405,8 @@ impl QuorumClient {
 }
 
 /// Full jitter: uniform in `[0, min(cap, base * 2^losses))`.
-fn backoff(losses: u32) -> Duration {
-    let ceiling = BACKOFF_BASE.saturating_mul(1u32 << losses.min(16)).min(BACKOFF_CAP);
+fn backoff(losses: u32, round: Duration, cap: Duration) -> Duration {
+    let ceiling = round.saturating_mul(1u32 << losses.min(16)).min(cap);
     rand::thread_rng().gen_range(Duration::ZERO..=ceiling)
 }
 
@@ -461,7 +474,7 @@ mod tests {
     #[test]
     fn backoff_is_bounded() {
         for losses in 0..40 {
-            assert!(backoff(losses) <= BACKOFF_CAP);
+            assert!(backoff(losses, INITIAL_ROUND, BACKOFF_CAP) <= BACKOFF_CAP);
         }
     }
 }
