@@ -1,0 +1,91 @@
+#!/usr/bin/env bash
+# The whole qlist pipeline, end to end, on a local quorum this script starts and stops:
+#   5 durable redis-server nodes -> 2 idbrokers -> 4 producers as separate processes
+#   (shards 0 and 1 direct to the quorum, 2 and 3 through the brokers) -> merger -> verify.
+# Every process it starts it stops again by pid, also on failure or Ctrl-C.
+#
+# Settings (environment): QLIST_DEMO_DIR (default ./demo-data), QLIST_DEMO_ITEMS items per
+# producer (default 100000), QLIST_DEMO_BATCH (default 1000), QLIST_DEMO_PORT first port
+# to try for the quorum (default 7101).
+set -euo pipefail
+
+bin="${CARGO_TARGET_DIR:-/var/tmp/qlist-target}/release"
+for b in idctl idbroker producer merger; do
+  [ -x "$bin/$b" ] || { echo "demo: $bin/$b is missing: run 'make build' first" >&2; exit 1; }
+done
+dir="${QLIST_DEMO_DIR:-$PWD/demo-data}"
+items="${QLIST_DEMO_ITEMS:-100000}"
+batch="${QLIST_DEMO_BATCH:-1000}"
+port="${QLIST_DEMO_PORT:-7101}"
+
+rm -rf "$dir"
+mkdir -p "$dir/logs"
+broker_pids=()
+cleanup() {
+  for pid in "${broker_pids[@]}"; do kill -TERM "$pid" 2>/dev/null || true; done
+  for pid in "${broker_pids[@]}"; do wait "$pid" 2>/dev/null || true; done
+  [ -f "$dir/quorum/cluster.json" ] && "$bin/idctl" cluster down --dir "$dir/quorum" 2>/dev/null || true
+}
+trap cleanup EXIT
+
+port_taken() { (exec 3<>"/dev/tcp/127.0.0.1/$1") 2>/dev/null; }
+# Find 5 consecutive free ports for the quorum.
+while port_taken "$port" || port_taken $((port+1)) || port_taken $((port+2)) || port_taken $((port+3)) || port_taken $((port+4)); do
+  port=$((port + 10))
+done
+
+echo "== 1/5 quorum: 5 redis-server nodes (appendonly, fsync always) on ports $port-$((port+4))"
+nodes=$("$bin/idctl" cluster up --dir "$dir/quorum" --nodes 5 --base-port "$port" 2>"$dir/logs/cluster.log")
+"$bin/idctl" check --nodes "$nodes" >/dev/null
+
+echo "== 2/5 brokers: 2 idbrokers on free ports"
+brokers=()
+for i in 1 2; do
+  "$bin/idbroker" --listen 127.0.0.1:0 --nodes "$nodes" >"$dir/logs/broker$i.out" 2>"$dir/logs/broker$i.log" &
+  broker_pids+=($!)
+  for _ in $(seq 100); do grep -q "listening on" "$dir/logs/broker$i.out" 2>/dev/null && break; sleep 0.1; done
+  addr=$(sed -n 's/.*listening on \([^ ]*\).*/\1/p' "$dir/logs/broker$i.out" | head -n 1)
+  [ -n "$addr" ] || { echo "demo: broker $i did not start: $(tail -n 3 "$dir/logs/broker$i.log")" >&2; exit 1; }
+  brokers+=("$addr")
+done
+broker_list="${brokers[0]},${brokers[1]}"
+echo "   brokers at $broker_list"
+
+echo "== 3/5 producers: 4 processes, $items items each, batches of $batch (shards 0-1 direct, 2-3 via brokers)"
+start_ms=$(( $(date +%s%N) / 1000000 ))
+pids=()
+for shard in 0 1 2 3; do
+  if [ "$shard" -lt 2 ]; then src=(--nodes "$nodes"); else src=(--broker "$broker_list"); fi
+  "$bin/producer" --shard "$shard" --data-dir "$dir/data" "${src[@]}" --generate "$items" --batch "$batch" \
+    --no-progress-bar >"$dir/logs/producer$shard.log" 2>&1 &
+  pids+=($!)
+done
+for i in "${!pids[@]}"; do
+  if ! wait "${pids[$i]}"; then
+    echo "demo: producer $i failed:" >&2; tail -n 5 "$dir/logs/producer$i.log" >&2; exit 1
+  fi
+  echo "   $(tail -n 1 "$dir/logs/producer$i.log")"
+done
+ms=$(( $(date +%s%N) / 1000000 - start_ms ))
+
+echo "== 4/5 merger: k-way merge of the 4 sublists"
+if ! merged=$("$bin/merger" --out "$dir/list.bin" --data-dir "$dir/data" 2>"$dir/logs/merger.log"); then
+  echo "demo: merger failed:" >&2; tail -n 5 "$dir/logs/merger.log" >&2; exit 1
+fi
+echo "   $merged"
+
+echo "== 5/5 verify"
+verify=$("$bin/merger" verify "$dir/list.bin")
+echo "   $verify"
+
+total=$((items * 4))
+range=$(echo "$verify" | sed -n 's/.*ids \([0-9]*\)\.\.=\([0-9]*\).*/\1 \2/p')
+read -r lo hi <<<"$range"
+span=$((hi - lo + 1))
+awk -v total="$total" -v lo="$lo" -v hi="$hi" -v ms="$ms" -v list="$dir/list.bin" 'BEGIN {
+  span = hi - lo + 1
+  printf "\nsummary: %d items from 4 shards (2 direct, 2 via brokers) in %.2f s of producing, %.0f IDs/s\n", total, ms / 1000, total / (ms > 0 ? ms / 1000 : 1)
+  printf "         IDs %d..=%d, holes %d of %d (%.3f%%)\n", lo, hi, span - total, span, 100 * (span - total) / span
+  printf "         list: %s (verified)\n", list
+}'
+echo "         print it with: $bin/merger cat $dir/list.bin | head"
