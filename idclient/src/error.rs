@@ -33,8 +33,9 @@ pub enum IdError {
     #[error("no quorum: {reachable} of {total} nodes answered, {needed} needed (failed: {})", list(.failures))]
     NoQuorum { needed: usize, reachable: usize, total: usize, failures: Vec<NodeFailure> },
 
-    /// A majority answered, but every round lost to contention until the deadline.
-    #[error("deadline of {deadline:?} exceeded after {rounds} rounds lost to contention")]
+    /// The deadline passed: every round was lost to contention (a majority answered but
+    /// another client won), or (`rounds` = 0) the request waited out its deadline at a broker.
+    #[error("deadline of {deadline:?} exceeded after {rounds} lost round(s)")]
     Deadline { deadline: Duration, rounds: u64 },
 
     /// A node does not persist every write before replying; using it could repeat IDs.
