@@ -1,1 +1,105 @@
-fn main() {}
+//! Producer throughput (items/s) with `--generate` items of 100 bytes at batch sizes 1,
+//! 100 and 10,000, in one run, against baselines:
+//!
+//! - `producer`: the real thing: [`producer::run`] stamping every batch with one range
+//!   from a 5-node local redis-server quorum (fsync on every write) and writing batch +
+//!   progress in one synced RocksDB WriteBatch.
+//! - `local_ids`: the same producer with an in-process counter as ID source: the cost of
+//!   the producer without the quorum.
+//! - `plain_rocksdb`: plain synced RocksDB WriteBatches of the same items (same encoding,
+//!   same batch size, no compression), no ID stamping, no progress marker.
+//!
+//! Each iteration writes a fresh sublist; opening (creating) the database is not timed,
+//! for the producer as for the baseline. `cargo bench -p producer` (release profile).
+
+use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, SamplingMode, Throughput};
+use idclient::cluster::LocalQuorum;
+use idclient::{ClientConfig, IdError, IdRange, IdSource, QuorumClient};
+use producer::{generate_payload, Config, InputSpec};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+
+const PAYLOAD: usize = 100;
+const SHARD: u32 = 1;
+
+/// Items per iteration for a batch size: enough batches to reach a steady state, few
+/// enough that one iteration stays well under a second.
+fn items_for(batch: u64) -> u64 {
+    match batch {
+        1 => 200,
+        100 => 10_000,
+        _ => 100_000,
+    }
+}
+
+struct Counter(AtomicU64);
+
+impl IdSource for Counter {
+    async fn next_ids(&self, n: u64) -> Result<IdRange, IdError> {
+        let lo = self.0.fetch_add(n, Ordering::SeqCst) + 1;
+        Ok(IdRange { lo, hi: lo + n - 1 })
+    }
+}
+
+fn produce(rt: &tokio::runtime::Runtime, source: &impl IdSource, batch: u64, iters: u64) -> Duration {
+    let mut total = Duration::ZERO;
+    for _ in 0..iters {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut cfg = Config::new(SHARD, dir.path(), InputSpec::Generate { count: items_for(batch), payload_size: PAYLOAD });
+        cfg.batch = batch;
+        // Creating the database is a fixed cost, outside the timing as for the baseline.
+        let p = producer::Producer::open(cfg).expect("open sublist");
+        let start = Instant::now();
+        let summary = rt.block_on(p.run(source)).expect("producer run");
+        total += start.elapsed();
+        assert_eq!(summary.written, items_for(batch));
+    }
+    total
+}
+
+fn plain(batch: u64, iters: u64) -> Duration {
+    let mut total = Duration::ZERO;
+    for _ in 0..iters {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut opts = rocksdb::Options::default();
+        opts.create_if_missing(true);
+        opts.set_compression_type(rocksdb::DBCompressionType::None);
+        let db = rocksdb::DB::open(&opts, dir.path()).expect("open rocksdb");
+        let mut wo = rocksdb::WriteOptions::default();
+        wo.set_sync(true);
+        let n = items_for(batch);
+        let start = Instant::now();
+        let mut seq = 0;
+        while seq < n {
+            let mut b = rocksdb::WriteBatch::default();
+            let end = (seq + batch).min(n);
+            for s in seq..end {
+                let payload = generate_payload(SHARD, s, PAYLOAD);
+                b.put(sublist::shard::encode_key(s), sublist::shard::encode_value(SHARD, s, &payload));
+            }
+            db.write_opt(b, &wo).expect("write");
+            seq = end;
+        }
+        total += start.elapsed();
+    }
+    total
+}
+
+fn bench(c: &mut Criterion) {
+    let quorum = LocalQuorum::temp(5).expect("cannot start a local redis-server quorum (is redis-server installed?)");
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let client = rt.block_on(QuorumClient::connect(ClientConfig::new(quorum.urls()))).expect("quorum client");
+    let counter = Counter(AtomicU64::new(0));
+    let mut g = c.benchmark_group("producer");
+    g.sample_size(10).sampling_mode(SamplingMode::Flat).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3));
+    for batch in [1u64, 100, 10_000] {
+        g.throughput(Throughput::Elements(items_for(batch)));
+        g.bench_with_input(BenchmarkId::new("producer", batch), &batch, |b, &batch| b.iter_custom(|iters| produce(&rt, &client, batch, iters)));
+        g.bench_with_input(BenchmarkId::new("local_ids", batch), &batch, |b, &batch| b.iter_custom(|iters| produce(&rt, &counter, batch, iters)));
+        g.bench_with_input(BenchmarkId::new("plain_rocksdb", batch), &batch, |b, &batch| b.iter_custom(|iters| plain(batch, iters)));
+    }
+    g.finish();
+}
+
+criterion_group!(benches, bench);
+criterion_main!(benches);

@@ -73,13 +73,13 @@ pub struct FileScan {
 /// # Errors
 /// Unreadable file, or a line above the limit.
 pub fn scan_file(path: &Path) -> Result<FileScan, ProducerError> {
-    let file = std::fs::File::open(path).map_err(|source| ProducerError::Input { input: path.display().to_string(), source })?;
+    let file = std::fs::File::open(path).map_err(|error| ProducerError::Input { input: path.display().to_string(), error })?;
     let mut r = BufReader::with_capacity(READ_BUFFER, file);
     let mut crc = crc32fast::Hasher::new();
     let mut fnv: u64 = 0xcbf2_9ce4_8422_2325;
     let (mut bytes, mut items, mut line_len) = (0u64, 0u64, 0usize);
     loop {
-        let buf = r.fill_buf().map_err(|source| ProducerError::Input { input: path.display().to_string(), source })?;
+        let buf = r.fill_buf().map_err(|error| ProducerError::Input { input: path.display().to_string(), error })?;
         if buf.is_empty() {
             break;
         }
@@ -129,7 +129,7 @@ impl ItemReader {
         let input = spec.describe();
         let kind = match spec {
             InputSpec::File(p) => {
-                let f = std::fs::File::open(p).map_err(|source| ProducerError::Input { input: input.clone(), source })?;
+                let f = std::fs::File::open(p).map_err(|error| ProducerError::Input { input: input.clone(), error })?;
                 Kind::Lines(Box::new(BufReader::with_capacity(READ_BUFFER, f)))
             }
             InputSpec::Stdin => Kind::Lines(Box::new(BufReader::with_capacity(READ_BUFFER, std::io::stdin()))),
@@ -174,7 +174,7 @@ impl ItemReader {
                 // Bounded read: a huge line costs at most the limit in memory before it is refused.
                 let n = Read::take(&mut **r, MAX_ITEM_BYTES as u64 + 1)
                     .read_until(b'\n', &mut buf)
-                    .map_err(|source| ProducerError::Input { input: self.input.clone(), source })?;
+                    .map_err(|error| ProducerError::Input { input: self.input.clone(), error })?;
                 if n == 0 {
                     return Ok(None);
                 }

@@ -43,7 +43,8 @@ pub const DEFAULT_BATCH: u64 = 1000;
 /// Default `--payload-size` for `--generate`.
 pub const DEFAULT_PAYLOAD_SIZE: usize = 100;
 
-/// Everything that can stop a producer. [`ProducerError::exit_code`] maps it to the
+/// Everything that can stop a producer. Messages carry their cause inline (no `source`
+/// chain), so `{:#}` prints each cause once. [`ProducerError::exit_code`] maps it to the
 /// binary's exit code.
 #[derive(Debug, thiserror::Error)]
 pub enum ProducerError {
@@ -52,8 +53,8 @@ pub enum ProducerError {
     Config(String),
 
     /// The input cannot be read.
-    #[error("input {input}: {source}")]
-    Input { input: String, source: std::io::Error },
+    #[error("input {input}: {error}")]
+    Input { input: String, error: std::io::Error },
 
     /// A line is longer than [`MAX_ITEM_BYTES`].
     #[error("input {input}: line {line} is longer than the limit of {limit} bytes per item")]
@@ -77,11 +78,11 @@ pub enum ProducerError {
 
     /// Connecting to the ID generator failed.
     #[error("cannot connect to the ID generator: {0}")]
-    Connect(#[source] IdError),
+    Connect(IdError),
 
     /// Getting IDs failed (no quorum past the deadline, ...). Everything before is durable.
-    #[error("getting IDs for items {next_seq}.. failed: {source} ({next_seq} items are durably in the sublist; run again to resume)")]
-    Ids { next_seq: u64, source: IdError },
+    #[error("getting IDs for items {next_seq}.. failed: {error} ({next_seq} items are durably in the sublist; run again to resume)")]
+    Ids { next_seq: u64, error: IdError },
 
     /// The ID source returned a range of the wrong size: a bug in the source.
     #[error("ID source returned {got:?} for a request of {wanted} IDs")]
@@ -323,10 +324,10 @@ impl Producer {
                 let mut w = idle.take().ok_or_else(|| ProducerError::Task("writer lost".into()))?;
                 let range = match ids {
                     Ok(r) => r,
-                    Err(source) => {
+                    Err(error) => {
                         let next_seq = w.next_seq;
                         idle = Some(w);
-                        return Err(ProducerError::Ids { next_seq, source });
+                        return Err(ProducerError::Ids { next_seq, error });
                     }
                 };
                 if range.len() != n || range.lo <= w.last_id {

@@ -113,7 +113,7 @@ fn a_producer_started_after_another_finished_gets_higher_ids() {
     assert!(b_min > a_max, "B's lowest id {b_min} is not above A's highest {a_max}");
 }
 
-/// >= 20 rounds of kill -9 at a random moment and restart; then every input line is in
+/// At least 20 rounds of kill -9 at a random moment and restart; then every input line is in
 /// the sublist exactly once, with the ID it had in every earlier snapshot.
 #[test]
 fn crash_loop_kill_9_then_resume_is_exactly_once() {

@@ -56,12 +56,14 @@ const VALUE_HEADER: usize = 12;
 /// Bytes of the progress marker before the fingerprint.
 const PROGRESS_HEADER: usize = 8 + 1 + 8 + 4;
 
-/// Everything that can go wrong with a sublist database. Every variant names the path.
+/// Everything that can go wrong with a sublist database. Every variant names the path and
+/// carries the underlying error in its message (not as a `source`, so `{:#}` does not
+/// print it twice).
 #[derive(Debug, thiserror::Error)]
 pub enum ShardError {
     /// Another process (a producer) holds the database's lock.
-    #[error("sublist {path}: in use by another producer (RocksDB lock held): {source}")]
-    InUse { path: PathBuf, source: rocksdb::Error },
+    #[error("sublist {path}: in use by another producer (RocksDB lock held): {error}")]
+    InUse { path: PathBuf, error: rocksdb::Error },
 
     /// The path exists but is not a sublist database (a file, a foreign directory, ...).
     #[error("{path}: not a sublist database: {reason}")]
@@ -84,12 +86,12 @@ pub enum ShardError {
     InvalidBatch { path: PathBuf, reason: String },
 
     /// RocksDB failed (I/O error, corruption detected by RocksDB, ...).
-    #[error("sublist {path}: rocksdb: {source}")]
-    Rocks { path: PathBuf, source: rocksdb::Error },
+    #[error("sublist {path}: rocksdb: {error}")]
+    Rocks { path: PathBuf, error: rocksdb::Error },
 
     /// A filesystem operation around the database failed.
-    #[error("sublist {path}: {source}")]
-    Io { path: PathBuf, source: std::io::Error },
+    #[error("sublist {path}: {error}")]
+    Io { path: PathBuf, error: std::io::Error },
 }
 
 /// How far a producer got: written in the same atomic batch as the items it describes.
@@ -181,11 +183,11 @@ fn cf_options() -> Options {
 }
 
 fn rocks(path: &Path) -> impl FnOnce(rocksdb::Error) -> ShardError + '_ {
-    move |source| ShardError::Rocks { path: path.to_path_buf(), source }
+    move |error| ShardError::Rocks { path: path.to_path_buf(), error }
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ShardError + '_ {
-    move |source| ShardError::Io { path: path.to_path_buf(), source }
+    move |error| ShardError::Io { path: path.to_path_buf(), error }
 }
 
 fn not_a_shard(path: &Path, reason: impl Into<String>) -> ShardError {
@@ -251,11 +253,11 @@ fn descriptors() -> Vec<ColumnFamilyDescriptor> {
     ]
 }
 
-fn open_error(path: &Path, source: rocksdb::Error) -> ShardError {
-    if is_lock_error(&source) {
-        ShardError::InUse { path: path.to_path_buf(), source }
+fn open_error(path: &Path, error: rocksdb::Error) -> ShardError {
+    if is_lock_error(&error) {
+        ShardError::InUse { path: path.to_path_buf(), error }
     } else {
-        ShardError::Rocks { path: path.to_path_buf(), source }
+        ShardError::Rocks { path: path.to_path_buf(), error }
     }
 }
 
@@ -308,7 +310,7 @@ impl ShardWriter {
         if data_dir.exists() && !data_dir.is_dir() {
             return Err(ShardError::Io {
                 path: data_dir.to_path_buf(),
-                source: std::io::Error::new(std::io::ErrorKind::Other, "the data dir is not a directory"),
+                error: std::io::Error::other("the data dir is not a directory"),
             });
         }
         std::fs::create_dir_all(data_dir).map_err(io(data_dir))?;
