@@ -19,6 +19,7 @@ pub mod history;
 pub mod node;
 pub mod quorum;
 pub mod script;
+pub mod sim;
 pub mod wire;
 pub mod broker_client;
 

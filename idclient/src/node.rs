@@ -4,6 +4,7 @@
 use crate::script::{parse_canonical_u64, BAD_VALUE_CODE, CONDITIONAL_WRITE};
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Value};
+use std::future::Future;
 use std::time::{Duration, Instant};
 
 /// After a failed connect, further rounds fail fast on this node for this long instead of
@@ -28,6 +29,52 @@ pub enum WriteReply {
     Accepted,
     /// The register was not below LO; it holds `current`.
     Rejected { current: u64 },
+}
+
+/// One register of the quorum, as the quorum client sees it. [`Node`] (Redis) is the
+/// production implementation; [`crate::sim`] has an in-memory one for the deterministic
+/// simulation. The client's safety rests on exactly these semantics: the register only
+/// grows, and survives restarts.
+pub trait Register: Send + Sync {
+    /// The node's address, for error messages.
+    fn addr(&self) -> &str;
+
+    /// "If current < lo then current = hi": [`WriteReply::Accepted`], else
+    /// [`WriteReply::Rejected`] with the register's value.
+    ///
+    /// # Errors
+    /// Unavailable, or a register that is not a canonical u64.
+    fn conditional_write(&self, key: &str, lo: u64, hi: u64) -> impl Future<Output = Result<WriteReply, NodeError>> + Send;
+
+    /// The register's value (missing = 0).
+    ///
+    /// # Errors
+    /// Unavailable, or a register that is not a canonical u64.
+    fn read(&self, key: &str) -> impl Future<Output = Result<u64, NodeError>> + Send;
+
+    /// Makes sure the node is usable (connected, durable) before the first round.
+    ///
+    /// # Errors
+    /// As the first round would see it.
+    fn warm_up(&self) -> impl Future<Output = Result<(), NodeError>> + Send;
+}
+
+impl Register for Node {
+    fn addr(&self) -> &str {
+        Node::addr(self)
+    }
+
+    fn conditional_write(&self, key: &str, lo: u64, hi: u64) -> impl Future<Output = Result<WriteReply, NodeError>> + Send {
+        Node::conditional_write(self, key, lo, hi)
+    }
+
+    fn read(&self, key: &str) -> impl Future<Output = Result<u64, NodeError>> + Send {
+        Node::read(self, key)
+    }
+
+    fn warm_up(&self) -> impl Future<Output = Result<(), NodeError>> + Send {
+        Node::warm_up(self)
+    }
 }
 
 struct ConnState {

@@ -7,11 +7,13 @@
 //! returned lies above it. The protocols differ only in how LO is guessed.
 
 use crate::error::NodeFailure;
-use crate::node::{Node, NodeError, WriteReply};
+use crate::node::{Node, NodeError, Register, WriteReply};
 use crate::{IdError, IdRange, IdSource};
 use futures::stream::{FuturesUnordered, StreamExt};
-use rand::Rng;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
 use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Mutex;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -148,8 +150,11 @@ enum RoundLoss {
 
 /// The direct client: talks to all nodes in parallel. Cheap to share (`Arc`) between
 /// tasks; one per process is the usual setup.
-pub struct QuorumClient {
-    nodes: Vec<Node>,
+///
+/// Generic over the node type so the deterministic simulation ([`crate::sim`]) runs this
+/// very code over in-memory nodes; production uses the default, [`Node`] (Redis).
+pub struct QuorumClient<N: Register = Node> {
+    nodes: Vec<N>,
     key: String,
     protocol: Protocol,
     deadline: Duration,
@@ -158,25 +163,31 @@ pub struct QuorumClient {
     /// Moving average of a write round's duration, in ns: the backoff unit.
     round_ns: AtomicU64,
     backoff_cap: Duration,
+    /// Seeded jitter for reproducible simulations; `None` uses the thread RNG.
+    jitter: Option<Mutex<StdRng>>,
     counters: AtomicCounters,
 }
 
-impl QuorumClient {
+fn check_shape(count: usize, key: &str) -> Result<(), IdError> {
+    if count == 0 || count % 2 == 0 {
+        return Err(IdError::Config(format!(
+            "the node count must be odd (3, 5, 7, ...), got {count}: an even count adds a node without tolerating one more failure"
+        )));
+    }
+    if key.is_empty() {
+        return Err(IdError::Config("the register key must not be empty".to_string()));
+    }
+    Ok(())
+}
+
+impl QuorumClient<Node> {
     /// Connects to every node in parallel and checks its durability configuration.
     ///
     /// # Errors
     /// A bad URL or an even node count ([`IdError::Config`]), an unsafe node
     /// ([`IdError::UnsafeNode`]), or fewer than a majority reachable ([`IdError::NoQuorum`]).
     pub async fn connect(config: ClientConfig) -> Result<QuorumClient, IdError> {
-        if config.nodes.is_empty() || config.nodes.len() % 2 == 0 {
-            return Err(IdError::Config(format!(
-                "the node count must be odd (3, 5, 7, ...), got {}: an even count adds a node without tolerating one more failure",
-                config.nodes.len()
-            )));
-        }
-        if config.key.is_empty() {
-            return Err(IdError::Config("the register key must not be empty".to_string()));
-        }
+        check_shape(config.nodes.len(), &config.key)?;
         let mut nodes = Vec::with_capacity(config.nodes.len());
         for url in &config.nodes {
             let node = Node::new(url.trim(), config.connect_timeout, config.reply_timeout, !config.unsafe_skip_durability_check)
@@ -194,6 +205,7 @@ impl QuorumClient {
                 .ok()
                 .and_then(|v| v.parse().ok())
                 .map_or(BACKOFF_CAP, Duration::from_millis),
+            jitter: None,
             counters: AtomicCounters::default(),
         };
         let results = futures::future::join_all(client.nodes.iter().map(|n| n.warm_up())).await;
@@ -219,6 +231,41 @@ impl QuorumClient {
             tracing::warn!(node = %f.addr, reason = %f.reason, "node unreachable at connect; continuing with a majority");
         }
         Ok(client)
+    }
+}
+
+impl<N: Register> QuorumClient<N> {
+    /// A client over nodes that are already set up (no warm-up, no durability check):
+    /// what the deterministic simulation uses. Backoff cap [`BACKOFF_CAP`].
+    ///
+    /// # Errors
+    /// An even or zero node count, or an empty key ([`IdError::Config`]).
+    pub fn with_nodes(nodes: Vec<N>, key: impl Into<String>, protocol: Protocol, deadline: Duration) -> Result<QuorumClient<N>, IdError> {
+        let key = key.into();
+        check_shape(nodes.len(), &key)?;
+        Ok(QuorumClient {
+            nodes,
+            key,
+            protocol,
+            deadline,
+            last_known: AtomicU64::new(0),
+            round_ns: AtomicU64::new(INITIAL_ROUND.as_nanos() as u64),
+            backoff_cap: BACKOFF_CAP,
+            jitter: None,
+            counters: AtomicCounters::default(),
+        })
+    }
+
+    /// Draws backoff jitter from an RNG seeded with `seed` instead of the thread RNG, so
+    /// a simulation replays exactly.
+    pub fn with_jitter_seed(mut self, seed: u64) -> QuorumClient<N> {
+        self.jitter = Some(Mutex::new(StdRng::seed_from_u64(seed)));
+        self
+    }
+
+    /// The nodes, in configured order.
+    pub fn nodes(&self) -> &[N] {
+        &self.nodes
     }
 
     fn majority(&self) -> usize {
@@ -280,7 +327,7 @@ impl QuorumClient {
             let pause = match &loss {
                 // A stale guess: the rejects told us the right one, try it at once.
                 RoundLoss::Contention { all_rejected: true } if losses == 1 => Duration::ZERO,
-                _ => backoff(losses, Duration::from_nanos(self.round_ns.load(Ordering::Relaxed)), self.backoff_cap),
+                _ => self.backoff(losses),
             };
             last_loss = Some(loss);
             if Instant::now() + pause >= deadline {
@@ -386,7 +433,16 @@ impl QuorumClient {
     }
 
     /// Records a node failure; a bad register value ends the request at once.
-    fn note_failure(&self, node: &Node, e: NodeError, failures: &mut Vec<NodeFailure>) -> Result<(), RoundLoss> {
+    fn backoff(&self, losses: u32) -> Duration {
+        let round = Duration::from_nanos(self.round_ns.load(Ordering::Relaxed));
+        match &self.jitter {
+            // A poisoned lock only means another task panicked mid-draw; the RNG is fine.
+            Some(rng) => backoff(losses, round, self.backoff_cap, &mut *rng.lock().unwrap_or_else(|p| p.into_inner())),
+            None => backoff(losses, round, self.backoff_cap, &mut rand::thread_rng()),
+        }
+    }
+
+    fn note_failure(&self, node: &N, e: NodeError, failures: &mut Vec<NodeFailure>) -> Result<(), RoundLoss> {
         match e {
             NodeError::BadValue(value) => {
                 Err(RoundLoss::Fatal(IdError::BadValue { addr: node.addr().to_string(), key: self.key.clone(), value }))
@@ -405,12 +461,12 @@ impl QuorumClient {
 }
 
 /// Full jitter: uniform in `[0, min(cap, base * 2^losses))`.
-fn backoff(losses: u32, round: Duration, cap: Duration) -> Duration {
+fn backoff(losses: u32, round: Duration, cap: Duration, rng: &mut impl Rng) -> Duration {
     let ceiling = round.saturating_mul(1u32 << losses.min(16)).min(cap);
-    rand::thread_rng().gen_range(Duration::ZERO..=ceiling)
+    rng.gen_range(Duration::ZERO..=ceiling)
 }
 
-impl IdSource for QuorumClient {
+impl<N: Register> IdSource for QuorumClient<N> {
     async fn next_ids(&self, n: u64) -> Result<IdRange, IdError> {
         self.next_ids_until(n, Instant::now() + self.deadline).await
     }
@@ -474,7 +530,7 @@ mod tests {
     #[test]
     fn backoff_is_bounded() {
         for losses in 0..40 {
-            assert!(backoff(losses, INITIAL_ROUND, BACKOFF_CAP) <= BACKOFF_CAP);
+            assert!(backoff(losses, INITIAL_ROUND, BACKOFF_CAP, &mut rand::thread_rng()) <= BACKOFF_CAP);
         }
     }
 }

@@ -1,0 +1,298 @@
+//! An in-memory model of the quorum's nodes for deterministic simulation.
+//!
+//! [`SimCluster`] holds N registers and a seeded network between them and the clients.
+//! Every request and every reply is a message that may be lost, delayed (uniformly up
+//! to [`SimConfig::max_delay`], so messages overtake each other: reordering) or, for
+//! requests, duplicated (the copy is applied later, on its own: the delayed duplicate
+//! that can make a stale conditional write land long after its client gave up). Nodes
+//! crash and restart: a crashed node ignores what arrives; a restarted node keeps its
+//! register (durable, what `appendfsync always` gives), unless [`SimConfig::amnesia`]
+//! is set, in which case it comes back empty (what a node without fsync, or with a
+//! wiped data dir, does: the negative case the checker must catch).
+//!
+//! [`SimNode`] implements [`Register`], so the real [`crate::QuorumClient`] runs over it
+//! unchanged. Run it on a tokio `current_thread` runtime with paused time
+//! (`start_paused = true`): delays are then virtual (a simulated second costs
+//! microseconds), and with every random choice drawn from the cluster's seeded RNG (and
+//! the clients' jitter seeded, [`crate::QuorumClient::with_jitter_seed`]) one seed
+//! replays the same run exactly.
+
+use crate::node::{NodeError, Register, WriteReply};
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::collections::BTreeMap;
+use std::future::Future;
+use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
+use tokio::sync::mpsc;
+
+/// The network's and the nodes' behaviour.
+#[derive(Debug, Clone)]
+pub struct SimConfig {
+    /// Number of nodes (odd for a usable quorum).
+    pub nodes: usize,
+    /// Probability that one message (request or reply) is lost.
+    pub loss: f64,
+    /// Probability that a request is delivered twice (the copy with its own delay).
+    pub duplicate: f64,
+    /// Each message is delayed uniformly in `0..=max_delay`.
+    pub max_delay: Duration,
+    /// How long a client waits for a reply before counting the node as unavailable.
+    pub reply_timeout: Duration,
+    /// Crashed nodes come back with an empty register (unsafe: for the negative case).
+    pub amnesia: bool,
+}
+
+impl Default for SimConfig {
+    /// 5 nodes, 5% loss, 5% duplication, up to 5 ms delay, 20 ms reply timeout, durable.
+    fn default() -> SimConfig {
+        SimConfig {
+            nodes: 5,
+            loss: 0.05,
+            duplicate: 0.05,
+            max_delay: Duration::from_millis(5),
+            reply_timeout: Duration::from_millis(20),
+            amnesia: false,
+        }
+    }
+}
+
+/// What happened in a simulation, for reports and sanity checks.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct SimStats {
+    pub requests: u64,
+    pub lost: u64,
+    pub duplicated: u64,
+    /// Requests applied to a register (duplicates included).
+    pub applied: u64,
+    /// Requests that arrived at a crashed node.
+    pub refused: u64,
+    pub crashes: u64,
+    /// Conditional writes accepted.
+    pub accepts: u64,
+}
+
+#[derive(Debug)]
+struct NodeState {
+    values: BTreeMap<String, u64>,
+    up: bool,
+}
+
+struct State {
+    rng: StdRng,
+    nodes: Vec<NodeState>,
+    stats: SimStats,
+}
+
+/// The simulated nodes and network. Cheap to clone (shared state).
+#[derive(Clone)]
+pub struct SimCluster {
+    state: Arc<Mutex<State>>,
+    config: Arc<SimConfig>,
+}
+
+#[derive(Debug, Clone)]
+enum Op {
+    Write { key: String, lo: u64, hi: u64 },
+    Read { key: String },
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Outcome {
+    Write(WriteReply),
+    Read(u64),
+    Down,
+}
+
+impl SimCluster {
+    /// A cluster of `config.nodes` empty registers, all up, with its RNG seeded.
+    pub fn new(config: SimConfig, seed: u64) -> SimCluster {
+        let nodes = (0..config.nodes).map(|_| NodeState { values: BTreeMap::new(), up: true }).collect();
+        SimCluster {
+            state: Arc::new(Mutex::new(State { rng: StdRng::seed_from_u64(seed), nodes, stats: SimStats::default() })),
+            config: Arc::new(config),
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, State> {
+        // Single-threaded simulation: a poisoned lock means a panicking test, whose
+        // state is still consistent enough to report.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// The configuration.
+    pub fn config(&self) -> &SimConfig {
+        &self.config
+    }
+
+    /// One [`Register`] handle per node, in order (named `sim://<i>`).
+    pub fn nodes(&self) -> Vec<SimNode> {
+        (0..self.config.nodes).map(|index| SimNode { cluster: self.clone(), index, addr: format!("sim://{index}") }).collect()
+    }
+
+    /// Crashes node `i`: it ignores messages until [`SimCluster::restart`].
+    pub fn crash(&self, i: usize) {
+        let mut s = self.lock();
+        if s.nodes[i].up {
+            s.nodes[i].up = false;
+            s.stats.crashes += 1;
+        }
+    }
+
+    /// Restarts node `i`: with its register (durable), or empty under amnesia.
+    pub fn restart(&self, i: usize) {
+        let amnesia = self.config.amnesia;
+        let mut s = self.lock();
+        let node = &mut s.nodes[i];
+        if !node.up {
+            node.up = true;
+            if amnesia {
+                node.values.clear();
+            }
+        }
+    }
+
+    /// Whether node `i` is up.
+    pub fn is_up(&self, i: usize) -> bool {
+        self.lock().nodes[i].up
+    }
+
+    /// Node `i`'s register for `key` (0 when missing).
+    pub fn value(&self, i: usize, key: &str) -> u64 {
+        self.lock().nodes[i].values.get(key).copied().unwrap_or(0)
+    }
+
+    /// Draws from the cluster's seeded RNG: fault schedules and workloads use it too, so
+    /// one seed decides everything.
+    pub fn with_rng<T>(&self, f: impl FnOnce(&mut StdRng) -> T) -> T {
+        f(&mut self.lock().rng)
+    }
+
+    /// The counters so far.
+    pub fn stats(&self) -> SimStats {
+        self.lock().stats
+    }
+
+    fn delay(&self, rng: &mut StdRng) -> Duration {
+        let max = self.config.max_delay.as_nanos() as u64;
+        Duration::from_nanos(if max == 0 { 0 } else { rng.gen_range(0..=max) })
+    }
+
+    /// Applies `op` at node `i` (atomically, as Redis runs a script).
+    fn apply(&self, i: usize, op: &Op) -> Outcome {
+        let mut s = self.lock();
+        if !s.nodes[i].up {
+            s.stats.refused += 1;
+            return Outcome::Down;
+        }
+        s.stats.applied += 1;
+        match op {
+            Op::Read { key } => Outcome::Read(s.nodes[i].values.get(key).copied().unwrap_or(0)),
+            Op::Write { key, lo, hi } => {
+                let current = s.nodes[i].values.get(key).copied().unwrap_or(0);
+                if current < *lo {
+                    s.nodes[i].values.insert(key.clone(), *hi);
+                    s.stats.accepts += 1;
+                    Outcome::Write(WriteReply::Accepted)
+                } else {
+                    Outcome::Write(WriteReply::Rejected { current })
+                }
+            }
+        }
+    }
+
+    /// Sends `op` to node `i` through the faulty network and waits for the first reply,
+    /// up to the reply timeout. Deliveries run as their own tasks, so a request keeps
+    /// travelling (and may still be applied) after its sender gave up.
+    async fn call(&self, i: usize, op: Op) -> Result<Outcome, NodeError> {
+        let (tx, mut rx) = mpsc::unbounded_channel();
+        let deliveries: Vec<(Duration, Option<Duration>)> = {
+            let mut s = self.lock();
+            s.stats.requests += 1;
+            let copies = if s.rng.gen_bool(self.config.duplicate) { 2 } else { 1 };
+            if copies == 2 {
+                s.stats.duplicated += 1;
+            }
+            let mut plan = Vec::new();
+            for _ in 0..copies {
+                if s.rng.gen_bool(self.config.loss) {
+                    s.stats.lost += 1;
+                    continue;
+                }
+                let there = self.delay(&mut s.rng);
+                let back = if s.rng.gen_bool(self.config.loss) {
+                    s.stats.lost += 1;
+                    None
+                } else {
+                    Some(self.delay(&mut s.rng))
+                };
+                plan.push((there, back));
+            }
+            plan
+        };
+        for (there, back) in deliveries {
+            let cluster = self.clone();
+            let op = op.clone();
+            let tx = tx.clone();
+            tokio::spawn(async move {
+                tokio::time::sleep(there).await;
+                let outcome = cluster.apply(i, &op);
+                if let Some(back) = back {
+                    tokio::time::sleep(back).await;
+                    let _ = tx.send(outcome);
+                }
+            });
+        }
+        drop(tx);
+        match tokio::time::timeout(self.config.reply_timeout, rx.recv()).await {
+            Ok(Some(Outcome::Down)) => Err(NodeError::Unavailable("connection refused".to_string())),
+            Ok(Some(outcome)) => Ok(outcome),
+            // Every copy was lost (the channel closed), or no reply in time.
+            Ok(None) | Err(_) => {
+                if rx.is_closed() {
+                    // Lost for sure; still, a real client only learns it by timing out.
+                    tokio::time::sleep(self.config.reply_timeout).await;
+                }
+                Err(NodeError::Unavailable("timed out".to_string()))
+            }
+        }
+    }
+}
+
+/// One simulated node, as a client holds it.
+#[derive(Clone)]
+pub struct SimNode {
+    cluster: SimCluster,
+    index: usize,
+    addr: String,
+}
+
+impl Register for SimNode {
+    fn addr(&self) -> &str {
+        &self.addr
+    }
+
+    fn conditional_write(&self, key: &str, lo: u64, hi: u64) -> impl Future<Output = Result<WriteReply, NodeError>> + Send {
+        let op = Op::Write { key: key.to_string(), lo, hi };
+        async move {
+            match self.cluster.call(self.index, op).await? {
+                Outcome::Write(reply) => Ok(reply),
+                other => Err(NodeError::Unavailable(format!("unexpected reply {other:?}"))),
+            }
+        }
+    }
+
+    fn read(&self, key: &str) -> impl Future<Output = Result<u64, NodeError>> + Send {
+        let op = Op::Read { key: key.to_string() };
+        async move {
+            match self.cluster.call(self.index, op).await? {
+                Outcome::Read(value) => Ok(value),
+                other => Err(NodeError::Unavailable(format!("unexpected reply {other:?}"))),
+            }
+        }
+    }
+
+    fn warm_up(&self) -> impl Future<Output = Result<(), NodeError>> + Send {
+        std::future::ready(Ok(()))
+    }
+}
