@@ -9,10 +9,13 @@
 //! - `plain_rocksdb`: plain synced RocksDB WriteBatches of the same items (same encoding,
 //!   same batch size, no compression), no ID stamping, no progress marker.
 //!
+//! After criterion's figures, the three are also run interleaved round by round (medians
+//! and ratios printed), which is robust to load drifting on a shared machine.
+//!
 //! Each iteration writes a fresh sublist; opening (creating) the database is not timed,
 //! for the producer as for the baseline. `cargo bench -p producer` (release profile).
 
-use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, SamplingMode, Throughput};
+use criterion::{criterion_group, BenchmarkId, Criterion, SamplingMode, Throughput};
 use idclient::cluster::LocalQuorum;
 use idclient::{ClientConfig, IdError, IdRange, IdSource, QuorumClient};
 use producer::{generate_payload, Config, InputSpec};
@@ -101,5 +104,49 @@ fn bench(c: &mut Criterion) {
     g.finish();
 }
 
+/// Rounds of the interleaved comparison.
+const INTERLEAVED_ROUNDS: usize = 7;
+
+fn median(mut v: Vec<f64>) -> f64 {
+    v.sort_by(f64::total_cmp);
+    v[v.len() / 2]
+}
+
+/// The three variants run in turn, round after round, so that load from other processes
+/// (fsync latency on a shared machine drifts a lot) hits them alike; medians of items/s
+/// and of the per-round ratio producer / plain. Printed after criterion's figures.
+fn interleaved() {
+    let quorum = LocalQuorum::temp(5).expect("cannot start a local redis-server quorum (is redis-server installed?)");
+    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
+    let client = rt.block_on(QuorumClient::connect(ClientConfig::new(quorum.urls()))).expect("quorum client");
+    let counter = Counter(AtomicU64::new(0));
+    println!("interleaved, {INTERLEAVED_ROUNDS} rounds, medians (items/s):");
+    println!("{:>6} {:>12} {:>12} {:>14} {:>16} {:>16}", "batch", "producer", "local_ids", "plain_rocksdb", "producer/plain", "local_ids/plain");
+    for batch in [1u64, 100, 10_000] {
+        let n = items_for(batch) as f64;
+        let (mut p, mut l, mut b, mut rp, mut rl) = (vec![], vec![], vec![], vec![], vec![]);
+        for _ in 0..INTERLEAVED_ROUNDS {
+            let tp = produce(&rt, &client, batch, 1).as_secs_f64();
+            let tl = produce(&rt, &counter, batch, 1).as_secs_f64();
+            let tb = plain(batch, 1).as_secs_f64();
+            p.push(n / tp);
+            l.push(n / tl);
+            b.push(n / tb);
+            rp.push(tb / tp);
+            rl.push(tb / tl);
+        }
+        println!("{batch:>6} {:>12.0} {:>12.0} {:>14.0} {:>16.2} {:>16.2}", median(p), median(l), median(b), median(rp), median(rl));
+    }
+}
+
 criterion_group!(benches, bench);
-criterion_main!(benches);
+
+fn main() {
+    benches();
+    Criterion::default().configure_from_args().final_summary();
+    // Not under `cargo test --benches` / `--list`: criterion then only smoke-runs.
+    let args: Vec<String> = std::env::args().collect();
+    if args.iter().any(|a| a == "--bench") && !args.iter().any(|a| a == "--list" || a == "--test") {
+        interleaved();
+    }
+}
