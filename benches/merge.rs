@@ -15,7 +15,8 @@
 //!
 //! Run: `cargo bench --bench merge` (full size) or
 //! `QLIST_BENCH_ITEMS=200000 cargo bench --bench merge` (smoke test). The fixture is built
-//! once per run under `QLIST_BENCH_DIR` (default: the system temp dir) and removed at the end.
+//! once per run under `QLIST_BENCH_DIR` (default: the system temp dir) and removed at the end
+//! (kept with `QLIST_BENCH_KEEP=1`). `QLIST_BENCH_SHARDS=64` runs one shard count only.
 
 use std::cell::RefCell;
 use std::collections::BTreeMap;
@@ -32,6 +33,7 @@ use sublist::Record;
 
 const DEFAULT_ITEMS: u64 = 10_000_000;
 const PAYLOAD: usize = 100;
+/// Default shard counts; `QLIST_BENCH_SHARDS=64` (comma-separated) picks others.
 const SHARD_COUNTS: [u32; 2] = [4, 64];
 /// Items buffered across all shards while building the fixture: large batches keep the
 /// synced RocksDB writes few, and the cap keeps the builder's memory small.
@@ -181,6 +183,8 @@ fn median(v: &[Duration]) -> Option<Duration> {
 fn main() {
     let items: u64 = std::env::var("QLIST_BENCH_ITEMS").ok().and_then(|v| v.parse().ok()).unwrap_or(DEFAULT_ITEMS);
     let root_parent = std::env::var_os("QLIST_BENCH_DIR").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
+    // QLIST_BENCH_KEEP=1 keeps the fixture (e.g. to profile `merger` on it afterwards).
+    let keep = std::env::var_os("QLIST_BENCH_KEEP").is_some();
     let root = tempfile::Builder::new().prefix("qlist-merge-bench-").tempdir_in(&root_parent).expect("bench temp dir");
     let mut c = Criterion::default()
         .sample_size(10)
@@ -190,7 +194,11 @@ fn main() {
     // name -> per-iteration durations, for the summary table (criterion keeps its own too).
     let times: RefCell<BTreeMap<String, Vec<Duration>>> = RefCell::new(BTreeMap::new());
     let mut rows = Vec::new();
-    for shards in SHARD_COUNTS {
+    let shard_counts: Vec<u32> = match std::env::var("QLIST_BENCH_SHARDS") {
+        Ok(v) => v.split(',').map(|s| s.trim().parse().expect("QLIST_BENCH_SHARDS: comma-separated numbers")).collect(),
+        Err(_) => SHARD_COUNTS.to_vec(),
+    };
+    for shards in shard_counts {
         let f = build(root.path(), shards, items);
         let mut g = c.benchmark_group(format!("merge/{shards}shards"));
         g.sampling_mode(SamplingMode::Flat);
@@ -219,7 +227,14 @@ fn main() {
         g.finish();
         let (hwm0, hwm10, hwm100, reset) = memory_probe(&f);
         rows.push((f.shards, f.items, f.list_bytes, hwm0, hwm10, hwm100, reset));
-        let _ = std::fs::remove_dir_all(&f.work);
+        if keep {
+            eprintln!("fixture kept: {}", f.work.display());
+        } else {
+            let _ = std::fs::remove_dir_all(&f.work);
+        }
+    }
+    if keep {
+        let _ = root.into_path();
     }
 
     let times = times.into_inner();

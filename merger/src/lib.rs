@@ -16,7 +16,7 @@ mod kway;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-pub use kway::{merge, Merge, Source};
+pub use kway::{merge, Merge, Source, READ_AHEAD_BYTES, READ_AHEAD_RECORDS};
 use sublist::listbin::{ListError, ListWriter, Summary};
 use sublist::shard::{ShardError, ShardReader};
 
