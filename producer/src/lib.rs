@@ -198,7 +198,7 @@ impl fmt::Display for Summary {
             write!(f, " (resumed after {} items)", self.resumed_at)?;
         }
         if let Some((lo, hi)) = self.id_span {
-            write!(f, ", ids {lo}..={hi}")?;
+            write!(f, ", ids within {lo}..={hi}")?;
         }
         write!(f, "; {} holds {} items", self.path.display(), self.total())
     }
