@@ -421,9 +421,9 @@ impl Reporter {
                 None => ProgressBar::new_spinner(),
             };
             let template = if total.is_some() {
-                "shard {prefix} [{elapsed_precise}] {wide_bar} {pos}/{len} items, {per_sec}, ETA {eta}"
+                "shard {prefix} [{elapsed_precise}] {wide_bar} {pos}/{len} items, {msg}, ETA {eta}"
             } else {
-                "shard {prefix} [{elapsed_precise}] {spinner} {pos} items, {per_sec}"
+                "shard {prefix} [{elapsed_precise}] {spinner} {pos} items, {msg}"
             };
             if let Ok(style) = ProgressStyle::with_template(template) {
                 bar.set_style(style);
@@ -441,6 +441,8 @@ impl Reporter {
         match self.display {
             Display::Bar => {
                 if let Some(b) = &self.bar {
+                    let rate = (next_seq - self.start_seq) as f64 / self.start.elapsed().as_secs_f64().max(1e-9);
+                    b.set_message(format!("{rate:.0} items/s"));
                     b.set_position(next_seq);
                 }
             }
