@@ -429,6 +429,7 @@ impl Reporter {
                 bar.set_style(style);
             }
             bar.set_prefix(shard.to_string());
+            bar.set_message("- items/s");
             bar.set_position(start_seq);
             bar.reset_eta();
             bar
@@ -442,8 +443,8 @@ impl Reporter {
             Display::Bar => {
                 if let Some(b) = &self.bar {
                     let rate = (next_seq - self.start_seq) as f64 / self.start.elapsed().as_secs_f64().max(1e-9);
-                    b.set_message(format!("{rate:.0} items/s"));
                     b.set_position(next_seq);
+                    b.set_message(format!("{rate:.0} items/s"));
                 }
             }
             Display::Log(every) => {
