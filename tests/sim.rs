@@ -132,6 +132,20 @@ struct Outcome {
     ok: usize,
 }
 
+/// FNV-1a over a history: two runs of one seed print the same digest when they replay.
+fn digest(events: &[Event]) -> u64 {
+    let mut h = 0xcbf2_9ce4_8422_2325u64;
+    for e in events {
+        let (lo, hi) = e.outcome.map_or((0, 0), |r| (r.lo, r.hi));
+        for v in [e.invoke_ns, e.return_ns, lo, hi] {
+            for b in v.to_le_bytes() {
+                h = (h ^ u64::from(b)).wrapping_mul(0x0100_0000_01b3);
+            }
+        }
+    }
+    h
+}
+
 /// Several concurrent direct clients (fast and classic, single IDs and ranges, some
 /// restarting with a cold `last_known`) against a faulty simulated quorum.
 async fn quorum_workload(cluster: SimCluster, recorder: Recorder, clients: usize, requests: usize) {
@@ -208,6 +222,9 @@ fn quorum_protocol_is_safe_under_simulated_faults() {
         }
         ok += out.ok;
         total += out.events.len();
+        if seeds.len() == 1 {
+            eprintln!("seed {seed}: history digest {:016x}", digest(&out.events));
+        }
     }
     eprintln!("{} seeds, {total} requests, {ok} succeeded, in {:?}", seeds.len(), started.elapsed());
     // Not vacuous: most requests get IDs despite the faults.
@@ -326,6 +343,9 @@ fn broker_batcher_is_safe_under_simulated_faults() {
         }
         ok += out.ok;
         total += out.events.len();
+        if seeds.len() == 1 {
+            eprintln!("broker seed {seed}: history digest {:016x}", digest(&out.events));
+        }
     }
     eprintln!("broker: {} seeds, {total} requests, {ok} succeeded, in {:?}", seeds.len(), started.elapsed());
     assert!(ok * 2 > total, "only {ok} of {total} requests succeeded: the model is too hostile to test anything");
