@@ -237,7 +237,7 @@ fn chaos_pipeline() {
                     tally.add("node kill -9");
                 }
             }
-            0 | 1 | 2 if !killed_nodes.is_empty() => {
+            0..=2 if !killed_nodes.is_empty() => {
                 let i = killed_nodes.remove(rng.gen_range(0..killed_nodes.len()));
                 quorum.restart(i).expect("restart a redis node on its port and data dir");
                 tally.add("node restart");

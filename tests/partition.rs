@@ -156,8 +156,7 @@ async fn broker_partitioned_from_majority() {
         }));
         brokers.push((tx, task));
     }
-    let mut bc_config = BrokerClientConfig::default();
-    bc_config.deadline = DEADLINE;
+    let bc_config = BrokerClientConfig { deadline: DEADLINE, ..Default::default() };
     let partitioned = BrokerClient::connect(vec![addrs[0].clone()], bc_config.clone()).await.expect("connect broker 0");
     let healthy = BrokerClient::connect(vec![addrs[1].clone()], bc_config).await.expect("connect broker 1");
     let mut h = Recorder { events: Vec::new() };

@@ -294,9 +294,7 @@ fn run_broker_seed(seed: u64) -> Outcome {
         for c in 0..4u64 {
             let (cluster, recorder, addrs) = (cluster.clone(), recorder.clone(), addrs.clone());
             tasks.push(tokio::spawn(async move {
-                let mut config = BrokerClientConfig::default();
-                config.deadline = Duration::from_millis(500);
-                config.connections = 1;
+                let config = BrokerClientConfig { deadline: Duration::from_millis(500), connections: 1, ..Default::default() };
                 let bc = BrokerClient::connect(addrs, config).await.expect("connect to a simulated broker");
                 for _ in 0..20 {
                     let (count, think) =
