@@ -234,7 +234,7 @@ fn main() {
         }
     }
     if keep {
-        let _ = root.into_path();
+        let _ = root.keep();
     }
 
     let times = times.into_inner();
