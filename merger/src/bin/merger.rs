@@ -144,7 +144,7 @@ fn run_merge(cfg: &MergeConfig) -> anyhow::Result<()> {
         let bar = indicatif::ProgressBar::new(total);
         bar.set_style(
             indicatif::ProgressStyle::with_template(
-                "{bar:40} {human_pos}/{human_len} items  {per_sec}  eta {eta}  {msg}",
+                "{bar:40} {human_pos}/{human_len} items  {elapsed} elapsed  eta {eta}  {msg}",
             )
             .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
         );
@@ -155,7 +155,8 @@ fn run_merge(cfg: &MergeConfig) -> anyhow::Result<()> {
     let mut on_progress = |records: u64, bytes: u64| {
         if let Some(bar) = &bar {
             bar.set_position(records);
-            bar.set_message(format!("{} MB written", bytes / 1_000_000));
+            let mb = bytes as f64 / 1e6;
+            bar.set_message(format!("{mb:.0} MB written, {:.0} MB/s", mb / start.elapsed().as_secs_f64().max(1e-3)));
         } else if last_log.elapsed() >= LOG_EVERY {
             last_log = Instant::now();
             tracing::info!(records, total, mb = bytes / 1_000_000, "merging");
