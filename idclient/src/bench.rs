@@ -31,7 +31,8 @@ pub struct BenchReport {
     pub errors: u64,
     /// The first error seen, for the summary.
     pub first_error: Option<String>,
-    /// Latency of successful requests that returned within the run, microseconds, sorted.
+    /// Latency of every successful request (also those still in flight at the end of the
+    /// run), microseconds, sorted.
     pub latencies_us: Vec<u64>,
     /// Every request, in no particular order, including those that returned after the
     /// run's end (they count in the history, not in the rates).
@@ -80,6 +81,7 @@ impl BenchReport {
             "requests_per_sec": self.requests_per_sec().round(),
             "p50_us": self.percentile_us(0.50),
             "p99_us": self.percentile_us(0.99),
+            "max_us": self.percentile_us(1.0),
             "holes_pct": (self.holes_pct() * 1000.0).round() / 1000.0,
             "errors": self.errors,
             "clients": self.clients,
@@ -176,14 +178,18 @@ pub async fn run<S: IdSource + 'static>(config: &BenchConfig, sources: &[Arc<S>]
     for task in tasks {
         match task.await {
             Ok((events, first_error)) => {
-                for e in events.iter().filter(|e| e.return_ns <= stop_ns) {
-                    report.requests += 1;
-                    match e.outcome {
-                        Some(r) => {
-                            report.ids += r.len();
-                            report.latencies_us.push((e.return_ns - e.invoke_ns) / 1000);
+                for e in &events {
+                    // Latency counts every success, also those that returned late: a
+                    // starved caller must show in the tail, not vanish from it.
+                    if e.outcome.is_some() {
+                        report.latencies_us.push((e.return_ns - e.invoke_ns) / 1000);
+                    }
+                    if e.return_ns <= stop_ns {
+                        report.requests += 1;
+                        match e.outcome {
+                            Some(r) => report.ids += r.len(),
+                            None => report.errors += 1,
                         }
-                        None => report.errors += 1,
                     }
                 }
                 report.events.extend(events);

@@ -24,10 +24,12 @@ pub const MAX_COUNT: u64 = 1 << 32;
 /// doubles per lost round; this is the first estimate, before any round was timed.
 pub const INITIAL_ROUND: Duration = Duration::from_micros(500);
 
-/// Backoff never sleeps longer than this at once. Exponential backoff lets a few clients
-/// capture the register while losers escalate; a low cap bounds how long a loser sleeps
-/// while the nodes sit idle. `QLIST_BACKOFF_CAP_MS` overrides it (for tuning).
-pub const BACKOFF_CAP: Duration = Duration::from_millis(20);
+/// Default of [`ClientConfig::backoff_cap`]: backoff never sleeps longer than this at once.
+/// Under contention one client tends to capture the register (it retries with the freshest
+/// value) while losers wake with stale guesses; every such wake costs each node a script
+/// run. Measured at 64 clients (BENCHMARKS.md), 100 ms keeps aggregate throughput at the
+/// 1-client figure, where 20 ms halves it. Callers that need fairness use the broker.
+pub const BACKOFF_CAP: Duration = Duration::from_millis(100);
 
 /// Which round protocol to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -54,11 +56,13 @@ pub struct ClientConfig {
     pub reply_timeout: Duration,
     /// Accept nodes that do not fsync every write. Can repeat IDs after a crash.
     pub unsafe_skip_durability_check: bool,
+    /// Longest single backoff sleep after a lost round ([`BACKOFF_CAP`] by default).
+    pub backoff_cap: Duration,
 }
 
 impl ClientConfig {
     /// Defaults: key `current`, fast protocol, 5 s deadline, 500 ms connect and reply
-    /// timeouts, durability check on.
+    /// timeouts, durability check on, 100 ms backoff cap.
     pub fn new(nodes: Vec<String>) -> ClientConfig {
         ClientConfig {
             nodes,
@@ -68,6 +72,7 @@ impl ClientConfig {
             connect_timeout: Duration::from_millis(500),
             reply_timeout: Duration::from_millis(500),
             unsafe_skip_durability_check: false,
+            backoff_cap: BACKOFF_CAP,
         }
     }
 }
@@ -201,10 +206,7 @@ impl QuorumClient<Node> {
             deadline: config.deadline,
             last_known: AtomicU64::new(0),
             round_ns: AtomicU64::new(INITIAL_ROUND.as_nanos() as u64),
-            backoff_cap: std::env::var("QLIST_BACKOFF_CAP_MS")
-                .ok()
-                .and_then(|v| v.parse().ok())
-                .map_or(BACKOFF_CAP, Duration::from_millis),
+            backoff_cap: config.backoff_cap,
             jitter: None,
             counters: AtomicCounters::default(),
         };
@@ -313,15 +315,13 @@ impl<N: Register> QuorumClient<N> {
         }
         let started = Instant::now();
         let mut losses: u32 = 0;
-        let mut last_loss = None;
-        loop {
-            let round = tokio::time::timeout_at(deadline, self.round(n)).await;
-            let loss = match round {
-                Ok(Ok(range)) => return Ok(range),
-                Ok(Err(RoundLoss::Fatal(e))) => return Err(e),
-                Ok(Err(loss)) => loss,
-                // The deadline hit mid-round: the outcome is unknown, the IDs are burned.
-                Err(_) => break,
+        let last_loss = loop {
+            // A round ends by the deadline at the latest (nodes that have not answered by
+            // then count as failed); its outcome is then unknown and its IDs are burned.
+            let loss = match self.round(n, deadline).await {
+                Ok(range) => return Ok(range),
+                Err(RoundLoss::Fatal(e)) => return Err(e),
+                Err(loss) => loss,
             };
             losses += 1;
             let pause = match &loss {
@@ -329,15 +329,14 @@ impl<N: Register> QuorumClient<N> {
                 RoundLoss::Contention { all_rejected: true } if losses == 1 => Duration::ZERO,
                 _ => self.backoff(losses),
             };
-            last_loss = Some(loss);
             if Instant::now() + pause >= deadline {
-                break;
+                break loss;
             }
             bump(&self.counters.retries, 1);
             tokio::time::sleep(pause).await;
-        }
+        };
         Err(match last_loss {
-            Some(RoundLoss::Unreachable { reachable, failures }) => {
+            RoundLoss::Unreachable { reachable, failures } => {
                 IdError::NoQuorum { needed: self.majority(), reachable, total: self.nodes.len(), failures }
             }
             _ => IdError::Deadline { deadline: deadline.saturating_duration_since(started), rounds: u64::from(losses) },
@@ -345,23 +344,25 @@ impl<N: Register> QuorumClient<N> {
     }
 
     /// One attempt: pick LO (guess or read), then the conditional write.
-    async fn round(&self, n: u64) -> Result<IdRange, RoundLoss> {
+    async fn round(&self, n: u64, deadline: Instant) -> Result<IdRange, RoundLoss> {
         let base = match self.protocol {
             Protocol::Fast => self.last_known.load(Ordering::Relaxed),
-            Protocol::Classic => self.read_round().await?,
+            Protocol::Classic => self.read_round(deadline).await?,
         };
         let exhausted = || RoundLoss::Fatal(IdError::Exhausted { addr: "quorum".to_string(), current: base, count: n });
         let lo = base.checked_add(1).ok_or_else(exhausted)?;
         let hi = lo.checked_add(n - 1).ok_or_else(exhausted)?;
-        self.write_round(lo, hi).await.map(|()| IdRange { lo, hi })
+        self.write_round(lo, hi, deadline).await.map(|()| IdRange { lo, hi })
     }
 
     /// Classic step 1: GET from every node, max of a majority of answers.
-    async fn read_round(&self) -> Result<u64, RoundLoss> {
+    async fn read_round(&self, deadline: Instant) -> Result<u64, RoundLoss> {
         let mut pending: FuturesUnordered<_> =
-            self.nodes.iter().map(|node| async move { (node, node.read(&self.key).await) }).collect();
+            self.nodes.iter().enumerate().map(|(i, node)| async move { (i, node.read(&self.key).await) }).collect();
         let (mut answers, mut max, mut failures) = (0, 0u64, Vec::new());
-        while let Some((node, reply)) = pending.next().await {
+        let mut answered = vec![false; self.nodes.len()];
+        while let Some((i, reply)) = self.next_reply(&mut pending, &mut answered, &mut failures, deadline).await {
+            let node = &self.nodes[i];
             match reply {
                 Ok(v) => {
                     answers += 1;
@@ -382,18 +383,24 @@ impl<N: Register> QuorumClient<N> {
 
     /// The conditional write of `lo..=hi` on every node; ends as soon as the outcome is
     /// certain (late replies are dropped: they cannot change it).
-    async fn write_round(&self, lo: u64, hi: u64) -> Result<(), RoundLoss> {
+    async fn write_round(&self, lo: u64, hi: u64, deadline: Instant) -> Result<(), RoundLoss> {
         bump(&self.counters.rounds, 1);
         let started = Instant::now();
         let mut pending: FuturesUnordered<_> = self
             .nodes
             .iter()
-            .map(|node| async move { (node, node.conditional_write(&self.key, lo, hi).await) })
+            .enumerate()
+            .map(|(i, node)| async move { (i, node.conditional_write(&self.key, lo, hi).await) })
             .collect();
         let mut tally = Tally::default();
         let mut failures = Vec::new();
+        let mut answered = vec![false; self.nodes.len()];
         let decision = loop {
-            let Some((node, reply)) = pending.next().await else { break Decision::Lost };
+            let Some((i, reply)) = self.next_reply(&mut pending, &mut answered, &mut failures, deadline).await else {
+                tally.failures = failures.len();
+                break Decision::Lost;
+            };
+            let node = &self.nodes[i];
             match reply {
                 Ok(WriteReply::Accepted) => {
                     tally.accepts += 1;
@@ -428,6 +435,30 @@ impl<N: Register> QuorumClient<N> {
                     bump(&self.counters.burned, hi - lo + 1);
                 }
                 Err(RoundLoss::Contention { all_rejected: tally.accepts == 0 })
+            }
+        }
+    }
+
+    /// The next node reply of a round, or `None` when every node answered or the deadline
+    /// passed; then every node that has not answered is added to `failures`.
+    async fn next_reply<T>(
+        &self,
+        pending: &mut FuturesUnordered<impl std::future::Future<Output = (usize, T)>>,
+        answered: &mut [bool],
+        failures: &mut Vec<NodeFailure>,
+        deadline: Instant,
+    ) -> Option<(usize, T)> {
+        match tokio::time::timeout_at(deadline, pending.next()).await {
+            Ok(Some((i, reply))) => {
+                answered[i] = true;
+                Some((i, reply))
+            }
+            Ok(None) => None,
+            Err(_) => {
+                for (node, _) in self.nodes.iter().zip(answered.iter()).filter(|(_, done)| !**done) {
+                    failures.push(NodeFailure { addr: node.addr().to_string(), reason: "no reply before the deadline".to_string() });
+                }
+                None
             }
         }
     }

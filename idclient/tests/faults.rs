@@ -106,6 +106,7 @@ async fn without_a_majority_requests_fail_and_recover_after_restart() {
     let c = QuorumClient::connect(config(&q, Protocol::Fast, deadline)).await.expect("connect");
     let classic = QuorumClient::connect(config(&q, Protocol::Classic, deadline)).await.expect("connect");
     let before = c.next_ids(10).await.expect("ids").hi;
+    let dead_ports: Vec<u16> = [1, 2, 4].iter().map(|&i| q.ports()[i]).collect();
     for i in [1, 2, 4] {
         q.kill(i);
     }
@@ -113,9 +114,13 @@ async fn without_a_majority_requests_fail_and_recover_after_restart() {
         let started = std::time::Instant::now();
         let err = client.next_id().await.expect_err("no quorum must mean no ID");
         let took = started.elapsed();
-        assert!(matches!(err, IdError::NoQuorum { .. }), "{err}");
         let msg = err.to_string();
-        assert!(msg.contains("no quorum") && msg.contains("2 of 5"), "{msg}");
+        // At most the two live nodes answered (fewer if the deadline cut a slow round short),
+        // and the error names each dead node.
+        assert!(matches!(err, IdError::NoQuorum { reachable, needed: 3, total: 5, .. } if reachable <= 2), "{msg}");
+        for port in dead_ports.iter() {
+            assert!(msg.contains(&format!(":{port}")), "{msg} does not name dead node :{port}");
+        }
         // Fails by its deadline (plus one reply timeout of slack), not never.
         assert!(took < deadline + Duration::from_secs(2), "took {took:?}");
     }

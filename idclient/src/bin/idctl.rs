@@ -113,6 +113,10 @@ struct SourceArgs {
     /// The register key on every node.
     #[arg(long, default_value = "current")]
     key: String,
+    /// Longest backoff sleep after a lost round, in milliseconds (direct mode). Lower is
+    /// fairer between contending clients, higher leaves more of the nodes' time to winners.
+    #[arg(long, default_value_t = idclient::quorum::BACKOFF_CAP.as_millis() as u64)]
+    backoff_cap_ms: u64,
     /// Use nodes that do not fsync every write. DANGEROUS: a node crash can then repeat IDs.
     #[arg(long)]
     unsafe_skip_durability_check: bool,
@@ -127,6 +131,7 @@ impl SourceArgs {
         config.connect_timeout = Duration::from_millis(self.timeout_ms);
         config.reply_timeout = Duration::from_millis(self.timeout_ms);
         config.unsafe_skip_durability_check = self.unsafe_skip_durability_check;
+        config.backoff_cap = Duration::from_millis(self.backoff_cap_ms);
         config
     }
 }
