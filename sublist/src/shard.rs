@@ -40,7 +40,7 @@
 //! Compression is off (no codec is built).
 
 use crate::Record;
-use rocksdb::{ColumnFamilyDescriptor, DBCompressionType, IteratorMode, Options, WriteBatch, WriteOptions, DB};
+use rocksdb::{ColumnFamilyDescriptor, DBCompressionType, IteratorMode, Options, ReadOptions, WriteBatch, WriteOptions, DB};
 use std::path::{Path, PathBuf};
 
 /// Name of the column family holding the metadata (never seen by item iteration).
@@ -361,6 +361,14 @@ impl ShardWriter {
         wo.set_sync(true);
         self.db.write_opt(b, &wo).map_err(rocks(&self.path))?;
         self.progress = Some(progress.clone());
+        if progress.finished {
+            // Move the sublist out of the write-ahead log into table files: a reader opens
+            // a finished sublist read-only, and read-only RocksDB replays the log into
+            // memory, which made the merger's memory grow with the data (up to a memtable
+            // per shard). The data was already durable; this only changes where it lives.
+            self.db.flush().map_err(rocks(&self.path))?;
+            self.db.flush_cf(meta).map_err(rocks(&self.path))?;
+        }
         Ok(())
     }
 
@@ -400,6 +408,10 @@ impl ShardWriter {
         Ok(self.progress.clone())
     }
 }
+
+/// Read-ahead of a full scan: large enough for sequential disk reads, small enough that
+/// 64 shards open at once stay within a few tens of MB.
+const SCAN_READAHEAD: usize = 512 * 1024;
 
 /// Read-only access to a sublist (used by the merger and by tests).
 pub struct ShardReader {
@@ -447,7 +459,13 @@ impl ShardReader {
     ///
     /// Each item is checked against the schema and against this database's shard number.
     pub fn iter(&self) -> impl Iterator<Item = Result<Record, ShardError>> + '_ {
-        self.db.iterator(IteratorMode::Start).map(move |kv| {
+        // One pass over every block: caching them would only grow memory with the data
+        // (up to the block cache size per open shard); reading ahead makes the scan
+        // sequential on disk.
+        let mut ro = ReadOptions::default();
+        ro.fill_cache(false);
+        ro.set_readahead_size(SCAN_READAHEAD);
+        self.db.iterator_opt(IteratorMode::Start, ro).map(move |kv| {
             let (k, v) = kv.map_err(rocks(&self.path))?;
             let r = decode_item(&k, &v).map_err(|reason| ShardError::Corrupt { path: self.path.clone(), reason })?;
             if r.shard != self.shard {
