@@ -6,11 +6,13 @@
 //! The binaries are not built by `cargo test` for the root package: run
 //! `cargo build --release --workspace --bins` first (CI does).
 
+mod common;
+
+use common::{bin, check_output};
+use idclient::cluster::LocalQuorum;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
-
-use idclient::cluster::LocalQuorum;
 use sublist::listbin::ListReader;
 use sublist::Record;
 
@@ -19,30 +21,6 @@ const PAYLOAD_SIZE: usize = 64;
 /// enough for a quick test.
 const GENERATED: [u64; 3] = [3000, 2000, 1];
 const FILE_ITEMS: u64 = 1500;
-
-/// A workspace binary, next to this test executable's directory (target/release/).
-fn bin(name: &str) -> PathBuf {
-    let exe = std::env::current_exe().expect("path of the test executable");
-    let dir = exe.parent().and_then(Path::parent).expect("test executable lives in target/<profile>/deps");
-    let path = dir.join(name);
-    assert!(
-        path.exists(),
-        "{} is missing: build the workspace binaries first with `cargo build --release --workspace --bins`",
-        path.display()
-    );
-    path
-}
-
-#[track_caller]
-fn check(out: &Output, what: &str) {
-    assert!(
-        out.status.success(),
-        "{what} failed ({}):\nstdout: {}\nstderr: {}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
-}
 
 fn file_line(i: u64) -> Vec<u8> {
     format!("line {i} \u{e9}\tend").into_bytes()
@@ -89,16 +67,16 @@ fn four_producers_then_merge() {
     children.push((3, child));
     for (shard, child) in children {
         let out = child.wait_with_output().expect("wait for producer");
-        check(&out, &format!("producer --shard {shard}"));
+        check_output(&out, &format!("producer --shard {shard}"));
     }
 
     let list = tmp.path().join("list.bin");
     let out = Command::new(&merger).arg("--out").arg(&list).arg("--data-dir").arg(&data).output().expect("run merger");
-    check(&out, "merger --out");
+    check_output(&out, "merger --out");
     let total: u64 = GENERATED.iter().sum::<u64>() + FILE_ITEMS;
     assert!(String::from_utf8_lossy(&out.stdout).contains(&format!("merged {total} items from 4 shards")), "{out:?}");
     let out = Command::new(&merger).arg("verify").arg(&list).output().expect("run merger verify");
-    check(&out, "merger verify");
+    check_output(&out, "merger verify");
 
     // Strict ID order, framing and checksum are checked by the reader itself.
     let records: Vec<Record> = ListReader::open(&list).expect("open list.bin").collect::<Result<_, _>>().expect("valid list.bin");
