@@ -25,11 +25,12 @@ pub const MAX_COUNT: u64 = 1 << 32;
 pub const INITIAL_ROUND: Duration = Duration::from_micros(500);
 
 /// Default of [`ClientConfig::backoff_cap`]: backoff never sleeps longer than this at once.
-/// Under contention one client tends to capture the register (it retries with the freshest
-/// value) while losers wake with stale guesses; every such wake costs each node a script
-/// run. Measured at 64 clients (BENCHMARKS.md), 100 ms keeps aggregate throughput at the
-/// 1-client figure, where 20 ms halves it. Callers that need fairness use the broker.
-pub const BACKOFF_CAP: Duration = Duration::from_millis(100);
+/// Every wake of a losing client costs each node a script run, so a low cap burns the
+/// nodes' CPU on rejects; a high cap leaves losers asleep while the register is free.
+/// Measured at 64 contending clients (BENCHMARKS.md): 20 ms gave 879 IDs/s, 50 ms 1,136,
+/// 100 ms 1,279 but with 20 of 64 clients starved past a 5 s deadline (5 at 50 ms).
+/// Callers that contend hard belong behind a broker.
+pub const BACKOFF_CAP: Duration = Duration::from_millis(50);
 
 /// Which round protocol to run.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -62,7 +63,7 @@ pub struct ClientConfig {
 
 impl ClientConfig {
     /// Defaults: key `current`, fast protocol, 5 s deadline, 500 ms connect and reply
-    /// timeouts, durability check on, 100 ms backoff cap.
+    /// timeouts, durability check on, 50 ms backoff cap.
     pub fn new(nodes: Vec<String>) -> ClientConfig {
         ClientConfig {
             nodes,
@@ -315,6 +316,12 @@ impl<N: Register> QuorumClient<N> {
         }
         let started = Instant::now();
         let mut losses: u32 = 0;
+        // Whether this attempt's guess comes from the round just before it. A guess made
+        // after a pause (or the first one) may be stale: when every node rejects it, the
+        // rejects carry the current value, so the informed retry goes at once and the
+        // stale attempt does not count as a loss. Otherwise a client waking from backoff
+        // under contention always finds its guess stale, backs off longer, and starves.
+        let mut informed = self.protocol == Protocol::Classic;
         let last_loss = loop {
             // A round ends by the deadline at the latest (nodes that have not answered by
             // then count as failed); its outcome is then unknown and its IDs are burned.
@@ -323,11 +330,16 @@ impl<N: Register> QuorumClient<N> {
                 Err(RoundLoss::Fatal(e)) => return Err(e),
                 Err(loss) => loss,
             };
-            losses += 1;
             let pause = match &loss {
-                // A stale guess: the rejects told us the right one, try it at once.
-                RoundLoss::Contention { all_rejected: true } if losses == 1 => Duration::ZERO,
-                _ => self.backoff(losses),
+                RoundLoss::Contention { all_rejected: true } if !informed => {
+                    informed = true;
+                    Duration::ZERO
+                }
+                _ => {
+                    losses += 1;
+                    informed = self.protocol == Protocol::Classic;
+                    self.backoff(losses)
+                }
             };
             if Instant::now() + pause >= deadline {
                 break loss;
