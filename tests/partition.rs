@@ -44,13 +44,15 @@ fn proxied_client_config(proxies: &[Proxy], protocol: Protocol) -> ClientConfig 
     config
 }
 
-async fn partition_run(protocol: Protocol) {
+/// A local 5-node quorum and one proxy in front of each node.
+fn proxied_quorum() -> (LocalQuorum, Vec<Proxy>) {
     let quorum = LocalQuorum::temp(5).expect("start a local 5-node redis quorum (is redis-server installed?)");
-    let proxies: Vec<Proxy> = quorum
-        .ports()
-        .into_iter()
-        .map(|p| Proxy::start(SocketAddr::from(([127, 0, 0, 1], p))))
-        .collect();
+    let proxies = quorum.ports().into_iter().map(|p| Proxy::start(SocketAddr::from(([127, 0, 0, 1], p)))).collect();
+    (quorum, proxies)
+}
+
+async fn partition_run(protocol: Protocol) {
+    let (quorum, proxies) = proxied_quorum();
     // The client under test goes through the proxies; the other one talks to the nodes
     // directly and stays on the majority side throughout.
     let cut = QuorumClient::connect(proxied_client_config(&proxies, protocol)).await.expect("connect through the proxies");
@@ -135,12 +137,7 @@ async fn classic_client_partitioned_from_majority_then_minority() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn broker_partitioned_from_majority() {
     use idclient::broker_client::{BrokerClient, BrokerClientConfig};
-    let quorum = LocalQuorum::temp(5).expect("start a local 5-node redis quorum (is redis-server installed?)");
-    let proxies: Vec<Proxy> = quorum
-        .ports()
-        .into_iter()
-        .map(|p| Proxy::start(SocketAddr::from(([127, 0, 0, 1], p))))
-        .collect();
+    let (quorum, proxies) = proxied_quorum();
     let mut brokers = Vec::new();
     let mut addrs = Vec::new();
     for urls in [proxies.iter().map(Proxy::url).collect::<Vec<_>>(), quorum.urls()] {
