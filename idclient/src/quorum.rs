@@ -200,17 +200,8 @@ impl QuorumClient<Node> {
                 .map_err(|e| IdError::Config(format!("bad node URL: {e}")))?;
             nodes.push(node);
         }
-        let client = QuorumClient {
-            nodes,
-            key: config.key,
-            protocol: config.protocol,
-            deadline: config.deadline,
-            last_known: AtomicU64::new(0),
-            round_ns: AtomicU64::new(INITIAL_ROUND.as_nanos() as u64),
-            backoff_cap: config.backoff_cap,
-            jitter: None,
-            counters: AtomicCounters::default(),
-        };
+        let mut client = QuorumClient::with_nodes(nodes, config.key, config.protocol, config.deadline)?;
+        client.backoff_cap = config.backoff_cap;
         let results = futures::future::join_all(client.nodes.iter().map(|n| n.warm_up())).await;
         let mut failures = Vec::new();
         for (node, result) in client.nodes.iter().zip(results) {
