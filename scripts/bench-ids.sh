@@ -22,15 +22,28 @@ broker_pid=$!
 for _ in $(seq 100); do grep -q "listening on" "$dir/broker.out" && break; sleep 0.1; done
 broker=$(sed -n 's/.*listening on \([^ ]*\).*/\1/p' "$dir/broker.out" | head -n 1)
 
-echo "| mode | protocol | callers | count | IDs/s | requests/s | p50 us | p99 us | max us | holes % | errors |"
-echo "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
+echo "| mode | protocol | callers | count | IDs/s | requests/s | p50 us | p99 us | max us | holes % | errors | mean batch | mean round us |"
+echo "|---|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
+# The broker's cumulative counters as "requests rounds total_round_us".
+counters() {
+  "$bin/idctl" broker-stats "$broker" 2>/dev/null | tail -n 1 | awk '{
+    gsub(/[{}"]/, ""); split($0, kv, ",");
+    for (i in kv) { split(kv[i], f, ":"); v[f[1]] = f[2] }
+    printf "%d %d %d\n", v["requests"], v["rounds"], v["rounds"] * v["mean_round_us"] }'
+}
 row() { # mode protocol callers count args...
   local mode=$1 proto=$2 callers=$3 count=$4; shift 4
-  "$bin/idctl" bench "$@" --clients "$callers" --count "$count" --seconds "$secs" 2>/dev/null | tail -n 1 |
-    awk -v m="$mode" -v p="$proto" -v c="$callers" -v n="$count" '{
+  local before after
+  before=$(counters)
+  out=$("$bin/idctl" bench "$@" --clients "$callers" --count "$count" --seconds "$secs" 2>/dev/null | tail -n 1)
+  after=$(counters)
+  echo "$out" | awk -v m="$mode" -v p="$proto" -v c="$callers" -v n="$count" -v b="$before" -v a="$after" '{
+      split(b, x, " "); split(a, y, " "); rounds = y[2] - x[2]
+      batch = (m == "broker" && rounds > 0) ? sprintf("%.1f", (y[1] - x[1]) / rounds) : ""
+      round = (m == "broker" && rounds > 0) ? sprintf("%d", (y[3] - x[3]) / rounds) : ""
       gsub(/[{}"]/, ""); split($0, kv, ",");
       for (i in kv) { split(kv[i], f, ":"); v[f[1]] = f[2] }
-      printf "| %s | %s | %d | %d | %d | %d | %d | %d | %d | %.3f | %d |\n", m, p, c, n, v["ids_per_sec"], v["requests_per_sec"], v["p50_us"], v["p99_us"], v["max_us"], v["holes_pct"], v["errors"] }'
+      printf "| %s | %s | %d | %d | %d | %d | %d | %d | %d | %.3f | %d | %s | %s |\n", m, p, c, n, v["ids_per_sec"], v["requests_per_sec"], v["p50_us"], v["p99_us"], v["max_us"], v["holes_pct"], v["errors"], batch, round }'
 }
 for callers in 1 16 64; do
   row direct fast "$callers" 1 --nodes "$nodes"
