@@ -268,9 +268,17 @@ async fn broker_stats(addr: String) -> Result<ExitCode> {
         .map(|(i, n)| format!("{}..{}: {n}", 1u64 << i, (1u64 << (i + 1)) - 1))
         .collect();
     println!("batch sizes (rounds per bucket) {}", buckets.join(", "));
-    println!(
-        "{{\"requests\":{},\"ids\":{},\"rounds\":{},\"rounds_failed\":{},\"requests_failed\":{},\"mean_batch\":{:.2},\"max_batch\":{},\"mean_round_us\":{:.0},\"max_round_us\":{}}}",
-        s.requests, s.ids, s.rounds, s.rounds_failed, s.requests_failed, s.mean_batch(), s.batch_max, s.mean_round_us(), s.round_us_max
-    );
+    let json = serde_json::json!({
+        "requests": s.requests,
+        "ids": s.ids,
+        "rounds": s.rounds,
+        "rounds_failed": s.rounds_failed,
+        "requests_failed": s.requests_failed,
+        "mean_batch": (s.mean_batch() * 100.0).round() / 100.0,
+        "max_batch": s.batch_max,
+        "mean_round_us": s.mean_round_us().round(),
+        "max_round_us": s.round_us_max,
+    });
+    println!("{json}");
     Ok(ExitCode::SUCCESS)
 }
