@@ -314,6 +314,14 @@ impl Producer {
                 if items.is_empty() {
                     finish_pending(&mut pending, &mut idle, &mut report).await?;
                     let w = idle.as_mut().ok_or_else(|| ProducerError::Task("writer lost".into()))?;
+                    if let Some(total) = total.filter(|&t| t != w.next_seq) {
+                        // The input was counted when the run started; reading it again gave
+                        // another count, so it changed underneath us.
+                        return Err(ProducerError::InputChanged {
+                            input: config.input.describe(),
+                            reason: format!("it had {total} items when the run started, {} were read", w.next_seq),
+                        });
+                    }
                     let done = Progress { next_seq: w.next_seq, finished: true, last_id: w.last_id, fingerprint: fingerprint.clone() };
                     w.writer.write_batch(&[], &done)?;
                     return Ok(());

@@ -194,10 +194,11 @@ fn not_a_shard(path: &Path, reason: impl Into<String>) -> ShardError {
     ShardError::NotAShard { path: path.to_path_buf(), reason: reason.into() }
 }
 
-/// RocksDB reports a held lock as an I/O error mentioning the LOCK file.
+/// RocksDB reports a held lock as "IO error: While lock file: <dir>/LOCK: ...". Match
+/// that, not any "lock": "block checksum mismatch" is corruption, not a busy database.
 fn is_lock_error(e: &rocksdb::Error) -> bool {
     let s = e.to_string();
-    s.contains("lock") || s.contains("LOCK")
+    s.contains("While lock file") || s.contains("/LOCK:")
 }
 
 /// Checks that `path` looks like a RocksDB with our `meta` column family, without
@@ -326,7 +327,28 @@ impl ShardWriter {
             None => return Err(not_a_shard(&path, "no shard number in its metadata")),
         }
         let progress = read_progress(&path, &db)?;
-        Ok(ShardWriter { db, path, shard, progress })
+        let writer = ShardWriter { db, path, shard, progress };
+        if writer.progress.as_ref().is_some_and(|p| p.finished) {
+            // A producer killed between the finished marker and its flush left the tail
+            // in the log: flush it now (a no-op when there is nothing to flush).
+            writer.flush_finished();
+        }
+        Ok(writer)
+    }
+
+    /// Moves a finished sublist out of the write-ahead log into table files: a reader
+    /// opens a finished sublist read-only, and read-only RocksDB replays the log into
+    /// memory, which made the merger's memory grow with the data. The data is already
+    /// durable, so a failure here only costs a later reader memory: it is logged, not
+    /// returned.
+    fn flush_finished(&self) {
+        let flushed = self.db.flush().and_then(|()| match self.db.cf_handle(META_CF) {
+            Some(meta) => self.db.flush_cf(meta),
+            None => Ok(()),
+        });
+        if let Err(e) = flushed {
+            tracing::warn!(path = %self.path.display(), error = %e, "could not flush the finished sublist; readers will replay its log");
+        }
     }
 
     /// The shard number.
@@ -362,12 +384,7 @@ impl ShardWriter {
         self.db.write_opt(b, &wo).map_err(rocks(&self.path))?;
         self.progress = Some(progress.clone());
         if progress.finished {
-            // Move the sublist out of the write-ahead log into table files: a reader opens
-            // a finished sublist read-only, and read-only RocksDB replays the log into
-            // memory, which made the merger's memory grow with the data (up to a memtable
-            // per shard). The data was already durable; this only changes where it lives.
-            self.db.flush().map_err(rocks(&self.path))?;
-            self.db.flush_cf(meta).map_err(rocks(&self.path))?;
+            self.flush_finished();
         }
         Ok(())
     }
