@@ -50,7 +50,7 @@ pub const MAX_COUNT: u64 = 1 << 20;
 pub const MAX_BATCH: usize = 16 * 1024;
 
 /// Default cap on IDs per round; a larger batch is split over rounds.
-pub const MAX_ROUND_IDS: u64 = 1 << 32;
+pub const MAX_ROUND_IDS: u64 = idclient::quorum::MAX_COUNT;
 
 /// Deadline used when a client sends 0 ("broker's default").
 pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(5);
@@ -58,6 +58,10 @@ pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(5);
 /// The longest deadline a client may ask for: a round that cannot reach a quorum holds
 /// up every later request until its deadline, so one client must not pick hours.
 pub const MAX_DEADLINE: Duration = Duration::from_secs(60);
+
+/// No configuration may allow deadlines beyond this: an ID request that may wait a day
+/// is a mistake, and `now + deadline` must never overflow.
+pub const LONGEST_DEADLINE: Duration = Duration::from_secs(24 * 3600);
 
 /// How long a reply write may block before the client is deemed not to read (dropped).
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
@@ -136,6 +140,16 @@ impl BrokerConfig {
         ];
         if let Some((name, _)) = positive.iter().find(|(_, v)| *v == 0) {
             return Err(BrokerError::Config(format!("{name} must be positive")));
+        }
+        if self.max_round_ids > idclient::quorum::MAX_COUNT {
+            return Err(BrokerError::Config(format!(
+                "max_round_ids {} exceeds what one quorum round may reserve ({})",
+                self.max_round_ids,
+                idclient::quorum::MAX_COUNT
+            )));
+        }
+        if self.max_deadline > LONGEST_DEADLINE {
+            return Err(BrokerError::Config(format!("max_deadline {:?} exceeds {LONGEST_DEADLINE:?}", self.max_deadline)));
         }
         if self.max_round_ids < self.max_count {
             return Err(BrokerError::Config(format!("max_round_ids {} is below max_count {}", self.max_round_ids, self.max_count)));

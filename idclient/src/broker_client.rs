@@ -224,6 +224,7 @@ impl BrokerClient {
         }
         let inner = &self.inner;
         let mut failures: Vec<NodeFailure> = Vec::new();
+        let mut failovers: u32 = 0;
         loop {
             let slot = inner.next_slot.fetch_add(1, Relaxed) % inner.slots.len();
             let conn = inner.conn(slot, deadline, &mut failures).await?;
@@ -236,10 +237,30 @@ impl BrokerClient {
                     tracing::debug!(broker = %failure.addr, "failing over: {}", failure.reason);
                     inner.move_on_from(conn.broker);
                     note(&mut failures, failure);
+                    // The first failover goes at once (the next broker is likely fine);
+                    // after that, pause, so a broker that accepts and then drops every
+                    // request cannot pull callers into a reconnect storm.
+                    failovers += 1;
+                    tokio::time::sleep_until((Instant::now() + failover_pause(failovers)).min(deadline)).await;
                 }
             }
         }
     }
+}
+
+/// First pause between failovers after the first one, doubling up to [`FAILOVER_PAUSE_CAP`].
+pub const FAILOVER_PAUSE_BASE: Duration = Duration::from_millis(5);
+
+/// Longest pause between two failovers of one request.
+pub const FAILOVER_PAUSE_CAP: Duration = Duration::from_millis(200);
+
+/// Full jitter in `[0, min(cap, base * 2^(k-2))]` before the k-th failover; none before the first.
+fn failover_pause(failovers: u32) -> Duration {
+    if failovers <= 1 {
+        return Duration::ZERO;
+    }
+    let ceiling = FAILOVER_PAUSE_BASE.saturating_mul(1u32 << (failovers - 2).min(16)).min(FAILOVER_PAUSE_CAP);
+    rand::Rng::gen_range(&mut rand::thread_rng(), Duration::ZERO..=ceiling)
 }
 
 /// Records `failure`, keeping one entry per broker (the latest) so the list stays short.
