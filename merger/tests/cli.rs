@@ -232,7 +232,8 @@ fn verify_rejects_corrupt_files() {
         ("count too high", with_count(&good, 31), "header says 31 records but the records end after 30"),
         ("count too low", with_count(&good, 29), "header says 29 records but more record bytes follow"),
         ("id out of order", with_id_of_second(&good, 0), "byte 50: record 1 has id 0"),
-        ("huge length", with_first_len(&good, u64::MAX), "byte 16: record 0 is truncated: its payload needs 18446744073709551615 bytes"),
+        ("long length", with_first_len(&good, 100_000), "byte 16: record 0 is truncated: its payload needs 100000 bytes"),
+        ("huge length", with_first_len(&good, u64::MAX), "byte 16: record 0 claims a payload of 18446744073709551615 bytes, above the limit"),
     ];
     for (name, bytes, needle) in cases {
         let bad = tmp.path().join("bad.bin");

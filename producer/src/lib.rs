@@ -30,8 +30,9 @@ use sublist::Record;
 
 /// Largest item (line or generated payload): 16 MiB. Lines of 10 MB are accepted; above
 /// this an input is refused with the line number, before anything is written (file input).
-/// Keeps one item, and the RocksDB value holding it, a sane size.
-pub const MAX_ITEM_BYTES: usize = 16 << 20;
+/// Keeps one item, and the RocksDB value holding it, a sane size. It is the format's
+/// limit, [`sublist::MAX_PAYLOAD`], which list.bin readers enforce too.
+pub const MAX_ITEM_BYTES: usize = sublist::MAX_PAYLOAD;
 /// A batch is closed early once it holds this many payload bytes, so a batch of 10,000
 /// huge lines cannot exhaust memory (two batches are in flight at a time).
 pub const MAX_BATCH_BYTES: usize = 32 << 20;

@@ -67,6 +67,10 @@ pub enum ListError {
     /// A record's fixed part or payload runs past the start of the footer.
     #[error("byte {offset}: record {index} is truncated: its {what} needs {need} bytes but only {have} remain before the footer")]
     Truncated { offset: u64, index: u64, what: &'static str, need: u64, have: u64 },
+    /// A record's payload length is above [`crate::MAX_PAYLOAD`]: no qlist writer makes
+    /// such a record, so the length is corrupt (checked before allocating it).
+    #[error("byte {offset}: record {index} claims a payload of {len} bytes, above the limit of {limit} bytes (corrupt length)")]
+    PayloadTooLong { offset: u64, index: u64, len: u64, limit: u64 },
     /// The header count disagrees with the records actually present.
     #[error("byte {offset}: header says {header} records but {}", if *found < *header { format!("the records end after {found}") } else { format!("more record bytes follow record {header} ({extra} bytes before the footer)") })]
     CountMismatch { offset: u64, header: u64, found: u64, extra: u64 },
@@ -401,7 +405,11 @@ impl<R: Read> ListReader<R> {
         let seq = u64::from_le_bytes(le8(&head[12..20]));
         let len = u64::from_le_bytes(le8(&head[20..28]));
         let have = have - RECORD_HEAD_LEN as u64;
-        // The guard against a lying length: never allocate more than the file still holds.
+        // The guards against a lying length: never allocate more than any writer would
+        // have written, nor more than the file still holds.
+        if len > crate::MAX_PAYLOAD as u64 {
+            return Err(ListError::PayloadTooLong { offset, index: self.index, len, limit: crate::MAX_PAYLOAD as u64 });
+        }
         if len > have {
             return Err(ListError::Truncated { offset, index: self.index, what: "payload", need: len, have });
         }
@@ -620,12 +628,16 @@ mod tests {
     #[test]
     fn corruption_lying_payload_length_does_not_allocate() {
         let mut b = good_bytes();
+        // Longer than what is left of the file, within the format's limit.
+        b[16 + 20..16 + 28].copy_from_slice(&1000u64.to_le_bytes());
+        let err = read_all(&b).expect_err("corrupt");
+        assert!(matches!(err, ListError::Truncated { offset: 16, index: 0, what: "payload", need: 1000, have: 60 }), "{err}");
+        // Above the format's limit: refused before looking at the file size, so even a
+        // multi-GB list.bin cannot make a reader allocate it.
         b[16 + 20..16 + 28].copy_from_slice(&u64::MAX.to_le_bytes());
         let err = read_all(&b).expect_err("corrupt");
-        assert!(
-            matches!(err, ListError::Truncated { offset: 16, index: 0, what: "payload", need: u64::MAX, have: 60 }),
-            "{err}"
-        );
+        assert!(matches!(err, ListError::PayloadTooLong { offset: 16, index: 0, len: u64::MAX, .. }), "{err}");
+        assert!(err.to_string().contains("corrupt length"), "{err}");
     }
 
     #[test]
