@@ -482,6 +482,9 @@ impl ShardReader {
         let mut ro = ReadOptions::default();
         ro.fill_cache(false);
         ro.set_readahead_size(SCAN_READAHEAD);
+        // The writer stores seqs 0, 1, 2, ... in ID order, so a gap or a repeat means an
+        // item was lost or stored twice.
+        let mut expected_seq = 0u64;
         self.db.iterator_opt(IteratorMode::Start, ro).map(move |kv| {
             let (k, v) = kv.map_err(rocks(&self.path))?;
             let r = decode_item(&k, &v).map_err(|reason| ShardError::Corrupt { path: self.path.clone(), reason })?;
@@ -491,6 +494,13 @@ impl ShardReader {
                     reason: format!("item {} says shard {}, the database is shard {}", r.id, r.shard, self.shard),
                 });
             }
+            if r.seq != expected_seq {
+                return Err(ShardError::Corrupt {
+                    path: self.path.clone(),
+                    reason: format!("item {} has seq {}, {expected_seq} expected (an item is missing or stored twice)", r.id, r.seq),
+                });
+            }
+            expected_seq += 1;
             Ok(r)
         })
     }
@@ -546,6 +556,21 @@ mod tests {
         // Reopening for writing keeps the progress.
         let w = ShardWriter::open(dir.path(), 3).expect("reopen");
         assert_eq!(w.progress().expect("progress"), Some(prog(3, 1 << 40, true)));
+    }
+
+    #[test]
+    fn a_lost_item_is_a_seq_gap_the_reader_reports() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        {
+            let mut w = ShardWriter::open(dir.path(), 0).expect("open writer");
+            let batch = vec![rec(10, 0, 0, b"a"), rec(11, 0, 1, b"b"), rec(12, 0, 2, b"c")];
+            w.write_batch(&batch, &prog(3, 12, true)).expect("batch");
+            // What a lost write would leave: item 1 gone behind the writer's back.
+            w.db.delete(encode_key(11)).expect("delete");
+        }
+        let r = ShardReader::open(&shard_db_path(dir.path(), 0)).expect("open reader");
+        let err = r.iter().collect::<Result<Vec<_>, _>>().expect_err("a gap");
+        assert!(err.to_string().contains("item 12 has seq 2, 1 expected"), "{err}");
     }
 
     #[test]
