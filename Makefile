@@ -11,11 +11,12 @@ deps:
 build: deps
 	cargo build --release --workspace --bins
 
-# The whole test suite (real redis-server processes, real RocksDB), and a compile check
-# of the benchmarks.
+# The whole test suite (real redis-server processes, real RocksDB), a compile check of
+# the benchmarks, and a small run of the demo (the README's first command).
 test: build
 	cargo test --release --workspace
 	cargo bench --workspace --no-run
+	d=$$(mktemp -d) && QLIST_DEMO_DIR=$$d/demo QLIST_DEMO_ITEMS=20000 bash scripts/demo.sh && rm -rf $$d
 
 # The main job end to end on a local quorum it starts and stops itself.
 demo: build
