@@ -201,7 +201,7 @@ async fn round<S: RoundSource>(source: &S, batch: &mut [Option<Pending>], total:
             tracing::warn!(batch = size, ?took, "round abandoned: every request of the batch reached its deadline");
             stats.round(size, took, false);
         }
-        Some(Ok(range)) if range.hi >= range.lo && range.hi - range.lo == total - 1 => {
+        Some(Ok(range)) if range.holds_exactly(total) => {
             stats.round(size, took, true);
             tracing::trace!(batch = size, lo = range.lo, hi = range.hi, ?took, "round");
             let mut lo = range.lo;

@@ -362,7 +362,7 @@ impl Inner {
             Ok(Ok(Reply::Msg(msg))) => msg,
         };
         match reply {
-            ServerMsg::Ids { lo, hi, .. } if hi >= lo && hi - lo == n - 1 => Attempt::Done(Ok(IdRange { lo, hi })),
+            ServerMsg::Ids { lo, hi, .. } if (IdRange { lo, hi }).holds_exactly(n) => Attempt::Done(Ok(IdRange { lo, hi })),
             ServerMsg::Failed { error: IdError::BrokersUnavailable { failures }, .. } => {
                 // The broker is shutting down and never started this request.
                 shared.draining.store(true, Relaxed);

@@ -41,6 +41,13 @@ impl IdRange {
         self.hi - self.lo + 1
     }
 
+    /// True when this is a well-formed range of exactly `n` IDs. For ranges from the
+    /// network or another component: unlike `len() == n` it cannot overflow on a
+    /// malformed range (`hi < lo`, or `0..=u64::MAX`).
+    pub fn holds_exactly(&self, n: u64) -> bool {
+        self.hi >= self.lo && n.checked_sub(1) == Some(self.hi - self.lo)
+    }
+
     /// A range always holds at least one ID.
     pub fn is_empty(&self) -> bool {
         false
@@ -72,5 +79,20 @@ pub trait IdSource: Send + Sync {
     /// As [`IdSource::next_ids`].
     fn next_id(&self) -> impl Future<Output = Result<u64, IdError>> + Send {
         async move { self.next_ids(1).await.map(|r| r.lo) }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::IdRange;
+
+    #[test]
+    fn holds_exactly_rejects_malformed_ranges_without_overflow() {
+        assert!(IdRange { lo: 5, hi: 9 }.holds_exactly(5));
+        assert!(!IdRange { lo: 5, hi: 9 }.holds_exactly(4));
+        assert!(!IdRange { lo: 9, hi: 5 }.holds_exactly(1));
+        assert!(!IdRange { lo: 0, hi: u64::MAX }.holds_exactly(u64::MAX));
+        assert!(!IdRange { lo: 1, hi: 1 }.holds_exactly(0));
+        assert!(IdRange { lo: u64::MAX, hi: u64::MAX }.holds_exactly(1));
     }
 }

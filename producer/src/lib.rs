@@ -339,7 +339,7 @@ impl Producer {
                         return Err(ProducerError::Ids { next_seq, error });
                     }
                 };
-                if range.len() != n || range.lo <= w.last_id {
+                if !range.holds_exactly(n) || range.lo <= w.last_id {
                     idle = Some(w);
                     return Err(ProducerError::BadRange { wanted: n, got: range });
                 }
