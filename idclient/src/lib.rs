@@ -14,6 +14,7 @@
 
 pub mod bench;
 pub mod cluster;
+pub mod combine;
 pub mod error;
 pub mod history;
 pub mod node;

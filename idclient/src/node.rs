@@ -1,7 +1,9 @@
 //! One Redis node: a lazily (re)connected multiplexed connection, the durability check,
 //! and the two commands the protocols need (conditional write and read).
 
-use crate::script::{parse_canonical_u64, BAD_VALUE_CODE, CONDITIONAL_WRITE};
+use crate::combine::{Close, Join, Leases, Nonce};
+use crate::script::{parse_canonical_u64, BAD_VALUE_CODE, COMBINE, CONDITIONAL_WRITE};
+use futures::stream::{BoxStream, StreamExt};
 use redis::aio::MultiplexedConnection;
 use redis::{AsyncConnectionConfig, Value};
 use std::future::Future;
@@ -31,6 +33,14 @@ pub enum WriteReply {
     Rejected { current: u64 },
 }
 
+/// A conditional write's reply, and whether the node is the rendezvous of a combined
+/// batch in flight (see [`crate::combine`]): then the writer is not alone.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Written {
+    pub reply: WriteReply,
+    pub combining: bool,
+}
+
 /// One register of the quorum, as the quorum client sees it. [`Node`] (Redis) is the
 /// production implementation; [`crate::sim`] has an in-memory one for the deterministic
 /// simulation. The client's safety rests on exactly these semantics: the register only
@@ -40,17 +50,56 @@ pub trait Register: Send + Sync {
     fn addr(&self) -> &str;
 
     /// "If current < lo then current = hi": [`WriteReply::Accepted`], else
-    /// [`WriteReply::Rejected`] with the register's value.
+    /// [`WriteReply::Rejected`] with the register's value; and whether a combined batch
+    /// other than `batch` (the writer's own, if it leads one) is in flight here.
     ///
     /// # Errors
     /// Unavailable, or a register that is not a canonical u64.
-    fn conditional_write(&self, key: &str, lo: u64, hi: u64) -> impl Future<Output = Result<WriteReply, NodeError>> + Send;
+    fn conditional_write(&self, key: &str, lo: u64, hi: u64, batch: Option<Nonce>) -> impl Future<Output = Result<Written, NodeError>> + Send;
 
     /// The register's value (missing = 0).
     ///
     /// # Errors
     /// Unavailable, or a register that is not a canonical u64.
     fn read(&self, key: &str) -> impl Future<Output = Result<u64, NodeError>> + Send;
+
+    /// Rendezvous of combined rounds, `join` (see [`crate::combine`]): add `n` IDs to the
+    /// open batch, or open one (as `nonce`), or run alone.
+    ///
+    /// # Errors
+    /// Unavailable, or not supported by this kind of node (the default).
+    fn join(&self, key: &str, n: u64, nonce: Nonce, leases: Leases) -> impl Future<Output = Result<Join, NodeError>> + Send {
+        let _ = (key, n, nonce, leases);
+        std::future::ready(Err(NodeError::Unavailable("no rendezvous on this node".to_string())))
+    }
+
+    /// Rendezvous `close`: the leader of batch `nonce` closes it once nothing is in flight.
+    ///
+    /// # Errors
+    /// Unavailable, or not supported by this kind of node (the default).
+    fn close(&self, key: &str, nonce: Nonce, lease: Duration) -> impl Future<Output = Result<Close, NodeError>> + Send {
+        let _ = (key, nonce, lease);
+        std::future::ready(Err(NodeError::Unavailable("no rendezvous on this node".to_string())))
+    }
+
+    /// Rendezvous `finish`: batch `nonce` is done; publish `message` to the waiting clients.
+    ///
+    /// # Errors
+    /// Unavailable, or not supported by this kind of node (the default).
+    fn finish(&self, key: &str, nonce: Nonce, message: String) -> impl Future<Output = Result<(), NodeError>> + Send {
+        let _ = (key, nonce, message);
+        std::future::ready(Err(NodeError::Unavailable("no rendezvous on this node".to_string())))
+    }
+
+    /// The results channel of combined rounds: every message published by `finish` from
+    /// the moment this resolves, until the connection ends.
+    ///
+    /// # Errors
+    /// Unavailable, or not supported by this kind of node (the default).
+    fn subscribe(&self, key: &str) -> impl Future<Output = Result<BoxStream<'static, String>, NodeError>> + Send {
+        let _ = key;
+        std::future::ready(Err(NodeError::Unavailable("no rendezvous on this node".to_string())))
+    }
 
     /// Makes sure the node is usable (connected, durable) before the first round.
     ///
@@ -64,8 +113,8 @@ impl Register for Node {
         Node::addr(self)
     }
 
-    fn conditional_write(&self, key: &str, lo: u64, hi: u64) -> impl Future<Output = Result<WriteReply, NodeError>> + Send {
-        Node::conditional_write(self, key, lo, hi)
+    fn conditional_write(&self, key: &str, lo: u64, hi: u64, batch: Option<Nonce>) -> impl Future<Output = Result<Written, NodeError>> + Send {
+        Node::conditional_write(self, key, lo, hi, batch)
     }
 
     fn read(&self, key: &str) -> impl Future<Output = Result<u64, NodeError>> + Send {
@@ -75,6 +124,98 @@ impl Register for Node {
     fn warm_up(&self) -> impl Future<Output = Result<(), NodeError>> + Send {
         Node::warm_up(self)
     }
+
+    async fn join(&self, key: &str, n: u64, nonce: Nonce, leases: Leases) -> Result<Join, NodeError> {
+        let args = [
+            "join".to_string(),
+            n.to_string(),
+            nonce.to_string(),
+            millis(leases.round),
+            crate::quorum::MAX_COUNT.to_string(),
+            millis(leases.batch),
+        ];
+        let value = self.rendezvous(key, &args).await?;
+        let unexpected = || NodeError::Unavailable(format!("unexpected rendezvous reply {value:?}"));
+        let Value::Array(items) = &value else { return Err(unexpected()) };
+        match items.as_slice() {
+            [Value::Int(0)] => Ok(Join::Full),
+            [Value::Int(1), batch, offset, Value::Int(pttl)] => match (nonce_of(batch), number(offset)) {
+                (Some(batch), Some(offset)) => Ok(Join::Follow { batch, offset, wait: pttl_duration(*pttl) }),
+                _ => Err(unexpected()),
+            },
+            [Value::Int(2)] => Ok(Join::Solo),
+            [Value::Int(3), busy, Value::Int(pttl)] => {
+                nonce_of(busy).map(|busy| Join::Lead { busy, wait: pttl_duration(*pttl) }).ok_or_else(unexpected)
+            }
+            _ => Err(unexpected()),
+        }
+    }
+
+    async fn close(&self, key: &str, nonce: Nonce, lease: Duration) -> Result<Close, NodeError> {
+        let value = self.rendezvous(key, &["close".to_string(), nonce.to_string(), millis(lease)]).await?;
+        let unexpected = || NodeError::Unavailable(format!("unexpected rendezvous reply {value:?}"));
+        let Value::Array(items) = &value else { return Err(unexpected()) };
+        match items.as_slice() {
+            [Value::Int(0)] => Ok(Close::Gone),
+            [Value::Int(1), ids] => number(ids).map(|ids| Close::Closed { ids }).ok_or_else(unexpected),
+            [Value::Int(3), busy, Value::Int(pttl)] => {
+                nonce_of(busy).map(|busy| Close::Busy { busy, wait: pttl_duration(*pttl) }).ok_or_else(unexpected)
+            }
+            _ => Err(unexpected()),
+        }
+    }
+
+    async fn finish(&self, key: &str, nonce: Nonce, message: String) -> Result<(), NodeError> {
+        self.rendezvous(key, &["finish".to_string(), nonce.to_string(), message]).await.map(|_| ())
+    }
+
+    async fn subscribe(&self, key: &str) -> Result<BoxStream<'static, String>, NodeError> {
+        let channel = format!("{key}:results");
+        let connect = async {
+            let mut pubsub = self.client.get_async_pubsub().await?;
+            pubsub.subscribe(&channel).await?;
+            Ok::<_, redis::RedisError>(pubsub)
+        };
+        let pubsub = match tokio::time::timeout(self.connect_timeout, connect).await {
+            Ok(Ok(pubsub)) => pubsub,
+            Ok(Err(e)) => return Err(NodeError::Unavailable(format!("subscribe: {}", describe(&e)))),
+            Err(_) => return Err(NodeError::Unavailable("subscribe: timed out".to_string())),
+        };
+        // Keep the sink alive with the stream: dropping it ends the connection's driver.
+        let (sink, stream) = pubsub.split();
+        Ok(stream
+            .filter_map(move |msg| {
+                let _keep = &sink;
+                std::future::ready(msg.get_payload::<String>().ok())
+            })
+            .boxed())
+    }
+}
+
+/// A canonical decimal u64 in a bulk string.
+fn number(value: &Value) -> Option<u64> {
+    match value {
+        Value::BulkString(bytes) => parse_canonical_u64(bytes),
+        _ => None,
+    }
+}
+
+/// A batch nonce in a bulk string.
+fn nonce_of(value: &Value) -> Option<Nonce> {
+    match value {
+        Value::BulkString(bytes) => Nonce::parse(bytes),
+        _ => None,
+    }
+}
+
+/// A PTTL reply as a duration (a key without expiry, or a missing one, is no time at all).
+fn pttl_duration(pttl: i64) -> Duration {
+    Duration::from_millis(u64::try_from(pttl).unwrap_or(0))
+}
+
+/// A TTL argument in whole milliseconds, at least 1 (Redis refuses PX 0).
+fn millis(ttl: Duration) -> String {
+    ttl.as_millis().clamp(1, u128::from(u32::MAX)).to_string()
 }
 
 struct ConnState {
@@ -88,7 +229,9 @@ pub struct Node {
     client: redis::Client,
     config: AsyncConnectionConfig,
     check_durability: bool,
-    script_sha: String,
+    write_sha: String,
+    combine_sha: String,
+    connect_timeout: Duration,
     state: tokio::sync::Mutex<ConnState>,
 }
 
@@ -128,7 +271,9 @@ impl Node {
             client,
             config,
             check_durability,
-            script_sha: redis::Script::new(CONDITIONAL_WRITE).get_hash().to_string(),
+            write_sha: redis::Script::new(CONDITIONAL_WRITE).get_hash().to_string(),
+            combine_sha: redis::Script::new(COMBINE).get_hash().to_string(),
+            connect_timeout,
             state: tokio::sync::Mutex::new(ConnState { conn: None, last_failure: None }),
         })
     }
@@ -232,42 +377,59 @@ impl Node {
         Err(err)
     }
 
-    /// "If current < lo then current = hi" on this node.
-    ///
-    /// # Errors
-    /// Unavailable, or a register that is not a canonical u64.
-    pub async fn conditional_write(&self, key: &str, lo: u64, hi: u64) -> Result<WriteReply, NodeError> {
+    /// Runs a script by hash, sending its source once when the node does not have it
+    /// cached (after a restart). A bad register value is [`NodeError::BadValue`].
+    async fn eval(&self, source: &str, sha: &str, keys: &[&str], args: &[String]) -> Result<Value, NodeError> {
         let mut conn = self.conn().await?;
-        let mut evalsha = redis::cmd("EVALSHA");
-        evalsha.arg(&self.script_sha).arg(1).arg(key).arg(lo.to_string()).arg(hi.to_string());
-        let reply = match evalsha.query_async::<Value>(&mut conn).await {
-            // After a restart a node has no scripts cached: send the source once.
+        let build = |cmd: &str, script: &str| {
+            let mut c = redis::cmd(cmd);
+            c.arg(script).arg(keys.len()).arg(keys).arg(args);
+            c
+        };
+        let reply = match build("EVALSHA", sha).query_async::<Value>(&mut conn).await {
             Err(e) if e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoScript) => {
-                let mut eval = redis::cmd("EVAL");
-                eval.arg(CONDITIONAL_WRITE).arg(1).arg(key).arg(lo.to_string()).arg(hi.to_string());
-                eval.query_async::<Value>(&mut conn).await
+                build("EVAL", source).query_async::<Value>(&mut conn).await
             }
             other => other,
         };
         match reply {
-            Ok(value) => self.parse_write_reply(&value),
-            Err(e) if e.code() == Some(BAD_VALUE_CODE) => {
-                Err(NodeError::BadValue(e.detail().unwrap_or("").to_string()))
-            }
+            Ok(value) => Ok(value),
+            Err(e) if e.code() == Some(BAD_VALUE_CODE) => Err(NodeError::BadValue(e.detail().unwrap_or("").to_string())),
             Err(e) => self.fail(e).await,
         }
     }
 
-    fn parse_write_reply(&self, value: &Value) -> Result<WriteReply, NodeError> {
+    /// "If current < lo then current = hi" on this node (see [`Register::conditional_write`]).
+    ///
+    /// # Errors
+    /// Unavailable, or a register that is not a canonical u64.
+    pub async fn conditional_write(&self, key: &str, lo: u64, hi: u64, batch: Option<Nonce>) -> Result<Written, NodeError> {
+        let inflight = format!("{key}:inflight");
+        let batch = batch.map(|b| b.to_string()).unwrap_or_default();
+        let value = self.eval(CONDITIONAL_WRITE, &self.write_sha, &[key, &inflight], &[lo.to_string(), hi.to_string(), batch]).await?;
+        self.parse_write_reply(&value)
+    }
+
+    /// One rendezvous operation on the keys `<key>:batch`, `<key>:inflight` and the
+    /// channel `<key>:results`.
+    async fn rendezvous(&self, key: &str, args: &[String]) -> Result<Value, NodeError> {
+        let keys = [format!("{key}:batch"), format!("{key}:inflight"), format!("{key}:results")];
+        let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
+        self.eval(COMBINE, &self.combine_sha, &keys, args).await
+    }
+
+    fn parse_write_reply(&self, value: &Value) -> Result<Written, NodeError> {
         let unexpected = || NodeError::Unavailable(format!("unexpected script reply {value:?}"));
         let Value::Array(items) = value else { return Err(unexpected()) };
-        match items.as_slice() {
-            [Value::Int(1), Value::BulkString(_)] => Ok(WriteReply::Accepted),
-            [Value::Int(0), Value::BulkString(cur)] => parse_canonical_u64(cur)
-                .map(|current| WriteReply::Rejected { current })
-                .ok_or_else(|| NodeError::BadValue(String::from_utf8_lossy(cur).into_owned())),
-            _ => Err(unexpected()),
-        }
+        let (reply, combining) = match items.as_slice() {
+            [Value::Int(1), Value::BulkString(_), Value::Int(c)] => (WriteReply::Accepted, *c),
+            [Value::Int(0), Value::BulkString(cur), Value::Int(c)] => match parse_canonical_u64(cur) {
+                Some(current) => (WriteReply::Rejected { current }, *c),
+                None => return Err(NodeError::BadValue(String::from_utf8_lossy(cur).into_owned())),
+            },
+            _ => return Err(unexpected()),
+        };
+        Ok(Written { reply, combining: combining != 0 })
     }
 
     /// GET the register (missing = 0).

@@ -6,13 +6,14 @@
 //! share a node) never accept overlapping ranges, and a range accepted after another was
 //! returned lies above it. The protocols differ only in how LO is guessed.
 
+use crate::combine::{self, BatchResult, Close, Join, Nonce, WaitEnd};
 use crate::error::NodeFailure;
-use crate::node::{Node, NodeError, Register, WriteReply};
+use crate::node::{Node, NodeError, Register, WriteReply, Written};
 use crate::{IdError, IdRange, IdSource};
 use futures::stream::{FuturesUnordered, StreamExt};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -94,6 +95,10 @@ pub struct Counters {
     pub burned: u64,
     /// Calls that ended in an error.
     pub errors: u64,
+    /// Requests served by a batch that another client led (combined rounds).
+    pub combined: u64,
+    /// Batches this client led (its own request, and its members' if any).
+    pub batches: u64,
 }
 
 #[derive(Default)]
@@ -104,6 +109,8 @@ struct AtomicCounters {
     retries: AtomicU64,
     burned: AtomicU64,
     errors: AtomicU64,
+    combined: AtomicU64,
+    batches: AtomicU64,
 }
 
 fn bump(c: &AtomicU64, by: u64) {
@@ -143,6 +150,21 @@ pub fn decide(nodes: usize, tally: &Tally) -> Decision {
     }
 }
 
+/// Solo batches in a row (no other client at the rendezvous) after which a client stops
+/// combining and goes back to plain rounds.
+pub const SOLO_STREAK: u32 = 16;
+
+/// A batch leader's lease (see [`QuorumClient`]'s `lease`) unless set from the reply
+/// timeout: a round that needs longer is retrying, and its members had better try too.
+pub const DEFAULT_LEASE: Duration = Duration::from_secs(1);
+
+/// After the rendezvous node failed (down, paused, unreachable), clients run their own
+/// rounds for this long before they try it again.
+pub const RENDEZVOUS_RETRY: Duration = Duration::from_secs(1);
+
+/// How long a member waits past its leader's lease before joining again.
+pub const LEADER_GRACE: Duration = Duration::from_millis(50);
+
 /// Why a round did not produce a range.
 enum RoundLoss {
     /// Give up now: retrying cannot help.
@@ -166,6 +188,20 @@ pub struct QuorumClient<N: Register = Node> {
     deadline: Duration,
     /// Highest register value seen on any node: the fast protocol's next guess is this + 1.
     last_known: AtomicU64,
+    /// Fast protocol: another client writes the register too, so requests go through
+    /// combined rounds. Set by a round lost to another writer; cleared after
+    /// [`SOLO_STREAK`] batches that found nobody else.
+    contended: AtomicBool,
+    solo_streak: AtomicU32,
+    /// The rendezvous node of combined rounds: the one with the smallest address, so
+    /// clients configured with the same nodes in any order meet at the same one.
+    rendezvous: usize,
+    results: combine::Results,
+    /// Set when the rendezvous failed: no combined rounds before then.
+    rendezvous_retry_at: Mutex<Option<Instant>>,
+    /// How long a batch leader may take for its round before its members stop waiting
+    /// and join again (a batch may wait as long again for the one in flight before it).
+    lease: Duration,
     /// Moving average of a write round's duration, in ns: the backoff unit.
     round_ns: AtomicU64,
     backoff_cap: Duration,
@@ -202,6 +238,7 @@ impl QuorumClient<Node> {
         }
         let mut client = QuorumClient::with_nodes(nodes, config.key, config.protocol, config.deadline)?;
         client.backoff_cap = config.backoff_cap;
+        client.lease = config.reply_timeout * 2;
         let results = futures::future::join_all(client.nodes.iter().map(|n| n.warm_up())).await;
         let mut failures = Vec::new();
         for (node, result) in client.nodes.iter().zip(results) {
@@ -237,12 +274,19 @@ impl<N: Register> QuorumClient<N> {
     pub fn with_nodes(nodes: Vec<N>, key: impl Into<String>, protocol: Protocol, deadline: Duration) -> Result<QuorumClient<N>, IdError> {
         let key = key.into();
         check_shape(nodes.len(), &key)?;
+        let rendezvous = (0..nodes.len()).min_by_key(|&i| nodes[i].addr()).unwrap_or(0);
         Ok(QuorumClient {
             nodes,
             key,
             protocol,
             deadline,
             last_known: AtomicU64::new(0),
+            contended: AtomicBool::new(false),
+            solo_streak: AtomicU32::new(0),
+            rendezvous,
+            results: combine::Results::default(),
+            rendezvous_retry_at: Mutex::new(None),
+            lease: DEFAULT_LEASE,
             round_ns: AtomicU64::new(INITIAL_ROUND.as_nanos() as u64),
             backoff_cap: BACKOFF_CAP,
             jitter: None,
@@ -282,6 +326,8 @@ impl<N: Register> QuorumClient<N> {
             retries: get(&c.retries),
             burned: get(&c.burned),
             errors: get(&c.errors),
+            combined: get(&c.combined),
+            batches: get(&c.batches),
         }
     }
 
@@ -306,6 +352,42 @@ impl<N: Register> QuorumClient<N> {
             return Err(IdError::BadRequest(format!("count must be 1..={MAX_COUNT}, got {n}")));
         }
         let started = Instant::now();
+        let fast = self.protocol == Protocol::Fast;
+        if fast && self.contended.load(Ordering::Relaxed) && self.rendezvous_usable() {
+            if let Some(result) = self.combined(n, deadline, started).await {
+                return result;
+            }
+        } else {
+            match self.rounds(n, deadline, started, fast, None).await {
+                Some(result) => return result,
+                None => {
+                    // Lost to another writer: share rounds from now on.
+                    self.contended.store(true, Ordering::Relaxed);
+                    if let Some(result) = self.combined(n, deadline, started).await {
+                        return result;
+                    }
+                }
+            }
+        }
+        // No rendezvous (or a failed batch): rounds of our own, with backoff.
+        match self.rounds(n, deadline, started, false, None).await {
+            Some(result) => result,
+            None => Err(IdError::Deadline { deadline: deadline.saturating_duration_since(started), rounds: 0 }),
+        }
+    }
+
+    /// Own rounds until one wins, retrying lost rounds with backoff until `deadline`.
+    /// With `yield_on_contention`, returns `None` instead of backing off after a round
+    /// lost to another writer (the caller then combines). `batch`: the batch these
+    /// rounds are for, when the caller leads one.
+    async fn rounds(
+        &self,
+        n: u64,
+        deadline: Instant,
+        started: Instant,
+        yield_on_contention: bool,
+        batch: Option<Nonce>,
+    ) -> Option<Result<IdRange, IdError>> {
         let mut losses: u32 = 0;
         // Whether this attempt's guess comes from the round just before it. A guess made
         // after a pause (or the first one) may be stale: when every node rejects it, the
@@ -316,9 +398,9 @@ impl<N: Register> QuorumClient<N> {
         let last_loss = loop {
             // A round ends by the deadline at the latest (nodes that have not answered by
             // then count as failed); its outcome is then unknown and its IDs are burned.
-            let loss = match self.round(n, deadline).await {
-                Ok(range) => return Ok(range),
-                Err(RoundLoss::Fatal(e)) => return Err(e),
+            let loss = match self.round(n, deadline, batch).await {
+                Ok(range) => return Some(Ok(range)),
+                Err(RoundLoss::Fatal(e)) => return Some(Err(e)),
                 Err(loss) => loss,
             };
             let pause = match &loss {
@@ -326,6 +408,7 @@ impl<N: Register> QuorumClient<N> {
                     informed = true;
                     Duration::ZERO
                 }
+                RoundLoss::Contention { .. } if yield_on_contention => return None,
                 _ => {
                     losses += 1;
                     informed = self.protocol == Protocol::Classic;
@@ -338,16 +421,133 @@ impl<N: Register> QuorumClient<N> {
             bump(&self.counters.retries, 1);
             tokio::time::sleep(pause).await;
         };
-        Err(match last_loss {
+        Some(Err(match last_loss {
             RoundLoss::Unreachable { reachable, failures } => {
                 IdError::NoQuorum { needed: self.majority(), reachable, total: self.nodes.len(), failures }
             }
             _ => IdError::Deadline { deadline: deadline.saturating_duration_since(started), rounds: u64::from(losses) },
-        })
+        }))
+    }
+
+    /// `n` IDs through combined rounds (see [`crate::combine`]). `None`: no rendezvous
+    /// to be had, or the batch this request was in failed; the caller runs its own rounds.
+    async fn combined(&self, n: u64, deadline: Instant, started: Instant) -> Option<Result<IdRange, IdError>> {
+        if !self.rendezvous_usable() {
+            return None;
+        }
+        let node = &self.nodes[self.rendezvous];
+        let Some(mut rx) = self.results.receiver(node, &self.key).await else {
+            self.rendezvous_failed();
+            return None;
+        };
+        let seen = |result: &BatchResult| {
+            if let Some(range) = result.range {
+                self.last_known.fetch_max(range.hi, Ordering::Relaxed);
+            }
+        };
+        let past_deadline = || Some(Err(IdError::Deadline { deadline: deadline.saturating_duration_since(started), rounds: 0 }));
+        let unavailable = |op: &str, e: NodeError| {
+            tracing::debug!(node = node.addr(), op, error = ?e, "rendezvous unavailable; own rounds");
+            self.rendezvous_failed();
+            None
+        };
+        loop {
+            let now = Instant::now();
+            if now >= deadline {
+                return past_deadline();
+            }
+            let nonce = Nonce::random();
+            let remaining = deadline - now;
+            let leases = combine::Leases { round: self.lease.min(remaining), batch: (self.lease * 2).min(remaining) };
+            let join = match tokio::time::timeout_at(deadline, node.join(&self.key, n, nonce, leases)).await {
+                Ok(Ok(join)) => join,
+                Ok(Err(e)) => return unavailable("join", e),
+                Err(_) => return past_deadline(),
+            };
+            match join {
+                Join::Full => return None,
+                Join::Solo => {
+                    // Nobody else around: after a while, stop paying for the rendezvous.
+                    if self.solo_streak.fetch_add(1, Ordering::Relaxed) + 1 >= SOLO_STREAK {
+                        self.solo_streak.store(0, Ordering::Relaxed);
+                        self.contended.store(false, Ordering::Relaxed);
+                    }
+                    return Some(self.lead(nonce, n, n, deadline, started).await);
+                }
+                Join::Follow { batch, offset, wait } => {
+                    self.solo_streak.store(0, Ordering::Relaxed);
+                    let until = deadline.min(Instant::now() + wait + LEADER_GRACE);
+                    match combine::wait_for(&mut rx, batch, until, seen).await {
+                        Ok(BatchResult { range: Some(range), .. }) => match combine::member_range(range, offset, n) {
+                            Some(mine) => {
+                                bump(&self.counters.combined, 1);
+                                return Some(Ok(mine));
+                            }
+                            None => tracing::warn!(%batch, ?range, offset, n, "batch result does not cover this member; joining again"),
+                        },
+                        // The leader retried until its deadline: the quorum is in trouble,
+                        // and our own rounds report how.
+                        Ok(BatchResult { range: None, .. }) | Err(WaitEnd::Closed) => return None,
+                        // The leader vanished: its batch's IDs, if any, stay unused.
+                        Err(WaitEnd::TimedOut) => {}
+                    }
+                }
+                Join::Lead { mut busy, mut wait } => {
+                    self.solo_streak.store(0, Ordering::Relaxed);
+                    loop {
+                        let until = deadline.min(Instant::now() + wait + LEADER_GRACE);
+                        if combine::wait_for(&mut rx, busy, until, seen).await == Err(WaitEnd::Closed) {
+                            // No more results: poll instead.
+                            tokio::time::sleep(wait.min(Duration::from_millis(1))).await;
+                        }
+                        let now = Instant::now();
+                        if now >= deadline {
+                            return past_deadline();
+                        }
+                        let lease = self.lease.min(deadline - now);
+                        match tokio::time::timeout_at(deadline, node.close(&self.key, nonce, lease)).await {
+                            Ok(Ok(Close::Closed { ids })) => return Some(self.lead(nonce, n, ids, deadline, started).await),
+                            Ok(Ok(Close::Busy { busy: b, wait: w })) => (busy, wait) = (b, w),
+                            Ok(Ok(Close::Gone)) => break,
+                            Ok(Err(e)) => return unavailable("close", e),
+                            Err(_) => return past_deadline(),
+                        }
+                    }
+                }
+            }
+        }
+    }
+
+    /// Whether combined rounds are worth trying: not within [`RENDEZVOUS_RETRY`] of the
+    /// rendezvous failing (a paused node would cost every request a reply timeout).
+    fn rendezvous_usable(&self) -> bool {
+        let until = self.rendezvous_retry_at.lock().unwrap_or_else(|p| p.into_inner());
+        until.is_none_or(|at| Instant::now() >= at)
+    }
+
+    fn rendezvous_failed(&self) {
+        *self.rendezvous_retry_at.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now() + RENDEZVOUS_RETRY);
+    }
+
+    /// Runs batch `nonce` of `ids` IDs (the leader's own `n` first) and publishes the
+    /// outcome to its members.
+    async fn lead(&self, nonce: Nonce, n: u64, ids: u64, deadline: Instant, started: Instant) -> Result<IdRange, IdError> {
+        bump(&self.counters.batches, 1);
+        let result = match self.rounds(ids, deadline, started, false, Some(nonce)).await {
+            Some(result) => result,
+            None => Err(IdError::Deadline { deadline: deadline.saturating_duration_since(started), rounds: 0 }),
+        };
+        let message = BatchResult { batch: nonce, range: result.as_ref().ok().copied() }.message();
+        let node = &self.nodes[self.rendezvous];
+        if let Err(e) = node.finish(&self.key, nonce, message).await {
+            // The members wait until this leader's deadline, then join again.
+            tracing::debug!(node = node.addr(), error = ?e, "cannot publish a batch result");
+        }
+        result.map(|range| IdRange { lo: range.lo, hi: range.lo + n - 1 })
     }
 
     /// One attempt: pick LO (guess or read), then the conditional write.
-    async fn round(&self, n: u64, deadline: Instant) -> Result<IdRange, RoundLoss> {
+    async fn round(&self, n: u64, deadline: Instant, batch: Option<Nonce>) -> Result<IdRange, RoundLoss> {
         let base = match self.protocol {
             Protocol::Fast => self.last_known.load(Ordering::Relaxed),
             Protocol::Classic => self.read_round(deadline).await?,
@@ -355,7 +555,7 @@ impl<N: Register> QuorumClient<N> {
         let exhausted = || RoundLoss::Fatal(IdError::Exhausted { addr: "quorum".to_string(), current: base, count: n });
         let lo = base.checked_add(1).ok_or_else(exhausted)?;
         let hi = lo.checked_add(n - 1).ok_or_else(exhausted)?;
-        self.write_round(lo, hi, deadline).await.map(|()| IdRange { lo, hi })
+        self.write_round(lo, hi, deadline, batch).await.map(|()| IdRange { lo, hi })
     }
 
     /// Classic step 1: GET from every node, max of a majority of answers.
@@ -386,14 +586,14 @@ impl<N: Register> QuorumClient<N> {
 
     /// The conditional write of `lo..=hi` on every node; ends as soon as the outcome is
     /// certain (late replies are dropped: they cannot change it).
-    async fn write_round(&self, lo: u64, hi: u64, deadline: Instant) -> Result<(), RoundLoss> {
+    async fn write_round(&self, lo: u64, hi: u64, deadline: Instant, batch: Option<Nonce>) -> Result<(), RoundLoss> {
         bump(&self.counters.rounds, 1);
         let started = Instant::now();
         let mut pending: FuturesUnordered<_> = self
             .nodes
             .iter()
             .enumerate()
-            .map(|(i, node)| async move { (i, node.conditional_write(&self.key, lo, hi).await) })
+            .map(|(i, node)| async move { (i, node.conditional_write(&self.key, lo, hi, batch).await) })
             .collect();
         let mut tally = Tally::default();
         let mut failures = Vec::new();
@@ -405,13 +605,22 @@ impl<N: Register> QuorumClient<N> {
             };
             let node = &self.nodes[i];
             match reply {
-                Ok(WriteReply::Accepted) => {
-                    tally.accepts += 1;
-                    tally.max_seen = tally.max_seen.max(hi);
-                }
-                Ok(WriteReply::Rejected { current }) => {
-                    tally.rejects += 1;
-                    tally.max_seen = tally.max_seen.max(current);
+                Ok(Written { reply, combining }) => {
+                    if combining && self.protocol == Protocol::Fast {
+                        // Others share rounds at the rendezvous: join them next time
+                        // rather than race their leaders.
+                        self.contended.store(true, Ordering::Relaxed);
+                    }
+                    match reply {
+                        WriteReply::Accepted => {
+                            tally.accepts += 1;
+                            tally.max_seen = tally.max_seen.max(hi);
+                        }
+                        WriteReply::Rejected { current } => {
+                            tally.rejects += 1;
+                            tally.max_seen = tally.max_seen.max(current);
+                        }
+                    }
                 }
                 Err(e) => {
                     self.note_failure(node, e, &mut failures)?;

@@ -5,11 +5,16 @@
 //! as a canonical decimal u64 and compares by length, then lexicographically (equal-length
 //! canonical decimals order like their values).
 
-/// `KEYS[1]` = register, `ARGV[1]` = LO, `ARGV[2]` = HI (canonical decimals, LO <= HI).
+/// `KEYS[1]` = register, `KEYS[2]` = the rendezvous' in-flight mark (see [`COMBINE`]),
+/// `ARGV[1]` = LO, `ARGV[2]` = HI (canonical decimals, LO <= HI), `ARGV[3]` = the nonce
+/// of the batch this write is for, or empty.
 ///
-/// If the register (missing = 0) is below LO it becomes HI and the reply is `{1, HI}`;
-/// otherwise nothing changes and the reply is `{0, current}`. A register that is not a
-/// canonical decimal u64 (or not a string) gives the error `QLISTBAD <value>`.
+/// If the register (missing = 0) is below LO it becomes HI and the reply is
+/// `{1, HI, combining}`; otherwise nothing changes and the reply is
+/// `{0, current, combining}`. `combining` is 1 when another combined batch than ARGV[3]
+/// is in flight at this node (only the rendezvous node ever has one), else 0: a hint
+/// that tells a writer it is not alone, never part of the decision. A register that is not a canonical decimal u64
+/// (or not a string) gives the error `QLISTBAD <value>`.
 pub const CONDITIONAL_WRITE: &str = r#"
 local t = redis.call('TYPE', KEYS[1]).ok
 if t ~= 'string' and t ~= 'none' then
@@ -26,11 +31,68 @@ if not ok then
 end
 local lo = ARGV[1]
 local less = (n < #lo) or (n == #lo and cur < lo)
+local busy = redis.call('GET', KEYS[2])
+local combining = 0
+if busy and busy ~= ARGV[3] then combining = 1 end
 if less then
   redis.call('SET', KEYS[1], ARGV[2])
-  return {1, ARGV[2]}
+  return {1, ARGV[2], combining}
 end
-return {0, cur}
+return {0, cur, combining}
+"#;
+
+/// Rendezvous of combined rounds on one node (see `combine.rs`, docs/wire-protocol.md).
+/// Volatile: `redis.set_repl(REPL_NONE)` keeps all of it out of the AOF (no fsync) and
+/// every key has an expiry. It never touches the register: safety never depends on it.
+///
+/// `KEYS[1]` = the open batch (hash: `nonce`, `ids`), `KEYS[2]` = the batch in flight
+/// (string: its nonce), `KEYS[3]` = the results channel. `ARGV[1]` is the operation:
+///
+/// - `join n nonce round_ms max_ids batch_ms`: if a batch is open, add `n` IDs to it:
+///   `{1, batch nonce, offset, pttl}` (offset = its IDs before; pttl = what is left of
+///   its leader's lease), or `{0}` when that would exceed `max_ids`. Else, if no batch is
+///   in flight, the caller's batch (its request alone) is in flight at once, for
+///   `round_ms`: `{2}`. Else the caller opens a batch, for `batch_ms`, and leads it:
+///   `{3, nonce in flight, its pttl}`.
+/// - `close nonce round_ms`: the leader of the open batch closes it when nothing is in
+///   flight, and it is in flight for `round_ms`: `{1, ids}`; `{3, nonce in flight,
+///   pttl}` while something is; `{0}` when the batch is gone (expired, node restarted).
+/// - `finish nonce message`: the batch is done: clear the in-flight mark if it is this
+///   batch's, publish `message` on the channel. `{1}`.
+///
+/// Counts stay below 2^53, so Lua's numbers hold them exactly; nonces stay strings.
+pub const COMBINE: &str = r#"
+redis.set_repl(redis.REPL_NONE)
+local op = ARGV[1]
+if op == 'join' then
+  if redis.call('EXISTS', KEYS[1]) == 1 then
+    local ids = tonumber(redis.call('HGET', KEYS[1], 'ids'))
+    if ids == nil or ids + tonumber(ARGV[2]) > tonumber(ARGV[5]) then return {0} end
+    redis.call('HINCRBY', KEYS[1], 'ids', ARGV[2])
+    return {1, redis.call('HGET', KEYS[1], 'nonce'), tostring(ids), redis.call('PTTL', KEYS[1])}
+  end
+  if redis.call('EXISTS', KEYS[2]) == 0 then
+    redis.call('SET', KEYS[2], ARGV[3], 'PX', ARGV[4])
+    return {2}
+  end
+  redis.call('HSET', KEYS[1], 'nonce', ARGV[3], 'ids', ARGV[2])
+  redis.call('PEXPIRE', KEYS[1], ARGV[6])
+  return {3, redis.call('GET', KEYS[2]), redis.call('PTTL', KEYS[2])}
+elseif op == 'close' then
+  if redis.call('HGET', KEYS[1], 'nonce') ~= ARGV[2] then return {0} end
+  if redis.call('EXISTS', KEYS[2]) == 1 then
+    return {3, redis.call('GET', KEYS[2]), redis.call('PTTL', KEYS[2])}
+  end
+  local ids = redis.call('HGET', KEYS[1], 'ids')
+  redis.call('DEL', KEYS[1])
+  redis.call('SET', KEYS[2], ARGV[2], 'PX', ARGV[3])
+  return {1, ids}
+elseif op == 'finish' then
+  if redis.call('GET', KEYS[2]) == ARGV[2] then redis.call('DEL', KEYS[2]) end
+  redis.call('PUBLISH', KEYS[3], ARGV[3])
+  return {1}
+end
+return redis.error_reply('ERR unknown rendezvous operation')
 "#;
 
 /// The error code the script uses for a register that is not a canonical decimal u64.

@@ -17,7 +17,8 @@
 //! the clients' jitter seeded, [`crate::QuorumClient::with_jitter_seed`]) one seed
 //! replays the same run exactly.
 
-use crate::node::{NodeError, Register, WriteReply};
+use crate::combine::Nonce;
+use crate::node::{NodeError, Register, WriteReply, Written};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::collections::BTreeMap;
@@ -272,11 +273,12 @@ impl Register for SimNode {
         &self.addr
     }
 
-    fn conditional_write(&self, key: &str, lo: u64, hi: u64) -> impl Future<Output = Result<WriteReply, NodeError>> + Send {
+    fn conditional_write(&self, key: &str, lo: u64, hi: u64, _batch: Option<Nonce>) -> impl Future<Output = Result<Written, NodeError>> + Send {
         let op = Op::Write { key: key.to_string(), lo, hi };
         async move {
             match self.cluster.call(self.index, op).await? {
-                Outcome::Write(reply) => Ok(reply),
+                // No rendezvous here, so never a combined batch.
+                Outcome::Write(reply) => Ok(Written { reply, combining: false }),
                 other => Err(NodeError::Unavailable(format!("unexpected reply {other:?}"))),
             }
         }

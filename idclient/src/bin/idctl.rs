@@ -189,18 +189,19 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 bail!("--seconds must be a positive number, got {seconds}");
             }
             let config = BenchConfig { clients, duration: Duration::from_secs_f64(seconds), count, progress: true };
-            let report = runtime()?.block_on(async {
+            let (report, counters) = runtime()?.block_on(async {
                 if source.r#where.broker.is_empty() {
                     let client_config = source.client_config();
                     let mut sources = Vec::with_capacity(clients);
                     for _ in 0..clients {
                         sources.push(std::sync::Arc::new(QuorumClient::connect(client_config.clone()).await?));
                     }
-                    Ok::<_, anyhow::Error>(bench::run(&config, &sources).await)
+                    let report = bench::run(&config, &sources).await;
+                    Ok::<_, anyhow::Error>((report, Some(sum_counters(&sources))))
                 } else {
                     let shared = std::sync::Arc::new(broker_source(&source).await?);
                     let sources = vec![shared; clients];
-                    Ok(bench::run(&config, &sources).await)
+                    Ok((bench::run(&config, &sources).await, None))
                 }
             })?;
             if let Some(path) = history {
@@ -208,11 +209,31 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 idclient::history::write_events(std::io::BufWriter::new(file), &report.events)
                     .with_context(|| format!("cannot write history file {}", path.display()))?;
             }
+            if let Some(c) = counters {
+                eprintln!(
+                    "direct clients in all: {} requests, {} write rounds ({} retries), {} node rejects, {} IDs burned by lost rounds; {} batches led, {} requests served by another client's batch",
+                    c.requests, c.rounds, c.retries, c.rejects, c.burned, c.batches, c.combined
+                );
+            }
             eprintln!("{}", report.summary_line());
             println!("{}", report.json());
             Ok(ExitCode::SUCCESS)
         }
     }
+}
+
+/// The direct clients' counters, added up.
+fn sum_counters(clients: &[std::sync::Arc<QuorumClient>]) -> idclient::Counters {
+    clients.iter().map(|c| c.counters()).fold(idclient::Counters::default(), |a, c| idclient::Counters {
+        requests: a.requests + c.requests,
+        rounds: a.rounds + c.rounds,
+        rejects: a.rejects + c.rejects,
+        retries: a.retries + c.retries,
+        burned: a.burned + c.burned,
+        errors: a.errors + c.errors,
+        combined: a.combined + c.combined,
+        batches: a.batches + c.batches,
+    })
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime> {
