@@ -11,8 +11,7 @@ mod common;
 use common::{bin, check_output};
 use idclient::cluster::LocalQuorum;
 use std::collections::BTreeMap;
-use std::path::{Path, PathBuf};
-use std::process::{Command, Output};
+use std::process::Command;
 use sublist::listbin::ListReader;
 use sublist::Record;
 

@@ -25,7 +25,7 @@ pub mod wire;
 pub mod broker_client;
 
 pub use error::IdError;
-pub use quorum::{ClientConfig, Counters, Protocol, QuorumClient};
+pub use quorum::{ClientConfig, Combine, Counters, Protocol, QuorumClient};
 
 use std::future::Future;
 

@@ -44,6 +44,21 @@ pub enum Protocol {
     Fast,
 }
 
+/// When a fast-protocol client shares rounds with other clients (see [`crate::combine`]).
+/// The classic protocol never does: it stays the algorithm as first published.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Combine {
+    /// After losing a round to another writer (or seeing a batch in flight at the
+    /// rendezvous), until [`SOLO_STREAK`] batches in a row find nobody else.
+    #[default]
+    Auto,
+    /// From the first request on: for clients that know they contend (several producers
+    /// on one quorum). Costs a lone client two rendezvous calls per request.
+    Always,
+    /// Never: every request runs its own rounds, with backoff when it loses.
+    Never,
+}
+
 /// Configuration of a [`QuorumClient`].
 #[derive(Debug, Clone)]
 pub struct ClientConfig {
@@ -60,11 +75,13 @@ pub struct ClientConfig {
     pub unsafe_skip_durability_check: bool,
     /// Longest single backoff sleep after a lost round ([`BACKOFF_CAP`] by default).
     pub backoff_cap: Duration,
+    /// When to share rounds with contending clients ([`Combine::Auto`] by default).
+    pub combine: Combine,
 }
 
 impl ClientConfig {
     /// Defaults: key `current`, fast protocol, 5 s deadline, 500 ms connect and reply
-    /// timeouts, durability check on, 50 ms backoff cap.
+    /// timeouts, durability check on, 50 ms backoff cap, combining rounds when contended.
     pub fn new(nodes: Vec<String>) -> ClientConfig {
         ClientConfig {
             nodes,
@@ -75,6 +92,7 @@ impl ClientConfig {
             reply_timeout: Duration::from_millis(500),
             unsafe_skip_durability_check: false,
             backoff_cap: BACKOFF_CAP,
+            combine: Combine::Auto,
         }
     }
 }
@@ -197,6 +215,7 @@ pub struct QuorumClient<N: Register = Node> {
     /// clients configured with the same nodes in any order meet at the same one.
     rendezvous: usize,
     results: combine::Results,
+    combine: Combine,
     /// Set when the rendezvous failed: no combined rounds before then.
     rendezvous_retry_at: Mutex<Option<Instant>>,
     /// How long a batch leader may take for its round before its members stop waiting
@@ -238,6 +257,7 @@ impl QuorumClient<Node> {
         }
         let mut client = QuorumClient::with_nodes(nodes, config.key, config.protocol, config.deadline)?;
         client.backoff_cap = config.backoff_cap;
+        client = client.with_combine(config.combine);
         client.lease = config.reply_timeout * 2;
         let results = futures::future::join_all(client.nodes.iter().map(|n| n.warm_up())).await;
         let mut failures = Vec::new();
@@ -285,6 +305,7 @@ impl<N: Register> QuorumClient<N> {
             solo_streak: AtomicU32::new(0),
             rendezvous,
             results: combine::Results::default(),
+            combine: Combine::Auto,
             rendezvous_retry_at: Mutex::new(None),
             lease: DEFAULT_LEASE,
             round_ns: AtomicU64::new(INITIAL_ROUND.as_nanos() as u64),
@@ -292,6 +313,18 @@ impl<N: Register> QuorumClient<N> {
             jitter: None,
             counters: AtomicCounters::default(),
         })
+    }
+
+    /// Sets when to share rounds (see [`Combine`]).
+    pub fn with_combine(mut self, combine: Combine) -> QuorumClient<N> {
+        self.combine = combine;
+        self.contended.store(combine == Combine::Always, Ordering::Relaxed);
+        self
+    }
+
+    /// The rendezvous node of combined rounds.
+    pub fn rendezvous_addr(&self) -> &str {
+        self.nodes[self.rendezvous].addr()
     }
 
     /// Draws backoff jitter from an RNG seeded with `seed` instead of the thread RNG, so
@@ -352,7 +385,7 @@ impl<N: Register> QuorumClient<N> {
             return Err(IdError::BadRequest(format!("count must be 1..={MAX_COUNT}, got {n}")));
         }
         let started = Instant::now();
-        let fast = self.protocol == Protocol::Fast;
+        let fast = self.protocol == Protocol::Fast && self.combine != Combine::Never;
         if fast && self.contended.load(Ordering::Relaxed) && self.rendezvous_usable() {
             if let Some(result) = self.combined(n, deadline, started).await {
                 return result;
@@ -468,7 +501,7 @@ impl<N: Register> QuorumClient<N> {
                 Join::Full => return None,
                 Join::Solo => {
                     // Nobody else around: after a while, stop paying for the rendezvous.
-                    if self.solo_streak.fetch_add(1, Ordering::Relaxed) + 1 >= SOLO_STREAK {
+                    if self.combine == Combine::Auto && self.solo_streak.fetch_add(1, Ordering::Relaxed) + 1 >= SOLO_STREAK {
                         self.solo_streak.store(0, Ordering::Relaxed);
                         self.contended.store(false, Ordering::Relaxed);
                     }
@@ -606,7 +639,7 @@ impl<N: Register> QuorumClient<N> {
             let node = &self.nodes[i];
             match reply {
                 Ok(Written { reply, combining }) => {
-                    if combining && self.protocol == Protocol::Fast {
+                    if combining && self.protocol == Protocol::Fast && self.combine == Combine::Auto {
                         // Others share rounds at the rendezvous: join them next time
                         // rather than race their leaders.
                         self.contended.store(true, Ordering::Relaxed);

@@ -4,7 +4,7 @@ use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
 use idclient::bench::{self, BenchConfig};
 use idclient::cluster::{self, LocalQuorum};
-use idclient::{ClientConfig, IdSource, Protocol, QuorumClient};
+use idclient::{ClientConfig, Combine, IdSource, Protocol, QuorumClient};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -117,6 +117,11 @@ struct SourceArgs {
     /// fairer between contending clients, higher leaves more of the nodes' time to winners.
     #[arg(long, default_value_t = idclient::quorum::BACKOFF_CAP.as_millis() as u64)]
     backoff_cap_ms: u64,
+    /// Direct mode, fast protocol: share rounds with contending clients through the
+    /// rendezvous node. auto: after losing a round to another writer; always: from the
+    /// first request; never: each request runs its own rounds with backoff.
+    #[arg(long, value_enum, default_value_t = CombineArg::Auto)]
+    combine: CombineArg,
     /// Use nodes that do not fsync every write. DANGEROUS: a node crash can then repeat IDs.
     #[arg(long)]
     unsafe_skip_durability_check: bool,
@@ -132,8 +137,20 @@ impl SourceArgs {
         config.reply_timeout = Duration::from_millis(self.timeout_ms);
         config.unsafe_skip_durability_check = self.unsafe_skip_durability_check;
         config.backoff_cap = Duration::from_millis(self.backoff_cap_ms);
+        config.combine = match self.combine {
+            CombineArg::Auto => Combine::Auto,
+            CombineArg::Always => Combine::Always,
+            CombineArg::Never => Combine::Never,
+        };
         config
     }
+}
+
+#[derive(Debug, Clone, Copy, clap::ValueEnum)]
+enum CombineArg {
+    Auto,
+    Always,
+    Never,
 }
 
 fn main() -> ExitCode {
