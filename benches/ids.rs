@@ -1,5 +1,7 @@
-//! IDs per second under contention: the direct client (fast and classic protocol) against
-//! the broker, at 1, 16, 64 and 256 concurrent callers, single IDs and ranges of 1000.
+//! IDs per second under contention: the direct client (fast protocol, combining rounds
+//! when contended, the default; fast with every request in its own rounds, the baseline
+//! `direct-fast-uncombined`; classic) against the broker, at 1, 16, 64 and 256 concurrent
+//! callers, single IDs and ranges of 1000.
 //!
 //! Each run starts its own 5-node redis-server quorum (durable: fsync on every write) and
 //! one in-process broker on a free loopback port. Direct callers are independent clients
@@ -12,7 +14,7 @@ use broker::BrokerConfig;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use idclient::broker_client::{BrokerClient, BrokerClientConfig};
 use idclient::cluster::LocalQuorum;
-use idclient::{ClientConfig, IdSource, Protocol, QuorumClient};
+use idclient::{ClientConfig, Combine, IdSource, Protocol, QuorumClient};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -66,10 +68,11 @@ fn ids(c: &mut Criterion) {
     let mut group = c.benchmark_group("ids");
     group.sample_size(10).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3));
     for callers in callers() {
-        let direct = |protocol| {
+        let direct = |protocol, combine| {
             rt.block_on(async {
                 let mut config = ClientConfig::new(quorum.urls());
                 config.protocol = protocol;
+                config.combine = combine;
                 config.deadline = Duration::from_secs(30);
                 let mut v = Vec::new();
                 for _ in 0..callers {
@@ -78,8 +81,9 @@ fn ids(c: &mut Criterion) {
                 v
             })
         };
-        let fast = direct(Protocol::Fast);
-        let classic = direct(Protocol::Classic);
+        let fast = direct(Protocol::Fast, Combine::Auto);
+        let uncombined = direct(Protocol::Fast, Combine::Never);
+        let classic = direct(Protocol::Classic, Combine::Never);
         let brokered = rt.block_on(async {
             let config = BrokerClientConfig { deadline: Duration::from_secs(30), ..Default::default() };
             let client = Arc::new(BrokerClient::connect(vec![broker_addr.clone()], config).await.expect("broker client"));
@@ -90,6 +94,9 @@ fn ids(c: &mut Criterion) {
             group.throughput(Throughput::Elements(count));
             group.bench_function(BenchmarkId::new(format!("direct-fast/{size}"), callers), |b| {
                 b.to_async(&rt).iter_custom(|iters| run(&fast, iters, count))
+            });
+            group.bench_function(BenchmarkId::new(format!("direct-fast-uncombined/{size}"), callers), |b| {
+                b.to_async(&rt).iter_custom(|iters| run(&uncombined, iters, count))
             });
             group.bench_function(BenchmarkId::new(format!("direct-classic/{size}"), callers), |b| {
                 b.to_async(&rt).iter_custom(|iters| run(&classic, iters, count))

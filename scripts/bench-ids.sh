@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # The idctl bench matrix behind BENCHMARKS.md, in one run on one fresh local quorum:
-# direct fast vs classic at 1/16/64 clients, then direct vs broker at 1/64/256 callers,
-# single IDs and ranges of 1000. Prints one markdown table row per run.
+# direct fast (combining rounds when contended, the default) vs fast with every request
+# in its own rounds (--combine never, the baseline) vs classic at 1/16/64 clients, then
+# direct vs broker at 1/64/256 callers, single IDs and ranges of 1000. Prints one
+# markdown table row per run.
 # Usage: scripts/bench-ids.sh [SECONDS]   (default 5 per run)
 set -euo pipefail
 secs="${1:-5}"
@@ -47,6 +49,7 @@ row() { # mode protocol callers count args...
 }
 for callers in 1 16 64; do
   row direct fast "$callers" 1 --nodes "$nodes"
+  row direct "fast, uncombined" "$callers" 1 --nodes "$nodes" --combine never
   row direct classic "$callers" 1 --nodes "$nodes" --classic
 done
 for count in 1 1000; do
