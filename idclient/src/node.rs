@@ -1,5 +1,6 @@
 //! One Redis node: a lazily (re)connected multiplexed connection, the durability check,
-//! and the two commands the protocols need (conditional write and read).
+//! the two commands the protocols need (conditional write and read), and the rendezvous
+//! of combined rounds (join, close, finish, and a subscription to the results).
 
 use crate::combine::{Close, Join, Leases, Nonce};
 use crate::script::{parse_canonical_u64, BAD_VALUE_CODE, COMBINE, CONDITIONAL_WRITE};

@@ -474,7 +474,10 @@ impl ShardReader {
 
     /// All items in ascending ID order, streamed (RocksDB key order).
     ///
-    /// Each item is checked against the schema and against this database's shard number.
+    /// Each item is checked against the schema and against this database's shard number,
+    /// and the seqs against the progress marker: the writer stores seqs 0, 1, 2, ... in ID
+    /// order and the marker's `next_seq` says how many, so a gap or a repeat is an item
+    /// lost or stored twice, and ending early is a lost tail.
     pub fn iter(&self) -> impl Iterator<Item = Result<Record, ShardError>> + '_ {
         // One pass over every block: caching them would only grow memory with the data
         // (up to the block cache size per open shard); reading ahead makes the scan
@@ -482,27 +485,77 @@ impl ShardReader {
         let mut ro = ReadOptions::default();
         ro.fill_cache(false);
         ro.set_readahead_size(SCAN_READAHEAD);
-        // The writer stores seqs 0, 1, 2, ... in ID order, so a gap or a repeat means an
-        // item was lost or stored twice.
-        let mut expected_seq = 0u64;
-        self.db.iterator_opt(IteratorMode::Start, ro).map(move |kv| {
-            let (k, v) = kv.map_err(rocks(&self.path))?;
-            let r = decode_item(&k, &v).map_err(|reason| ShardError::Corrupt { path: self.path.clone(), reason })?;
-            if r.shard != self.shard {
-                return Err(ShardError::Corrupt {
-                    path: self.path.clone(),
-                    reason: format!("item {} says shard {}, the database is shard {}", r.id, r.shard, self.shard),
-                });
+        let (promised, first_error) = match self.progress() {
+            Ok(p) => (p.map_or(0, |p| p.next_seq), None),
+            Err(e) => (0, Some(e)),
+        };
+        ShardIter { reader: self, items: self.db.iterator_opt(IteratorMode::Start, ro), promised, first_error, expected_seq: 0, done: false }
+    }
+
+    fn corrupt(&self, reason: String) -> ShardError {
+        ShardError::Corrupt { path: self.path.clone(), reason }
+    }
+}
+
+/// [`ShardReader::iter`]: the items, then one error if fewer came than the marker says.
+struct ShardIter<'a> {
+    reader: &'a ShardReader,
+    items: rocksdb::DBIteratorWithThreadMode<'a, DB>,
+    /// The marker's `next_seq`.
+    promised: u64,
+    /// Reading the marker failed: this is the first (and last) item.
+    first_error: Option<ShardError>,
+    expected_seq: u64,
+    done: bool,
+}
+
+impl Iterator for ShardIter<'_> {
+    type Item = Result<Record, ShardError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        if let Some(e) = self.first_error.take() {
+            self.done = true;
+            return Some(Err(e));
+        }
+        let promised = self.promised;
+        let item = match self.items.next() {
+            Some(kv) => kv.map_err(rocks(&self.reader.path)).and_then(|(k, v)| self.check(&k, &v, promised)),
+            None if self.expected_seq < promised => Err(self.reader.corrupt(format!(
+                "{} items, the progress marker says {promised}: the items with seq {}.. are missing",
+                self.expected_seq, self.expected_seq
+            ))),
+            None => {
+                self.done = true;
+                return None;
             }
-            if r.seq != expected_seq {
-                return Err(ShardError::Corrupt {
-                    path: self.path.clone(),
-                    reason: format!("item {} has seq {}, {expected_seq} expected (an item is missing or stored twice)", r.id, r.seq),
-                });
-            }
-            expected_seq += 1;
-            Ok(r)
-        })
+        };
+        if item.is_err() {
+            self.done = true;
+        }
+        Some(item)
+    }
+}
+
+impl ShardIter<'_> {
+    fn check(&mut self, key: &[u8], value: &[u8], promised: u64) -> Result<Record, ShardError> {
+        let r = decode_item(key, value).map_err(|reason| self.reader.corrupt(reason))?;
+        if r.shard != self.reader.shard {
+            return Err(self.reader.corrupt(format!("item {} says shard {}, the database is shard {}", r.id, r.shard, self.reader.shard)));
+        }
+        if r.seq != self.expected_seq {
+            return Err(self.reader.corrupt(format!(
+                "item {} has seq {}, {} expected (an item is missing or stored twice)",
+                r.id, r.seq, self.expected_seq
+            )));
+        }
+        if r.seq >= promised {
+            return Err(self.reader.corrupt(format!("item {} has seq {}, beyond the progress marker's {promised} items", r.id, r.seq)));
+        }
+        self.expected_seq += 1;
+        Ok(r)
     }
 }
 
@@ -571,6 +624,39 @@ mod tests {
         let r = ShardReader::open(&shard_db_path(dir.path(), 0)).expect("open reader");
         let err = r.iter().collect::<Result<Vec<_>, _>>().expect_err("a gap");
         assert!(err.to_string().contains("item 12 has seq 2, 1 expected"), "{err}");
+    }
+
+    #[test]
+    fn a_lost_tail_is_reported_after_the_last_item() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        {
+            let mut w = ShardWriter::open(dir.path(), 0).expect("open writer");
+            let batch = vec![rec(10, 0, 0, b"a"), rec(11, 0, 1, b"b"), rec(12, 0, 2, b"c")];
+            w.write_batch(&batch, &prog(3, 12, true)).expect("batch");
+            // The last items gone: no gap in what is left, only fewer than promised.
+            w.db.delete(encode_key(12)).expect("delete");
+            w.db.delete(encode_key(11)).expect("delete");
+        }
+        let r = ShardReader::open(&shard_db_path(dir.path(), 0)).expect("open reader");
+        let items: Vec<_> = r.iter().collect();
+        assert_eq!(items.len(), 2, "the item that is there, then the error");
+        assert_eq!(items[0].as_ref().expect("item 0").id, 10);
+        let err = items[1].as_ref().expect_err("a lost tail");
+        assert!(err.to_string().contains("1 items, the progress marker says 3"), "{err}");
+    }
+
+    #[test]
+    fn an_item_beyond_the_marker_is_reported() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        {
+            let mut w = ShardWriter::open(dir.path(), 0).expect("open writer");
+            w.write_batch(&[rec(10, 0, 0, b"a")], &prog(1, 10, true)).expect("batch");
+            // An item the marker does not cover (written behind the writer's back).
+            w.db.put(encode_key(11), encode_value(0, 1, b"x")).expect("put");
+        }
+        let r = ShardReader::open(&shard_db_path(dir.path(), 0)).expect("open reader");
+        let err = r.iter().collect::<Result<Vec<_>, _>>().expect_err("beyond the marker");
+        assert!(err.to_string().contains("item 11 has seq 1, beyond the progress marker's 1 items"), "{err}");
     }
 
     #[test]
