@@ -52,6 +52,15 @@ pub enum ListError {
         #[source]
         source: io::Error,
     },
+    /// The list is complete and renamed into place, but the fsync of its directory
+    /// failed: the file is there and readable, but a crash now could lose the rename.
+    #[error("{} is complete, but fsync of its directory {} failed ({source}): a crash now could lose it; rerun to be sure", path.display(), dir.display())]
+    NotDurable {
+        path: PathBuf,
+        dir: PathBuf,
+        #[source]
+        source: io::Error,
+    },
     /// The directory that should receive the output does not exist.
     #[error("output directory {} does not exist", dir.display())]
     MissingDir { dir: PathBuf },
@@ -227,7 +236,8 @@ impl ListWriter {
     /// the final path and fsyncs the directory.
     ///
     /// # Errors
-    /// [`ListError::Io`] if any step fails; the temporary file is removed then.
+    /// [`ListError::Io`] if any step up to the rename fails; the temporary file is removed
+    /// then. [`ListError::NotDurable`] if only the directory fsync after it fails.
     pub fn finish(mut self) -> Result<Summary, ListError> {
         let checksum = self.hasher.clone().finalize();
         let tmp_path = self.tmp_path().to_path_buf();
@@ -258,9 +268,11 @@ impl ListWriter {
             _ => PathBuf::from("."),
         };
         // The rename is durable only once the directory entry is on disk.
-        File::open(&dir)
-            .and_then(|d| d.sync_all())
-            .map_err(io_err(&dir, "fsync directory"))?;
+        File::open(&dir).and_then(|d| d.sync_all()).map_err(|source| ListError::NotDurable {
+            path: self.path.clone(),
+            dir: dir.clone(),
+            source,
+        })?;
         Ok(Summary {
             records: self.records,
             file_bytes: self.bytes + FOOTER_LEN,
@@ -513,6 +525,17 @@ mod tests {
 
     fn read_all(bytes: &[u8]) -> Result<Vec<Record>, ListError> {
         ListReader::new(Cursor::new(bytes), bytes.len() as u64)?.collect()
+    }
+
+    #[test]
+    fn a_failed_directory_fsync_says_the_list_is_there() {
+        let e = ListError::NotDurable {
+            path: PathBuf::from("/out/list.bin"),
+            dir: PathBuf::from("/out"),
+            source: io::Error::other("EIO"),
+        };
+        let msg = e.to_string();
+        assert!(msg.contains("/out/list.bin is complete") && msg.contains("directory /out") && msg.contains("EIO"), "{msg}");
     }
 
     #[test]

@@ -172,7 +172,12 @@ fn run_merge(cfg: &MergeConfig) -> anyhow::Result<()> {
     if let Some(bar) = &bar {
         bar.finish_and_clear();
     }
-    let summary = result.with_context(|| format!("merge into {} failed; no list.bin written", cfg.out.display()))?;
+    let summary = match result {
+        Ok(summary) => summary,
+        // The list is in place; only its durability is in doubt, and the message says so.
+        Err(e @ merger::MergeError::List(sublist::listbin::ListError::NotDurable { .. })) => return Err(e.into()),
+        Err(e) => return Err(anyhow::Error::new(e).context(format!("merge into {} failed; no list.bin written", cfg.out.display()))),
+    };
     let secs = start.elapsed().as_secs_f64();
     let mb = summary.file_bytes as f64 / 1e6;
     println!(
