@@ -22,6 +22,13 @@ use sublist::shard::{ShardError, ShardReader};
 
 /// Sublist databases are directories named `shard-<n>` under the data dir (DESIGN.md).
 pub const SHARD_PREFIX: &str = "shard-";
+/// The n of a directory named exactly `shard-<n>` (canonical decimal, as the producer
+/// names it: not `shard-07`, not `shard-3.bak`).
+pub fn shard_number(name: &str) -> Option<u32> {
+    let digits = name.strip_prefix(SHARD_PREFIX)?;
+    digits.parse::<u32>().ok().filter(|n| n.to_string() == digits)
+}
+
 /// How often (in records) [`merge_to_file`] reports progress: often enough for a smooth
 /// progress bar, rare enough that the callback costs nothing next to the merge.
 pub const PROGRESS_EVERY: u64 = 4096;
@@ -89,13 +96,12 @@ pub fn find_shards(data_dir: &Path) -> Result<Vec<PathBuf>, MergeError> {
     for entry in std::fs::read_dir(data_dir).map_err(dir_err)? {
         let entry = entry.map_err(dir_err)?;
         let name = entry.file_name();
-        let Some(suffix) = name.to_str().and_then(|n| n.strip_prefix(SHARD_PREFIX)) else {
+        let Some(name) = name.to_str().filter(|n| n.starts_with(SHARD_PREFIX)) else {
             continue;
         };
-        // Strict parse: "shard-07" or "shard-3.bak" would be a second copy of some shard.
-        let shard: u32 = match suffix.parse::<u32>() {
-            Ok(n) if n.to_string() == suffix => n,
-            _ => return Err(MergeError::BadShardName { path: entry.path() }),
+        // "shard-07" or "shard-3.bak" would be a second copy of some shard.
+        let Some(shard) = shard_number(name) else {
+            return Err(MergeError::BadShardName { path: entry.path() });
         };
         found.insert(shard, entry.path());
     }
@@ -128,11 +134,7 @@ pub fn open_shards(paths: &[PathBuf], allow_unfinished: bool) -> Result<Vec<Open
     for path in paths {
         let reader = ShardReader::open(path)?;
         let shard = reader.shard();
-        let named = path
-            .file_name()
-            .and_then(|n| n.to_str())
-            .and_then(|n| n.strip_prefix(SHARD_PREFIX))
-            .and_then(|s| s.parse::<u32>().ok());
+        let named = path.file_name().and_then(|n| n.to_str()).and_then(shard_number);
         if let Some(named) = named {
             if named != shard {
                 return Err(MergeError::NameMismatch { path: path.clone(), named, found: shard });
@@ -180,4 +182,18 @@ pub fn merge_to_file(
     progress(summary.records, summary.file_bytes);
     tracing::debug!(out = %out.display(), records = summary.records, "list.bin written");
     Ok(summary)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shard_number;
+
+    #[test]
+    fn only_canonical_shard_names_have_a_number() {
+        assert_eq!(shard_number("shard-0"), Some(0));
+        assert_eq!(shard_number("shard-4294967295"), Some(u32::MAX));
+        for bad in ["shard-", "shard-07", "shard-3.bak", "shard--1", "shard-+1", "shard-4294967296", "shard-a", "xshard-1", "shard-1 "] {
+            assert_eq!(shard_number(bad), None, "{bad}");
+        }
+    }
 }
