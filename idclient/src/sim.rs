@@ -10,6 +10,10 @@
 //! is set, in which case it comes back empty (what a node without fsync, or with a
 //! wiped data dir, does: the negative case the checker must catch).
 //!
+//! Each node also models the rendezvous of combined rounds (`script::COMBINE`):
+//! volatile state with leases on the virtual clock, lost when the node crashes, and batch
+//! results published to subscribers through the same faulty network.
+//!
 //! [`SimNode`] implements [`Register`], so the real [`crate::QuorumClient`] runs over it
 //! unchanged. Run it on a tokio `current_thread` runtime with paused time
 //! (`start_paused = true`): delays are then virtual (a simulated second costs
@@ -17,8 +21,9 @@
 //! the clients' jitter seeded, [`crate::QuorumClient::with_jitter_seed`]) one seed
 //! replays the same run exactly.
 
-use crate::combine::Nonce;
+use crate::combine::{Close, Join, Leases, Nonce};
 use crate::node::{NodeError, Register, WriteReply, Written};
+use futures::stream::BoxStream;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::collections::BTreeMap;
@@ -26,6 +31,7 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::sync::mpsc;
+use tokio::time::Instant;
 
 /// The network's and the nodes' behaviour.
 #[derive(Debug, Clone)]
@@ -77,6 +83,33 @@ pub struct SimStats {
 struct NodeState {
     values: BTreeMap<String, u64>,
     up: bool,
+    /// The rendezvous of combined rounds, per register key: volatile, gone when the node
+    /// crashes (as the Redis node's, which never reach its AOF).
+    rendezvous: BTreeMap<String, Rendezvous>,
+    /// Results subscriptions (key, sender): dropped when the node crashes, which ends
+    /// the subscribers' streams as a closed connection would.
+    subscribers: Vec<(String, mpsc::UnboundedSender<String>)>,
+}
+
+/// One key's rendezvous state, with the expiry times the Redis keys would have.
+#[derive(Debug, Default)]
+struct Rendezvous {
+    /// The open batch: nonce, IDs so far, expiry.
+    open: Option<(Nonce, u64, Instant)>,
+    /// The batch in flight: nonce, expiry.
+    inflight: Option<(Nonce, Instant)>,
+}
+
+impl Rendezvous {
+    /// Drops what has expired by `now`, as Redis would before looking.
+    fn expire(&mut self, now: Instant) {
+        if self.open.is_some_and(|(_, _, at)| at <= now) {
+            self.open = None;
+        }
+        if self.inflight.is_some_and(|(_, at)| at <= now) {
+            self.inflight = None;
+        }
+    }
 }
 
 struct State {
@@ -94,21 +127,27 @@ pub struct SimCluster {
 
 #[derive(Debug, Clone)]
 enum Op {
-    Write { key: String, lo: u64, hi: u64 },
+    Write { key: String, lo: u64, hi: u64, batch: Option<Nonce> },
     Read { key: String },
+    Join { key: String, n: u64, nonce: Nonce, leases: Leases },
+    Close { key: String, nonce: Nonce, lease: Duration },
+    Finish { key: String, nonce: Nonce, message: String },
 }
 
 #[derive(Debug, Clone, Copy)]
 enum Outcome {
-    Write(WriteReply),
+    Write(WriteReply, bool),
     Read(u64),
+    Join(Join),
+    Close(Close),
+    Finished,
     Down,
 }
 
 impl SimCluster {
     /// A cluster of `config.nodes` empty registers, all up, with its RNG seeded.
     pub fn new(config: SimConfig, seed: u64) -> SimCluster {
-        let nodes = (0..config.nodes).map(|_| NodeState { values: BTreeMap::new(), up: true }).collect();
+        let nodes = (0..config.nodes).map(|_| NodeState { values: BTreeMap::new(), up: true, rendezvous: BTreeMap::new(), subscribers: Vec::new() }).collect();
         SimCluster {
             state: Arc::new(Mutex::new(State { rng: StdRng::seed_from_u64(seed), nodes, stats: SimStats::default() })),
             config: Arc::new(config),
@@ -136,6 +175,8 @@ impl SimCluster {
         let mut s = self.lock();
         if s.nodes[i].up {
             s.nodes[i].up = false;
+            s.nodes[i].rendezvous.clear();
+            s.nodes[i].subscribers.clear();
             s.stats.crashes += 1;
         }
     }
@@ -187,17 +228,80 @@ impl SimCluster {
             return Outcome::Down;
         }
         s.stats.applied += 1;
+        let now = Instant::now();
         match op {
             Op::Read { key } => Outcome::Read(s.nodes[i].values.get(key).copied().unwrap_or(0)),
-            Op::Write { key, lo, hi } => {
-                let current = s.nodes[i].values.get(key).copied().unwrap_or(0);
+            Op::Write { key, lo, hi, batch } => {
+                let node = &mut s.nodes[i];
+                let rv = node.rendezvous.entry(key.clone()).or_default();
+                rv.expire(now);
+                let combining = rv.inflight.is_some_and(|(busy, _)| Some(busy) != *batch);
+                let current = node.values.get(key).copied().unwrap_or(0);
                 if current < *lo {
-                    s.nodes[i].values.insert(key.clone(), *hi);
+                    node.values.insert(key.clone(), *hi);
                     s.stats.accepts += 1;
-                    Outcome::Write(WriteReply::Accepted)
+                    Outcome::Write(WriteReply::Accepted, combining)
                 } else {
-                    Outcome::Write(WriteReply::Rejected { current })
+                    Outcome::Write(WriteReply::Rejected { current }, combining)
                 }
+            }
+            // The rendezvous script of `script::COMBINE`, operation by operation.
+            Op::Join { key, n, nonce, leases } => {
+                let rv = s.nodes[i].rendezvous.entry(key.clone()).or_default();
+                rv.expire(now);
+                Outcome::Join(match (&mut rv.open, rv.inflight) {
+                    (Some((_, ids, _)), _) if *ids + n > crate::quorum::MAX_COUNT => Join::Full,
+                    (Some((batch, ids, at)), _) => {
+                        let offset = *ids;
+                        *ids += n;
+                        Join::Follow { batch: *batch, offset, wait: at.saturating_duration_since(now) }
+                    }
+                    (None, None) => {
+                        rv.inflight = Some((*nonce, now + leases.round));
+                        Join::Solo
+                    }
+                    (None, Some((busy, at))) => {
+                        rv.open = Some((*nonce, *n, now + leases.batch));
+                        Join::Lead { busy, wait: at.saturating_duration_since(now) }
+                    }
+                })
+            }
+            Op::Close { key, nonce, lease } => {
+                let rv = s.nodes[i].rendezvous.entry(key.clone()).or_default();
+                rv.expire(now);
+                Outcome::Close(match (rv.open, rv.inflight) {
+                    (Some((open, ..)), _) if open != *nonce => Close::Gone,
+                    (None, _) => Close::Gone,
+                    (Some(_), Some((busy, at))) => Close::Busy { busy, wait: at.saturating_duration_since(now) },
+                    (Some((_, ids, _)), None) => {
+                        rv.open = None;
+                        rv.inflight = Some((*nonce, now + *lease));
+                        Close::Closed { ids }
+                    }
+                })
+            }
+            Op::Finish { key, nonce, message } => {
+                let rv = s.nodes[i].rendezvous.entry(key.clone()).or_default();
+                rv.expire(now);
+                if rv.inflight.is_some_and(|(busy, _)| busy == *nonce) {
+                    rv.inflight = None;
+                }
+                // Published to every subscriber of this node, each copy through the
+                // faulty network (lost, delayed, reordered), as the harshest reading of
+                // pub/sub: safety must not depend on it.
+                let subscribers: Vec<_> = s.nodes[i].subscribers.iter().filter(|(k, _)| k == key).map(|(_, tx)| tx.clone()).collect();
+                for tx in subscribers {
+                    if s.rng.gen_bool(self.config.loss) {
+                        continue;
+                    }
+                    let delay = self.delay(&mut s.rng);
+                    let message = message.clone();
+                    tokio::spawn(async move {
+                        tokio::time::sleep(delay).await;
+                        let _ = tx.send(message);
+                    });
+                }
+                Outcome::Finished
             }
         }
     }
@@ -274,11 +378,10 @@ impl Register for SimNode {
     }
 
     fn conditional_write(&self, key: &str, lo: u64, hi: u64, _batch: Option<Nonce>) -> impl Future<Output = Result<Written, NodeError>> + Send {
-        let op = Op::Write { key: key.to_string(), lo, hi };
+        let op = Op::Write { key: key.to_string(), lo, hi, batch: _batch };
         async move {
             match self.cluster.call(self.index, op).await? {
-                // No rendezvous here, so never a combined batch.
-                Outcome::Write(reply) => Ok(Written { reply, combining: false }),
+                Outcome::Write(reply, combining) => Ok(Written { reply, combining }),
                 other => Err(NodeError::Unavailable(format!("unexpected reply {other:?}"))),
             }
         }
@@ -296,5 +399,51 @@ impl Register for SimNode {
 
     fn warm_up(&self) -> impl Future<Output = Result<(), NodeError>> + Send {
         std::future::ready(Ok(()))
+    }
+
+    fn join(&self, key: &str, n: u64, nonce: Nonce, leases: Leases) -> impl Future<Output = Result<Join, NodeError>> + Send {
+        let op = Op::Join { key: key.to_string(), n, nonce, leases };
+        async move {
+            match self.cluster.call(self.index, op).await? {
+                Outcome::Join(join) => Ok(join),
+                other => Err(NodeError::Unavailable(format!("unexpected reply {other:?}"))),
+            }
+        }
+    }
+
+    fn close(&self, key: &str, nonce: Nonce, lease: Duration) -> impl Future<Output = Result<Close, NodeError>> + Send {
+        let op = Op::Close { key: key.to_string(), nonce, lease };
+        async move {
+            match self.cluster.call(self.index, op).await? {
+                Outcome::Close(close) => Ok(close),
+                other => Err(NodeError::Unavailable(format!("unexpected reply {other:?}"))),
+            }
+        }
+    }
+
+    fn finish(&self, key: &str, nonce: Nonce, message: String) -> impl Future<Output = Result<(), NodeError>> + Send {
+        let op = Op::Finish { key: key.to_string(), nonce, message };
+        async move {
+            match self.cluster.call(self.index, op).await? {
+                Outcome::Finished => Ok(()),
+                other => Err(NodeError::Unavailable(format!("unexpected reply {other:?}"))),
+            }
+        }
+    }
+
+    fn subscribe(&self, key: &str) -> impl Future<Output = Result<BoxStream<'static, String>, NodeError>> + Send {
+        let result = {
+            let mut s = self.cluster.lock();
+            let node = &mut s.nodes[self.index];
+            if node.up {
+                let (tx, rx) = mpsc::unbounded_channel();
+                node.subscribers.push((key.to_string(), tx));
+                let stream = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) });
+                Ok(Box::pin(stream) as BoxStream<'static, String>)
+            } else {
+                Err(NodeError::Unavailable("connection refused".to_string()))
+            }
+        };
+        std::future::ready(result)
     }
 }
