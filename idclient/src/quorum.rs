@@ -172,16 +172,25 @@ pub fn decide(nodes: usize, tally: &Tally) -> Decision {
 /// combining and goes back to plain rounds.
 pub const SOLO_STREAK: u32 = 16;
 
-/// A batch leader's lease (see [`QuorumClient`]'s `lease`) unless set from the reply
-/// timeout: a round that needs longer is retrying, and its members had better try too.
-pub const DEFAULT_LEASE: Duration = Duration::from_secs(1);
+/// A batch leader's lease is this many measured round times (see `QuorumClient::lease`):
+/// room for a few lost rounds and their backoff. A round that needs longer is in trouble,
+/// and its members had better try on their own than wait for a leader that may be gone.
+pub const LEASE_ROUNDS: u32 = 16;
+
+/// The shortest lease: scheduling noise on a busy machine must not end healthy batches.
+pub const MIN_LEASE: Duration = Duration::from_millis(25);
+
+/// The longest lease unless set from the reply timeout (2x): a leader cut off from the
+/// nodes keeps its members waiting no longer than one of its node replies could take.
+pub const DEFAULT_MAX_LEASE: Duration = Duration::from_secs(1);
 
 /// After the rendezvous node failed (down, paused, unreachable), clients run their own
 /// rounds for this long before they try it again.
 pub const RENDEZVOUS_RETRY: Duration = Duration::from_secs(1);
 
-/// How long a member waits past its leader's lease before joining again.
-pub const LEADER_GRACE: Duration = Duration::from_millis(50);
+/// How long a member waits past its leader's lease before joining again: slack for the
+/// time a reply takes to travel, not for the leader.
+pub const LEADER_GRACE: Duration = Duration::from_millis(10);
 
 /// Why a round did not produce a range.
 enum RoundLoss {
@@ -218,9 +227,8 @@ pub struct QuorumClient<N: Register = Node> {
     combine: Combine,
     /// Set when the rendezvous failed: no combined rounds before then.
     rendezvous_retry_at: Mutex<Option<Instant>>,
-    /// How long a batch leader may take for its round before its members stop waiting
-    /// and join again (a batch may wait as long again for the one in flight before it).
-    lease: Duration,
+    /// Upper bound of [`QuorumClient::lease`].
+    max_lease: Duration,
     /// Moving average of a write round's duration, in ns: the backoff unit.
     round_ns: AtomicU64,
     backoff_cap: Duration,
@@ -258,7 +266,7 @@ impl QuorumClient<Node> {
         let mut client = QuorumClient::with_nodes(nodes, config.key, config.protocol, config.deadline)?;
         client.backoff_cap = config.backoff_cap;
         client = client.with_combine(config.combine);
-        client.lease = config.reply_timeout * 2;
+        client.max_lease = config.reply_timeout * 2;
         let results = futures::future::join_all(client.nodes.iter().map(|n| n.warm_up())).await;
         let mut failures = Vec::new();
         for (node, result) in client.nodes.iter().zip(results) {
@@ -307,7 +315,7 @@ impl<N: Register> QuorumClient<N> {
             results: combine::Results::default(),
             combine: Combine::Auto,
             rendezvous_retry_at: Mutex::new(None),
-            lease: DEFAULT_LEASE,
+            max_lease: DEFAULT_MAX_LEASE,
             round_ns: AtomicU64::new(INITIAL_ROUND.as_nanos() as u64),
             backoff_cap: BACKOFF_CAP,
             jitter: None,
@@ -491,7 +499,8 @@ impl<N: Register> QuorumClient<N> {
             }
             let nonce = Nonce::random();
             let remaining = deadline - now;
-            let leases = combine::Leases { round: self.lease.min(remaining), batch: (self.lease * 2).min(remaining) };
+            let lease = self.lease();
+            let leases = combine::Leases { round: lease.min(remaining), batch: (lease * 2).min(remaining) };
             let join = match tokio::time::timeout_at(deadline, node.join(&self.key, n, nonce, leases)).await {
                 Ok(Ok(join)) => join,
                 Ok(Err(e)) => return unavailable("join", e),
@@ -537,7 +546,7 @@ impl<N: Register> QuorumClient<N> {
                         if now >= deadline {
                             return past_deadline();
                         }
-                        let lease = self.lease.min(deadline - now);
+                        let lease = self.lease().min(deadline - now);
                         match tokio::time::timeout_at(deadline, node.close(&self.key, nonce, lease)).await {
                             Ok(Ok(Close::Closed { ids })) => return Some(self.lead(nonce, n, ids, deadline, started).await),
                             Ok(Ok(Close::Busy { busy: b, wait: w })) => (busy, wait) = (b, w),
@@ -549,6 +558,16 @@ impl<N: Register> QuorumClient<N> {
                 }
             }
         }
+    }
+
+    /// How long a batch leader may take for its round before its members stop waiting and
+    /// join again (an open batch may first wait as long for the batch in flight):
+    /// [`LEASE_ROUNDS`] measured rounds, within [`MIN_LEASE`] and twice the reply timeout.
+    /// Short, because a vanished leader (a crashed client, a killed broker) costs every
+    /// member its lease; a leader that outlives it is safe, its members just stop waiting.
+    fn lease(&self) -> Duration {
+        let round = Duration::from_nanos(self.round_ns.load(Ordering::Relaxed));
+        (round * LEASE_ROUNDS).clamp(MIN_LEASE, self.max_lease.max(MIN_LEASE))
     }
 
     /// Whether combined rounds are worth trying: not within [`RENDEZVOUS_RETRY`] of the
