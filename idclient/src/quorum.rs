@@ -5,6 +5,10 @@
 //! only if its register is below LO, and registers only grow, so two majorities (which
 //! share a node) never accept overlapping ranges, and a range accepted after another was
 //! returned lies above it. The protocols differ only in how LO is guessed.
+//!
+//! Under contention, fast-protocol clients share rounds ([`crate::combine`]): one client
+//! runs the round for a batch of requests from several clients. docs/idclient.md has the
+//! whole picture.
 
 use crate::combine::{self, BatchResult, Close, Join, Nonce, WaitEnd};
 use crate::error::NodeFailure;
@@ -373,7 +377,8 @@ impl<N: Register> QuorumClient<N> {
     }
 
     /// Reserves `n` IDs, retrying lost rounds with jittered backoff until `deadline`
-    /// (the broker passes its callers' deadline here).
+    /// (the broker passes its callers' deadline here). Under contention (see [`Combine`])
+    /// the request rides in a round shared with other clients instead.
     ///
     /// # Errors
     /// As [`IdSource::next_ids`]: [`IdError::BadRequest`] for `n` outside
