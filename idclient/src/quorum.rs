@@ -57,7 +57,8 @@ pub enum Combine {
     #[default]
     Auto,
     /// From the first request on: for clients that know they contend (several producers
-    /// on one quorum). Costs a lone client two rendezvous calls per request.
+    /// on one quorum). Costs a lone client two rendezvous calls per request (about a
+    /// third of its throughput, measured: docs/idclient.md).
     Always,
     /// Never: every request runs its own rounds, with backoff when it loses.
     Never,
