@@ -69,9 +69,10 @@ pub enum ProducerError {
     #[error("sublist {path} was written from different input (stored: {stored}; given: {given}); refusing to mix inputs: use another --data-dir or delete {path}")]
     DifferentInput { path: PathBuf, stored: String, given: String },
 
-    /// stdin cannot be checked to be the same input, so a started sublist cannot resume from it.
-    #[error("sublist {path} already holds {items} items; input from stdin cannot be resumed (it cannot be checked to be the same): use --input FILE, or delete {path}")]
-    StdinNotResumable { path: PathBuf, items: u64 },
+    /// stdin cannot be checked to be the same input, so a started sublist cannot resume from it
+    /// (and a finished one cannot tell whether this stdin is the input it already holds).
+    #[error("sublist {path} {} {items} items; input from stdin cannot be resumed (it cannot be checked to be the same): use --input FILE, or delete {path} to write it again", if *finished { "is finished with" } else { "already holds" })]
+    StdinNotResumable { path: PathBuf, items: u64, finished: bool },
 
     /// The sublist database failed (in use, wrong shard, not a sublist, I/O).
     #[error(transparent)]
@@ -232,7 +233,7 @@ impl Producer {
             }
             InputSpec::Stdin => {
                 if let Some(p) = &progress {
-                    return Err(ProducerError::StdinNotResumable { path: writer.path().to_path_buf(), items: p.next_seq });
+                    return Err(ProducerError::StdinNotResumable { path: writer.path().to_path_buf(), items: p.next_seq, finished: p.finished });
                 }
                 (b"stdin".to_vec(), None)
             }

@@ -252,7 +252,7 @@ fn bad_inputs_get_clear_errors_and_exit_codes() {
     }
     assert_exit(&child.wait_with_output().expect("wait"), 0, "");
     check_sublist(&items(&data, 8), 8, &[b"s0".to_vec(), b"s1".to_vec()]);
-    assert_exit(&run(&["--shard", "8", "--data-dir", &d, "--nodes", &nodes, "--input", "-"]), 4, "stdin cannot be resumed");
+    assert_exit(&run(&["--shard", "8", "--data-dir", &d, "--nodes", &nodes, "--input", "-"]), 4, "is finished with 2 items; input from stdin cannot be resumed");
 
     // Bad node URLs; no broker listening.
     assert_exit(&run(&["--shard", "10", "--data-dir", &d, "--nodes", "not-a-url", "--generate", "5", "--deadline", "1"]), 2, "");
