@@ -405,7 +405,9 @@ impl<N: Register> QuorumClient<N> {
                 return result;
             }
         } else {
-            match self.rounds(n, deadline, started, fast, None).await {
+            // Yield a lost round to combining only when combining can happen now; else the
+            // rounds go on with their backoff intact.
+            match self.rounds(n, deadline, started, fast && self.rendezvous_usable(), None).await {
                 Some(result) => return result,
                 None => {
                     // Lost to another writer: share rounds from now on.
@@ -533,8 +535,8 @@ impl<N: Register> QuorumClient<N> {
                             }
                             None => tracing::warn!(%batch, ?range, offset, n, "batch result does not cover this member; joining again"),
                         },
-                        // The leader retried until its deadline: the quorum is in trouble,
-                        // and our own rounds report how.
+                        // The batch's round failed (the leader retried until its deadline,
+                        // or met an error retrying cannot fix): our own rounds report why.
                         Ok(BatchResult { range: None, .. }) | Err(WaitEnd::Closed) => return None,
                         // The leader vanished: its batch's IDs, if any, stay unused.
                         Err(WaitEnd::TimedOut) => {}
