@@ -251,27 +251,42 @@ fn config_rng(seed: u64) -> rand::rngs::StdRng {
     <rand::rngs::StdRng as rand::SeedableRng>::seed_from_u64(seed ^ 0x5eed_c0f1_9000_0001)
 }
 
-#[test]
-fn quorum_protocol_is_safe_under_simulated_faults() {
+/// What a run of many seeds added up to.
+struct Totals {
+    seeds: usize,
+    ok: usize,
+    total: usize,
+    combined: u64,
+}
+
+/// Runs `run` for every seed and checks each history; a violation panics with the seed
+/// and the command that replays it (`name` is the test's name filter).
+fn check_seeds(label: &str, name: &str, divisor: u64, run: impl Fn(u64) -> Outcome) -> Totals {
     let started = std::time::Instant::now();
-    let (mut ok, mut total, mut combined) = (0, 0, 0);
-    let seeds = seeds(1);
+    let seeds = seeds(divisor);
+    let mut t = Totals { seeds: seeds.len(), ok: 0, total: 0, combined: 0 };
     for &seed in &seeds {
-        let out = run_quorum_seed(seed, false);
+        let out = run(seed);
         if let Err(v) = check(&out.events) {
-            panic!("seed {seed}: {v}\nreplay with QLIST_SIM_SEED={seed} cargo test --release --test sim");
+            panic!("{label} seed {seed}: {v}\nreplay with QLIST_SIM_SEED={seed} cargo test --release --test sim {name}");
         }
-        ok += out.ok;
-        total += out.events.len();
-        combined += out.combined;
+        t.ok += out.ok;
+        t.total += out.events.len();
+        t.combined += out.combined;
         if seeds.len() == 1 {
-            eprintln!("seed {seed}: history digest {:016x}", digest(&out.events));
+            eprintln!("{label} seed {seed}: history digest {:016x}", digest(&out.events));
         }
     }
-    eprintln!("{} seeds, {total} requests, {ok} succeeded ({combined} in another client's batch), in {:?}", seeds.len(), started.elapsed());
-    // Not vacuous: most requests get IDs despite the faults, and combined rounds happen.
-    assert!(ok * 2 > total, "only {ok} of {total} requests succeeded: the model is too hostile to test anything");
+    let Totals { ok, total, combined, .. } = t;
+    eprintln!("{label}: {} seeds, {total} requests, {ok} succeeded ({combined} in another client's batch), in {:?}", seeds.len(), started.elapsed());
+    t
+}
 
+#[test]
+fn quorum_protocol_is_safe_under_simulated_faults() {
+    let Totals { ok, total, .. } = check_seeds("quorum", "quorum_protocol", 1, |seed| run_quorum_seed(seed, false));
+    // Not vacuous: most requests get IDs despite the faults.
+    assert!(ok * 2 > total, "only {ok} of {total} requests succeeded: the model is too hostile to test anything");
 }
 
 /// Seeds of the combining workload per seed of the quorum simulation: a third as many.
@@ -279,26 +294,12 @@ const COMBINING_SEED_DIVISOR: u64 = 3;
 
 #[test]
 fn combined_rounds_are_safe_under_simulated_faults() {
-    let started = std::time::Instant::now();
-    let (mut ok, mut total, mut combined) = (0, 0, 0);
-    let seeds = seeds(COMBINING_SEED_DIVISOR);
-    for &seed in &seeds {
-        let out = run_quorum_seed_with(seed, false, Mix::Combining);
-        if let Err(v) = check(&out.events) {
-            panic!("combining seed {seed}: {v}\nreplay with QLIST_SIM_SEED={seed} cargo test --release --test sim combined");
-        }
-        ok += out.ok;
-        total += out.events.len();
-        combined += out.combined;
-        if seeds.len() == 1 {
-            eprintln!("combining seed {seed}: history digest {:016x}", digest(&out.events));
-        }
-    }
-    eprintln!("combining: {} seeds, {total} requests, {ok} succeeded ({combined} in another client's batch), in {:?}", seeds.len(), started.elapsed());
+    let Totals { seeds, ok, total, combined } =
+        check_seeds("combining", "combined_rounds", COMBINING_SEED_DIVISOR, |seed| run_quorum_seed_with(seed, false, Mix::Combining));
     // Up to 10 clients contend under the same faults: about half the requests succeed,
     // with or without combining (measured: 56,677 of 116,223 combining, 56,727 never).
     assert!(ok * 3 > total, "only {ok} of {total} requests succeeded: the model is too hostile to test anything");
-    if seeds.len() > 1 {
+    if seeds > 1 {
         assert!(combined * 20 > ok as u64, "only {combined} of {ok} successful requests rode in another client's batch");
     }
 }

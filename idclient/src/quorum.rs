@@ -419,10 +419,15 @@ impl<N: Register> QuorumClient<N> {
             }
         }
         // No rendezvous (or a failed batch): rounds of our own, with backoff.
-        match self.rounds(n, deadline, started, false, None).await {
-            Some(result) => result,
-            None => Err(IdError::Deadline { deadline: deadline.saturating_duration_since(started), rounds: 0 }),
-        }
+        self.own_rounds(n, deadline, started, None).await
+    }
+
+    /// [`Self::rounds`] to the end: retries every loss until a win or the deadline.
+    async fn own_rounds(&self, n: u64, deadline: Instant, started: Instant, batch: Option<Nonce>) -> Result<IdRange, IdError> {
+        // Without yield_on_contention, `rounds` always returns Some.
+        self.rounds(n, deadline, started, false, batch)
+            .await
+            .unwrap_or(Err(IdError::Deadline { deadline: deadline.saturating_duration_since(started), rounds: 0 }))
     }
 
     /// Own rounds until one wins, retrying lost rounds with backoff until `deadline`.
@@ -593,10 +598,7 @@ impl<N: Register> QuorumClient<N> {
     /// outcome to its members.
     async fn lead(&self, nonce: Nonce, n: u64, ids: u64, deadline: Instant, started: Instant) -> Result<IdRange, IdError> {
         bump(&self.counters.batches, 1);
-        let result = match self.rounds(ids, deadline, started, false, Some(nonce)).await {
-            Some(result) => result,
-            None => Err(IdError::Deadline { deadline: deadline.saturating_duration_since(started), rounds: 0 }),
-        };
+        let result = self.own_rounds(ids, deadline, started, Some(nonce)).await;
         let message = BatchResult { batch: nonce, range: result.as_ref().ok().copied() }.message();
         let node = &self.nodes[self.rendezvous];
         if let Err(e) = node.finish(&self.key, nonce, message).await {
