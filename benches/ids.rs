@@ -28,7 +28,10 @@ async fn run<S: IdSource + 'static>(sources: &[Arc<S>], iters: u64, count: u64) 
         .map(|s| {
             let (s, remaining) = (Arc::clone(s), Arc::clone(&remaining));
             tokio::spawn(async move {
-                while remaining.fetch_update(Ordering::Relaxed, Ordering::Relaxed, |r| r.checked_sub(1)).is_ok() {
+                while remaining
+                    .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |r| r.checked_sub(1))
+                    .is_ok()
+                {
                     // Errors would show as a failed benchmark, not a fast one.
                     if let Err(e) = s.next_ids(count).await {
                         panic!("request failed during the benchmark: {e}");
@@ -53,20 +56,38 @@ fn callers() -> Vec<usize> {
 }
 
 fn ids(c: &mut Criterion) {
-    let rt = tokio::runtime::Builder::new_multi_thread().enable_all().build().expect("tokio runtime");
-    let quorum = LocalQuorum::temp(5).expect("cannot start redis-server quorum (apt-get install redis-server)");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    let quorum = LocalQuorum::temp(5)
+        .expect("cannot start redis-server quorum (apt-get install redis-server)");
     let (broker_addr, stop_broker) = rt.block_on(async {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
         let addr = listener.local_addr().expect("addr").to_string();
-        let source = Arc::new(QuorumClient::connect(ClientConfig::new(quorum.urls())).await.expect("broker's quorum client"));
+        let source = Arc::new(
+            QuorumClient::connect(ClientConfig::new(quorum.urls()))
+                .await
+                .expect("broker's quorum client"),
+        );
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        tokio::spawn(broker::run(listener, source, BrokerConfig::default(), async move {
-            let _ = rx.await;
-        }));
+        tokio::spawn(broker::run(
+            listener,
+            source,
+            BrokerConfig::default(),
+            async move {
+                let _ = rx.await;
+            },
+        ));
         (addr, tx)
     });
     let mut group = c.benchmark_group("ids");
-    group.sample_size(10).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3));
+    group
+        .sample_size(10)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(3));
     for callers in callers() {
         let direct = |protocol, combine| {
             rt.block_on(async {
@@ -76,7 +97,11 @@ fn ids(c: &mut Criterion) {
                 config.deadline = Duration::from_secs(30);
                 let mut v = Vec::new();
                 for _ in 0..callers {
-                    v.push(Arc::new(QuorumClient::connect(config.clone()).await.expect("connect")));
+                    v.push(Arc::new(
+                        QuorumClient::connect(config.clone())
+                            .await
+                            .expect("connect"),
+                    ));
                 }
                 v
             })
@@ -85,24 +110,44 @@ fn ids(c: &mut Criterion) {
         let uncombined = direct(Protocol::Fast, Combine::Never);
         let classic = direct(Protocol::Classic, Combine::Never);
         let brokered = rt.block_on(async {
-            let config = BrokerClientConfig { deadline: Duration::from_secs(30), ..Default::default() };
-            let client = Arc::new(BrokerClient::connect(vec![broker_addr.clone()], config).await.expect("broker client"));
+            let config = BrokerClientConfig {
+                deadline: Duration::from_secs(30),
+                ..Default::default()
+            };
+            let client = Arc::new(
+                BrokerClient::connect(vec![broker_addr.clone()], config)
+                    .await
+                    .expect("broker client"),
+            );
             vec![client; callers]
         });
         for count in [1u64, 1000] {
             let size = if count == 1 { "single" } else { "range1000" };
             group.throughput(Throughput::Elements(count));
-            group.bench_function(BenchmarkId::new(format!("direct-fast/{size}"), callers), |b| {
-                b.to_async(&rt).iter_custom(|iters| run(&fast, iters, count))
-            });
-            group.bench_function(BenchmarkId::new(format!("direct-fast-uncombined/{size}"), callers), |b| {
-                b.to_async(&rt).iter_custom(|iters| run(&uncombined, iters, count))
-            });
-            group.bench_function(BenchmarkId::new(format!("direct-classic/{size}"), callers), |b| {
-                b.to_async(&rt).iter_custom(|iters| run(&classic, iters, count))
-            });
+            group.bench_function(
+                BenchmarkId::new(format!("direct-fast/{size}"), callers),
+                |b| {
+                    b.to_async(&rt)
+                        .iter_custom(|iters| run(&fast, iters, count))
+                },
+            );
+            group.bench_function(
+                BenchmarkId::new(format!("direct-fast-uncombined/{size}"), callers),
+                |b| {
+                    b.to_async(&rt)
+                        .iter_custom(|iters| run(&uncombined, iters, count))
+                },
+            );
+            group.bench_function(
+                BenchmarkId::new(format!("direct-classic/{size}"), callers),
+                |b| {
+                    b.to_async(&rt)
+                        .iter_custom(|iters| run(&classic, iters, count))
+                },
+            );
             group.bench_function(BenchmarkId::new(format!("broker/{size}"), callers), |b| {
-                b.to_async(&rt).iter_custom(|iters| run(&brokered, iters, count))
+                b.to_async(&rt)
+                    .iter_custom(|iters| run(&brokered, iters, count))
             });
         }
     }

@@ -61,17 +61,32 @@ fn build(root: &Path, shards: u32, items: u64) -> Fixture {
     let data = work.join("data");
     let text_dir = work.join("text");
     std::fs::create_dir_all(&text_dir).expect("create fixture dirs");
-    let mut writers: Vec<ShardWriter> = (0..shards).map(|s| ShardWriter::open(&data, s).expect("open shard writer")).collect();
-    let text: Vec<PathBuf> = (0..shards).map(|s| text_dir.join(format!("{s}.txt"))).collect();
-    let mut text_out: Vec<BufWriter<std::fs::File>> =
-        text.iter().map(|p| BufWriter::new(std::fs::File::create(p).expect("create text file"))).collect();
+    let mut writers: Vec<ShardWriter> = (0..shards)
+        .map(|s| ShardWriter::open(&data, s).expect("open shard writer"))
+        .collect();
+    let text: Vec<PathBuf> = (0..shards)
+        .map(|s| text_dir.join(format!("{s}.txt")))
+        .collect();
+    let mut text_out: Vec<BufWriter<std::fs::File>> = text
+        .iter()
+        .map(|p| BufWriter::new(std::fs::File::create(p).expect("create text file")))
+        .collect();
     let per_shard = (BUILD_BUFFER / shards as usize).max(1);
     let mut buf: Vec<Vec<Record>> = vec![Vec::new(); shards as usize];
     let mut seq = vec![0u64; shards as usize];
     let mut rng = rand::rngs::StdRng::seed_from_u64(42);
     let flush = |w: &mut ShardWriter, b: &mut Vec<Record>, next_seq: u64, finished: bool| {
-        let last_id = b.last().map(|r| r.id).or_else(|| w.progress().ok().flatten().map(|p| p.last_id)).unwrap_or(0);
-        let p = Progress { next_seq, finished, last_id, fingerprint: b"bench".to_vec() };
+        let last_id = b
+            .last()
+            .map(|r| r.id)
+            .or_else(|| w.progress().ok().flatten().map(|p| p.last_id))
+            .unwrap_or(0);
+        let p = Progress {
+            next_seq,
+            finished,
+            last_id,
+            fingerprint: b"bench".to_vec(),
+        };
         w.write_batch(b, &p).expect("write batch");
         b.clear();
     };
@@ -79,10 +94,23 @@ fn build(root: &Path, shards: u32, items: u64) -> Fixture {
     let mut list_bytes = HEADER_LEN + FOOTER_LEN;
     for id in 1..=items {
         let s = rng.gen_range(0..shards) as usize;
-        let r = Record { id, shard: s as u32, seq: seq[s], payload: payload(id) };
+        let r = Record {
+            id,
+            shard: s as u32,
+            seq: seq[s],
+            payload: payload(id),
+        };
         seq[s] += 1;
         list_bytes += (sublist::listbin::RECORD_HEAD_LEN + r.payload.len()) as u64;
-        writeln!(text_out[s], "{:020}\t{}\t{}\t{}", r.id, r.shard, r.seq, String::from_utf8_lossy(&r.payload)).expect("write text");
+        writeln!(
+            text_out[s],
+            "{:020}\t{}\t{}\t{}",
+            r.id,
+            r.shard,
+            r.seq,
+            String::from_utf8_lossy(&r.payload)
+        )
+        .expect("write text");
         buf[s].push(r);
         if buf[s].len() >= per_shard {
             flush(&mut writers[s], &mut buf[s], seq[s], false);
@@ -93,9 +121,19 @@ fn build(root: &Path, shards: u32, items: u64) -> Fixture {
         text_out[s].flush().expect("flush text");
     }
     drop(writers);
-    eprintln!("fixture: {items} items in {shards} shards built in {:.1}s", start.elapsed().as_secs_f64());
+    eprintln!(
+        "fixture: {items} items in {shards} shards built in {:.1}s",
+        start.elapsed().as_secs_f64()
+    );
     let paths = merger::find_shards(&data).expect("find shards");
-    Fixture { shards, items, paths, text, list_bytes, work }
+    Fixture {
+        shards,
+        items,
+        paths,
+        text,
+        list_bytes,
+        work,
+    }
 }
 
 /// The baseline: every shard scanned in turn, the same bytes written the same way as
@@ -130,7 +168,9 @@ fn scan_to_file(out: &Path, paths: &[PathBuf]) -> u64 {
 
 fn merge_once(out: &Path, paths: &[PathBuf], progress: &mut dyn FnMut(u64, u64)) -> u64 {
     let shards = merger::open_shards(paths, false).expect("open shards");
-    merger::merge_to_file(out, &shards, progress).expect("merge").records
+    merger::merge_to_file(out, &shards, progress)
+        .expect("merge")
+        .records
 }
 
 fn sort_m(out: &Path, text: &[PathBuf]) {
@@ -181,11 +221,19 @@ fn median(v: &[Duration]) -> Option<Duration> {
 }
 
 fn main() {
-    let items: u64 = std::env::var("QLIST_BENCH_ITEMS").ok().and_then(|v| v.parse().ok()).unwrap_or(DEFAULT_ITEMS);
-    let root_parent = std::env::var_os("QLIST_BENCH_DIR").map(PathBuf::from).unwrap_or_else(std::env::temp_dir);
+    let items: u64 = std::env::var("QLIST_BENCH_ITEMS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(DEFAULT_ITEMS);
+    let root_parent = std::env::var_os("QLIST_BENCH_DIR")
+        .map(PathBuf::from)
+        .unwrap_or_else(std::env::temp_dir);
     // QLIST_BENCH_KEEP=1 keeps the fixture (e.g. to profile `merger` on it afterwards).
     let keep = std::env::var_os("QLIST_BENCH_KEEP").is_some();
-    let root = tempfile::Builder::new().prefix("qlist-merge-bench-").tempdir_in(&root_parent).expect("bench temp dir");
+    let root = tempfile::Builder::new()
+        .prefix("qlist-merge-bench-")
+        .tempdir_in(&root_parent)
+        .expect("bench temp dir");
     let mut c = Criterion::default()
         .sample_size(10)
         .warm_up_time(Duration::from_millis(10))
@@ -195,7 +243,14 @@ fn main() {
     let times: RefCell<BTreeMap<String, Vec<Duration>>> = RefCell::new(BTreeMap::new());
     let mut rows = Vec::new();
     let shard_counts: Vec<u32> = match std::env::var("QLIST_BENCH_SHARDS") {
-        Ok(v) => v.split(',').map(|s| s.trim().parse().expect("QLIST_BENCH_SHARDS: comma-separated numbers")).collect(),
+        Ok(v) => v
+            .split(',')
+            .map(|s| {
+                s.trim()
+                    .parse()
+                    .expect("QLIST_BENCH_SHARDS: comma-separated numbers")
+            })
+            .collect(),
         Err(_) => SHARD_COUNTS.to_vec(),
     };
     for shards in shard_counts {
@@ -239,12 +294,32 @@ fn main() {
 
     let times = times.into_inner();
     eprintln!("\nsummary (median per run; MB = 10^6 bytes of list.bin):");
-    eprintln!("{:>6} {:>10} {:>14} {:>10} {:>14} {:>10} {:>12} {:>12} {:>22}", "shards", "items", "merge items/s", "merge MB/s", "scan items/s", "scan MB/s", "merge/scan", "sort-m MB/s", "peak RSS KiB @0/10/100%");
+    eprintln!(
+        "{:>6} {:>10} {:>14} {:>10} {:>14} {:>10} {:>12} {:>12} {:>22}",
+        "shards",
+        "items",
+        "merge items/s",
+        "merge MB/s",
+        "scan items/s",
+        "scan MB/s",
+        "merge/scan",
+        "sort-m MB/s",
+        "peak RSS KiB @0/10/100%"
+    );
     for (shards, items, bytes, hwm0, hwm10, hwm100, reset) in rows {
-        let rate = |name: &str| median(times.get(&format!("{shards}/{name}")).map(Vec::as_slice).unwrap_or(&[])).map(|d| d.as_secs_f64());
+        let rate = |name: &str| {
+            median(
+                times
+                    .get(&format!("{shards}/{name}"))
+                    .map(Vec::as_slice)
+                    .unwrap_or(&[]),
+            )
+            .map(|d| d.as_secs_f64())
+        };
         let (m, s, so) = (rate("merge"), rate("scan"), rate("sort_m"));
         let ips = |t: Option<f64>| t.map_or("-".into(), |t| format!("{:.0}", items as f64 / t));
-        let mbs = |t: Option<f64>| t.map_or("-".into(), |t| format!("{:.1}", bytes as f64 / 1e6 / t));
+        let mbs =
+            |t: Option<f64>| t.map_or("-".into(), |t| format!("{:.1}", bytes as f64 / 1e6 / t));
         let ratio = match (m, s) {
             (Some(m), Some(s)) => format!("{:.0}%", 100.0 * s / m),
             _ => "-".into(),
@@ -252,8 +327,21 @@ fn main() {
         let hwm = |h: Option<u64>| h.map_or("-".into(), |h| h.to_string());
         eprintln!(
             "{:>6} {:>10} {:>14} {:>10} {:>14} {:>10} {:>12} {:>12} {:>22}",
-            shards, items, ips(m), mbs(m), ips(s), mbs(s), ratio, mbs(so),
-            format!("{}/{}/{}{}", hwm(hwm0), hwm(hwm10), hwm(hwm100), if reset { "" } else { " (no reset)" })
+            shards,
+            items,
+            ips(m),
+            mbs(m),
+            ips(s),
+            mbs(s),
+            ratio,
+            mbs(so),
+            format!(
+                "{}/{}/{}{}",
+                hwm(hwm0),
+                hwm(hwm10),
+                hwm(hwm100),
+                if reset { "" } else { " (no reset)" }
+            )
         );
     }
 }

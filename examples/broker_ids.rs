@@ -12,8 +12,16 @@ use std::sync::Arc;
 
 #[tokio::main]
 async fn main() -> Result<()> {
-    let addrs = std::env::args().nth(1).context("usage: broker_ids host:port[,host:port...]")?;
-    let client = Arc::new(BrokerClient::connect(addrs.split(',').map(str::to_string).collect(), BrokerClientConfig::default()).await?);
+    let addrs = std::env::args()
+        .nth(1)
+        .context("usage: broker_ids host:port[,host:port...]")?;
+    let client = Arc::new(
+        BrokerClient::connect(
+            addrs.split(',').map(str::to_string).collect(),
+            BrokerClientConfig::default(),
+        )
+        .await?,
+    );
     // Many concurrent callers share one client: the broker serves all requests that
     // arrive during one quorum round with that round.
     let mut tasks = Vec::new();
@@ -27,6 +35,11 @@ async fn main() -> Result<()> {
     }
     ids.sort_unstable();
     ids.dedup();
-    println!("{} distinct IDs from {} to {}", ids.len(), ids[0], ids[ids.len() - 1]);
+    println!(
+        "{} distinct IDs from {} to {}",
+        ids.len(),
+        ids[0],
+        ids[ids.len() - 1]
+    );
     Ok(())
 }

@@ -10,7 +10,9 @@ use idclient::{ClientConfig, IdSource, QuorumClient};
 
 #[tokio::main]
 async fn main() -> Result<()> {
-    let nodes = std::env::args().nth(1).context("usage: direct_ids redis://host:port,redis://host:port,...")?;
+    let nodes = std::env::args()
+        .nth(1)
+        .context("usage: direct_ids redis://host:port,redis://host:port,...")?;
     let config = ClientConfig::new(nodes.split(',').map(str::to_string).collect());
     // Checks every node's durability settings; refuses an unsafe node.
     let client = QuorumClient::connect(config).await?;

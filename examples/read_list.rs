@@ -10,7 +10,11 @@ use std::path::PathBuf;
 use sublist::listbin::ListReader;
 
 fn main() -> Result<()> {
-    let path = PathBuf::from(std::env::args().nth(1).context("usage: read_list LIST.BIN")?);
+    let path = PathBuf::from(
+        std::env::args()
+            .nth(1)
+            .context("usage: read_list LIST.BIN")?,
+    );
     let mut per_shard = std::collections::BTreeMap::<u32, u64>::new();
     let mut last = None;
     for record in ListReader::open(&path)? {
@@ -18,6 +22,9 @@ fn main() -> Result<()> {
         *per_shard.entry(record.shard).or_default() += 1;
         last = Some(record.id);
     }
-    println!("{}: last id {last:?}, items per shard {per_shard:?}", path.display());
+    println!(
+        "{}: last id {last:?}, items per shard {per_shard:?}",
+        path.display()
+    );
     Ok(())
 }

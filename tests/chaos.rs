@@ -43,11 +43,19 @@ const MAX_NODES_DOWN: usize = 2;
 
 fn env_u64(name: &str) -> Option<u64> {
     let v = std::env::var(name).ok()?;
-    Some(v.trim().parse().unwrap_or_else(|_| panic!("{name}={v:?} is not a number")))
+    Some(
+        v.trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("{name}={v:?} is not a number")),
+    )
 }
 
 fn log_file(dir: &Path, name: &str) -> (File, File) {
-    let f = std::fs::OpenOptions::new().create(true).append(true).open(dir.join(format!("{name}.log"))).expect("open log file");
+    let f = std::fs::OpenOptions::new()
+        .create(true)
+        .append(true)
+        .open(dir.join(format!("{name}.log")))
+        .expect("open log file");
     let g = f.try_clone().expect("clone log file handle");
     (f, g)
 }
@@ -68,7 +76,10 @@ fn start_broker(port: u16, urls: &str, logs: &Path, b: usize) -> Proc {
     let (out, err) = log_file(logs, &format!("broker-{b}"));
     let mut p = Proc::spawn(
         format!("idbroker {b}"),
-        Command::new(bin("idbroker")).args(["--listen", &format!("127.0.0.1:{port}"), "--nodes", urls]).stdout(out).stderr(err),
+        Command::new(bin("idbroker"))
+            .args(["--listen", &format!("127.0.0.1:{port}"), "--nodes", urls])
+            .stdout(out)
+            .stderr(err),
     );
     // The port can linger for a moment after a kill -9: retry the start a few times.
     let until = Instant::now() + Duration::from_secs(15);
@@ -77,15 +88,25 @@ fn start_broker(port: u16, urls: &str, logs: &Path, b: usize) -> Proc {
             return p;
         }
         if let Some(status) = p.try_wait() {
-            assert!(Instant::now() < until, "idbroker {b} keeps failing to start ({status}):\n{}", tail(logs, &format!("broker-{b}")));
+            assert!(
+                Instant::now() < until,
+                "idbroker {b} keeps failing to start ({status}):\n{}",
+                tail(logs, &format!("broker-{b}"))
+            );
             std::thread::sleep(Duration::from_millis(200));
             let (out, err) = log_file(logs, &format!("broker-{b}"));
             p = Proc::spawn(
                 format!("idbroker {b}"),
-                Command::new(bin("idbroker")).args(["--listen", &format!("127.0.0.1:{port}"), "--nodes", urls]).stdout(out).stderr(err),
+                Command::new(bin("idbroker"))
+                    .args(["--listen", &format!("127.0.0.1:{port}"), "--nodes", urls])
+                    .stdout(out)
+                    .stderr(err),
             );
         }
-        assert!(Instant::now() < until, "idbroker {b} did not start listening on port {port}");
+        assert!(
+            Instant::now() < until,
+            "idbroker {b} did not start listening on port {port}"
+        );
         std::thread::sleep(Duration::from_millis(20));
     }
 }
@@ -101,7 +122,13 @@ struct Producer {
 impl Producer {
     fn spawn(shard: u32, args: &[String], logs: &Path) -> Proc {
         let (out, err) = log_file(logs, &format!("producer-{shard}"));
-        Proc::spawn(format!("producer {shard}"), Command::new(bin("producer")).args(args).stdout(out).stderr(err))
+        Proc::spawn(
+            format!("producer {shard}"),
+            Command::new(bin("producer"))
+                .args(args)
+                .stdout(out)
+                .stderr(err),
+        )
     }
 
     /// Reaps an exited producer: done on success; restarted (same arguments) when the ID
@@ -110,14 +137,20 @@ impl Producer {
         if self.done {
             return;
         }
-        let Some(status) = self.proc.try_wait() else { return };
+        let Some(status) = self.proc.try_wait() else {
+            return;
+        };
         match status.code() {
             Some(0) => self.done = true,
             Some(5) => {
                 self.restarts += 1;
                 self.proc = Producer::spawn(self.shard, &self.args, logs);
             }
-            _ => panic!("producer {} failed ({status}):\n{}", self.shard, tail(logs, &format!("producer-{}", self.shard))),
+            _ => panic!(
+                "producer {} failed ({status}):\n{}",
+                self.shard,
+                tail(logs, &format!("producer-{}", self.shard))
+            ),
         }
     }
 }
@@ -134,7 +167,9 @@ impl Tally {
 #[test]
 fn chaos_pipeline() {
     let seed = env_u64("QLIST_CHAOS_SEED").unwrap_or_else(|| {
-        std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).map_or(1, |d| d.as_nanos() as u64)
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .map_or(1, |d| d.as_nanos() as u64)
     });
     let secs = env_u64("QLIST_CHAOS_SECS").unwrap_or(DEFAULT_SECS).max(1);
     eprintln!("chaos seed {seed}, {secs} s of faults (replay: QLIST_CHAOS_SEED={seed} QLIST_CHAOS_SECS={secs} cargo test --release --test chaos)");
@@ -144,16 +179,24 @@ fn chaos_pipeline() {
     let logs = tmp.path().join("logs");
     std::fs::create_dir(&logs).expect("log dir");
     let data = tmp.path().join("data");
-    let mut quorum = LocalQuorum::temp(5).expect("start a local 5-node redis quorum (is redis-server installed?)");
+    let mut quorum = LocalQuorum::temp(5)
+        .expect("start a local 5-node redis quorum (is redis-server installed?)");
     let urls = quorum.urls_arg();
 
     let mut brokers: Vec<Broker> = (0..2)
         .map(|b| {
             let port = free_port().expect("free port");
-            Broker { port, proc: start_broker(port, &urls, &logs, b), paused: false }
+            Broker {
+                port,
+                proc: start_broker(port, &urls, &logs, b),
+                paused: false,
+            }
         })
         .collect();
-    let addrs: Vec<String> = brokers.iter().map(|b| format!("127.0.0.1:{}", b.port)).collect();
+    let addrs: Vec<String> = brokers
+        .iter()
+        .map(|b| format!("127.0.0.1:{}", b.port))
+        .collect();
 
     let items = secs * ITEMS_PER_SEC;
     let mut producers: Vec<Producer> = (0..4u32)
@@ -164,24 +207,65 @@ fn chaos_pipeline() {
                 2 => vec!["--broker".to_string(), format!("{},{}", addrs[0], addrs[1])],
                 _ => vec!["--broker".to_string(), format!("{},{}", addrs[1], addrs[0])],
             };
-            let mut args = vec!["--shard".to_string(), shard.to_string(), "--data-dir".to_string(), data.display().to_string()];
+            let mut args = vec![
+                "--shard".to_string(),
+                shard.to_string(),
+                "--data-dir".to_string(),
+                data.display().to_string(),
+            ];
             args.extend(source);
-            args.extend(["--generate", &items.to_string(), "--payload-size", &PAYLOAD_SIZE.to_string(), "--batch", BATCH, "--no-progress-bar"].map(String::from));
+            args.extend(
+                [
+                    "--generate",
+                    &items.to_string(),
+                    "--payload-size",
+                    &PAYLOAD_SIZE.to_string(),
+                    "--batch",
+                    BATCH,
+                    "--no-progress-bar",
+                ]
+                .map(String::from),
+            );
             let proc = Producer::spawn(shard, &args, &logs);
-            Producer { shard, args, proc, done: false, restarts: 0 }
+            Producer {
+                shard,
+                args,
+                proc,
+                done: false,
+                restarts: 0,
+            }
         })
         .collect();
 
     // Side loads recording every request for the history checker.
-    let histories = [tmp.path().join("history-direct.txt"), tmp.path().join("history-broker.txt")];
+    let histories = [
+        tmp.path().join("history-direct.txt"),
+        tmp.path().join("history-broker.txt"),
+    ];
     let bench_secs = secs.to_string();
     let mut benches: Vec<(Proc, PathBuf)> = Vec::new();
-    for (i, (flag, target)) in [("--nodes", urls.clone()), ("--broker", addrs.join(","))].into_iter().enumerate() {
+    for (i, (flag, target)) in [("--nodes", urls.clone()), ("--broker", addrs.join(","))]
+        .into_iter()
+        .enumerate()
+    {
         let (out, err) = log_file(&logs, &format!("bench-{i}"));
         let p = Proc::spawn(
             format!("idctl bench {flag}"),
             Command::new(bin("idctl"))
-                .args(["bench", flag, &target, "--clients", "2", "--seconds", &bench_secs, "--count", "3", "--deadline-ms", "3000", "--history"])
+                .args([
+                    "bench",
+                    flag,
+                    &target,
+                    "--clients",
+                    "2",
+                    "--seconds",
+                    &bench_secs,
+                    "--count",
+                    "3",
+                    "--deadline-ms",
+                    "3000",
+                    "--history",
+                ])
                 .arg(&histories[i])
                 .stdout(out)
                 .stderr(err),
@@ -239,7 +323,9 @@ fn chaos_pipeline() {
             }
             0..=2 if !killed_nodes.is_empty() => {
                 let i = killed_nodes.remove(rng.gen_range(0..killed_nodes.len()));
-                quorum.restart(i).expect("restart a redis node on its port and data dir");
+                quorum
+                    .restart(i)
+                    .expect("restart a redis node on its port and data dir");
                 tally.add("node restart");
             }
             3 if down < MAX_NODES_DOWN => {
@@ -252,7 +338,8 @@ fn chaos_pipeline() {
             }
             4 => {
                 let b = rng.gen_range(0..2);
-                let other_ok = !brokers[1 - b].paused && !dead_brokers.iter().any(|&(d, _)| d == 1 - b);
+                let other_ok =
+                    !brokers[1 - b].paused && !dead_brokers.iter().any(|&(d, _)| d == 1 - b);
                 if other_ok && !brokers[b].paused && !dead_brokers.iter().any(|&(d, _)| d == b) {
                     if rng.gen_bool(0.5) {
                         brokers[b].proc.signal(libc::SIGSTOP);
@@ -260,7 +347,8 @@ fn chaos_pipeline() {
                         tally.add("broker SIGSTOP");
                     } else {
                         brokers[b].proc.kill();
-                        dead_brokers.push((b, now + Duration::from_millis(rng.gen_range(100..=1000))));
+                        dead_brokers
+                            .push((b, now + Duration::from_millis(rng.gen_range(100..=1000))));
                         tally.add("broker kill -9");
                     }
                 }
@@ -301,7 +389,17 @@ fn chaos_pipeline() {
             p.poll(&logs);
         }
         if Instant::now() > finish_by {
-            let stuck: Vec<String> = producers.iter().filter(|p| !p.done).map(|p| format!("producer {}:\n{}", p.shard, tail(&logs, &format!("producer-{}", p.shard)))).collect();
+            let stuck: Vec<String> = producers
+                .iter()
+                .filter(|p| !p.done)
+                .map(|p| {
+                    format!(
+                        "producer {}:\n{}",
+                        p.shard,
+                        tail(&logs, &format!("producer-{}", p.shard))
+                    )
+                })
+                .collect();
             panic!("seed {seed}: producers did not finish within {FINISH_TIMEOUT:?} after the faults stopped:\n{}", stuck.join("\n"));
         }
         std::thread::sleep(Duration::from_millis(50));
@@ -317,24 +415,51 @@ fn chaos_pipeline() {
             assert!(Instant::now() < until, "{} did not finish", p.name);
             std::thread::sleep(Duration::from_millis(50));
         };
-        assert!(status.success(), "{} failed ({status}):\n{}", p.name, tail(&logs, &format!("bench-{i}")));
+        assert!(
+            status.success(),
+            "{} failed ({status}):\n{}",
+            p.name,
+            tail(&logs, &format!("bench-{i}"))
+        );
         assert!(path.exists(), "{} wrote no history", p.name);
     }
 
     // Merge and verify.
     let list = tmp.path().join("list.bin");
     let merger = bin("merger");
-    let out = Command::new(&merger).arg("--out").arg(&list).arg("--data-dir").arg(&data).stdout(Stdio::piped()).output().expect("run merger");
+    let out = Command::new(&merger)
+        .arg("--out")
+        .arg(&list)
+        .arg("--data-dir")
+        .arg(&data)
+        .stdout(Stdio::piped())
+        .output()
+        .expect("run merger");
     check_output(&out, &format!("seed {seed}: merger --out"));
-    let out = Command::new(&merger).arg("verify").arg(&list).output().expect("run merger verify");
+    let out = Command::new(&merger)
+        .arg("verify")
+        .arg(&list)
+        .output()
+        .expect("run merger verify");
     check_output(&out, &format!("seed {seed}: merger verify"));
 
     let mut seen: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
     let mut list_ids = Vec::new();
     for r in ListReader::open(&list).expect("open list.bin") {
         let r = r.unwrap_or_else(|e| panic!("seed {seed}: bad record in list.bin: {e}"));
-        assert!(r.shard < 4, "seed {seed}: record {} from unknown shard {}", r.id, r.shard);
-        assert_eq!(r.payload, producer::generate_payload(r.shard, r.seq, PAYLOAD_SIZE), "seed {seed}: payload of shard {} seq {}", r.shard, r.seq);
+        assert!(
+            r.shard < 4,
+            "seed {seed}: record {} from unknown shard {}",
+            r.id,
+            r.shard
+        );
+        assert_eq!(
+            r.payload,
+            producer::generate_payload(r.shard, r.seq, PAYLOAD_SIZE),
+            "seed {seed}: payload of shard {} seq {}",
+            r.shard,
+            r.seq
+        );
         seen.entry(r.shard).or_default().push(r.seq);
         list_ids.push(r.id);
     }
@@ -355,12 +480,20 @@ fn chaos_pipeline() {
         events.extend(read_history(path));
     }
     let ok = events.iter().filter(|e| e.outcome.is_some()).count();
-    eprintln!("history: {} requests, {ok} with IDs; list.bin: {} items", events.len(), list_ids.len());
+    eprintln!(
+        "history: {} requests, {ok} with IDs; list.bin: {} items",
+        events.len(),
+        list_ids.len()
+    );
     assert!(ok > 0, "seed {seed}: the side loads got no IDs at all");
     if let Err(v) = idclient::history::check(&events) {
         panic!("seed {seed}: history violation: {v}");
     }
-    let mut ranges: Vec<(u64, u64)> = events.iter().filter_map(|e| e.outcome).map(|r| (r.lo, r.hi)).collect();
+    let mut ranges: Vec<(u64, u64)> = events
+        .iter()
+        .filter_map(|e| e.outcome)
+        .map(|r| (r.lo, r.hi))
+        .collect();
     ranges.extend(list_ids.iter().map(|&id| (id, id)));
     ranges.sort_unstable();
     for w in ranges.windows(2) {

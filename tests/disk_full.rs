@@ -43,7 +43,11 @@ fn quorum_in(dir: &Path) -> LocalQuorum {
 async fn record(events: &mut Vec<Event>, c: &impl IdSource, n: u64) -> Result<IdRange, IdError> {
     let invoke_ns = monotonic_ns();
     let r = c.next_ids(n).await;
-    events.push(Event { invoke_ns, return_ns: monotonic_ns(), outcome: r.as_ref().ok().copied() });
+    events.push(Event {
+        invoke_ns,
+        return_ns: monotonic_ns(),
+        outcome: r.as_ref().ok().copied(),
+    });
     r
 }
 
@@ -58,7 +62,9 @@ async fn redis_nodes_on_a_full_disk_are_unavailable_never_wrong() {
     let client = QuorumClient::connect(config).await.expect("connect");
     let mut events = Vec::new();
     for n in [1, 50, 1, 1000] {
-        record(&mut events, &client, n).await.expect("room on the disk");
+        record(&mut events, &client, n)
+            .await
+            .expect("room on the disk");
     }
 
     let filler = fs.fill();
@@ -73,18 +79,33 @@ async fn redis_nodes_on_a_full_disk_are_unavailable_never_wrong() {
     eprintln!("first error on the full disk: {err}");
     // Once a majority is gone, nothing succeeds any more.
     for _ in 0..3 {
-        let e = record(&mut events, &client, 1).await.expect_err("a majority of nodes cannot persist: no IDs");
-        assert!(matches!(e, IdError::NoQuorum { .. } | IdError::Deadline { .. }), "unexpected error: {e}");
+        let e = record(&mut events, &client, 1)
+            .await
+            .expect_err("a majority of nodes cannot persist: no IDs");
+        assert!(
+            matches!(e, IdError::NoQuorum { .. } | IdError::Deadline { .. }),
+            "unexpected error: {e}"
+        );
     }
     let dead = quorum.ports().into_iter().filter(|&p| !ping(p)).count();
-    assert!(dead >= 3, "only {dead} nodes stopped on the full disk; expected a majority");
+    assert!(
+        dead >= 3,
+        "only {dead} nodes stopped on the full disk; expected a majority"
+    );
 
     // Space returns; the nodes restart from what they fsynced.
     std::fs::remove_file(&filler).expect("remove the filler");
     for i in 0..quorum.len() {
-        quorum.restart(i).expect("restart a node after space returned");
+        quorum
+            .restart(i)
+            .expect("restart a node after space returned");
     }
-    let before = events.iter().filter_map(|e| e.outcome).map(|r| r.hi).max().unwrap_or(0);
+    let before = events
+        .iter()
+        .filter_map(|e| e.outcome)
+        .map(|r| r.hi)
+        .max()
+        .unwrap_or(0);
     // The client reconnects lazily: allow a few failures while it does.
     let mut first = None;
     for _ in 0..20 {
@@ -95,9 +116,14 @@ async fn redis_nodes_on_a_full_disk_are_unavailable_never_wrong() {
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     let first = first.expect("IDs after space returned and the nodes restarted");
-    assert!(first.lo > before, "{first:?} is not above {before}, returned before the disk filled");
+    assert!(
+        first.lo > before,
+        "{first:?} is not above {before}, returned before the disk filled"
+    );
     for n in [1, 10, 1] {
-        record(&mut events, &client, n).await.expect("IDs after recovery");
+        record(&mut events, &client, n)
+            .await
+            .expect("IDs after recovery");
     }
     if let Err(v) = check(&events) {
         panic!("history violation: {v}");
@@ -108,7 +134,8 @@ async fn redis_nodes_on_a_full_disk_are_unavailable_never_wrong() {
 fn producer_on_a_full_disk_exits_with_a_clear_error_then_resumes() {
     const ITEMS: u64 = 20_000;
     const PAYLOAD: usize = 1000;
-    let quorum = LocalQuorum::temp(3).expect("start a local 3-node redis quorum (is redis-server installed?)");
+    let quorum = LocalQuorum::temp(3)
+        .expect("start a local 3-node redis quorum (is redis-server installed?)");
     // 4 MiB for ~20 MB of items: the WAL fills it part-way through.
     let fs = Tmpfs::mount(4 << 20);
     let data = fs.dir.join("data");
@@ -129,25 +156,53 @@ fn producer_on_a_full_disk_exits_with_a_clear_error_then_resumes() {
     };
     let out = producer().output().expect("run producer");
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "the producer succeeded on a 4 MiB disk with {ITEMS} x {PAYLOAD} bytes");
-    assert!(stderr.contains("No space left on device"), "the error does not say the disk is full:\n{stderr}");
+    assert!(
+        !out.status.success(),
+        "the producer succeeded on a 4 MiB disk with {ITEMS} x {PAYLOAD} bytes"
+    );
+    assert!(
+        stderr.contains("No space left on device"),
+        "the error does not say the disk is full:\n{stderr}"
+    );
 
     fs.resize(256 << 20);
     let out = producer().output().expect("run producer again");
     check_output(&out, "producer after space returned");
-    assert!(String::from_utf8_lossy(&out.stdout).contains("resumed"), "the second run did not resume: {out:?}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("resumed"),
+        "the second run did not resume: {out:?}"
+    );
 
     let tmp = tempfile::tempdir().expect("tempdir");
     let list = tmp.path().join("list.bin");
-    let out = Command::new(bin("merger")).arg("--out").arg(&list).arg("--data-dir").arg(&data).output().expect("run merger");
+    let out = Command::new(bin("merger"))
+        .arg("--out")
+        .arg(&list)
+        .arg("--data-dir")
+        .arg(&data)
+        .output()
+        .expect("run merger");
     check_output(&out, "merger --out");
-    let out = Command::new(bin("merger")).arg("verify").arg(&list).output().expect("run merger verify");
+    let out = Command::new(bin("merger"))
+        .arg("verify")
+        .arg(&list)
+        .output()
+        .expect("run merger verify");
     check_output(&out, "merger verify");
     let mut seqs = Vec::new();
     for r in ListReader::open(&list).expect("open list.bin") {
         let r = r.expect("valid record");
-        assert_eq!(r.payload, producer::generate_payload(7, r.seq, PAYLOAD), "payload of seq {}", r.seq);
+        assert_eq!(
+            r.payload,
+            producer::generate_payload(7, r.seq, PAYLOAD),
+            "payload of seq {}",
+            r.seq
+        );
         seqs.push(r.seq);
     }
-    assert!(seqs.iter().copied().eq(0..ITEMS), "{} items, not exactly seqs 0..{ITEMS} in order", seqs.len());
+    assert!(
+        seqs.iter().copied().eq(0..ITEMS),
+        "{} items, not exactly seqs 0..{ITEMS} in order",
+        seqs.len()
+    );
 }

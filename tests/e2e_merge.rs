@@ -28,7 +28,8 @@ fn file_line(i: u64) -> Vec<u8> {
 #[test]
 fn four_producers_then_merge() {
     let (producer, merger) = (bin("producer"), bin("merger"));
-    let quorum = LocalQuorum::temp(5).expect("start a local 5-node redis quorum (is redis-server installed?)");
+    let quorum = LocalQuorum::temp(5)
+        .expect("start a local 5-node redis quorum (is redis-server installed?)");
     let tmp = tempfile::tempdir().expect("tempdir");
     let data = tmp.path().join("data");
     let input = tmp.path().join("input.txt");
@@ -46,7 +47,12 @@ fn four_producers_then_merge() {
             .args(["--shard", &shard.to_string(), "--data-dir"])
             .arg(&data)
             .args(["--nodes", &urls, "--generate", &count.to_string()])
-            .args(["--payload-size", &PAYLOAD_SIZE.to_string(), "--batch", "100"])
+            .args([
+                "--payload-size",
+                &PAYLOAD_SIZE.to_string(),
+                "--batch",
+                "100",
+            ])
             .stdout(std::process::Stdio::piped())
             .stderr(std::process::Stdio::piped())
             .spawn()
@@ -70,15 +76,32 @@ fn four_producers_then_merge() {
     }
 
     let list = tmp.path().join("list.bin");
-    let out = Command::new(&merger).arg("--out").arg(&list).arg("--data-dir").arg(&data).output().expect("run merger");
+    let out = Command::new(&merger)
+        .arg("--out")
+        .arg(&list)
+        .arg("--data-dir")
+        .arg(&data)
+        .output()
+        .expect("run merger");
     check_output(&out, "merger --out");
     let total: u64 = GENERATED.iter().sum::<u64>() + FILE_ITEMS;
-    assert!(String::from_utf8_lossy(&out.stdout).contains(&format!("merged {total} items from 4 shards")), "{out:?}");
-    let out = Command::new(&merger).arg("verify").arg(&list).output().expect("run merger verify");
+    assert!(
+        String::from_utf8_lossy(&out.stdout)
+            .contains(&format!("merged {total} items from 4 shards")),
+        "{out:?}"
+    );
+    let out = Command::new(&merger)
+        .arg("verify")
+        .arg(&list)
+        .output()
+        .expect("run merger verify");
     check_output(&out, "merger verify");
 
     // Strict ID order, framing and checksum are checked by the reader itself.
-    let records: Vec<Record> = ListReader::open(&list).expect("open list.bin").collect::<Result<_, _>>().expect("valid list.bin");
+    let records: Vec<Record> = ListReader::open(&list)
+        .expect("open list.bin")
+        .collect::<Result<_, _>>()
+        .expect("valid list.bin");
     assert_eq!(records.len() as u64, total);
     let mut seqs: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
     for r in &records {
@@ -87,12 +110,20 @@ fn four_producers_then_merge() {
             3 => file_line(r.seq),
             other => panic!("record {} from unknown shard {other}", r.id),
         };
-        assert_eq!(r.payload, expected, "payload of shard {} seq {}", r.shard, r.seq);
+        assert_eq!(
+            r.payload, expected,
+            "payload of shard {} seq {}",
+            r.shard, r.seq
+        );
         seqs.entry(r.shard).or_default().push(r.seq);
     }
     // Each shard's items appear exactly once each, in input order: seqs 0, 1, 2, ...
     for (shard, count) in GENERATED.iter().copied().chain([FILE_ITEMS]).enumerate() {
         let got = seqs.remove(&(shard as u32)).unwrap_or_default();
-        assert!(got.iter().copied().eq(0..count), "shard {shard}: seqs out of input order or missing ({} items)", got.len());
+        assert!(
+            got.iter().copied().eq(0..count),
+            "shard {shard}: seqs out of input order or missing ({} items)",
+            got.len()
+        );
     }
 }

@@ -9,54 +9,106 @@ use std::io::{BufRead, BufReader};
 use std::process::{Command, Output, Stdio};
 
 fn idctl(args: &[&str]) -> Output {
-    Command::new(bin("idctl")).args(args).output().expect("run idctl")
+    Command::new(bin("idctl"))
+        .args(args)
+        .output()
+        .expect("run idctl")
 }
 
 fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
 }
 
 /// Starts idbroker on a free port; returns the process (killed on drop) and its address.
 fn broker(q: &LocalQuorum) -> (Proc, String) {
     let mut cmd = Command::new(bin("idbroker"));
-    cmd.args(["--listen", "127.0.0.1:0", "--nodes", &q.urls_arg()]).stdout(Stdio::piped()).stderr(Stdio::null());
+    cmd.args(["--listen", "127.0.0.1:0", "--nodes", &q.urls_arg()])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
     let mut child = cmd.spawn().expect("start idbroker");
     let stdout = child.stdout.take().expect("idbroker stdout");
     let mut line = String::new();
-    BufReader::new(stdout).read_line(&mut line).expect("read idbroker stdout");
-    let addr = line.trim().strip_prefix("listening on ").unwrap_or_else(|| panic!("idbroker did not start: {line:?}")).to_string();
-    (Proc { name: "idbroker".into(), child: Some(child) }, addr)
+    BufReader::new(stdout)
+        .read_line(&mut line)
+        .expect("read idbroker stdout");
+    let addr = line
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("idbroker did not start: {line:?}"))
+        .to_string();
+    (
+        Proc {
+            name: "idbroker".into(),
+            child: Some(child),
+        },
+        addr,
+    )
 }
 
 #[test]
 fn next_bench_and_stats_through_a_broker() {
-    let q = LocalQuorum::temp(5).expect("cannot start redis-server quorum (apt-get install redis-server)");
+    let q = LocalQuorum::temp(5)
+        .expect("cannot start redis-server quorum (apt-get install redis-server)");
     let (_broker, addr) = broker(&q);
 
     let next = idctl(&["next", "--broker", &addr, "--count", "5"]);
     check_output(&next, "idctl next --broker");
-    let fields: Vec<u64> = String::from_utf8_lossy(&next.stdout).split_whitespace().map(|s| s.parse().expect("a number")).collect();
+    let fields: Vec<u64> = String::from_utf8_lossy(&next.stdout)
+        .split_whitespace()
+        .map(|s| s.parse().expect("a number"))
+        .collect();
     assert_eq!(fields.len(), 2, "{}", text(&next));
     assert_eq!(fields[1], fields[0] + 4, "LO HI with HI = LO + COUNT - 1");
 
     // A later direct request is above it: broker and direct clients share the quorum.
     let direct = idctl(&["next", "--nodes", &q.urls_arg()]);
     check_output(&direct, "idctl next --nodes");
-    let id: u64 = String::from_utf8_lossy(&direct.stdout).split_whitespace().next().and_then(|s| s.parse().ok()).expect("an ID");
+    let id: u64 = String::from_utf8_lossy(&direct.stdout)
+        .split_whitespace()
+        .next()
+        .and_then(|s| s.parse().ok())
+        .expect("an ID");
     assert!(id > fields[1]);
 
-    let bench = idctl(&["bench", "--broker", &addr, "--clients", "8", "--seconds", "0.5"]);
+    let bench = idctl(&[
+        "bench",
+        "--broker",
+        &addr,
+        "--clients",
+        "8",
+        "--seconds",
+        "0.5",
+    ]);
     check_output(&bench, "idctl bench --broker");
-    let last = String::from_utf8_lossy(&bench.stdout).lines().last().expect("a JSON line").to_string();
+    let last = String::from_utf8_lossy(&bench.stdout)
+        .lines()
+        .last()
+        .expect("a JSON line")
+        .to_string();
     let json: serde_json::Value = serde_json::from_str(&last).expect("JSON");
-    for field in ["ids_per_sec", "requests_per_sec", "p50_us", "p99_us", "holes_pct", "errors"] {
+    for field in [
+        "ids_per_sec",
+        "requests_per_sec",
+        "p50_us",
+        "p99_us",
+        "holes_pct",
+        "errors",
+    ] {
         assert!(json.get(field).is_some(), "missing {field} in {last}");
     }
     assert_eq!(json["errors"], 0);
 
     let stats = idctl(&["broker-stats", &addr]);
     check_output(&stats, "idctl broker-stats");
-    let last = String::from_utf8_lossy(&stats.stdout).lines().last().expect("a JSON line").to_string();
+    let last = String::from_utf8_lossy(&stats.stdout)
+        .lines()
+        .last()
+        .expect("a JSON line")
+        .to_string();
     let json: serde_json::Value = serde_json::from_str(&last).expect("JSON");
     assert!(json["requests"].as_u64().expect("requests") > 1, "{last}");
     assert!(json["rounds"].as_u64().expect("rounds") >= 1, "{last}");
@@ -66,13 +118,29 @@ fn next_bench_and_stats_through_a_broker() {
 fn broker_mode_errors_are_clear() {
     let port = free_port().expect("port");
     let nobody = format!("127.0.0.1:{port}");
-    for args in [vec!["next", "--broker", nobody.as_str(), "--deadline-ms", "300"], vec!["broker-stats", nobody.as_str()]] {
+    for args in [
+        vec!["next", "--broker", nobody.as_str(), "--deadline-ms", "300"],
+        vec!["broker-stats", nobody.as_str()],
+    ] {
         let out = idctl(&args);
         assert!(!out.status.success(), "{args:?} must fail");
         let t = text(&out);
-        assert!(t.contains(&nobody) && !t.contains("panicked"), "{args:?}: {t}");
+        assert!(
+            t.contains(&nobody) && !t.contains("panicked"),
+            "{args:?}: {t}"
+        );
     }
-    let both = idctl(&["next", "--broker", &nobody, "--nodes", "redis://127.0.0.1:1"]);
+    let both = idctl(&[
+        "next",
+        "--broker",
+        &nobody,
+        "--nodes",
+        "redis://127.0.0.1:1",
+    ]);
     assert!(!both.status.success());
-    assert!(text(&both).contains("cannot be used with"), "{}", text(&both));
+    assert!(
+        text(&both).contains("cannot be used with"),
+        "{}",
+        text(&both)
+    );
 }

@@ -26,12 +26,21 @@ impl Recorder {
     async fn call(&mut self, c: &impl IdSource, n: u64) -> Result<IdRange, IdError> {
         let invoke_ns = monotonic_ns();
         let r = c.next_ids(n).await;
-        self.events.push(Event { invoke_ns, return_ns: monotonic_ns(), outcome: r.as_ref().ok().copied() });
+        self.events.push(Event {
+            invoke_ns,
+            return_ns: monotonic_ns(),
+            outcome: r.as_ref().ok().copied(),
+        });
         r
     }
 
     fn max_hi(&self) -> u64 {
-        self.events.iter().filter_map(|e| e.outcome).map(|r| r.hi).max().unwrap_or(0)
+        self.events
+            .iter()
+            .filter_map(|e| e.outcome)
+            .map(|r| r.hi)
+            .max()
+            .unwrap_or(0)
     }
 }
 
@@ -46,8 +55,13 @@ fn proxied_client_config(proxies: &[Proxy], protocol: Protocol) -> ClientConfig 
 
 /// A local 5-node quorum and one proxy in front of each node.
 fn proxied_quorum() -> (LocalQuorum, Vec<Proxy>) {
-    let quorum = LocalQuorum::temp(5).expect("start a local 5-node redis quorum (is redis-server installed?)");
-    let proxies = quorum.ports().into_iter().map(|p| Proxy::start(SocketAddr::from(([127, 0, 0, 1], p)))).collect();
+    let quorum = LocalQuorum::temp(5)
+        .expect("start a local 5-node redis quorum (is redis-server installed?)");
+    let proxies = quorum
+        .ports()
+        .into_iter()
+        .map(|p| Proxy::start(SocketAddr::from(([127, 0, 0, 1], p))))
+        .collect();
     (quorum, proxies)
 }
 
@@ -55,10 +69,14 @@ async fn partition_run(protocol: Protocol) {
     let (quorum, proxies) = proxied_quorum();
     // The client under test goes through the proxies; the other one talks to the nodes
     // directly and stays on the majority side throughout.
-    let cut = QuorumClient::connect(proxied_client_config(&proxies, protocol)).await.expect("connect through the proxies");
+    let cut = QuorumClient::connect(proxied_client_config(&proxies, protocol))
+        .await
+        .expect("connect through the proxies");
     let mut direct_config = ClientConfig::new(quorum.urls());
     direct_config.protocol = protocol;
-    let direct = QuorumClient::connect(direct_config).await.expect("connect directly");
+    let direct = QuorumClient::connect(direct_config)
+        .await
+        .expect("connect directly");
     let mut h = Recorder { events: Vec::new() };
 
     // Healthy.
@@ -73,12 +91,24 @@ async fn partition_run(protocol: Protocol) {
     }
     for _ in 0..3 {
         let started = std::time::Instant::now();
-        let err = h.call(&cut, 5).await.expect_err("a client cut off from a majority must not get IDs");
-        assert!(matches!(err, IdError::NoQuorum { .. }), "expected no quorum, got: {err}");
+        let err = h
+            .call(&cut, 5)
+            .await
+            .expect_err("a client cut off from a majority must not get IDs");
+        assert!(
+            matches!(err, IdError::NoQuorum { .. }),
+            "expected no quorum, got: {err}"
+        );
         // Generous bound: the call must end by itself around its deadline, not hang.
-        assert!(started.elapsed() < DEADLINE * 4, "no-quorum error took {:?}, deadline {DEADLINE:?}", started.elapsed());
+        assert!(
+            started.elapsed() < DEADLINE * 4,
+            "no-quorum error took {:?}, deadline {DEADLINE:?}",
+            started.elapsed()
+        );
         // The majority side is unaffected.
-        h.call(&direct, 3).await.expect("the majority side keeps working");
+        h.call(&direct, 3)
+            .await
+            .expect("the majority side keeps working");
     }
 
     // Heal the majority, cut a minority (and slow one of the majority down): works.
@@ -93,8 +123,14 @@ async fn partition_run(protocol: Protocol) {
     let _ = h.call(&cut, 1).await;
     let before = h.max_hi();
     for n in [1, 100, 1, 7] {
-        let r = h.call(&cut, n).await.expect("a client cut off from a minority still works");
-        assert!(r.lo > before, "range {r:?} not above {before}, returned before it");
+        let r = h
+            .call(&cut, n)
+            .await
+            .expect("a client cut off from a minority still works");
+        assert!(
+            r.lo > before,
+            "range {r:?} not above {before}, returned before it"
+        );
         h.call(&direct, n).await.expect("direct client");
     }
 
@@ -106,7 +142,10 @@ async fn partition_run(protocol: Protocol) {
     let before = h.max_hi();
     for n in [1, 2, 3] {
         let r = h.call(&cut, n).await.expect("healed network");
-        assert!(r.lo > before, "range {r:?} not above {before}, returned before it");
+        assert!(
+            r.lo > before,
+            "range {r:?} not above {before}, returned before it"
+        );
     }
     // Let stale requests held by the blackhole land, then check they broke nothing.
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -140,22 +179,43 @@ async fn broker_partitioned_from_majority() {
     let (quorum, proxies) = proxied_quorum();
     let mut brokers = Vec::new();
     let mut addrs = Vec::new();
-    for urls in [proxies.iter().map(Proxy::url).collect::<Vec<_>>(), quorum.urls()] {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind broker port");
+    for urls in [
+        proxies.iter().map(Proxy::url).collect::<Vec<_>>(),
+        quorum.urls(),
+    ] {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind broker port");
         addrs.push(listener.local_addr().expect("broker addr").to_string());
         let mut config = ClientConfig::new(urls);
         config.reply_timeout = REPLY_TIMEOUT;
         config.connect_timeout = REPLY_TIMEOUT;
-        let source = std::sync::Arc::new(QuorumClient::connect(config).await.expect("broker's quorum client"));
+        let source = std::sync::Arc::new(
+            QuorumClient::connect(config)
+                .await
+                .expect("broker's quorum client"),
+        );
         let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        let task = tokio::spawn(broker::run(listener, source, broker::BrokerConfig::default(), async move {
-            let _ = rx.await;
-        }));
+        let task = tokio::spawn(broker::run(
+            listener,
+            source,
+            broker::BrokerConfig::default(),
+            async move {
+                let _ = rx.await;
+            },
+        ));
         brokers.push((tx, task));
     }
-    let bc_config = BrokerClientConfig { deadline: DEADLINE, ..Default::default() };
-    let partitioned = BrokerClient::connect(vec![addrs[0].clone()], bc_config.clone()).await.expect("connect broker 0");
-    let healthy = BrokerClient::connect(vec![addrs[1].clone()], bc_config).await.expect("connect broker 1");
+    let bc_config = BrokerClientConfig {
+        deadline: DEADLINE,
+        ..Default::default()
+    };
+    let partitioned = BrokerClient::connect(vec![addrs[0].clone()], bc_config.clone())
+        .await
+        .expect("connect broker 0");
+    let healthy = BrokerClient::connect(vec![addrs[1].clone()], bc_config)
+        .await
+        .expect("connect broker 1");
     let mut h = Recorder { events: Vec::new() };
     for n in [1, 5] {
         h.call(&partitioned, n).await.expect("healthy");
@@ -165,9 +225,17 @@ async fn broker_partitioned_from_majority() {
         p.set(Mode::Blackhole);
     }
     for _ in 0..2 {
-        let err = h.call(&partitioned, 2).await.expect_err("a broker cut off from a majority must not hand out IDs");
-        assert!(matches!(err, IdError::NoQuorum { .. } | IdError::Deadline { .. }), "unexpected error: {err}");
-        h.call(&healthy, 2).await.expect("the other broker keeps working");
+        let err = h
+            .call(&partitioned, 2)
+            .await
+            .expect_err("a broker cut off from a majority must not hand out IDs");
+        assert!(
+            matches!(err, IdError::NoQuorum { .. } | IdError::Deadline { .. }),
+            "unexpected error: {err}"
+        );
+        h.call(&healthy, 2)
+            .await
+            .expect("the other broker keeps working");
     }
     for p in &proxies {
         p.set(Mode::Pass);

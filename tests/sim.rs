@@ -30,11 +30,17 @@ const BROKER_SEED_DIVISOR: u64 = 10;
 
 fn seeds(divisor: u64) -> Vec<u64> {
     if let Ok(s) = std::env::var("QLIST_SIM_SEED") {
-        let seed = s.trim().parse().unwrap_or_else(|_| panic!("QLIST_SIM_SEED={s:?} is not a u64"));
+        let seed = s
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("QLIST_SIM_SEED={s:?} is not a u64"));
         return vec![seed];
     }
     let n = match std::env::var("QLIST_SIM_SEEDS") {
-        Ok(s) => s.trim().parse().unwrap_or_else(|_| panic!("QLIST_SIM_SEEDS={s:?} is not a count")),
+        Ok(s) => s
+            .trim()
+            .parse()
+            .unwrap_or_else(|_| panic!("QLIST_SIM_SEEDS={s:?} is not a count")),
         Err(_) => DEFAULT_SEEDS,
     };
     (0..(n / divisor).max(1)).collect()
@@ -58,17 +64,27 @@ struct Recorder {
 
 impl Recorder {
     fn new() -> Recorder {
-        Recorder { start: Instant::now(), events: Arc::default() }
+        Recorder {
+            start: Instant::now(),
+            events: Arc::default(),
+        }
     }
 
     fn ns(&self) -> u64 {
         Instant::now().duration_since(self.start).as_nanos() as u64
     }
 
-    async fn record<F: Future<Output = Result<IdRange, IdError>>>(&self, request: F) -> Result<IdRange, IdError> {
+    async fn record<F: Future<Output = Result<IdRange, IdError>>>(
+        &self,
+        request: F,
+    ) -> Result<IdRange, IdError> {
         let invoke_ns = self.ns();
         let result = request.await;
-        let event = Event { invoke_ns, return_ns: self.ns(), outcome: result.as_ref().ok().copied() };
+        let event = Event {
+            invoke_ns,
+            return_ns: self.ns(),
+            outcome: result.as_ref().ok().copied(),
+        };
         self.events.lock().expect("history lock").push(event);
         result
     }
@@ -82,7 +98,11 @@ impl Recorder {
 struct SimSource(QuorumClient<SimNode>);
 
 impl RoundSource for SimSource {
-    fn next_ids_until(&self, n: u64, deadline: Instant) -> impl Future<Output = Result<IdRange, IdError>> + Send {
+    fn next_ids_until(
+        &self,
+        n: u64,
+        deadline: Instant,
+    ) -> impl Future<Output = Result<IdRange, IdError>> + Send {
         self.0.next_ids_until(n, deadline)
     }
 }
@@ -100,7 +120,13 @@ fn random_config(cluster_rng: &mut impl Rng) -> SimConfig {
     }
 }
 
-fn client(cluster: &SimCluster, protocol: Protocol, deadline: Duration, jitter_seed: u64, combine: Combine) -> QuorumClient<SimNode> {
+fn client(
+    cluster: &SimCluster,
+    protocol: Protocol,
+    deadline: Duration,
+    jitter_seed: u64,
+    combine: Combine,
+) -> QuorumClient<SimNode> {
     QuorumClient::with_nodes(cluster.nodes(), "current", protocol, deadline)
         .expect("a valid simulated client")
         .with_jitter_seed(jitter_seed)
@@ -133,11 +159,20 @@ fn combine_mode(bits: u64, mix: Mix) -> Combine {
 
 /// Crashes and restarts nodes at random until `stop` is set. `max_down` bounds how many
 /// are down at once (all of them, for the durable model: safety must not depend on it).
-async fn fault_schedule(cluster: SimCluster, max_down: usize, mean_gap: Duration, stop: Arc<std::sync::atomic::AtomicBool>) {
+async fn fault_schedule(
+    cluster: SimCluster,
+    max_down: usize,
+    mean_gap: Duration,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+) {
     let n = cluster.config().nodes;
     while !stop.load(std::sync::atomic::Ordering::Relaxed) {
         let (gap, victim, crash) = cluster.with_rng(|r| {
-            (Duration::from_nanos(r.gen_range(0..=2 * mean_gap.as_nanos() as u64)), r.gen_range(0..n), r.gen_bool(0.5))
+            (
+                Duration::from_nanos(r.gen_range(0..=2 * mean_gap.as_nanos() as u64)),
+                r.gen_range(0..n),
+                r.gen_bool(0.5),
+            )
         });
         tokio::time::sleep(gap).await;
         let down = (0..n).filter(|&i| !cluster.is_up(i)).count();
@@ -177,13 +212,23 @@ fn digest(events: &[Event]) -> u64 {
 /// restarting with a cold `last_known`; see [`Mix`]) against a faulty simulated quorum.
 ///
 /// Returns how many requests a batch led by another client served.
-async fn quorum_workload(cluster: SimCluster, recorder: Recorder, clients: usize, requests: usize, mix: Mix) -> u64 {
+async fn quorum_workload(
+    cluster: SimCluster,
+    recorder: Recorder,
+    clients: usize,
+    requests: usize,
+    mix: Mix,
+) -> u64 {
     let mut tasks = Vec::new();
     for c in 0..clients {
         let (cluster, recorder) = (cluster.clone(), recorder.clone());
         let (protocol, deadline, ranges, jitter) = cluster.with_rng(|r| {
             (
-                if mix == Mix::Combining || r.gen_bool(0.5) { Protocol::Fast } else { Protocol::Classic },
+                if mix == Mix::Combining || r.gen_bool(0.5) {
+                    Protocol::Fast
+                } else {
+                    Protocol::Classic
+                },
                 Duration::from_millis(r.gen_range(20..=500)),
                 r.gen_bool(0.5),
                 r.gen::<u64>(),
@@ -196,14 +241,26 @@ async fn quorum_workload(cluster: SimCluster, recorder: Recorder, clients: usize
             let mut served = 0;
             for _ in 0..requests {
                 let (count, think, restart) = cluster.with_rng(|r| {
-                    (if ranges { r.gen_range(1..=1000) } else { 1 }, Duration::from_micros(r.gen_range(0..=max_think)), r.gen_bool(0.05))
+                    (
+                        if ranges { r.gen_range(1..=1000) } else { 1 },
+                        Duration::from_micros(r.gen_range(0..=max_think)),
+                        r.gen_bool(0.05),
+                    )
                 });
                 if restart {
                     // A restarted process: no memory of the register, a fresh guess.
                     served += qc.counters().combined;
-                    qc = client(&cluster, protocol, deadline, jitter.wrapping_add(1), combine);
+                    qc = client(
+                        &cluster,
+                        protocol,
+                        deadline,
+                        jitter.wrapping_add(1),
+                        combine,
+                    );
                 }
-                let _ = recorder.record(qc.next_ids_until(count, Instant::now() + deadline)).await;
+                let _ = recorder
+                    .record(qc.next_ids_until(count, Instant::now() + deadline))
+                    .await;
                 tokio::time::sleep(think).await;
             }
             served + qc.counters().combined
@@ -233,15 +290,26 @@ fn run_quorum_seed_with(seed: u64, amnesia: bool, mix: Mix) -> Outcome {
         let recorder = Recorder::new();
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let n = cluster.config().nodes;
-        let faults = tokio::spawn(fault_schedule(cluster.clone(), n, Duration::from_millis(if amnesia { 5 } else { 30 }), stop.clone()));
+        let faults = tokio::spawn(fault_schedule(
+            cluster.clone(),
+            n,
+            Duration::from_millis(if amnesia { 5 } else { 30 }),
+            stop.clone(),
+        ));
         let most = if mix == Mix::Combining { 10 } else { 5 };
-        let (clients, requests) = cluster.with_rng(|r| (r.gen_range(2..=most), r.gen_range(10..=30)));
-        let combined = quorum_workload(cluster.clone(), recorder.clone(), clients, requests, mix).await;
+        let (clients, requests) =
+            cluster.with_rng(|r| (r.gen_range(2..=most), r.gen_range(10..=30)));
+        let combined =
+            quorum_workload(cluster.clone(), recorder.clone(), clients, requests, mix).await;
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         faults.await.expect("fault task");
         let events = recorder.events();
         let ok = events.iter().filter(|e| e.outcome.is_some()).count();
-        Outcome { events, ok, combined }
+        Outcome {
+            events,
+            ok,
+            combined,
+        }
     })
 }
 
@@ -264,7 +332,12 @@ struct Totals {
 fn check_seeds(label: &str, name: &str, divisor: u64, run: impl Fn(u64) -> Outcome) -> Totals {
     let started = std::time::Instant::now();
     let seeds = seeds(divisor);
-    let mut t = Totals { seeds: seeds.len(), ok: 0, total: 0, combined: 0 };
+    let mut t = Totals {
+        seeds: seeds.len(),
+        ok: 0,
+        total: 0,
+        combined: 0,
+    };
     for &seed in &seeds {
         let out = run(seed);
         if let Err(v) = check(&out.events) {
@@ -274,19 +347,32 @@ fn check_seeds(label: &str, name: &str, divisor: u64, run: impl Fn(u64) -> Outco
         t.total += out.events.len();
         t.combined += out.combined;
         if seeds.len() == 1 {
-            eprintln!("{label} seed {seed}: history digest {:016x}", digest(&out.events));
+            eprintln!(
+                "{label} seed {seed}: history digest {:016x}",
+                digest(&out.events)
+            );
         }
     }
-    let Totals { ok, total, combined, .. } = t;
+    let Totals {
+        ok,
+        total,
+        combined,
+        ..
+    } = t;
     eprintln!("{label}: {} seeds, {total} requests, {ok} succeeded ({combined} in another client's batch), in {:?}", seeds.len(), started.elapsed());
     t
 }
 
 #[test]
 fn quorum_protocol_is_safe_under_simulated_faults() {
-    let Totals { ok, total, .. } = check_seeds("quorum", "quorum_protocol", 1, |seed| run_quorum_seed(seed, false));
+    let Totals { ok, total, .. } = check_seeds("quorum", "quorum_protocol", 1, |seed| {
+        run_quorum_seed(seed, false)
+    });
     // Not vacuous: most requests get IDs despite the faults.
-    assert!(ok * 2 > total, "only {ok} of {total} requests succeeded: the model is too hostile to test anything");
+    assert!(
+        ok * 2 > total,
+        "only {ok} of {total} requests succeeded: the model is too hostile to test anything"
+    );
 }
 
 /// Seeds of the combining workload per seed of the quorum simulation: a third as many.
@@ -294,13 +380,28 @@ const COMBINING_SEED_DIVISOR: u64 = 3;
 
 #[test]
 fn combined_rounds_are_safe_under_simulated_faults() {
-    let Totals { seeds, ok, total, combined } =
-        check_seeds("combining", "combined_rounds", COMBINING_SEED_DIVISOR, |seed| run_quorum_seed_with(seed, false, Mix::Combining));
+    let Totals {
+        seeds,
+        ok,
+        total,
+        combined,
+    } = check_seeds(
+        "combining",
+        "combined_rounds",
+        COMBINING_SEED_DIVISOR,
+        |seed| run_quorum_seed_with(seed, false, Mix::Combining),
+    );
     // Up to 10 clients contend under the same faults: about half the requests succeed,
     // with or without combining (measured: 56,677 of 116,223 combining, 56,727 never).
-    assert!(ok * 3 > total, "only {ok} of {total} requests succeeded: the model is too hostile to test anything");
+    assert!(
+        ok * 3 > total,
+        "only {ok} of {total} requests succeeded: the model is too hostile to test anything"
+    );
     if seeds > 1 {
-        assert!(combined * 20 > ok as u64, "only {combined} of {ok} successful requests rode in another client's batch");
+        assert!(
+            combined * 20 > ok as u64,
+            "only {combined} of {ok} successful requests rode in another client's batch"
+        );
     }
 }
 
@@ -327,7 +428,10 @@ const AMNESIA_SEEDS: u64 = 200;
 #[test]
 fn amnesia_produces_a_duplicate_that_the_checker_catches() {
     let out = run_quorum_seed(AMNESIA_SEED, true);
-    assert!(check(&out.events).is_err(), "pinned seed {AMNESIA_SEED} no longer produces a violation under amnesia");
+    assert!(
+        check(&out.events).is_err(),
+        "pinned seed {AMNESIA_SEED} no longer produces a violation under amnesia"
+    );
     let mut found = Vec::new();
     for seed in 0..AMNESIA_SEEDS {
         if let Err(v) = check(&run_quorum_seed(seed, true).events) {
@@ -337,8 +441,15 @@ fn amnesia_produces_a_duplicate_that_the_checker_catches() {
             found.push(seed);
         }
     }
-    eprintln!("amnesia: {} of {AMNESIA_SEEDS} seeds violated safety (first: {:?})", found.len(), found.first());
-    assert!(!found.is_empty(), "no seed out of {AMNESIA_SEEDS} produced a violation under amnesia");
+    eprintln!(
+        "amnesia: {} of {AMNESIA_SEEDS} seeds violated safety (first: {:?})",
+        found.len(),
+        found.first()
+    );
+    assert!(
+        !found.is_empty(),
+        "no seed out of {AMNESIA_SEEDS} produced a violation under amnesia"
+    );
 }
 
 /// One seed of the broker simulation: two `broker::run` servers over the simulated
@@ -353,36 +464,74 @@ fn run_broker_seed(seed: u64) -> Outcome {
         let recorder = Recorder::new();
         let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
         let n = cluster.config().nodes;
-        let faults = tokio::spawn(fault_schedule(cluster.clone(), n / 2 + 1, Duration::from_millis(30), stop.clone()));
+        let faults = tokio::spawn(fault_schedule(
+            cluster.clone(),
+            n / 2 + 1,
+            Duration::from_millis(30),
+            stop.clone(),
+        ));
         let mut brokers = Vec::new();
         let mut addrs = Vec::new();
         for b in 0..2u64 {
-            let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.expect("bind a loopback port");
+            let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind a loopback port");
             addrs.push(listener.local_addr().expect("local addr").to_string());
-            let source = Arc::new(SimSource(client(&cluster, Protocol::Fast, Duration::from_secs(1), seed ^ b, Combine::Auto)));
+            let source = Arc::new(SimSource(client(
+                &cluster,
+                Protocol::Fast,
+                Duration::from_secs(1),
+                seed ^ b,
+                Combine::Auto,
+            )));
             let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-            let task = tokio::spawn(broker::run(listener, source, BrokerConfig::default(), async move {
-                let _ = rx.await;
-            }));
+            let task = tokio::spawn(broker::run(
+                listener,
+                source,
+                BrokerConfig::default(),
+                async move {
+                    let _ = rx.await;
+                },
+            ));
             brokers.push((tx, task));
         }
         let mut tasks = Vec::new();
         for c in 0..4u64 {
             let (cluster, recorder, addrs) = (cluster.clone(), recorder.clone(), addrs.clone());
             tasks.push(tokio::spawn(async move {
-                let config = BrokerClientConfig { deadline: Duration::from_millis(500), connections: 1, ..Default::default() };
-                let bc = BrokerClient::connect(addrs, config).await.expect("connect to a simulated broker");
+                let config = BrokerClientConfig {
+                    deadline: Duration::from_millis(500),
+                    connections: 1,
+                    ..Default::default()
+                };
+                let bc = BrokerClient::connect(addrs, config)
+                    .await
+                    .expect("connect to a simulated broker");
                 for _ in 0..20 {
-                    let (count, think) =
-                        cluster.with_rng(|r| (r.gen_range(1..=10), Duration::from_micros(r.gen_range(0..=3_000))));
-                    let _ = recorder.record(bc.next_ids_until(count, Instant::now() + Duration::from_millis(500))).await;
+                    let (count, think) = cluster.with_rng(|r| {
+                        (
+                            r.gen_range(1..=10),
+                            Duration::from_micros(r.gen_range(0..=3_000)),
+                        )
+                    });
+                    let _ = recorder
+                        .record(
+                            bc.next_ids_until(count, Instant::now() + Duration::from_millis(500)),
+                        )
+                        .await;
                     tokio::time::sleep(think).await;
                 }
                 c
             }));
         }
         // Direct clients on the same quorum at the same time.
-        let direct = tokio::spawn(quorum_workload(cluster.clone(), recorder.clone(), 2, 15, Mix::Mixed));
+        let direct = tokio::spawn(quorum_workload(
+            cluster.clone(),
+            recorder.clone(),
+            2,
+            15,
+            Mix::Mixed,
+        ));
         // Stop the first broker mid-run: its clients fail over to the second.
         let stop_after = cluster.with_rng(|r| Duration::from_millis(r.gen_range(5..=60)));
         tokio::time::sleep(stop_after).await;
@@ -401,7 +550,11 @@ fn run_broker_seed(seed: u64) -> Outcome {
         faults.await.expect("fault task");
         let events = recorder.events();
         let ok = events.iter().filter(|e| e.outcome.is_some()).count();
-        Outcome { events, ok, combined }
+        Outcome {
+            events,
+            ok,
+            combined,
+        }
     })
 }
 
@@ -417,10 +570,20 @@ fn broker_batcher_is_safe_under_simulated_faults() {
         }
         ok += out.ok;
         total += out.events.len();
-                if seeds.len() == 1 {
-            eprintln!("broker seed {seed}: history digest {:016x}", digest(&out.events));
+        if seeds.len() == 1 {
+            eprintln!(
+                "broker seed {seed}: history digest {:016x}",
+                digest(&out.events)
+            );
         }
     }
-    eprintln!("broker: {} seeds, {total} requests, {ok} succeeded, in {:?}", seeds.len(), started.elapsed());
-    assert!(ok * 2 > total, "only {ok} of {total} requests succeeded: the model is too hostile to test anything");
+    eprintln!(
+        "broker: {} seeds, {total} requests, {ok} succeeded, in {:?}",
+        seeds.len(),
+        started.elapsed()
+    );
+    assert!(
+        ok * 2 > total,
+        "only {ok} of {total} requests succeeded: the model is too hostile to test anything"
+    );
 }

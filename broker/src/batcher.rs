@@ -37,11 +37,19 @@ pub trait RoundSource: Send + Sync + 'static {
     ///
     /// # Errors
     /// As [`idclient::IdSource::next_ids`].
-    fn next_ids_until(&self, n: u64, deadline: Instant) -> impl Future<Output = Result<IdRange, IdError>> + Send;
+    fn next_ids_until(
+        &self,
+        n: u64,
+        deadline: Instant,
+    ) -> impl Future<Output = Result<IdRange, IdError>> + Send;
 }
 
 impl RoundSource for QuorumClient {
-    fn next_ids_until(&self, n: u64, deadline: Instant) -> impl Future<Output = Result<IdRange, IdError>> + Send {
+    fn next_ids_until(
+        &self,
+        n: u64,
+        deadline: Instant,
+    ) -> impl Future<Output = Result<IdRange, IdError>> + Send {
         QuorumClient::next_ids_until(self, n, deadline)
     }
 }
@@ -82,16 +90,28 @@ impl Pending {
         };
         // The channel has room for every permit holder, so only a closed connection
         // makes this fail: then nobody is left to tell.
-        if let Err(e) = self.reply.try_send(Outgoing { msg, permit: self.permit }) {
+        if let Err(e) = self.reply.try_send(Outgoing {
+            msg,
+            permit: self.permit,
+        }) {
             if matches!(e, mpsc::error::TrySendError::Full(_)) {
-                tracing::warn!(id = self.id, "reply dropped: connection queue full (a bug: permits should prevent this)");
+                tracing::warn!(
+                    id = self.id,
+                    "reply dropped: connection queue full (a bug: permits should prevent this)"
+                );
             }
         }
     }
 
     fn expired(self, stats: &Stats) {
         let deadline = self.requested;
-        self.answer(Err(IdError::Deadline { deadline, rounds: 0 }), stats);
+        self.answer(
+            Err(IdError::Deadline {
+                deadline,
+                rounds: 0,
+            }),
+            stats,
+        );
     }
 }
 
@@ -161,15 +181,29 @@ pub(crate) async fn run<S: RoundSource>(
 fn refuse(p: Pending, name: &str, stats: &Stats) {
     let failure = idclient::error::NodeFailure {
         addr: name.to_string(),
-        reason: "broker is shutting down; the request was not started, retry on another broker".to_string(),
+        reason: "broker is shutting down; the request was not started, retry on another broker"
+            .to_string(),
     };
-    p.answer(Err(IdError::BrokersUnavailable { failures: vec![failure] }), stats);
+    p.answer(
+        Err(IdError::BrokersUnavailable {
+            failures: vec![failure],
+        }),
+        stats,
+    );
 }
 
 /// One round for the whole batch; answers every request of it, each exactly once.
-async fn round<S: RoundSource>(source: &S, batch: &mut [Option<Pending>], total: u64, stats: &Stats) {
+async fn round<S: RoundSource>(
+    source: &S,
+    batch: &mut [Option<Pending>],
+    total: u64,
+    stats: &Stats,
+) {
     let size = batch.len() as u64;
-    let counts: Vec<u64> = batch.iter().map(|p| p.as_ref().map_or(0, |p| p.count)).collect();
+    let counts: Vec<u64> = batch
+        .iter()
+        .map(|p| p.as_ref().map_or(0, |p| p.count))
+        .collect();
     let Some(round_deadline) = batch.iter().flatten().map(|p| p.deadline).max() else {
         return;
     };
@@ -198,7 +232,11 @@ async fn round<S: RoundSource>(source: &S, batch: &mut [Option<Pending>], total:
     let took = started.elapsed();
     match outcome {
         None => {
-            tracing::warn!(batch = size, ?took, "round abandoned: every request of the batch reached its deadline");
+            tracing::warn!(
+                batch = size,
+                ?took,
+                "round abandoned: every request of the batch reached its deadline"
+            );
             stats.round(size, took, false);
         }
         Some(Ok(range)) if range.holds_exactly(total) => {
@@ -218,10 +256,17 @@ async fn round<S: RoundSource>(source: &S, batch: &mut [Option<Pending>], total:
             stats.round(size, took, false);
             let error = match result {
                 Ok(range) => {
-                    tracing::error!(?range, total, "quorum round returned the wrong number of IDs; failing the batch");
+                    tracing::error!(
+                        ?range,
+                        total,
+                        "quorum round returned the wrong number of IDs; failing the batch"
+                    );
                     IdError::Protocol {
                         addr: "quorum".to_string(),
-                        reason: format!("a round for {total} IDs returned {}..={}", range.lo, range.hi),
+                        reason: format!(
+                            "a round for {total} IDs returned {}..={}",
+                            range.lo, range.hi
+                        ),
                     }
                 }
                 Err(e) => {
@@ -257,14 +302,21 @@ mod tests {
     }
 
     impl RoundSource for Fake {
-        fn next_ids_until(&self, n: u64, deadline: Instant) -> impl Future<Output = Result<IdRange, IdError>> + Send {
+        fn next_ids_until(
+            &self,
+            n: u64,
+            deadline: Instant,
+        ) -> impl Future<Output = Result<IdRange, IdError>> + Send {
             let latency = *self.latency.lock().expect("lock");
             async move {
                 self.rounds.lock().expect("lock").push(n);
                 let done = Instant::now() + latency;
                 if done > deadline {
                     tokio::time::sleep_until(deadline).await;
-                    return Err(IdError::Deadline { deadline: latency, rounds: 1 });
+                    return Err(IdError::Deadline {
+                        deadline: latency,
+                        rounds: 1,
+                    });
                 }
                 tokio::time::sleep_until(done).await;
                 if let Some(e) = self.fail.lock().expect("lock").clone() {
@@ -293,9 +345,21 @@ mod tests {
         let (tx, rx) = mpsc::channel(1024);
         let (reply_tx, replies) = mpsc::channel(1024);
         let (stop, stopping) = watch::channel(false);
-        let config = BatcherConfig { max_batch, max_round_ids: 1 << 40, name: "test".into() };
+        let config = BatcherConfig {
+            max_batch,
+            max_round_ids: 1 << 40,
+            name: "test".into(),
+        };
         let task = tokio::spawn(run(fake.clone(), rx, stats.clone(), config, stopping));
-        Harness { tx, replies, reply_tx, stop, task, fake, stats }
+        Harness {
+            tx,
+            replies,
+            reply_tx,
+            stop,
+            task,
+            fake,
+            stats,
+        }
     }
 
     impl Harness {
@@ -346,7 +410,10 @@ mod tests {
         }
         assert_eq!(got, [(1, 1, 1), (2, 2, 4), (3, 5, 5), (4, 6, 10)]);
         let stats = h.stats.snapshot();
-        assert_eq!((stats.rounds, stats.batch_max, stats.requests_ok, stats.ids), (1, 4, 4, 10));
+        assert_eq!(
+            (stats.rounds, stats.batch_max, stats.requests_ok, stats.ids),
+            (1, 4, 4, 10)
+        );
         assert_eq!(h.finish().await, [10]);
     }
 
@@ -380,14 +447,22 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn failed_round_answers_every_request_with_the_error() {
         let fake = Fake::default();
-        *fake.fail.lock().expect("lock") = Some(IdError::NoQuorum { needed: 3, reachable: 1, total: 5, failures: vec![] });
+        *fake.fail.lock().expect("lock") = Some(IdError::NoQuorum {
+            needed: 3,
+            reachable: 1,
+            total: 5,
+            failures: vec![],
+        });
         let mut h = start(fake, 64);
         for id in 1..=3 {
             h.send(id, 1, LONG).await;
         }
         for id in 1..=3 {
             match h.recv().await {
-                ServerMsg::Failed { id: got, error: IdError::NoQuorum { .. } } => assert_eq!(got, id),
+                ServerMsg::Failed {
+                    id: got,
+                    error: IdError::NoQuorum { .. },
+                } => assert_eq!(got, id),
                 other => panic!("expected NoQuorum for {id}, got {other:?}"),
             }
         }
@@ -407,7 +482,10 @@ mod tests {
         h.send(3, 1, Duration::from_millis(30)).await;
         for id in [1, 3] {
             match h.recv().await {
-                ServerMsg::Failed { id: got, error: IdError::Deadline { .. } } => assert_eq!(got, id),
+                ServerMsg::Failed {
+                    id: got,
+                    error: IdError::Deadline { .. },
+                } => assert_eq!(got, id),
                 other => panic!("expected Deadline, got {other:?}"),
             }
             assert_eq!(t0.elapsed(), Duration::from_millis(30));
@@ -426,7 +504,13 @@ mod tests {
         let mut h = start(fake, 64);
         let t0 = Instant::now();
         h.send(1, 1, Duration::from_millis(50)).await;
-        assert!(matches!(h.recv().await, ServerMsg::Failed { id: 1, error: IdError::Deadline { .. } }));
+        assert!(matches!(
+            h.recv().await,
+            ServerMsg::Failed {
+                id: 1,
+                error: IdError::Deadline { .. }
+            }
+        ));
         assert_eq!(t0.elapsed(), Duration::from_millis(50));
         // The batcher is free again at once.
         *h.fake.latency.lock().expect("lock") = Duration::ZERO;
@@ -444,7 +528,13 @@ mod tests {
         tokio::time::sleep(Duration::from_millis(1)).await;
         h.send(2, 1, Duration::from_millis(10)).await; // expires while round 1 runs
         assert!(matches!(h.recv().await, ServerMsg::Ids { id: 1, .. }));
-        assert!(matches!(h.recv().await, ServerMsg::Failed { id: 2, error: IdError::Deadline { .. } }));
+        assert!(matches!(
+            h.recv().await,
+            ServerMsg::Failed {
+                id: 2,
+                error: IdError::Deadline { .. }
+            }
+        ));
         assert_eq!(h.finish().await, [1]);
     }
 
@@ -454,7 +544,13 @@ mod tests {
         fake.short.store(true, Relaxed);
         let mut h = start(fake, 64);
         h.send(1, 2, LONG).await;
-        assert!(matches!(h.recv().await, ServerMsg::Failed { id: 1, error: IdError::Protocol { .. } }));
+        assert!(matches!(
+            h.recv().await,
+            ServerMsg::Failed {
+                id: 1,
+                error: IdError::Protocol { .. }
+            }
+        ));
         h.finish().await;
     }
 
@@ -468,7 +564,13 @@ mod tests {
         h.send(2, 1, LONG).await;
         h.stop.send(true).expect("batcher listening");
         assert!(matches!(h.recv().await, ServerMsg::Ids { id: 1, .. }));
-        assert!(matches!(h.recv().await, ServerMsg::Failed { id: 2, error: IdError::BrokersUnavailable { .. } }));
+        assert!(matches!(
+            h.recv().await,
+            ServerMsg::Failed {
+                id: 2,
+                error: IdError::BrokersUnavailable { .. }
+            }
+        ));
         assert_eq!(h.finish().await, [1]);
     }
 
@@ -487,7 +589,11 @@ mod tests {
         };
         h.tx.send(p).await.expect("send");
         let out = h.replies.recv().await.expect("reply");
-        assert_eq!(sem.available_permits(), 0, "the permit travels with the reply");
+        assert_eq!(
+            sem.available_permits(),
+            0,
+            "the permit travels with the reply"
+        );
         drop(out);
         assert_eq!(sem.available_permits(), 1);
         h.finish().await;

@@ -50,7 +50,14 @@ pub(crate) enum ConnError {
 impl ConnError {
     /// Errors the peer caused by what it sent: it is told why before the close.
     fn tell_peer(&self) -> bool {
-        matches!(self, ConnError::Wire(_) | ConnError::BadHello(_) | ConnError::Unexpected(_) | ConnError::HandshakeTimeout(_) | ConnError::FrameTimeout(_))
+        matches!(
+            self,
+            ConnError::Wire(_)
+                | ConnError::BadHello(_)
+                | ConnError::Unexpected(_)
+                | ConnError::HandshakeTimeout(_)
+                | ConnError::FrameTimeout(_)
+        )
     }
 }
 
@@ -89,7 +96,12 @@ async fn handle(stream: TcpStream, ctx: Ctx) -> Result<(), ConnError> {
     let read = read_loop(&mut rd, &out_tx, &ctx).await;
     if let Err(e) = &read {
         if e.tell_peer() {
-            let _ = out_tx.try_send(Outgoing { msg: ServerMsg::Refused { reason: e.to_string() }, permit: None });
+            let _ = out_tx.try_send(Outgoing {
+                msg: ServerMsg::Refused {
+                    reason: e.to_string(),
+                },
+                permit: None,
+            });
         }
     }
     drop(out_tx);
@@ -108,7 +120,11 @@ async fn handle(stream: TcpStream, ctx: Ctx) -> Result<(), ConnError> {
     }
 }
 
-async fn read_loop(rd: &mut BufReader<OwnedReadHalf>, out_tx: &mpsc::Sender<Outgoing>, ctx: &Ctx) -> Result<(), ConnError> {
+async fn read_loop(
+    rd: &mut BufReader<OwnedReadHalf>,
+    out_tx: &mpsc::Sender<Outgoing>,
+    ctx: &Ctx,
+) -> Result<(), ConnError> {
     let config = &ctx.config;
     let mut stopping = ctx.stopping.clone();
     let mut buf = Vec::new();
@@ -119,12 +135,19 @@ async fn read_loop(rd: &mut BufReader<OwnedReadHalf>, out_tx: &mpsc::Sender<Outg
     };
     match hello {
         None => return Ok(()),
-        Some(ClientMsg::Hello { magic, version }) if magic == wire::MAGIC && version == wire::VERSION => {}
+        Some(ClientMsg::Hello { magic, version })
+            if magic == wire::MAGIC && version == wire::VERSION => {}
         Some(ClientMsg::Hello { magic, version }) if magic == wire::MAGIC => {
-            return Err(ConnError::BadHello(format!("protocol version {version} not supported (this broker speaks {})", wire::VERSION)));
+            return Err(ConnError::BadHello(format!(
+                "protocol version {version} not supported (this broker speaks {})",
+                wire::VERSION
+            )));
         }
         Some(ClientMsg::Hello { magic, .. }) => {
-            return Err(ConnError::BadHello(format!("bad magic {magic:02x?}, expected {:02x?}", wire::MAGIC)));
+            return Err(ConnError::BadHello(format!(
+                "bad magic {magic:02x?}, expected {:02x?}",
+                wire::MAGIC
+            )));
         }
         Some(_) => return Err(ConnError::Unexpected("a request before Hello")),
     }
@@ -133,7 +156,13 @@ async fn read_loop(rd: &mut BufReader<OwnedReadHalf>, out_tx: &mpsc::Sender<Outg
         max_count: config.max_count,
         max_in_flight: u32::try_from(config.max_in_flight_per_conn).unwrap_or(u32::MAX),
     };
-    out_tx.send(Outgoing { msg: welcome, permit: None }).await.map_err(|_| ConnError::WriterGone)?;
+    out_tx
+        .send(Outgoing {
+            msg: welcome,
+            permit: None,
+        })
+        .await
+        .map_err(|_| ConnError::WriterGone)?;
 
     let in_flight = Arc::new(Semaphore::new(config.max_in_flight_per_conn));
     loop {
@@ -146,7 +175,12 @@ async fn read_loop(rd: &mut BufReader<OwnedReadHalf>, out_tx: &mpsc::Sender<Outg
                 Some(len) => len,
             },
         };
-        match timeout(config.handshake_timeout, wire::read_payload(rd, len, &mut buf)).await {
+        match timeout(
+            config.handshake_timeout,
+            wire::read_payload(rd, len, &mut buf),
+        )
+        .await
+        {
             Err(_) => return Err(ConnError::FrameTimeout(config.handshake_timeout)),
             Ok(r) => r?,
         }
@@ -158,13 +192,26 @@ async fn read_loop(rd: &mut BufReader<OwnedReadHalf>, out_tx: &mpsc::Sender<Outg
             p = in_flight.clone().acquire_owned() => p.map_err(|_| ConnError::WriterGone)?,
         };
         match msg {
-            ClientMsg::NextIds { id, count, deadline_ms } => {
+            ClientMsg::NextIds {
+                id,
+                count,
+                deadline_ms,
+            } => {
                 ctx.stats.requests.fetch_add(1, Relaxed);
                 if count == 0 || count > config.max_count {
                     ctx.stats.requests_failed.fetch_add(1, Relaxed);
-                    let error = IdError::BadRequest(format!("count {count} is outside 1..={}", config.max_count));
+                    let error = IdError::BadRequest(format!(
+                        "count {count} is outside 1..={}",
+                        config.max_count
+                    ));
                     let msg = ServerMsg::Failed { id, error };
-                    out_tx.send(Outgoing { msg, permit: Some(permit) }).await.map_err(|_| ConnError::WriterGone)?;
+                    out_tx
+                        .send(Outgoing {
+                            msg,
+                            permit: Some(permit),
+                        })
+                        .await
+                        .map_err(|_| ConnError::WriterGone)?;
                     continue;
                 }
                 let requested = match deadline_ms {
@@ -179,18 +226,34 @@ async fn read_loop(rd: &mut BufReader<OwnedReadHalf>, out_tx: &mpsc::Sender<Outg
                     reply: out_tx.clone(),
                     permit: Some(permit),
                 };
-                ctx.batch_tx.send(pending).await.map_err(|_| ConnError::BatcherGone)?;
+                ctx.batch_tx
+                    .send(pending)
+                    .await
+                    .map_err(|_| ConnError::BatcherGone)?;
             }
             ClientMsg::Stats { id } => {
-                let msg = ServerMsg::Stats { id, stats: ctx.stats.snapshot() };
-                out_tx.send(Outgoing { msg, permit: Some(permit) }).await.map_err(|_| ConnError::WriterGone)?;
+                let msg = ServerMsg::Stats {
+                    id,
+                    stats: ctx.stats.snapshot(),
+                };
+                out_tx
+                    .send(Outgoing {
+                        msg,
+                        permit: Some(permit),
+                    })
+                    .await
+                    .map_err(|_| ConnError::WriterGone)?;
             }
             ClientMsg::Hello { .. } => return Err(ConnError::Unexpected("a second Hello")),
         }
     }
 }
 
-async fn write_loop(mut wr: OwnedWriteHalf, mut rx: mpsc::Receiver<Outgoing>, write_timeout: std::time::Duration) -> Result<(), ConnError> {
+async fn write_loop(
+    mut wr: OwnedWriteHalf,
+    mut rx: mpsc::Receiver<Outgoing>,
+    write_timeout: std::time::Duration,
+) -> Result<(), ConnError> {
     let mut buf = Vec::with_capacity(WRITE_BUF);
     // Held until their replies are on the wire: that is what bounds a slow reader.
     let mut permits = Vec::new();
@@ -222,7 +285,13 @@ fn push(buf: &mut Vec<u8>, msg: &ServerMsg) {
         tracing::error!("reply not encodable ({e}): sending a short error instead");
         let reason = format!("reply not encodable: {e}");
         let fallback = match msg.request_id() {
-            Some(id) => ServerMsg::Failed { id, error: IdError::Protocol { addr: "broker".into(), reason } },
+            Some(id) => ServerMsg::Failed {
+                id,
+                error: IdError::Protocol {
+                    addr: "broker".into(),
+                    reason,
+                },
+            },
             None => ServerMsg::Refused { reason },
         };
         if let Err(e) = wire::encode(&fallback, buf) {

@@ -135,7 +135,10 @@ impl BrokerConfig {
             ("max_deadline", self.max_deadline.as_millis() as u64),
             ("default_deadline", self.default_deadline.as_millis() as u64),
             ("write_timeout", self.write_timeout.as_millis() as u64),
-            ("handshake_timeout", self.handshake_timeout.as_millis() as u64),
+            (
+                "handshake_timeout",
+                self.handshake_timeout.as_millis() as u64,
+            ),
             ("stats_interval", self.stats_interval.as_millis() as u64),
         ];
         if let Some((name, _)) = positive.iter().find(|(_, v)| *v == 0) {
@@ -149,16 +152,26 @@ impl BrokerConfig {
             )));
         }
         if self.max_deadline > LONGEST_DEADLINE {
-            return Err(BrokerError::Config(format!("max_deadline {:?} exceeds {LONGEST_DEADLINE:?}", self.max_deadline)));
+            return Err(BrokerError::Config(format!(
+                "max_deadline {:?} exceeds {LONGEST_DEADLINE:?}",
+                self.max_deadline
+            )));
         }
         if self.max_round_ids < self.max_count {
-            return Err(BrokerError::Config(format!("max_round_ids {} is below max_count {}", self.max_round_ids, self.max_count)));
+            return Err(BrokerError::Config(format!(
+                "max_round_ids {} is below max_count {}",
+                self.max_round_ids, self.max_count
+            )));
         }
         if self.default_deadline > self.max_deadline {
-            return Err(BrokerError::Config("default_deadline exceeds max_deadline".into()));
+            return Err(BrokerError::Config(
+                "default_deadline exceeds max_deadline".into(),
+            ));
         }
         if u32::try_from(self.max_in_flight_per_conn).is_err() {
-            return Err(BrokerError::Config("max_in_flight_per_conn must fit in u32".into()));
+            return Err(BrokerError::Config(
+                "max_in_flight_per_conn must fit in u32".into(),
+            ));
         }
         Ok(())
     }
@@ -181,7 +194,9 @@ pub async fn run<S: RoundSource>(
     config.validate()?;
     let config = Arc::new(config);
     let stats = Arc::new(Stats::default());
-    let name = listener.local_addr().map_or_else(|_| "idbroker".to_string(), |a| a.to_string());
+    let name = listener
+        .local_addr()
+        .map_or_else(|_| "idbroker".to_string(), |a| a.to_string());
     let (stop_tx, stopping) = watch::channel(false);
     let (batch_tx, batch_rx) = mpsc::channel(config.queue_capacity);
     let batcher_config = batcher::BatcherConfig {
@@ -189,7 +204,13 @@ pub async fn run<S: RoundSource>(
         max_round_ids: config.max_round_ids,
         name: name.clone(),
     };
-    let batcher = tokio::spawn(batcher::run(source, batch_rx, stats.clone(), batcher_config, stopping.clone()));
+    let batcher = tokio::spawn(batcher::run(
+        source,
+        batch_rx,
+        stats.clone(),
+        batcher_config,
+        stopping.clone(),
+    ));
     let logger = tokio::spawn(log_stats(stats.clone(), config.stats_interval));
     // Every connection task holds a clone; recv() returning None means all are done.
     let (done_tx, mut done_rx) = mpsc::channel::<()>(1);

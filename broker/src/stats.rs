@@ -82,7 +82,11 @@ impl Stats {
             rounds_failed: self.rounds_failed.load(Relaxed),
             batch_max: self.batch_max.load(Relaxed),
             batch_total: self.batch_total.load(Relaxed),
-            batch_histogram: self.batch_histogram.iter().map(|c| c.load(Relaxed)).collect(),
+            batch_histogram: self
+                .batch_histogram
+                .iter()
+                .map(|c| c.load(Relaxed))
+                .collect(),
             round_us_total: self.round_us_total.load(Relaxed),
             round_us_max: self.round_us_max.load(Relaxed),
         }
@@ -110,7 +114,15 @@ mod tests {
         s.round(3, Duration::from_micros(10), true);
         s.round(1, Duration::from_micros(30), false);
         let snap = s.snapshot();
-        assert_eq!((snap.rounds, snap.rounds_failed, snap.batch_max, snap.batch_total), (2, 1, 3, 4));
+        assert_eq!(
+            (
+                snap.rounds,
+                snap.rounds_failed,
+                snap.batch_max,
+                snap.batch_total
+            ),
+            (2, 1, 3, 4)
+        );
         assert_eq!((snap.round_us_total, snap.round_us_max), (40, 30));
         assert_eq!(snap.batch_histogram[0..2], [1, 1]);
         assert_eq!(snap.mean_batch(), 2.0);

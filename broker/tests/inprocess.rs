@@ -25,7 +25,11 @@ struct Counter {
 }
 
 impl RoundSource for Counter {
-    fn next_ids_until(&self, n: u64, _deadline: Instant) -> impl Future<Output = Result<IdRange, IdError>> + Send {
+    fn next_ids_until(
+        &self,
+        n: u64,
+        _deadline: Instant,
+    ) -> impl Future<Output = Result<IdRange, IdError>> + Send {
         let next = self.next.clone();
         let latency = self.latency;
         async move {
@@ -47,24 +51,38 @@ impl TestBroker {
         let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
         let addr = listener.local_addr().expect("addr").to_string();
         let (stop, stopped) = oneshot::channel::<()>();
-        let source = Arc::new(Counter { next: counter, latency: Duration::from_micros(300) });
+        let source = Arc::new(Counter {
+            next: counter,
+            latency: Duration::from_micros(300),
+        });
         let task = tokio::spawn(broker::run(listener, source, config, async move {
             let _ = stopped.await;
         }));
-        TestBroker { addr, stop: Some(stop), task }
+        TestBroker {
+            addr,
+            stop: Some(stop),
+            task,
+        }
     }
 
     async fn shutdown(mut self) -> broker::BrokerStats {
         if let Some(stop) = self.stop.take() {
             let _ = stop.send(());
         }
-        let stats = tokio::time::timeout(Duration::from_secs(10), self.task).await.expect("broker stops in time");
+        let stats = tokio::time::timeout(Duration::from_secs(10), self.task)
+            .await
+            .expect("broker stops in time");
         stats.expect("broker task").expect("broker result")
     }
 }
 
 /// `callers` tasks each calling `next_ids(count)` `per_caller` times; the history.
-async fn hammer(client: Arc<BrokerClient>, callers: usize, per_caller: usize, count: u64) -> Vec<Event> {
+async fn hammer(
+    client: Arc<BrokerClient>,
+    callers: usize,
+    per_caller: usize,
+    count: u64,
+) -> Vec<Event> {
     let mut tasks = Vec::new();
     for _ in 0..callers {
         let client = client.clone();
@@ -73,7 +91,11 @@ async fn hammer(client: Arc<BrokerClient>, callers: usize, per_caller: usize, co
             for _ in 0..per_caller {
                 let invoke_ns = monotonic_ns();
                 let outcome = client.next_ids(count).await.ok();
-                events.push(Event { invoke_ns, return_ns: monotonic_ns(), outcome });
+                events.push(Event {
+                    invoke_ns,
+                    return_ns: monotonic_ns(),
+                    outcome,
+                });
             }
             events
         }));
@@ -91,11 +113,17 @@ fn assert_history(events: &[Event], min_ok: usize) {
         panic!("history check failed: {v}");
     }
     let ok = events.iter().filter(|e| e.outcome.is_some()).count();
-    assert!(ok >= min_ok, "only {ok} of {} requests succeeded, wanted {min_ok}", events.len());
+    assert!(
+        ok >= min_ok,
+        "only {ok} of {} requests succeeded, wanted {min_ok}",
+        events.len()
+    );
 }
 
 async fn served(addrs: &[String]) {
-    let client = BrokerClient::connect(addrs.to_vec(), BrokerClientConfig::default()).await.expect("normal client connects");
+    let client = BrokerClient::connect(addrs.to_vec(), BrokerClientConfig::default())
+        .await
+        .expect("normal client connects");
     let r = client.next_ids(3).await.expect("normal client is served");
     assert_eq!(r.len(), 3);
 }
@@ -103,7 +131,11 @@ async fn served(addrs: &[String]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_callers_one_broker_batches_and_checks() {
     let b = TestBroker::start(Arc::new(AtomicU64::new(0)), BrokerConfig::default()).await;
-    let client = Arc::new(BrokerClient::connect(vec![b.addr.clone()], BrokerClientConfig::default()).await.expect("connect"));
+    let client = Arc::new(
+        BrokerClient::connect(vec![b.addr.clone()], BrokerClientConfig::default())
+            .await
+            .expect("connect"),
+    );
     let events = hammer(client.clone(), 256, 40, 1).await;
     assert_history(&events, events.len());
     let ranges = hammer(client, 16, 20, 1000).await;
@@ -111,7 +143,10 @@ async fn many_callers_one_broker_batches_and_checks() {
     let stats = fetch_stats(&b.addr).await.expect("stats");
     assert_eq!(stats.requests, 256 * 40 + 16 * 20);
     assert_eq!(stats.ids, 256 * 40 + 16 * 20 * 1000);
-    assert!(stats.batch_max > 1, "concurrent requests should share rounds: {stats:?}");
+    assert!(
+        stats.batch_max > 1,
+        "concurrent requests should share rounds: {stats:?}"
+    );
     assert!(stats.rounds < stats.requests);
     let last = b.shutdown().await;
     assert_eq!(last.requests_failed, 0);
@@ -122,24 +157,45 @@ async fn failover_between_brokers_on_graceful_shutdown() {
     let counter = Arc::new(AtomicU64::new(0));
     let b1 = TestBroker::start(counter.clone(), BrokerConfig::default()).await;
     let b2 = TestBroker::start(counter.clone(), BrokerConfig::default()).await;
-    let client = Arc::new(BrokerClient::connect(vec![b1.addr.clone(), b2.addr.clone()], BrokerClientConfig::default()).await.expect("connect"));
+    let client = Arc::new(
+        BrokerClient::connect(
+            vec![b1.addr.clone(), b2.addr.clone()],
+            BrokerClientConfig::default(),
+        )
+        .await
+        .expect("connect"),
+    );
     let run = tokio::spawn(hammer(client.clone(), 64, 200, 1));
     tokio::time::sleep(Duration::from_millis(50)).await;
     let stats1 = b1.shutdown().await;
-    let events = tokio::time::timeout(Duration::from_secs(30), run).await.expect("no caller hangs").expect("callers");
+    let events = tokio::time::timeout(Duration::from_secs(30), run)
+        .await
+        .expect("no caller hangs")
+        .expect("callers");
     // Requests the stopping broker refused (never started) are resent to the other one,
     // so every request succeeds; a request cut off by the close may fail at worst.
     assert_history(&events, events.len() * 9 / 10);
     let stats2 = fetch_stats(&b2.addr).await.expect("stats");
-    assert!(stats1.requests > 0 && stats2.requests > 0, "both brokers served: {stats1:?} {stats2:?}");
+    assert!(
+        stats1.requests > 0 && stats2.requests > 0,
+        "both brokers served: {stats1:?} {stats2:?}"
+    );
     b2.shutdown().await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn no_broker_reachable_is_a_typed_error_within_the_deadline() {
     // A port nobody listens on: bind, note, drop.
-    let addr = TcpListener::bind("127.0.0.1:0").await.expect("bind").local_addr().expect("addr").to_string();
-    let config = BrokerClientConfig { deadline: Duration::from_millis(300), ..Default::default() };
+    let addr = TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind")
+        .local_addr()
+        .expect("addr")
+        .to_string();
+    let config = BrokerClientConfig {
+        deadline: Duration::from_millis(300),
+        ..Default::default()
+    };
     let t0 = Instant::now();
     match BrokerClient::connect(vec![addr.clone()], config).await {
         Err(IdError::BrokersUnavailable { failures }) => assert_eq!(failures[0].addr, addr),
@@ -150,15 +206,42 @@ async fn no_broker_reachable_is_a_typed_error_within_the_deadline() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_count_is_a_bad_request() {
-    let b = TestBroker::start(Arc::new(AtomicU64::new(0)), BrokerConfig { max_count: 10, max_round_ids: 100, ..Default::default() }).await;
-    let client = BrokerClient::connect(vec![b.addr.clone()], BrokerClientConfig::default()).await.expect("connect");
-    assert!(matches!(client.next_ids(0).await, Err(IdError::BadRequest(_))));
-    assert!(matches!(client.next_ids(11).await, Err(IdError::BadRequest(_))));
+    let b = TestBroker::start(
+        Arc::new(AtomicU64::new(0)),
+        BrokerConfig {
+            max_count: 10,
+            max_round_ids: 100,
+            ..Default::default()
+        },
+    )
+    .await;
+    let client = BrokerClient::connect(vec![b.addr.clone()], BrokerClientConfig::default())
+        .await
+        .expect("connect");
+    assert!(matches!(
+        client.next_ids(0).await,
+        Err(IdError::BadRequest(_))
+    ));
+    assert!(matches!(
+        client.next_ids(11).await,
+        Err(IdError::BadRequest(_))
+    ));
     // Past the client's own check, the broker says so too.
     let mut s = raw_connect(&b.addr).await;
-    send(&mut s, &ClientMsg::NextIds { id: 5, count: 11, deadline_ms: 0 }).await;
+    send(
+        &mut s,
+        &ClientMsg::NextIds {
+            id: 5,
+            count: 11,
+            deadline_ms: 0,
+        },
+    )
+    .await;
     match recv(&mut s).await {
-        Some(ServerMsg::Failed { id: 5, error: IdError::BadRequest(_) }) => {}
+        Some(ServerMsg::Failed {
+            id: 5,
+            error: IdError::BadRequest(_),
+        }) => {}
         other => panic!("expected BadRequest, got {other:?}"),
     }
     assert_eq!(client.next_ids(10).await.expect("ok").len(), 10);
@@ -167,8 +250,18 @@ async fn bad_count_is_a_bad_request() {
 
 async fn raw_connect(addr: &str) -> TcpStream {
     let mut s = TcpStream::connect(addr).await.expect("connect");
-    send(&mut s, &ClientMsg::Hello { magic: wire::MAGIC, version: wire::VERSION }).await;
-    assert!(matches!(recv(&mut s).await, Some(ServerMsg::Welcome { .. })));
+    send(
+        &mut s,
+        &ClientMsg::Hello {
+            magic: wire::MAGIC,
+            version: wire::VERSION,
+        },
+    )
+    .await;
+    assert!(matches!(
+        recv(&mut s).await,
+        Some(ServerMsg::Welcome { .. })
+    ));
     s
 }
 
@@ -180,13 +273,20 @@ async fn send(s: &mut TcpStream, msg: &ClientMsg) {
 
 async fn recv(s: &mut TcpStream) -> Option<ServerMsg> {
     let mut buf = Vec::new();
-    tokio::time::timeout(Duration::from_secs(5), wire::read_msg(s, &mut buf)).await.expect("reply in time").ok().flatten()
+    tokio::time::timeout(Duration::from_secs(5), wire::read_msg(s, &mut buf))
+        .await
+        .expect("reply in time")
+        .ok()
+        .flatten()
 }
 
 /// Reads until the broker closes; returns what it said last (a Refused reason).
 async fn closed_by_broker(s: &mut TcpStream) -> String {
     let mut all = Vec::new();
-    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut all)).await.expect("broker closes the connection").ok();
+    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut all))
+        .await
+        .expect("broker closes the connection")
+        .ok();
     String::from_utf8_lossy(&all).into_owned()
 }
 
@@ -203,19 +303,32 @@ async fn bad_input_costs_only_that_connection() {
 
     // Garbage (an HTTP request): its "length" is far above the maximum.
     let mut s = TcpStream::connect(&b.addr).await.expect("connect");
-    s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n").await.expect("write");
-    assert!(closed_by_broker(&mut s).await.contains("exceeds the maximum"));
+    s.write_all(b"GET / HTTP/1.1\r\nHost: x\r\n\r\n")
+        .await
+        .expect("write");
+    assert!(closed_by_broker(&mut s)
+        .await
+        .contains("exceeds the maximum"));
     served(&addrs).await;
 
     // Small garbage frame: undecodable payload.
     let mut s = TcpStream::connect(&b.addr).await.expect("connect");
-    s.write_all(&[3, 0, 0, 0, 0xde, 0xad, 0xbe]).await.expect("write");
+    s.write_all(&[3, 0, 0, 0, 0xde, 0xad, 0xbe])
+        .await
+        .expect("write");
     assert!(closed_by_broker(&mut s).await.contains("undecodable"));
     served(&addrs).await;
 
     // Wrong version.
     let mut s = TcpStream::connect(&b.addr).await.expect("connect");
-    send(&mut s, &ClientMsg::Hello { magic: wire::MAGIC, version: 99 }).await;
+    send(
+        &mut s,
+        &ClientMsg::Hello {
+            magic: wire::MAGIC,
+            version: 99,
+        },
+    )
+    .await;
     match recv(&mut s).await {
         Some(ServerMsg::Refused { reason }) => assert!(reason.contains("version 99"), "{reason}"),
         other => panic!("expected Refused, got {other:?}"),
@@ -226,7 +339,9 @@ async fn bad_input_costs_only_that_connection() {
     // Oversized length after a good handshake.
     let mut s = raw_connect(&b.addr).await;
     s.write_all(&u32::MAX.to_le_bytes()).await.expect("write");
-    assert!(closed_by_broker(&mut s).await.contains("exceeds the maximum"));
+    assert!(closed_by_broker(&mut s)
+        .await
+        .contains("exceeds the maximum"));
     served(&addrs).await;
 
     // Half-sent frame: served around it, then closed at the frame timeout.
@@ -238,7 +353,10 @@ async fn bad_input_costs_only_that_connection() {
 
     // A client that sends and never reads: the broker stops reading it at its in-flight
     // cap, drops it at the write timeout, and serves everyone else meanwhile.
-    let before = fetch_stats(&b.addr).await.expect("stats").connections_dropped;
+    let before = fetch_stats(&b.addr)
+        .await
+        .expect("stats")
+        .connections_dropped;
     let mut s = raw_connect(&b.addr).await;
     let _ = s.set_nodelay(true);
     let flood = tokio::spawn(async move {
@@ -257,7 +375,10 @@ async fn bad_input_costs_only_that_connection() {
         if stats.connections_dropped > before {
             break;
         }
-        assert!(t0.elapsed() < Duration::from_secs(15), "the non-reading client was never dropped: {stats:?}");
+        assert!(
+            t0.elapsed() < Duration::from_secs(15),
+            "the non-reading client was never dropped: {stats:?}"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     served(&addrs).await;

@@ -32,13 +32,18 @@ impl Broker {
             .expect("start idbroker");
         let stdout = child.stdout.take().expect("idbroker stdout");
         let mut line = String::new();
-        BufReader::new(stdout).read_line(&mut line).expect("read idbroker stdout");
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("read idbroker stdout");
         let Some(addr) = line.trim().strip_prefix("listening on ") else {
             let _ = child.kill();
             let status = child.wait();
             panic!("idbroker did not start (said {line:?}, exit {status:?})");
         };
-        Broker { addr: addr.to_string(), child }
+        Broker {
+            addr: addr.to_string(),
+            child,
+        }
     }
 
     fn kill9(&mut self) {
@@ -58,14 +63,26 @@ fn quorum() -> LocalQuorum {
 }
 
 async fn client(addrs: &[&String], deadline: Duration) -> Arc<BrokerClient> {
-    let config = BrokerClientConfig { deadline, ..Default::default() };
+    let config = BrokerClientConfig {
+        deadline,
+        ..Default::default()
+    };
     let addrs = addrs.iter().map(|a| a.to_string()).collect();
-    Arc::new(BrokerClient::connect(addrs, config).await.expect("connect to broker"))
+    Arc::new(
+        BrokerClient::connect(addrs, config)
+            .await
+            .expect("connect to broker"),
+    )
 }
 
 /// `callers` tasks calling `next_ids(count)` in a loop until `stop`; their history and
 /// the longest time one call took.
-fn spawn_callers(client: &Arc<BrokerClient>, callers: usize, count: u64, stop: &Arc<AtomicBool>) -> Vec<tokio::task::JoinHandle<Vec<Event>>> {
+fn spawn_callers(
+    client: &Arc<BrokerClient>,
+    callers: usize,
+    count: u64,
+    stop: &Arc<AtomicBool>,
+) -> Vec<tokio::task::JoinHandle<Vec<Event>>> {
     (0..callers)
         .map(|_| {
             let client = client.clone();
@@ -75,7 +92,11 @@ fn spawn_callers(client: &Arc<BrokerClient>, callers: usize, count: u64, stop: &
                 while !stop.load(Relaxed) {
                     let invoke_ns = monotonic_ns();
                     let outcome = client.next_ids(count).await.ok();
-                    events.push(Event { invoke_ns, return_ns: monotonic_ns(), outcome });
+                    events.push(Event {
+                        invoke_ns,
+                        return_ns: monotonic_ns(),
+                        outcome,
+                    });
                 }
                 events
             })
@@ -87,7 +108,12 @@ fn spawn_callers(client: &Arc<BrokerClient>, callers: usize, count: u64, stop: &
 async fn join(tasks: Vec<tokio::task::JoinHandle<Vec<Event>>>) -> Vec<Vec<Event>> {
     let mut out = Vec::new();
     for t in tasks {
-        out.push(tokio::time::timeout(Duration::from_secs(20), t).await.expect("a caller hung").expect("caller task"));
+        out.push(
+            tokio::time::timeout(Duration::from_secs(20), t)
+                .await
+                .expect("a caller hung")
+                .expect("caller task"),
+        );
     }
     out
 }
@@ -104,8 +130,13 @@ fn ok_count(events: &[Event]) -> usize {
 }
 
 async fn served(addr: &str) {
-    let c = BrokerClient::connect(vec![addr.to_string()], BrokerClientConfig::default()).await.expect("normal client connects");
-    assert_eq!(c.next_ids(2).await.expect("normal client is served").len(), 2);
+    let c = BrokerClient::connect(vec![addr.to_string()], BrokerClientConfig::default())
+        .await
+        .expect("normal client connects");
+    assert_eq!(
+        c.next_ids(2).await.expect("normal client is served").len(),
+        2
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -118,11 +149,23 @@ async fn one_broker_many_callers_is_linearizable() {
     let ranges = spawn_callers(&c, 4, 1000, &stop);
     tokio::time::sleep(Duration::from_millis(1500)).await;
     stop.store(true, Relaxed);
-    let events: Vec<Event> = join(tasks).await.into_iter().chain(join(ranges).await).flatten().collect();
+    let events: Vec<Event> = join(tasks)
+        .await
+        .into_iter()
+        .chain(join(ranges).await)
+        .flatten()
+        .collect();
     assert_linearizable(&events);
-    assert_eq!(ok_count(&events), events.len(), "no errors with a healthy quorum");
+    assert_eq!(
+        ok_count(&events),
+        events.len(),
+        "no errors with a healthy quorum"
+    );
     let stats = fetch_stats(&b.addr).await.expect("stats");
-    assert!(stats.batch_max > 1, "96 callers must share rounds: {stats:?}");
+    assert!(
+        stats.batch_max > 1,
+        "96 callers must share rounds: {stats:?}"
+    );
     assert_eq!(stats.requests_ok, events.len() as u64);
 }
 
@@ -138,12 +181,20 @@ async fn two_brokers_callers_split_is_linearizable() {
     let t2 = spawn_callers(&c2, 40, 1, &stop);
     tokio::time::sleep(Duration::from_millis(1500)).await;
     stop.store(true, Relaxed);
-    let events: Vec<Event> = join(t1).await.into_iter().chain(join(t2).await).flatten().collect();
+    let events: Vec<Event> = join(t1)
+        .await
+        .into_iter()
+        .chain(join(t2).await)
+        .flatten()
+        .collect();
     assert_linearizable(&events);
     // Two brokers contend on the quorum; each retries its rounds, so all succeed.
     assert_eq!(ok_count(&events), events.len());
     for addr in [&b1.addr, &b2.addr] {
-        assert!(fetch_stats(addr).await.expect("stats").requests_ok > 0, "{addr} served nothing");
+        assert!(
+            fetch_stats(addr).await.expect("stats").requests_ok > 0,
+            "{addr} served nothing"
+        );
     }
 }
 
@@ -165,9 +216,18 @@ async fn kill_one_of_two_brokers_mid_run() {
     let per_caller = join(t1).await;
     // Every caller of the killed broker failed over and got IDs after the kill.
     for (i, events) in per_caller.iter().enumerate() {
-        assert!(events.iter().any(|e| e.invoke_ns > killed_ns && e.outcome.is_some()), "caller {i} of the killed broker never recovered");
+        assert!(
+            events
+                .iter()
+                .any(|e| e.invoke_ns > killed_ns && e.outcome.is_some()),
+            "caller {i} of the killed broker never recovered"
+        );
     }
-    let events: Vec<Event> = per_caller.into_iter().chain(join(t2).await).flatten().collect();
+    let events: Vec<Event> = per_caller
+        .into_iter()
+        .chain(join(t2).await)
+        .flatten()
+        .collect();
     assert_linearizable(&events);
     // Only requests in flight at the kill may fail (they may not even do that: they are
     // resent to the other broker).
@@ -178,7 +238,15 @@ async fn kill_one_of_two_brokers_mid_run() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quorum_minority_down_continues_majority_down_fails_in_time_then_resumes() {
     let mut q = quorum();
-    let b = Broker::start(&q, &["--node-connect-timeout-ms", "200", "--node-reply-timeout-ms", "200"]);
+    let b = Broker::start(
+        &q,
+        &[
+            "--node-connect-timeout-ms",
+            "200",
+            "--node-reply-timeout-ms",
+            "200",
+        ],
+    );
     let deadline = Duration::from_millis(1500);
     let c = client(&[&b.addr], deadline).await;
 
@@ -191,7 +259,10 @@ async fn quorum_minority_down_continues_majority_down_fails_in_time_then_resumes
     stop.store(true, Relaxed);
     let mut history: Vec<Event> = join(tasks).await.into_iter().flatten().collect();
     let minority_ok = ok_count(&history);
-    assert!(minority_ok > 64, "with 3 of 5 nodes up, service continues ({minority_ok} ok)");
+    assert!(
+        minority_ok > 64,
+        "with 3 of 5 nodes up, service continues ({minority_ok} ok)"
+    );
 
     // Majority down: every waiting caller gets an error within its deadline.
     q.kill(2);
@@ -202,22 +273,45 @@ async fn quorum_minority_down_continues_majority_down_fails_in_time_then_resumes
             let invoke_ns = monotonic_ns();
             let t0 = Instant::now();
             let result = c.next_ids(1).await;
-            (Event { invoke_ns, return_ns: monotonic_ns(), outcome: result.as_ref().ok().copied() }, t0.elapsed(), result)
+            (
+                Event {
+                    invoke_ns,
+                    return_ns: monotonic_ns(),
+                    outcome: result.as_ref().ok().copied(),
+                },
+                t0.elapsed(),
+                result,
+            )
         }));
     }
     for t in tasks {
-        let (event, took, result) = tokio::time::timeout(Duration::from_secs(10), t).await.expect("a caller hung").expect("task");
+        let (event, took, result) = tokio::time::timeout(Duration::from_secs(10), t)
+            .await
+            .expect("a caller hung")
+            .expect("task");
         match result {
-            Err(IdError::NoQuorum { .. } | IdError::Deadline { .. } | IdError::BrokersUnavailable { .. }) => {}
+            Err(
+                IdError::NoQuorum { .. }
+                | IdError::Deadline { .. }
+                | IdError::BrokersUnavailable { .. },
+            ) => {}
             other => panic!("expected an error without a majority, got {other:?}"),
         }
         // The deadline plus scheduling slack on a loaded 2-core machine.
-        assert!(took <= deadline + Duration::from_millis(500), "error after {took:?}, deadline {deadline:?}");
+        assert!(
+            took <= deadline + Duration::from_millis(500),
+            "error after {took:?}, deadline {deadline:?}"
+        );
         history.push(event);
     }
 
     // Restart: service resumes, with IDs above everything handed out before.
-    let max_before = history.iter().filter_map(|e| e.outcome).map(|r| r.hi).max().expect("some IDs before");
+    let max_before = history
+        .iter()
+        .filter_map(|e| e.outcome)
+        .map(|r| r.hi)
+        .max()
+        .expect("some IDs before");
     for i in 0..3 {
         q.restart(i).expect("restart node");
     }
@@ -225,10 +319,17 @@ async fn quorum_minority_down_continues_majority_down_fails_in_time_then_resumes
     let range = loop {
         let invoke_ns = monotonic_ns();
         let result = c.next_ids(1).await;
-        history.push(Event { invoke_ns, return_ns: monotonic_ns(), outcome: result.as_ref().ok().copied() });
+        history.push(Event {
+            invoke_ns,
+            return_ns: monotonic_ns(),
+            outcome: result.as_ref().ok().copied(),
+        });
         match result {
             Ok(r) => break r,
-            Err(e) => assert!(t0.elapsed() < Duration::from_secs(20), "service did not resume after restart: {e}"),
+            Err(e) => assert!(
+                t0.elapsed() < Duration::from_secs(20),
+                "service did not resume after restart: {e}"
+            ),
         }
     };
     assert!(range.lo > max_before, "{range:?} not above {max_before}");
@@ -237,10 +338,24 @@ async fn quorum_minority_down_continues_majority_down_fails_in_time_then_resumes
 
 async fn raw_connect(addr: &str) -> TcpStream {
     let mut s = TcpStream::connect(addr).await.expect("connect");
-    send(&mut s, &ClientMsg::Hello { magic: wire::MAGIC, version: wire::VERSION }).await;
+    send(
+        &mut s,
+        &ClientMsg::Hello {
+            magic: wire::MAGIC,
+            version: wire::VERSION,
+        },
+    )
+    .await;
     let mut buf = Vec::new();
-    let welcome = tokio::time::timeout(Duration::from_secs(5), wire::read_msg::<ServerMsg, _>(&mut s, &mut buf)).await;
-    assert!(matches!(welcome, Ok(Ok(Some(ServerMsg::Welcome { .. })))), "{welcome:?}");
+    let welcome = tokio::time::timeout(
+        Duration::from_secs(5),
+        wire::read_msg::<ServerMsg, _>(&mut s, &mut buf),
+    )
+    .await;
+    assert!(
+        matches!(welcome, Ok(Ok(Some(ServerMsg::Welcome { .. })))),
+        "{welcome:?}"
+    );
     s
 }
 
@@ -253,32 +368,61 @@ async fn send(s: &mut TcpStream, msg: &ClientMsg) {
 /// Reads until the broker closes the connection; what it sent, lossily as text.
 async fn closed_by_broker(s: &mut TcpStream) -> String {
     let mut all = Vec::new();
-    let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut all)).await.expect("broker closes the connection");
+    let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut all))
+        .await
+        .expect("broker closes the connection");
     String::from_utf8_lossy(&all).into_owned()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_costs_only_that_connection() {
     let q = quorum();
-    let b = Broker::start(&q, &["--handshake-timeout-ms", "500", "--write-timeout-ms", "500", "--max-in-flight", "16"]);
+    let b = Broker::start(
+        &q,
+        &[
+            "--handshake-timeout-ms",
+            "500",
+            "--write-timeout-ms",
+            "500",
+            "--max-in-flight",
+            "16",
+        ],
+    );
     let addr = b.addr.clone();
 
     // Garbage bytes.
     let mut s = TcpStream::connect(&addr).await.expect("connect");
-    s.write_all(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03garbage").await.expect("write");
-    assert!(closed_by_broker(&mut s).await.contains("exceeds the maximum"));
+    s.write_all(b"\x16\x03\x01\x02\x00\x01\x00\x01\xfc\x03\x03garbage")
+        .await
+        .expect("write");
+    assert!(closed_by_broker(&mut s)
+        .await
+        .contains("exceeds the maximum"));
     served(&addr).await;
 
     // Wrong version.
     let mut s = TcpStream::connect(&addr).await.expect("connect");
-    send(&mut s, &ClientMsg::Hello { magic: wire::MAGIC, version: 2 }).await;
-    assert!(closed_by_broker(&mut s).await.contains("version 2 not supported"));
+    send(
+        &mut s,
+        &ClientMsg::Hello {
+            magic: wire::MAGIC,
+            version: 2,
+        },
+    )
+    .await;
+    assert!(closed_by_broker(&mut s)
+        .await
+        .contains("version 2 not supported"));
     served(&addr).await;
 
     // Oversized length.
     let mut s = raw_connect(&addr).await;
-    s.write_all(&(wire::MAX_FRAME_LEN + 1).to_le_bytes()).await.expect("write");
-    assert!(closed_by_broker(&mut s).await.contains("exceeds the maximum"));
+    s.write_all(&(wire::MAX_FRAME_LEN + 1).to_le_bytes())
+        .await
+        .expect("write");
+    assert!(closed_by_broker(&mut s)
+        .await
+        .contains("exceeds the maximum"));
     served(&addr).await;
 
     // Half-sent frame: others are served while it hangs; it is closed at the timeout.
@@ -301,8 +445,16 @@ async fn bad_input_costs_only_that_connection() {
     });
     served(&addr).await;
     let t0 = Instant::now();
-    while fetch_stats(&addr).await.expect("stats during the flood").connections_dropped == before {
-        assert!(t0.elapsed() < Duration::from_secs(15), "the non-reading client was never dropped");
+    while fetch_stats(&addr)
+        .await
+        .expect("stats during the flood")
+        .connections_dropped
+        == before
+    {
+        assert!(
+            t0.elapsed() < Duration::from_secs(15),
+            "the non-reading client was never dropped"
+        );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     served(&addr).await;
@@ -329,5 +481,8 @@ async fn sigterm_answers_everyone_and_exits_cleanly() {
     let events: Vec<Event> = join(tasks).await.into_iter().flatten().collect();
     assert_linearizable(&events);
     let failed = events.len() - ok_count(&events);
-    assert!(failed <= 32, "{failed} requests failed across a graceful shutdown");
+    assert!(
+        failed <= 32,
+        "{failed} requests failed across a graceful shutdown"
+    );
 }

@@ -136,11 +136,19 @@ pub async fn run<S: IdSource + 'static>(config: &BenchConfig, sources: &[Arc<S>]
                 match result {
                     Ok(range) => {
                         ids_done.fetch_add(range.len(), Ordering::Relaxed);
-                        events.push(Event { invoke_ns, return_ns, outcome: Some(range) });
+                        events.push(Event {
+                            invoke_ns,
+                            return_ns,
+                            outcome: Some(range),
+                        });
                     }
                     Err(e) => {
                         first_error.get_or_insert_with(|| e.to_string());
-                        events.push(Event { invoke_ns, return_ns, outcome: None });
+                        events.push(Event {
+                            invoke_ns,
+                            return_ns,
+                            outcome: None,
+                        });
                     }
                 }
             }
@@ -154,7 +162,10 @@ pub async fn run<S: IdSource + 'static>(config: &BenchConfig, sources: &[Arc<S>]
         if config.progress && wake == next_tick {
             let secs = started.elapsed().as_secs_f64();
             let ids = ids_done.load(Ordering::Relaxed);
-            eprintln!("bench: {secs:.0}s, {ids} IDs, {:.0} IDs/s", ids as f64 / secs);
+            eprintln!(
+                "bench: {secs:.0}s, {ids} IDs, {:.0} IDs/s",
+                ids as f64 / secs
+            );
         }
         if wake == next_tick {
             next_tick += Duration::from_secs(1);
@@ -199,7 +210,9 @@ pub async fn run<S: IdSource + 'static>(config: &BenchConfig, sources: &[Arc<S>]
             }
             Err(e) => {
                 report.errors += 1;
-                report.first_error.get_or_insert_with(|| format!("bench task failed: {e}"));
+                report
+                    .first_error
+                    .get_or_insert_with(|| format!("bench task failed: {e}"));
             }
         }
     }

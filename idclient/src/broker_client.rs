@@ -71,7 +71,11 @@ pub struct BrokerClientConfig {
 
 impl Default for BrokerClientConfig {
     fn default() -> BrokerClientConfig {
-        BrokerClientConfig { deadline: DEFAULT_DEADLINE, connect_timeout: DEFAULT_CONNECT_TIMEOUT, connections: DEFAULT_CONNECTIONS }
+        BrokerClientConfig {
+            deadline: DEFAULT_DEADLINE,
+            connect_timeout: DEFAULT_CONNECT_TIMEOUT,
+            connections: DEFAULT_CONNECTIONS,
+        }
     }
 }
 
@@ -141,7 +145,8 @@ struct Conn {
 impl Drop for Conn {
     fn drop(&mut self) {
         // The last handle is gone: close the socket (stops reader and writer).
-        self.shared.fail("connection closed by the client".to_string());
+        self.shared
+            .fail("connection closed by the client".to_string());
     }
 }
 
@@ -171,7 +176,9 @@ pub struct BrokerClient {
 
 impl std::fmt::Debug for BrokerClient {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("BrokerClient").field("addrs", &self.inner.addrs).finish_non_exhaustive()
+        f.debug_struct("BrokerClient")
+            .field("addrs", &self.inner.addrs)
+            .finish_non_exhaustive()
     }
 }
 
@@ -183,15 +190,26 @@ impl BrokerClient {
     /// [`IdError::Config`] for an empty list or zero connections;
     /// [`IdError::BrokersUnavailable`] if no broker completes a handshake within
     /// `config.deadline` (a broker speaking another protocol version counts as failed).
-    pub async fn connect(addrs: Vec<String>, config: BrokerClientConfig) -> Result<BrokerClient, IdError> {
-        let addrs: Vec<String> = addrs.into_iter().map(|a| a.trim().to_string()).filter(|a| !a.is_empty()).collect();
+    pub async fn connect(
+        addrs: Vec<String>,
+        config: BrokerClientConfig,
+    ) -> Result<BrokerClient, IdError> {
+        let addrs: Vec<String> = addrs
+            .into_iter()
+            .map(|a| a.trim().to_string())
+            .filter(|a| !a.is_empty())
+            .collect();
         if addrs.is_empty() {
             return Err(IdError::Config("no broker address given".into()));
         }
         if config.connections == 0 {
-            return Err(IdError::Config("a broker client needs at least one connection".into()));
+            return Err(IdError::Config(
+                "a broker client needs at least one connection".into(),
+            ));
         }
-        let slots = (0..config.connections).map(|_| tokio::sync::Mutex::new(None)).collect();
+        let slots = (0..config.connections)
+            .map(|_| tokio::sync::Mutex::new(None))
+            .collect();
         let client = BrokerClient {
             inner: Arc::new(Inner {
                 addrs,
@@ -229,7 +247,10 @@ impl BrokerClient {
             let slot = inner.next_slot.fetch_add(1, Relaxed) % inner.slots.len();
             let conn = inner.conn(slot, deadline, &mut failures).await?;
             if n > conn.max_count {
-                return Err(IdError::BadRequest(format!("count {n} exceeds the broker's limit of {}", conn.max_count)));
+                return Err(IdError::BadRequest(format!(
+                    "count {n} exceeds the broker's limit of {}",
+                    conn.max_count
+                )));
             }
             match inner.attempt(&conn, n, deadline).await {
                 Attempt::Done(result) => return result,
@@ -241,7 +262,10 @@ impl BrokerClient {
                     // after that, pause, so a broker that accepts and then drops every
                     // request cannot pull callers into a reconnect storm.
                     failovers += 1;
-                    tokio::time::sleep_until((Instant::now() + failover_pause(failovers)).min(deadline)).await;
+                    tokio::time::sleep_until(
+                        (Instant::now() + failover_pause(failovers)).min(deadline),
+                    )
+                    .await;
                 }
             }
         }
@@ -259,7 +283,9 @@ fn failover_pause(failovers: u32) -> Duration {
     if failovers <= 1 {
         return Duration::ZERO;
     }
-    let ceiling = FAILOVER_PAUSE_BASE.saturating_mul(1u32 << (failovers - 2).min(16)).min(FAILOVER_PAUSE_CAP);
+    let ceiling = FAILOVER_PAUSE_BASE
+        .saturating_mul(1u32 << (failovers - 2).min(16))
+        .min(FAILOVER_PAUSE_CAP);
     rand::Rng::gen_range(&mut rand::thread_rng(), Duration::ZERO..=ceiling)
 }
 
@@ -278,8 +304,15 @@ impl Inner {
 
     /// A usable connection in `slot`, (re)connecting if needed: brokers are tried from the
     /// preferred one on, with backoff after a full pass, until `deadline`.
-    async fn conn(&self, slot: usize, deadline: Instant, failures: &mut Vec<NodeFailure>) -> Result<Arc<Conn>, IdError> {
-        let unavailable = |failures: &Vec<NodeFailure>| IdError::BrokersUnavailable { failures: failures.clone() };
+    async fn conn(
+        &self,
+        slot: usize,
+        deadline: Instant,
+        failures: &mut Vec<NodeFailure>,
+    ) -> Result<Arc<Conn>, IdError> {
+        let unavailable = |failures: &Vec<NodeFailure>| IdError::BrokersUnavailable {
+            failures: failures.clone(),
+        };
         let mut guard = match timeout_at(deadline, self.slots[slot].lock()).await {
             Ok(g) => g,
             Err(_) => return Err(unavailable(failures)),
@@ -311,8 +344,20 @@ impl Inner {
                         *guard = Some(conn.clone());
                         return Ok(conn);
                     }
-                    Ok(Err(e)) => note(failures, NodeFailure { addr: addr.clone(), reason: e.to_string() }),
-                    Err(_) => note(failures, NodeFailure { addr: addr.clone(), reason: format!("no handshake within {:?}", until - now) }),
+                    Ok(Err(e)) => note(
+                        failures,
+                        NodeFailure {
+                            addr: addr.clone(),
+                            reason: e.to_string(),
+                        },
+                    ),
+                    Err(_) => note(
+                        failures,
+                        NodeFailure {
+                            addr: addr.clone(),
+                            reason: format!("no handshake within {:?}", until - now),
+                        },
+                    ),
                 }
             }
             let now = Instant::now();
@@ -327,7 +372,12 @@ impl Inner {
     /// Sends one request on `conn` and waits for its reply until `deadline`.
     async fn attempt(&self, conn: &Conn, n: u64, deadline: Instant) -> Attempt {
         let shared = &conn.shared;
-        let lost = |reason: String| Attempt::Failover(NodeFailure { addr: shared.addr.clone(), reason });
+        let lost = |reason: String| {
+            Attempt::Failover(NodeFailure {
+                addr: shared.addr.clone(),
+                reason,
+            })
+        };
         let id = self.next_request.fetch_add(1, Relaxed);
         let (tx, rx) = oneshot::channel();
         {
@@ -339,12 +389,21 @@ impl Inner {
         }
         let remaining = deadline.saturating_duration_since(Instant::now());
         let margin = (remaining / MARGIN_DIVISOR).min(MAX_MARGIN);
-        let deadline_ms = u64::try_from((remaining - margin).as_millis()).unwrap_or(u64::MAX).max(1);
-        let msg = ClientMsg::NextIds { id, count: n, deadline_ms };
+        let deadline_ms = u64::try_from((remaining - margin).as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        let msg = ClientMsg::NextIds {
+            id,
+            count: n,
+            deadline_ms,
+        };
         let timed_out = || {
             shared.table().waiting.remove(&id);
             Attempt::Done(Err(IdError::BrokersUnavailable {
-                failures: vec![NodeFailure { addr: shared.addr.clone(), reason: format!("no reply within the deadline ({remaining:?})") }],
+                failures: vec![NodeFailure {
+                    addr: shared.addr.clone(),
+                    reason: format!("no reply within the deadline ({remaining:?})"),
+                }],
             }))
         };
         match timeout_at(deadline, conn.tx.send(msg)).await {
@@ -362,18 +421,28 @@ impl Inner {
             Ok(Ok(Reply::Msg(msg))) => msg,
         };
         match reply {
-            ServerMsg::Ids { lo, hi, .. } if (IdRange { lo, hi }).holds_exactly(n) => Attempt::Done(Ok(IdRange { lo, hi })),
-            ServerMsg::Failed { error: IdError::BrokersUnavailable { failures }, .. } => {
+            ServerMsg::Ids { lo, hi, .. } if (IdRange { lo, hi }).holds_exactly(n) => {
+                Attempt::Done(Ok(IdRange { lo, hi }))
+            }
+            ServerMsg::Failed {
+                error: IdError::BrokersUnavailable { failures },
+                ..
+            } => {
                 // The broker is shutting down and never started this request.
                 shared.draining.store(true, Relaxed);
-                let reason = failures.first().map_or_else(|| "broker unavailable".to_string(), |f| f.reason.clone());
+                let reason = failures
+                    .first()
+                    .map_or_else(|| "broker unavailable".to_string(), |f| f.reason.clone());
                 lost(reason)
             }
             ServerMsg::Failed { error, .. } => Attempt::Done(Err(error)),
             other => {
                 let reason = format!("unexpected reply to a request for {n} IDs: {other:?}");
                 shared.fail(reason.clone());
-                Attempt::Done(Err(IdError::Protocol { addr: shared.addr.clone(), reason }))
+                Attempt::Done(Err(IdError::Protocol {
+                    addr: shared.addr.clone(),
+                    reason,
+                }))
             }
         }
     }
@@ -381,26 +450,49 @@ impl Inner {
 
 impl IdSource for BrokerClient {
     async fn next_ids(&self, n: u64) -> Result<IdRange, IdError> {
-        self.next_ids_until(n, Instant::now() + self.inner.config.deadline).await
+        self.next_ids_until(n, Instant::now() + self.inner.config.deadline)
+            .await
     }
 }
 
 /// Connects and handshakes; returns the stream halves and the broker's Welcome values.
 async fn handshake(addr: &str) -> Result<(BufReader<OwnedReadHalf>, OwnedWriteHalf, u64), IdError> {
-    let io = |e: std::io::Error| IdError::BrokersUnavailable { failures: vec![NodeFailure { addr: addr.to_string(), reason: e.to_string() }] };
-    let protocol = |reason: String| IdError::Protocol { addr: addr.to_string(), reason };
+    let io = |e: std::io::Error| IdError::BrokersUnavailable {
+        failures: vec![NodeFailure {
+            addr: addr.to_string(),
+            reason: e.to_string(),
+        }],
+    };
+    let protocol = |reason: String| IdError::Protocol {
+        addr: addr.to_string(),
+        reason,
+    };
     let stream = TcpStream::connect(addr).await.map_err(io)?;
     stream.set_nodelay(true).map_err(io)?;
     let (rd, mut wr) = stream.into_split();
     let mut rd = BufReader::with_capacity(WRITE_BUF, rd);
     let mut buf = Vec::new();
-    wire::encode(&ClientMsg::Hello { magic: wire::MAGIC, version: wire::VERSION }, &mut buf).map_err(|e| protocol(e.to_string()))?;
+    wire::encode(
+        &ClientMsg::Hello {
+            magic: wire::MAGIC,
+            version: wire::VERSION,
+        },
+        &mut buf,
+    )
+    .map_err(|e| protocol(e.to_string()))?;
     wr.write_all(&buf).await.map_err(io)?;
     match wire::read_msg::<ServerMsg, _>(&mut rd, &mut buf).await {
-        Ok(Some(ServerMsg::Welcome { version, max_count, .. })) if version == wire::VERSION => Ok((rd, wr, max_count)),
-        Ok(Some(ServerMsg::Refused { reason })) => Err(protocol(format!("handshake refused: {reason}"))),
+        Ok(Some(ServerMsg::Welcome {
+            version, max_count, ..
+        })) if version == wire::VERSION => Ok((rd, wr, max_count)),
+        Ok(Some(ServerMsg::Refused { reason })) => {
+            Err(protocol(format!("handshake refused: {reason}")))
+        }
         Ok(Some(other)) => Err(protocol(format!("unexpected handshake reply {other:?}"))),
-        Ok(None) => Err(io(std::io::Error::new(std::io::ErrorKind::UnexpectedEof, "closed during the handshake"))),
+        Ok(None) => Err(io(std::io::Error::new(
+            std::io::ErrorKind::UnexpectedEof,
+            "closed during the handshake",
+        ))),
         Err(wire::WireError::Io(e)) => Err(io(e)),
         Err(e) => Err(protocol(e.to_string())),
     }
@@ -419,7 +511,12 @@ async fn open(broker: usize, addr: &str) -> Result<Conn, IdError> {
     let (tx, rx) = mpsc::channel(WRITE_QUEUE);
     tokio::spawn(read_loop(rd, shared.clone()));
     tokio::spawn(write_loop(wr, rx, shared.clone()));
-    Ok(Conn { broker, shared, tx, max_count })
+    Ok(Conn {
+        broker,
+        shared,
+        tx,
+        max_count,
+    })
 }
 
 /// Routes replies to their callers until the connection ends; then fails the rest.
@@ -456,7 +553,11 @@ async fn read_loop(mut rd: BufReader<OwnedReadHalf>, shared: Arc<Shared>) {
 }
 
 /// Writes queued requests, as many per system call as are waiting.
-async fn write_loop(mut wr: OwnedWriteHalf, mut rx: mpsc::Receiver<ClientMsg>, shared: Arc<Shared>) {
+async fn write_loop(
+    mut wr: OwnedWriteHalf,
+    mut rx: mpsc::Receiver<ClientMsg>,
+    shared: Arc<Shared>,
+) {
     let mut dead = shared.dead.subscribe();
     let mut buf = Vec::with_capacity(WRITE_BUF);
     let reason = loop {
@@ -502,15 +603,28 @@ async fn write_loop(mut wr: OwnedWriteHalf, mut rx: mpsc::Receiver<ClientMsg>, s
 /// [`IdError::BrokersUnavailable`] if it cannot be reached or does not answer within
 /// [`STATS_TIMEOUT`]; [`IdError::Protocol`] if it answers something else.
 pub async fn fetch_stats(addr: &str) -> Result<BrokerStats, IdError> {
-    let unavailable = |reason: String| IdError::BrokersUnavailable { failures: vec![NodeFailure { addr: addr.to_string(), reason }] };
+    let unavailable = |reason: String| IdError::BrokersUnavailable {
+        failures: vec![NodeFailure {
+            addr: addr.to_string(),
+            reason,
+        }],
+    };
     let work = async {
         let (mut rd, mut wr, _) = handshake(addr).await?;
         let mut buf = Vec::new();
-        wire::encode(&ClientMsg::Stats { id: 1 }, &mut buf).map_err(|e| IdError::Protocol { addr: addr.to_string(), reason: e.to_string() })?;
-        wr.write_all(&buf).await.map_err(|e| unavailable(e.to_string()))?;
+        wire::encode(&ClientMsg::Stats { id: 1 }, &mut buf).map_err(|e| IdError::Protocol {
+            addr: addr.to_string(),
+            reason: e.to_string(),
+        })?;
+        wr.write_all(&buf)
+            .await
+            .map_err(|e| unavailable(e.to_string()))?;
         match wire::read_msg::<ServerMsg, _>(&mut rd, &mut buf).await {
             Ok(Some(ServerMsg::Stats { stats, .. })) => Ok(stats),
-            Ok(Some(other)) => Err(IdError::Protocol { addr: addr.to_string(), reason: format!("expected stats, got {other:?}") }),
+            Ok(Some(other)) => Err(IdError::Protocol {
+                addr: addr.to_string(),
+                reason: format!("expected stats, got {other:?}"),
+            }),
             Ok(None) => Err(unavailable("closed before answering".into())),
             Err(e) => Err(unavailable(e.to_string())),
         }

@@ -35,17 +35,30 @@ pub enum ClusterError {
     #[error("redis-server on port {port} failed to start: {reason}")]
     StartFailed { port: u16, reason: String },
     #[error("{path}: a cluster is already running there (pids {pids:?}); run `idctl cluster down --dir {dir}` first", path = .state.display(), dir = .dir.display())]
-    AlreadyRunning { state: PathBuf, dir: PathBuf, pids: Vec<u32> },
+    AlreadyRunning {
+        state: PathBuf,
+        dir: PathBuf,
+        pids: Vec<u32>,
+    },
     #[error("{}: no cluster state found (was `idctl cluster up --dir` run with this dir?)", .0.display())]
     NoState(PathBuf),
     #[error("{path}: {source}", path = .path.display())]
-    Io { path: PathBuf, source: std::io::Error },
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
     #[error("{path}: unreadable cluster state: {source}", path = .path.display())]
-    State { path: PathBuf, source: serde_json::Error },
+    State {
+        path: PathBuf,
+        source: serde_json::Error,
+    },
 }
 
 fn io_err(path: &Path) -> impl FnOnce(std::io::Error) -> ClusterError + '_ {
-    move |source| ClusterError::Io { path: path.to_path_buf(), source }
+    move |source| ClusterError::Io {
+        path: path.to_path_buf(),
+        source,
+    }
 }
 
 /// One node as recorded in `cluster.json`.
@@ -86,7 +99,11 @@ mod tempfile_guard {
         pub fn new(prefix: &str) -> std::io::Result<TempDir> {
             let base = std::env::temp_dir();
             for attempt in 0..100u32 {
-                let name = format!("{prefix}-{}-{}-{attempt}", std::process::id(), rand::random::<u32>());
+                let name = format!(
+                    "{prefix}-{}-{}-{attempt}",
+                    std::process::id(),
+                    rand::random::<u32>()
+                );
                 let path = base.join(name);
                 match std::fs::create_dir(&path) {
                     Ok(()) => return Ok(TempDir(path)),
@@ -161,7 +178,10 @@ fn spawn_node(port: u16, data_dir: &Path, extra_args: &[String]) -> Result<Child
         .process_group(0);
     let mut child = cmd.spawn().map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => ClusterError::RedisMissing,
-        _ => ClusterError::StartFailed { port, reason: e.to_string() },
+        _ => ClusterError::StartFailed {
+            port,
+            reason: e.to_string(),
+        },
     })?;
     let started = Instant::now();
     loop {
@@ -179,7 +199,10 @@ fn spawn_node(port: u16, data_dir: &Path, extra_args: &[String]) -> Result<Child
             let _ = child.wait();
             return Err(ClusterError::StartFailed {
                 port,
-                reason: format!("no PONG within {START_TIMEOUT:?}; log: {}", log_tail(data_dir)),
+                reason: format!(
+                    "no PONG within {START_TIMEOUT:?}; log: {}",
+                    log_tail(data_dir)
+                ),
             });
         }
         std::thread::sleep(Duration::from_millis(20));
@@ -223,13 +246,24 @@ impl LocalQuorum {
     pub fn start(dir: &Path, nodes: usize, base_port: u16) -> Result<LocalQuorum, ClusterError> {
         check_node_count(nodes)?;
         if usize::from(base_port) + nodes > 65536 || base_port == 0 {
-            return Err(ClusterError::BadPorts { base: base_port, nodes });
+            return Err(ClusterError::BadPorts {
+                base: base_port,
+                nodes,
+            });
         }
         let state = dir.join(STATE_FILE);
         if let Ok(old) = read_state(dir) {
-            let alive: Vec<u32> = old.iter().filter(|n| is_our_redis(n.pid, n.port)).map(|n| n.pid).collect();
+            let alive: Vec<u32> = old
+                .iter()
+                .filter(|n| is_our_redis(n.pid, n.port))
+                .map(|n| n.pid)
+                .collect();
             if !alive.is_empty() {
-                return Err(ClusterError::AlreadyRunning { state, dir: dir.to_path_buf(), pids: alive });
+                return Err(ClusterError::AlreadyRunning {
+                    state,
+                    dir: dir.to_path_buf(),
+                    pids: alive,
+                });
             }
         }
         let ports: Vec<u16> = (0..nodes).map(|i| base_port + i as u16).collect();
@@ -237,11 +271,19 @@ impl LocalQuorum {
             return Err(ClusterError::PortInUse { port });
         }
         std::fs::create_dir_all(dir).map_err(io_err(dir))?;
-        let mut quorum = LocalQuorum { dir: dir.to_path_buf(), nodes: Vec::new(), _temp: None };
+        let mut quorum = LocalQuorum {
+            dir: dir.to_path_buf(),
+            nodes: Vec::new(),
+            _temp: None,
+        };
         for port in ports {
             let data_dir = dir.join(format!("node-{port}"));
             let child = spawn_node(port, &data_dir, &[])?;
-            quorum.nodes.push(LocalNode { port, data_dir, child: Some(child) });
+            quorum.nodes.push(LocalNode {
+                port,
+                data_dir,
+                child: Some(child),
+            });
         }
         quorum.write_state()?;
         Ok(quorum)
@@ -261,13 +303,21 @@ impl LocalQuorum {
     ///
     /// # Errors
     /// As [`LocalQuorum::start`].
-    pub fn temp_with_args(nodes: usize, extra_args: &[String]) -> Result<LocalQuorum, ClusterError> {
+    pub fn temp_with_args(
+        nodes: usize,
+        extra_args: &[String],
+    ) -> Result<LocalQuorum, ClusterError> {
         if nodes == 0 {
             return Err(ClusterError::BadNodeCount(nodes));
         }
-        let temp = tempfile_guard::TempDir::new("qlist-quorum").map_err(io_err(&std::env::temp_dir()))?;
+        let temp =
+            tempfile_guard::TempDir::new("qlist-quorum").map_err(io_err(&std::env::temp_dir()))?;
         let dir = temp.path().to_path_buf();
-        let mut quorum = LocalQuorum { dir: dir.clone(), nodes: Vec::new(), _temp: None };
+        let mut quorum = LocalQuorum {
+            dir: dir.clone(),
+            nodes: Vec::new(),
+            _temp: None,
+        };
         for i in 0..nodes {
             let data_dir = dir.join(format!("node-{i}"));
             // A free port can be taken between our probe and redis' bind: try a few.
@@ -276,7 +326,11 @@ impl LocalQuorum {
                 let port = free_port().map_err(io_err(&dir))?;
                 match spawn_node(port, &data_dir, extra_args) {
                     Ok(child) => {
-                        quorum.nodes.push(LocalNode { port, data_dir: data_dir.clone(), child: Some(child) });
+                        quorum.nodes.push(LocalNode {
+                            port,
+                            data_dir: data_dir.clone(),
+                            child: Some(child),
+                        });
                         last = None;
                         break;
                     }
@@ -314,7 +368,10 @@ impl LocalQuorum {
 
     /// The nodes' URLs (`redis://127.0.0.1:PORT`), in order.
     pub fn urls(&self) -> Vec<String> {
-        self.nodes.iter().map(|n| format!("redis://127.0.0.1:{}", n.port)).collect()
+        self.nodes
+            .iter()
+            .map(|n| format!("redis://127.0.0.1:{}", n.port))
+            .collect()
     }
 
     /// The URLs joined by commas, as `--nodes` takes them.
@@ -396,8 +453,13 @@ impl LocalQuorum {
     fn write_state(&self) -> Result<(), ClusterError> {
         let path = self.dir.join(STATE_FILE);
         let tmp = self.dir.join(format!("{STATE_FILE}.tmp"));
-        let json = serde_json::to_vec_pretty(&StateFile { nodes: self.records() })
-            .map_err(|source| ClusterError::State { path: path.clone(), source })?;
+        let json = serde_json::to_vec_pretty(&StateFile {
+            nodes: self.records(),
+        })
+        .map_err(|source| ClusterError::State {
+            path: path.clone(),
+            source,
+        })?;
         std::fs::write(&tmp, json).map_err(io_err(&tmp))?;
         std::fs::rename(&tmp, &path).map_err(io_err(&path))
     }
@@ -428,10 +490,13 @@ pub fn read_state(dir: &Path) -> Result<Vec<NodeRecord>, ClusterError> {
     let path = dir.join(STATE_FILE);
     let bytes = match std::fs::read(&path) {
         Ok(b) => b,
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(ClusterError::NoState(dir.to_path_buf())),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => {
+            return Err(ClusterError::NoState(dir.to_path_buf()))
+        }
         Err(e) => return Err(ClusterError::Io { path, source: e }),
     };
-    let state: StateFile = serde_json::from_slice(&bytes).map_err(|source| ClusterError::State { path, source })?;
+    let state: StateFile =
+        serde_json::from_slice(&bytes).map_err(|source| ClusterError::State { path, source })?;
     Ok(state.nodes)
 }
 
@@ -450,7 +515,10 @@ fn is_our_redis(pid: u32, port: u16) -> bool {
         return false;
     }
     match std::fs::read_to_string(format!("/proc/{pid}/stat")) {
-        Ok(stat) => !stat.rsplit(')').next().is_some_and(|rest| rest.trim_start().starts_with('Z')),
+        Ok(stat) => !stat
+            .rsplit(')')
+            .next()
+            .is_some_and(|rest| rest.trim_start().starts_with('Z')),
         Err(_) => false,
     }
 }

@@ -46,7 +46,11 @@ pub struct Leases {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Join {
     /// Joined the open batch `batch` at `offset`; its leader's lease ends in `wait`.
-    Follow { batch: Nonce, offset: u64, wait: Duration },
+    Follow {
+        batch: Nonce,
+        offset: u64,
+        wait: Duration,
+    },
     /// Nothing open, nothing in flight: the caller's batch (its request alone) is in
     /// flight now; run it.
     Solo,
@@ -94,7 +98,10 @@ impl BatchResult {
                 if lo == 0 || lo > hi {
                     return None;
                 }
-                BatchResult { batch, range: Some(IdRange { lo, hi }) }
+                BatchResult {
+                    batch,
+                    range: Some(IdRange { lo, hi }),
+                }
             }
             _ => return None,
         };
@@ -122,10 +129,16 @@ impl Nonce {
 
     /// 32 lowercase hex digits: how it travels (Lua compares it as a string).
     pub fn parse(s: &[u8]) -> Option<Nonce> {
-        if s.len() != 32 || !s.iter().all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b)) {
+        if s.len() != 32
+            || !s
+                .iter()
+                .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(b))
+        {
             return None;
         }
-        u128::from_str_radix(std::str::from_utf8(s).ok()?, 16).ok().map(Nonce)
+        u128::from_str_radix(std::str::from_utf8(s).ok()?, 16)
+            .ok()
+            .map(Nonce)
     }
 }
 
@@ -149,7 +162,11 @@ const BACKLOG: usize = 4096;
 impl Results {
     /// A receiver of every result from now on, subscribing first if needed. `None` when
     /// the node cannot be subscribed to.
-    pub async fn receiver<N: Register>(&self, node: &N, key: &str) -> Option<broadcast::Receiver<BatchResult>> {
+    pub async fn receiver<N: Register>(
+        &self,
+        node: &N,
+        key: &str,
+    ) -> Option<broadcast::Receiver<BatchResult>> {
         let mut live = self.live.lock().await;
         if let Some(tx) = live.as_ref().and_then(|(weak, _)| weak.upgrade()) {
             return Some(tx.subscribe());
@@ -224,9 +241,21 @@ mod tests {
     #[test]
     fn messages_round_trip() {
         for result in [
-            BatchResult { batch: Nonce(7), range: Some(IdRange { lo: 1, hi: 1 }) },
-            BatchResult { batch: Nonce(u128::MAX), range: Some(IdRange { lo: 1 << 63, hi: u64::MAX }) },
-            BatchResult { batch: Nonce::random(), range: None },
+            BatchResult {
+                batch: Nonce(7),
+                range: Some(IdRange { lo: 1, hi: 1 }),
+            },
+            BatchResult {
+                batch: Nonce(u128::MAX),
+                range: Some(IdRange {
+                    lo: 1 << 63,
+                    hi: u64::MAX,
+                }),
+            },
+            BatchResult {
+                batch: Nonce::random(),
+                range: None,
+            },
         ] {
             assert_eq!(BatchResult::parse(&result.message()), Some(result));
         }
@@ -251,7 +280,13 @@ mod tests {
         ] {
             assert_eq!(BatchResult::parse(&bad), None, "{bad:?}");
         }
-        assert_eq!(BatchResult::parse(&format!("{n} 2 3")), Some(BatchResult { batch: Nonce(42), range: Some(IdRange { lo: 2, hi: 3 }) }));
+        assert_eq!(
+            BatchResult::parse(&format!("{n} 2 3")),
+            Some(BatchResult {
+                batch: Nonce(42),
+                range: Some(IdRange { lo: 2, hi: 3 })
+            })
+        );
     }
 
     #[test]
@@ -261,7 +296,17 @@ mod tests {
         assert_eq!(member_range(batch, 7, 3), Some(IdRange { lo: 17, hi: 19 }));
         assert_eq!(member_range(batch, 8, 3), None);
         assert_eq!(member_range(batch, 10, 1), None);
-        assert_eq!(member_range(IdRange { lo: u64::MAX, hi: u64::MAX }, 1, 1), None);
+        assert_eq!(
+            member_range(
+                IdRange {
+                    lo: u64::MAX,
+                    hi: u64::MAX
+                },
+                1,
+                1
+            ),
+            None
+        );
         assert_eq!(member_range(batch, 0, 0), None);
     }
 

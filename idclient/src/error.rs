@@ -22,7 +22,11 @@ fn list(failures: &[NodeFailure]) -> String {
     if failures.is_empty() {
         return "none".to_string();
     }
-    failures.iter().map(|f| f.to_string()).collect::<Vec<_>>().join("; ")
+    failures
+        .iter()
+        .map(|f| f.to_string())
+        .collect::<Vec<_>>()
+        .join("; ")
 }
 
 /// Everything that can go wrong getting IDs. An error never carries IDs: a request that
@@ -31,7 +35,12 @@ fn list(failures: &[NodeFailure]) -> String {
 pub enum IdError {
     /// Fewer than a majority of nodes could be reached before the deadline.
     #[error("no quorum: {reachable} of {total} nodes answered, {needed} needed (failed: {})", list(.failures))]
-    NoQuorum { needed: usize, reachable: usize, total: usize, failures: Vec<NodeFailure> },
+    NoQuorum {
+        needed: usize,
+        reachable: usize,
+        total: usize,
+        failures: Vec<NodeFailure>,
+    },
 
     /// The deadline passed: every round was lost to contention (a majority answered but
     /// another client won), or (`rounds` = 0) the request waited out its deadline at a broker.
@@ -44,11 +53,21 @@ pub enum IdError {
 
     /// A node's register holds something that is not a canonical decimal u64.
     #[error("node {addr}: key `{key}` holds {value:?}, which is not a canonical decimal u64 (refusing to guess: fix or delete the key by hand)")]
-    BadValue { addr: String, key: String, value: String },
+    BadValue {
+        addr: String,
+        key: String,
+        value: String,
+    },
 
     /// The register reached u64::MAX: no more IDs can be generated.
-    #[error("node {addr}: the register is exhausted (cannot reserve {count} more IDs above {current})")]
-    Exhausted { addr: String, current: u64, count: u64 },
+    #[error(
+        "node {addr}: the register is exhausted (cannot reserve {count} more IDs above {current})"
+    )]
+    Exhausted {
+        addr: String,
+        current: u64,
+        count: u64,
+    },
 
     /// The configuration is unusable (bad URL, even node count, ...).
     #[error("invalid configuration: {0}")]

@@ -13,7 +13,10 @@ use std::path::Path;
 /// CLOCK_MONOTONIC in nanoseconds: one clock for every process on this machine, so
 /// histories recorded by several processes can be checked together.
 pub fn monotonic_ns() -> u64 {
-    let mut ts = libc::timespec { tv_sec: 0, tv_nsec: 0 };
+    let mut ts = libc::timespec {
+        tv_sec: 0,
+        tv_nsec: 0,
+    };
     // SAFETY: clock_gettime writes into the timespec we pass; CLOCK_MONOTONIC always exists.
     unsafe {
         libc::clock_gettime(libc::CLOCK_MONOTONIC, &mut ts);
@@ -76,7 +79,10 @@ pub fn check(events: &[Event]) -> Result<(), Violation> {
     ok.sort_by_key(|(_, r)| (r.lo, r.hi));
     for pair in ok.windows(2) {
         if pair[1].1.lo <= pair[0].1.hi {
-            return Err(Violation::Duplicate { a: pair[0].0, b: pair[1].0 });
+            return Err(Violation::Duplicate {
+                a: pair[0].0,
+                b: pair[1].0,
+            });
         }
     }
     // Real time: sweep requests in invoke order, folding in every request that returned
@@ -88,7 +94,11 @@ pub fn check(events: &[Event]) -> Result<(), Violation> {
     let mut returned = by_return.into_iter().peekable();
     let mut max: Option<&(Event, IdRange)> = None;
     for later in by_invoke {
-        while let Some(&&earlier) = returned.peek().filter(|(e, _)| e.return_ns < later.0.invoke_ns).as_ref() {
+        while let Some(&&earlier) = returned
+            .peek()
+            .filter(|(e, _)| e.return_ns < later.0.invoke_ns)
+            .as_ref()
+        {
             if max.is_none_or(|m| earlier.1.hi > m.1.hi) {
                 max = Some(earlier);
             }
@@ -96,7 +106,10 @@ pub fn check(events: &[Event]) -> Result<(), Violation> {
         }
         if let Some(m) = max {
             if later.1.lo <= m.1.hi {
-                return Err(Violation::RealTime { earlier: m.0, later: later.0 });
+                return Err(Violation::RealTime {
+                    earlier: m.0,
+                    later: later.0,
+                });
             }
         }
     }
@@ -127,12 +140,28 @@ pub fn read_events(path: &Path) -> std::io::Result<Vec<Event>> {
     let mut events = Vec::new();
     for (i, line) in file.lines().enumerate() {
         let line = line?;
-        let bad = || std::io::Error::new(std::io::ErrorKind::InvalidData, format!("{}:{}: bad history line {line:?}", path.display(), i + 1));
+        let bad = || {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                format!("{}:{}: bad history line {line:?}", path.display(), i + 1),
+            )
+        };
         let f: Vec<&str> = line.split_whitespace().collect();
         let num = |s: &str| s.parse::<u64>().map_err(|_| bad());
         let event = match f.as_slice() {
-            [inv, ret, "-"] => Event { invoke_ns: num(inv)?, return_ns: num(ret)?, outcome: None },
-            [inv, ret, lo, hi] => Event { invoke_ns: num(inv)?, return_ns: num(ret)?, outcome: Some(IdRange { lo: num(lo)?, hi: num(hi)? }) },
+            [inv, ret, "-"] => Event {
+                invoke_ns: num(inv)?,
+                return_ns: num(ret)?,
+                outcome: None,
+            },
+            [inv, ret, lo, hi] => Event {
+                invoke_ns: num(inv)?,
+                return_ns: num(ret)?,
+                outcome: Some(IdRange {
+                    lo: num(lo)?,
+                    hi: num(hi)?,
+                }),
+            },
             _ => return Err(bad()),
         };
         events.push(event);
@@ -146,12 +175,19 @@ mod tests {
     use proptest::prelude::*;
 
     fn ev(invoke_ns: u64, return_ns: u64, lo: u64, hi: u64) -> Event {
-        Event { invoke_ns, return_ns, outcome: Some(IdRange { lo, hi }) }
+        Event {
+            invoke_ns,
+            return_ns,
+            outcome: Some(IdRange { lo, hi }),
+        }
     }
 
     #[test]
     fn sequential_history_passes() {
-        assert_eq!(check(&[ev(0, 1, 1, 1), ev(2, 3, 2, 5), ev(4, 5, 9, 9)]), Ok(()));
+        assert_eq!(
+            check(&[ev(0, 1, 1, 1), ev(2, 3, 2, 5), ev(4, 5, 9, 9)]),
+            Ok(())
+        );
     }
 
     #[test]
@@ -162,13 +198,22 @@ mod tests {
 
     #[test]
     fn duplicate_is_caught() {
-        assert!(matches!(check(&[ev(0, 1, 1, 3), ev(5, 6, 3, 4)]), Err(Violation::Duplicate { .. })));
-        assert!(matches!(check(&[ev(0, 10, 7, 7), ev(1, 9, 7, 7)]), Err(Violation::Duplicate { .. })));
+        assert!(matches!(
+            check(&[ev(0, 1, 1, 3), ev(5, 6, 3, 4)]),
+            Err(Violation::Duplicate { .. })
+        ));
+        assert!(matches!(
+            check(&[ev(0, 10, 7, 7), ev(1, 9, 7, 7)]),
+            Err(Violation::Duplicate { .. })
+        ));
     }
 
     #[test]
     fn real_time_inversion_is_caught() {
-        assert!(matches!(check(&[ev(0, 1, 10, 10), ev(2, 3, 5, 5)]), Err(Violation::RealTime { .. })));
+        assert!(matches!(
+            check(&[ev(0, 1, 10, 10), ev(2, 3, 5, 5)]),
+            Err(Violation::RealTime { .. })
+        ));
     }
 
     #[test]
@@ -180,21 +225,38 @@ mod tests {
 
     #[test]
     fn unknown_outcomes_add_no_constraint() {
-        let unknown = Event { invoke_ns: 0, return_ns: 1, outcome: None };
+        let unknown = Event {
+            invoke_ns: 0,
+            return_ns: 1,
+            outcome: None,
+        };
         assert_eq!(check(&[unknown, ev(2, 3, 1, 1)]), Ok(()));
     }
 
     #[test]
     fn malformed_events_are_caught() {
-        assert!(matches!(check(&[ev(5, 4, 1, 1)]), Err(Violation::Malformed(_))));
-        assert!(matches!(check(&[ev(0, 1, 3, 2)]), Err(Violation::Malformed(_))));
+        assert!(matches!(
+            check(&[ev(5, 4, 1, 1)]),
+            Err(Violation::Malformed(_))
+        ));
+        assert!(matches!(
+            check(&[ev(0, 1, 3, 2)]),
+            Err(Violation::Malformed(_))
+        ));
     }
 
     #[test]
     fn file_round_trip() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("h.txt");
-        let events = vec![ev(1, 2, 3, 4), Event { invoke_ns: 5, return_ns: 6, outcome: None }];
+        let events = vec![
+            ev(1, 2, 3, 4),
+            Event {
+                invoke_ns: 5,
+                return_ns: 6,
+                outcome: None,
+            },
+        ];
         write_events(std::fs::File::create(&path).expect("create"), &events).expect("write");
         assert_eq!(read_events(&path).expect("read"), events);
         std::fs::write(&path, "1 2 x\n").expect("write");
@@ -205,23 +267,34 @@ mod tests {
     /// A history a correct generator could produce: a sequential order of grants, each
     /// request's interval around its grant point; random ranges; some unknown outcomes.
     fn valid_history() -> impl Strategy<Value = Vec<Event>> {
-        prop::collection::vec((1u64..4, 0u64..50, 0u64..50, any::<bool>(), 0u64..3), 1..60).prop_map(|steps| {
-            let mut next = 1;
-            let mut events = Vec::new();
-            for (i, (len, before, after, unknown, gap)) in steps.into_iter().enumerate() {
-                let t = i as u64 * 100 + 50; // the linearization point
-                next += gap; // holes are allowed
-                let range = IdRange { lo: next, hi: next + len - 1 };
-                next += len;
-                events.push(Event { invoke_ns: t - before, return_ns: t + after, outcome: (!unknown).then_some(range) });
-            }
-            events
-        })
+        prop::collection::vec((1u64..4, 0u64..50, 0u64..50, any::<bool>(), 0u64..3), 1..60)
+            .prop_map(|steps| {
+                let mut next = 1;
+                let mut events = Vec::new();
+                for (i, (len, before, after, unknown, gap)) in steps.into_iter().enumerate() {
+                    let t = i as u64 * 100 + 50; // the linearization point
+                    next += gap; // holes are allowed
+                    let range = IdRange {
+                        lo: next,
+                        hi: next + len - 1,
+                    };
+                    next += len;
+                    events.push(Event {
+                        invoke_ns: t - before,
+                        return_ns: t + after,
+                        outcome: (!unknown).then_some(range),
+                    });
+                }
+                events
+            })
     }
 
     /// Naive O(n^2) reference.
     fn naive_ok(events: &[Event]) -> bool {
-        let ok: Vec<(Event, IdRange)> = events.iter().filter_map(|e| e.outcome.map(|r| (*e, r))).collect();
+        let ok: Vec<(Event, IdRange)> = events
+            .iter()
+            .filter_map(|e| e.outcome.map(|r| (*e, r)))
+            .collect();
         for (i, (a, ra)) in ok.iter().enumerate() {
             for (j, (b, rb)) in ok.iter().enumerate() {
                 if i != j && ra.lo <= rb.hi && rb.lo <= ra.hi {

@@ -13,6 +13,7 @@
 //! - [`history`]: a linearizability checker for recorded ID histories.
 
 pub mod bench;
+pub mod broker_client;
 pub mod cluster;
 pub mod combine;
 pub mod error;
@@ -22,7 +23,6 @@ pub mod quorum;
 pub mod script;
 pub mod sim;
 pub mod wire;
-pub mod broker_client;
 
 pub use error::IdError;
 pub use quorum::{ClientConfig, Combine, Counters, Protocol, QuorumClient};
@@ -30,7 +30,9 @@ pub use quorum::{ClientConfig, Combine, Counters, Protocol, QuorumClient};
 use std::future::Future;
 
 /// An inclusive range of IDs `lo..=hi`, reserved by one successful quorum round.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize)]
+#[derive(
+    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
+)]
 pub struct IdRange {
     pub lo: u64,
     pub hi: u64,
@@ -92,8 +94,16 @@ mod tests {
         assert!(IdRange { lo: 5, hi: 9 }.holds_exactly(5));
         assert!(!IdRange { lo: 5, hi: 9 }.holds_exactly(4));
         assert!(!IdRange { lo: 9, hi: 5 }.holds_exactly(1));
-        assert!(!IdRange { lo: 0, hi: u64::MAX }.holds_exactly(u64::MAX));
+        assert!(!IdRange {
+            lo: 0,
+            hi: u64::MAX
+        }
+        .holds_exactly(u64::MAX));
         assert!(!IdRange { lo: 1, hi: 1 }.holds_exactly(0));
-        assert!(IdRange { lo: u64::MAX, hi: u64::MAX }.holds_exactly(1));
+        assert!(IdRange {
+            lo: u64::MAX,
+            hi: u64::MAX
+        }
+        .holds_exactly(1));
     }
 }

@@ -56,7 +56,13 @@ pub trait Register: Send + Sync {
     ///
     /// # Errors
     /// Unavailable, or a register that is not a canonical u64.
-    fn conditional_write(&self, key: &str, lo: u64, hi: u64, batch: Option<Nonce>) -> impl Future<Output = Result<Written, NodeError>> + Send;
+    fn conditional_write(
+        &self,
+        key: &str,
+        lo: u64,
+        hi: u64,
+        batch: Option<Nonce>,
+    ) -> impl Future<Output = Result<Written, NodeError>> + Send;
 
     /// The register's value (missing = 0).
     ///
@@ -69,27 +75,49 @@ pub trait Register: Send + Sync {
     ///
     /// # Errors
     /// Unavailable, or not supported by this kind of node (the default).
-    fn join(&self, key: &str, n: u64, nonce: Nonce, leases: Leases) -> impl Future<Output = Result<Join, NodeError>> + Send {
+    fn join(
+        &self,
+        key: &str,
+        n: u64,
+        nonce: Nonce,
+        leases: Leases,
+    ) -> impl Future<Output = Result<Join, NodeError>> + Send {
         let _ = (key, n, nonce, leases);
-        std::future::ready(Err(NodeError::Unavailable("no rendezvous on this node".to_string())))
+        std::future::ready(Err(NodeError::Unavailable(
+            "no rendezvous on this node".to_string(),
+        )))
     }
 
     /// Rendezvous `close`: the leader of batch `nonce` closes it once nothing is in flight.
     ///
     /// # Errors
     /// Unavailable, or not supported by this kind of node (the default).
-    fn close(&self, key: &str, nonce: Nonce, lease: Duration) -> impl Future<Output = Result<Close, NodeError>> + Send {
+    fn close(
+        &self,
+        key: &str,
+        nonce: Nonce,
+        lease: Duration,
+    ) -> impl Future<Output = Result<Close, NodeError>> + Send {
         let _ = (key, nonce, lease);
-        std::future::ready(Err(NodeError::Unavailable("no rendezvous on this node".to_string())))
+        std::future::ready(Err(NodeError::Unavailable(
+            "no rendezvous on this node".to_string(),
+        )))
     }
 
     /// Rendezvous `finish`: batch `nonce` is done; publish `message` to the waiting clients.
     ///
     /// # Errors
     /// Unavailable, or not supported by this kind of node (the default).
-    fn finish(&self, key: &str, nonce: Nonce, message: String) -> impl Future<Output = Result<(), NodeError>> + Send {
+    fn finish(
+        &self,
+        key: &str,
+        nonce: Nonce,
+        message: String,
+    ) -> impl Future<Output = Result<(), NodeError>> + Send {
         let _ = (key, nonce, message);
-        std::future::ready(Err(NodeError::Unavailable("no rendezvous on this node".to_string())))
+        std::future::ready(Err(NodeError::Unavailable(
+            "no rendezvous on this node".to_string(),
+        )))
     }
 
     /// The results channel of combined rounds: every message published by `finish` from
@@ -97,9 +125,14 @@ pub trait Register: Send + Sync {
     ///
     /// # Errors
     /// Unavailable, or not supported by this kind of node (the default).
-    fn subscribe(&self, key: &str) -> impl Future<Output = Result<BoxStream<'static, String>, NodeError>> + Send {
+    fn subscribe(
+        &self,
+        key: &str,
+    ) -> impl Future<Output = Result<BoxStream<'static, String>, NodeError>> + Send {
         let _ = key;
-        std::future::ready(Err(NodeError::Unavailable("no rendezvous on this node".to_string())))
+        std::future::ready(Err(NodeError::Unavailable(
+            "no rendezvous on this node".to_string(),
+        )))
     }
 
     /// Makes sure the node is usable (connected, durable) before the first round.
@@ -114,7 +147,13 @@ impl Register for Node {
         Node::addr(self)
     }
 
-    fn conditional_write(&self, key: &str, lo: u64, hi: u64, batch: Option<Nonce>) -> impl Future<Output = Result<Written, NodeError>> + Send {
+    fn conditional_write(
+        &self,
+        key: &str,
+        lo: u64,
+        hi: u64,
+        batch: Option<Nonce>,
+    ) -> impl Future<Output = Result<Written, NodeError>> + Send {
         Node::conditional_write(self, key, lo, hi, batch)
     }
 
@@ -126,7 +165,13 @@ impl Register for Node {
         Node::warm_up(self)
     }
 
-    async fn join(&self, key: &str, n: u64, nonce: Nonce, leases: Leases) -> Result<Join, NodeError> {
+    async fn join(
+        &self,
+        key: &str,
+        n: u64,
+        nonce: Nonce,
+        leases: Leases,
+    ) -> Result<Join, NodeError> {
         let args = [
             "join".to_string(),
             n.to_string(),
@@ -136,38 +181,65 @@ impl Register for Node {
             millis(leases.batch),
         ];
         let value = self.rendezvous(key, &args).await?;
-        let unexpected = || NodeError::Unavailable(format!("unexpected rendezvous reply {value:?}"));
-        let Value::Array(items) = &value else { return Err(unexpected()) };
+        let unexpected =
+            || NodeError::Unavailable(format!("unexpected rendezvous reply {value:?}"));
+        let Value::Array(items) = &value else {
+            return Err(unexpected());
+        };
         match items.as_slice() {
             [Value::Int(0)] => Ok(Join::Full),
-            [Value::Int(1), batch, offset, Value::Int(pttl)] => match (nonce_of(batch), number(offset)) {
-                (Some(batch), Some(offset)) => Ok(Join::Follow { batch, offset, wait: pttl_duration(*pttl) }),
-                _ => Err(unexpected()),
-            },
-            [Value::Int(2)] => Ok(Join::Solo),
-            [Value::Int(3), busy, Value::Int(pttl)] => {
-                nonce_of(busy).map(|busy| Join::Lead { busy, wait: pttl_duration(*pttl) }).ok_or_else(unexpected)
+            [Value::Int(1), batch, offset, Value::Int(pttl)] => {
+                match (nonce_of(batch), number(offset)) {
+                    (Some(batch), Some(offset)) => Ok(Join::Follow {
+                        batch,
+                        offset,
+                        wait: pttl_duration(*pttl),
+                    }),
+                    _ => Err(unexpected()),
+                }
             }
+            [Value::Int(2)] => Ok(Join::Solo),
+            [Value::Int(3), busy, Value::Int(pttl)] => nonce_of(busy)
+                .map(|busy| Join::Lead {
+                    busy,
+                    wait: pttl_duration(*pttl),
+                })
+                .ok_or_else(unexpected),
             _ => Err(unexpected()),
         }
     }
 
     async fn close(&self, key: &str, nonce: Nonce, lease: Duration) -> Result<Close, NodeError> {
-        let value = self.rendezvous(key, &["close".to_string(), nonce.to_string(), millis(lease)]).await?;
-        let unexpected = || NodeError::Unavailable(format!("unexpected rendezvous reply {value:?}"));
-        let Value::Array(items) = &value else { return Err(unexpected()) };
+        let value = self
+            .rendezvous(
+                key,
+                &["close".to_string(), nonce.to_string(), millis(lease)],
+            )
+            .await?;
+        let unexpected =
+            || NodeError::Unavailable(format!("unexpected rendezvous reply {value:?}"));
+        let Value::Array(items) = &value else {
+            return Err(unexpected());
+        };
         match items.as_slice() {
             [Value::Int(0)] => Ok(Close::Gone),
-            [Value::Int(1), ids] => number(ids).map(|ids| Close::Closed { ids }).ok_or_else(unexpected),
-            [Value::Int(3), busy, Value::Int(pttl)] => {
-                nonce_of(busy).map(|busy| Close::Busy { busy, wait: pttl_duration(*pttl) }).ok_or_else(unexpected)
-            }
+            [Value::Int(1), ids] => number(ids)
+                .map(|ids| Close::Closed { ids })
+                .ok_or_else(unexpected),
+            [Value::Int(3), busy, Value::Int(pttl)] => nonce_of(busy)
+                .map(|busy| Close::Busy {
+                    busy,
+                    wait: pttl_duration(*pttl),
+                })
+                .ok_or_else(unexpected),
             _ => Err(unexpected()),
         }
     }
 
     async fn finish(&self, key: &str, nonce: Nonce, message: String) -> Result<(), NodeError> {
-        self.rendezvous(key, &["finish".to_string(), nonce.to_string(), message]).await.map(|_| ())
+        self.rendezvous(key, &["finish".to_string(), nonce.to_string(), message])
+            .await
+            .map(|_| ())
     }
 
     async fn subscribe(&self, key: &str) -> Result<BoxStream<'static, String>, NodeError> {
@@ -179,7 +251,12 @@ impl Register for Node {
         };
         let pubsub = match tokio::time::timeout(self.connect_timeout, connect).await {
             Ok(Ok(pubsub)) => pubsub,
-            Ok(Err(e)) => return Err(NodeError::Unavailable(format!("subscribe: {}", describe(&e)))),
+            Ok(Err(e)) => {
+                return Err(NodeError::Unavailable(format!(
+                    "subscribe: {}",
+                    describe(&e)
+                )))
+            }
             Err(_) => return Err(NodeError::Unavailable("subscribe: timed out".to_string())),
         };
         // Keep the sink alive with the stream: dropping it ends the connection's driver.
@@ -259,9 +336,16 @@ impl Node {
     ///
     /// # Errors
     /// A URL that the redis crate cannot parse (reason in the message).
-    pub fn new(url: &str, connect_timeout: Duration, reply_timeout: Duration, check_durability: bool) -> Result<Node, String> {
+    pub fn new(
+        url: &str,
+        connect_timeout: Duration,
+        reply_timeout: Duration,
+        check_durability: bool,
+    ) -> Result<Node, String> {
         if !url.starts_with("redis://") {
-            return Err(format!("{url:?} is not a redis:// URL (expected redis://host:port)"));
+            return Err(format!(
+                "{url:?} is not a redis:// URL (expected redis://host:port)"
+            ));
         }
         let client = redis::Client::open(url).map_err(|e| format!("{url:?}: {e}"))?;
         let config = AsyncConnectionConfig::new()
@@ -275,7 +359,10 @@ impl Node {
             write_sha: redis::Script::new(CONDITIONAL_WRITE).get_hash().to_string(),
             combine_sha: redis::Script::new(COMBINE).get_hash().to_string(),
             connect_timeout,
-            state: tokio::sync::Mutex::new(ConnState { conn: None, last_failure: None }),
+            state: tokio::sync::Mutex::new(ConnState {
+                conn: None,
+                last_failure: None,
+            }),
         })
     }
 
@@ -329,12 +416,18 @@ impl Node {
                 .query_async(conn)
                 .await
                 .map_err(|e| match e.kind() {
-                    redis::ErrorKind::Io => NodeError::Unavailable(format!("CONFIG GET {name}: {}", describe(&e))),
-                    _ => NodeError::Unsafe(format!("cannot verify durability: CONFIG GET {name} failed: {e}")),
+                    redis::ErrorKind::Io => {
+                        NodeError::Unavailable(format!("CONFIG GET {name}: {}", describe(&e)))
+                    }
+                    _ => NodeError::Unsafe(format!(
+                        "cannot verify durability: CONFIG GET {name} failed: {e}"
+                    )),
                 })?;
             let got = reply.get(1).map(String::as_str).unwrap_or("(not set)");
             if got != want {
-                return Err(NodeError::Unsafe(format!("{name} is {got:?}, must be {want:?}")));
+                return Err(NodeError::Unsafe(format!(
+                    "{name} is {got:?}, must be {want:?}"
+                )));
             }
         }
         Ok(())
@@ -372,7 +465,11 @@ impl Node {
         let err = NodeError::Unavailable(describe(&e));
         // A timed-out or broken connection may have requests piled up behind a paused
         // server: start afresh rather than queue behind them.
-        if e.is_io_error() || e.is_timeout() || e.is_connection_dropped() || e.is_unrecoverable_error() {
+        if e.is_io_error()
+            || e.is_timeout()
+            || e.is_connection_dropped()
+            || e.is_unrecoverable_error()
+        {
             self.drop_conn(&err).await;
         }
         Err(err)
@@ -380,7 +477,13 @@ impl Node {
 
     /// Runs a script by hash, sending its source once when the node does not have it
     /// cached (after a restart). A bad register value is [`NodeError::BadValue`].
-    async fn eval(&self, source: &str, sha: &str, keys: &[&str], args: &[String]) -> Result<Value, NodeError> {
+    async fn eval(
+        &self,
+        source: &str,
+        sha: &str,
+        keys: &[&str],
+        args: &[String],
+    ) -> Result<Value, NodeError> {
         let mut conn = self.conn().await?;
         let build = |cmd: &str, script: &str| {
             let mut c = redis::cmd(cmd);
@@ -395,7 +498,9 @@ impl Node {
         };
         match reply {
             Ok(value) => Ok(value),
-            Err(e) if e.code() == Some(BAD_VALUE_CODE) => Err(NodeError::BadValue(e.detail().unwrap_or("").to_string())),
+            Err(e) if e.code() == Some(BAD_VALUE_CODE) => {
+                Err(NodeError::BadValue(e.detail().unwrap_or("").to_string()))
+            }
             Err(e) => self.fail(e).await,
         }
     }
@@ -404,33 +509,61 @@ impl Node {
     ///
     /// # Errors
     /// Unavailable, or a register that is not a canonical u64.
-    pub async fn conditional_write(&self, key: &str, lo: u64, hi: u64, batch: Option<Nonce>) -> Result<Written, NodeError> {
+    pub async fn conditional_write(
+        &self,
+        key: &str,
+        lo: u64,
+        hi: u64,
+        batch: Option<Nonce>,
+    ) -> Result<Written, NodeError> {
         let inflight = format!("{key}:inflight");
         let batch = batch.map(|b| b.to_string()).unwrap_or_default();
-        let value = self.eval(CONDITIONAL_WRITE, &self.write_sha, &[key, &inflight], &[lo.to_string(), hi.to_string(), batch]).await?;
+        let value = self
+            .eval(
+                CONDITIONAL_WRITE,
+                &self.write_sha,
+                &[key, &inflight],
+                &[lo.to_string(), hi.to_string(), batch],
+            )
+            .await?;
         self.parse_write_reply(&value)
     }
 
     /// One rendezvous operation on the keys `<key>:batch`, `<key>:inflight` and the
     /// channel `<key>:results`.
     async fn rendezvous(&self, key: &str, args: &[String]) -> Result<Value, NodeError> {
-        let keys = [format!("{key}:batch"), format!("{key}:inflight"), format!("{key}:results")];
+        let keys = [
+            format!("{key}:batch"),
+            format!("{key}:inflight"),
+            format!("{key}:results"),
+        ];
         let keys: Vec<&str> = keys.iter().map(String::as_str).collect();
         self.eval(COMBINE, &self.combine_sha, &keys, args).await
     }
 
     fn parse_write_reply(&self, value: &Value) -> Result<Written, NodeError> {
         let unexpected = || NodeError::Unavailable(format!("unexpected script reply {value:?}"));
-        let Value::Array(items) = value else { return Err(unexpected()) };
+        let Value::Array(items) = value else {
+            return Err(unexpected());
+        };
         let (reply, combining) = match items.as_slice() {
             [Value::Int(1), Value::BulkString(_), Value::Int(c)] => (WriteReply::Accepted, *c),
-            [Value::Int(0), Value::BulkString(cur), Value::Int(c)] => match parse_canonical_u64(cur) {
-                Some(current) => (WriteReply::Rejected { current }, *c),
-                None => return Err(NodeError::BadValue(String::from_utf8_lossy(cur).into_owned())),
-            },
+            [Value::Int(0), Value::BulkString(cur), Value::Int(c)] => {
+                match parse_canonical_u64(cur) {
+                    Some(current) => (WriteReply::Rejected { current }, *c),
+                    None => {
+                        return Err(NodeError::BadValue(
+                            String::from_utf8_lossy(cur).into_owned(),
+                        ))
+                    }
+                }
+            }
             _ => return Err(unexpected()),
         };
-        Ok(Written { reply, combining: combining != 0 })
+        Ok(Written {
+            reply,
+            combining: combining != 0,
+        })
     }
 
     /// GET the register (missing = 0).
@@ -439,12 +572,21 @@ impl Node {
     /// Unavailable, or a register that is not a canonical u64.
     pub async fn read(&self, key: &str) -> Result<u64, NodeError> {
         let mut conn = self.conn().await?;
-        match redis::cmd("GET").arg(key).query_async::<Value>(&mut conn).await {
+        match redis::cmd("GET")
+            .arg(key)
+            .query_async::<Value>(&mut conn)
+            .await
+        {
             Ok(Value::Nil) => Ok(0),
-            Ok(Value::BulkString(bytes)) => parse_canonical_u64(&bytes)
-                .ok_or_else(|| NodeError::BadValue(String::from_utf8_lossy(&bytes).chars().take(64).collect())),
-            Ok(other) => Err(NodeError::Unavailable(format!("unexpected GET reply {other:?}"))),
-            Err(e) if e.code() == Some("WRONGTYPE") => Err(NodeError::BadValue("(not a string)".to_string())),
+            Ok(Value::BulkString(bytes)) => parse_canonical_u64(&bytes).ok_or_else(|| {
+                NodeError::BadValue(String::from_utf8_lossy(&bytes).chars().take(64).collect())
+            }),
+            Ok(other) => Err(NodeError::Unavailable(format!(
+                "unexpected GET reply {other:?}"
+            ))),
+            Err(e) if e.code() == Some("WRONGTYPE") => {
+                Err(NodeError::BadValue("(not a string)".to_string()))
+            }
             Err(e) => self.fail(e).await,
         }
     }

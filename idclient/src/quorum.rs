@@ -202,7 +202,10 @@ enum RoundLoss {
     /// Give up now: retrying cannot help.
     Fatal(IdError),
     /// Too few nodes answered.
-    Unreachable { reachable: usize, failures: Vec<NodeFailure> },
+    Unreachable {
+        reachable: usize,
+        failures: Vec<NodeFailure>,
+    },
     /// Enough nodes answered but too few accepted (another client won, or our guess was
     /// stale). `all_rejected`: no node accepted, so nothing was burned.
     Contention { all_rejected: bool },
@@ -249,7 +252,9 @@ fn check_shape(count: usize, key: &str) -> Result<(), IdError> {
         )));
     }
     if key.is_empty() {
-        return Err(IdError::Config("the register key must not be empty".to_string()));
+        return Err(IdError::Config(
+            "the register key must not be empty".to_string(),
+        ));
     }
     Ok(())
 }
@@ -264,11 +269,17 @@ impl QuorumClient<Node> {
         check_shape(config.nodes.len(), &config.key)?;
         let mut nodes = Vec::with_capacity(config.nodes.len());
         for url in &config.nodes {
-            let node = Node::new(url.trim(), config.connect_timeout, config.reply_timeout, !config.unsafe_skip_durability_check)
-                .map_err(|e| IdError::Config(format!("bad node URL: {e}")))?;
+            let node = Node::new(
+                url.trim(),
+                config.connect_timeout,
+                config.reply_timeout,
+                !config.unsafe_skip_durability_check,
+            )
+            .map_err(|e| IdError::Config(format!("bad node URL: {e}")))?;
             nodes.push(node);
         }
-        let mut client = QuorumClient::with_nodes(nodes, config.key, config.protocol, config.deadline)?;
+        let mut client =
+            QuorumClient::with_nodes(nodes, config.key, config.protocol, config.deadline)?;
         client.backoff_cap = config.backoff_cap;
         client = client.with_combine(config.combine);
         client.max_lease = config.reply_timeout * 2;
@@ -277,9 +288,17 @@ impl QuorumClient<Node> {
         for (node, result) in client.nodes.iter().zip(results) {
             match result {
                 Ok(()) => {}
-                Err(NodeError::Unsafe(reason)) => return Err(IdError::UnsafeNode { addr: node.addr().to_string(), reason }),
+                Err(NodeError::Unsafe(reason)) => {
+                    return Err(IdError::UnsafeNode {
+                        addr: node.addr().to_string(),
+                        reason,
+                    })
+                }
                 Err(NodeError::Unavailable(reason) | NodeError::BadValue(reason)) => {
-                    failures.push(NodeFailure { addr: node.addr().to_string(), reason })
+                    failures.push(NodeFailure {
+                        addr: node.addr().to_string(),
+                        reason,
+                    })
                 }
             }
         }
@@ -289,7 +308,12 @@ impl QuorumClient<Node> {
         let total = client.nodes.len();
         let reachable = total - failures.len();
         if reachable < client.majority() {
-            return Err(IdError::NoQuorum { needed: client.majority(), reachable, total, failures });
+            return Err(IdError::NoQuorum {
+                needed: client.majority(),
+                reachable,
+                total,
+                failures,
+            });
         }
         for f in &failures {
             tracing::warn!(node = %f.addr, reason = %f.reason, "node unreachable at connect; continuing with a majority");
@@ -304,10 +328,17 @@ impl<N: Register> QuorumClient<N> {
     ///
     /// # Errors
     /// An even or zero node count, or an empty key ([`IdError::Config`]).
-    pub fn with_nodes(nodes: Vec<N>, key: impl Into<String>, protocol: Protocol, deadline: Duration) -> Result<QuorumClient<N>, IdError> {
+    pub fn with_nodes(
+        nodes: Vec<N>,
+        key: impl Into<String>,
+        protocol: Protocol,
+        deadline: Duration,
+    ) -> Result<QuorumClient<N>, IdError> {
         let key = key.into();
         check_shape(nodes.len(), &key)?;
-        let rendezvous = (0..nodes.len()).min_by_key(|&i| nodes[i].addr()).unwrap_or(0);
+        let rendezvous = (0..nodes.len())
+            .min_by_key(|&i| nodes[i].addr())
+            .unwrap_or(0);
         Ok(QuorumClient {
             nodes,
             key,
@@ -331,7 +362,8 @@ impl<N: Register> QuorumClient<N> {
     /// Sets when to share rounds (see [`Combine`]).
     pub fn with_combine(mut self, combine: Combine) -> QuorumClient<N> {
         self.combine = combine;
-        self.contended.store(combine == Combine::Always, Ordering::Relaxed);
+        self.contended
+            .store(combine == Combine::Always, Ordering::Relaxed);
         self
     }
 
@@ -396,7 +428,9 @@ impl<N: Register> QuorumClient<N> {
 
     async fn next_ids_inner(&self, n: u64, deadline: Instant) -> Result<IdRange, IdError> {
         if n == 0 || n > MAX_COUNT {
-            return Err(IdError::BadRequest(format!("count must be 1..={MAX_COUNT}, got {n}")));
+            return Err(IdError::BadRequest(format!(
+                "count must be 1..={MAX_COUNT}, got {n}"
+            )));
         }
         let started = Instant::now();
         let fast = self.protocol == Protocol::Fast && self.combine != Combine::Never;
@@ -407,7 +441,10 @@ impl<N: Register> QuorumClient<N> {
         } else {
             // Yield a lost round to combining only when combining can happen now; else the
             // rounds go on with their backoff intact.
-            match self.rounds(n, deadline, started, fast && self.rendezvous_usable(), None).await {
+            match self
+                .rounds(n, deadline, started, fast && self.rendezvous_usable(), None)
+                .await
+            {
                 Some(result) => return result,
                 None => {
                     // Lost to another writer: share rounds from now on.
@@ -423,11 +460,20 @@ impl<N: Register> QuorumClient<N> {
     }
 
     /// [`Self::rounds`] to the end: retries every loss until a win or the deadline.
-    async fn own_rounds(&self, n: u64, deadline: Instant, started: Instant, batch: Option<Nonce>) -> Result<IdRange, IdError> {
+    async fn own_rounds(
+        &self,
+        n: u64,
+        deadline: Instant,
+        started: Instant,
+        batch: Option<Nonce>,
+    ) -> Result<IdRange, IdError> {
         // Without yield_on_contention, `rounds` always returns Some.
         self.rounds(n, deadline, started, false, batch)
             .await
-            .unwrap_or(Err(IdError::Deadline { deadline: deadline.saturating_duration_since(started), rounds: 0 }))
+            .unwrap_or(Err(IdError::Deadline {
+                deadline: deadline.saturating_duration_since(started),
+                rounds: 0,
+            }))
     }
 
     /// Own rounds until one wins, retrying lost rounds with backoff until `deadline`.
@@ -476,16 +522,30 @@ impl<N: Register> QuorumClient<N> {
             tokio::time::sleep(pause).await;
         };
         Some(Err(match last_loss {
-            RoundLoss::Unreachable { reachable, failures } => {
-                IdError::NoQuorum { needed: self.majority(), reachable, total: self.nodes.len(), failures }
-            }
-            _ => IdError::Deadline { deadline: deadline.saturating_duration_since(started), rounds: u64::from(losses) },
+            RoundLoss::Unreachable {
+                reachable,
+                failures,
+            } => IdError::NoQuorum {
+                needed: self.majority(),
+                reachable,
+                total: self.nodes.len(),
+                failures,
+            },
+            _ => IdError::Deadline {
+                deadline: deadline.saturating_duration_since(started),
+                rounds: u64::from(losses),
+            },
         }))
     }
 
     /// `n` IDs through combined rounds (see [`crate::combine`]). `None`: no rendezvous
     /// to be had, or the batch this request was in failed; the caller runs its own rounds.
-    async fn combined(&self, n: u64, deadline: Instant, started: Instant) -> Option<Result<IdRange, IdError>> {
+    async fn combined(
+        &self,
+        n: u64,
+        deadline: Instant,
+        started: Instant,
+    ) -> Option<Result<IdRange, IdError>> {
         if !self.rendezvous_usable() {
             return None;
         }
@@ -499,7 +559,12 @@ impl<N: Register> QuorumClient<N> {
                 self.last_known.fetch_max(range.hi, Ordering::Relaxed);
             }
         };
-        let past_deadline = || Some(Err(IdError::Deadline { deadline: deadline.saturating_duration_since(started), rounds: 0 }));
+        let past_deadline = || {
+            Some(Err(IdError::Deadline {
+                deadline: deadline.saturating_duration_since(started),
+                rounds: 0,
+            }))
+        };
         let unavailable = |op: &str, e: NodeError| {
             tracing::debug!(node = node.addr(), op, error = ?e, "rendezvous unavailable; own rounds");
             self.rendezvous_failed();
@@ -513,32 +578,48 @@ impl<N: Register> QuorumClient<N> {
             let nonce = Nonce::random();
             let remaining = deadline - now;
             let lease = self.lease();
-            let leases = combine::Leases { round: lease.min(remaining), batch: (lease * 2).min(remaining) };
-            let join = match tokio::time::timeout_at(deadline, node.join(&self.key, n, nonce, leases)).await {
-                Ok(Ok(join)) => join,
-                Ok(Err(e)) => return unavailable("join", e),
-                Err(_) => return past_deadline(),
+            let leases = combine::Leases {
+                round: lease.min(remaining),
+                batch: (lease * 2).min(remaining),
             };
+            let join =
+                match tokio::time::timeout_at(deadline, node.join(&self.key, n, nonce, leases))
+                    .await
+                {
+                    Ok(Ok(join)) => join,
+                    Ok(Err(e)) => return unavailable("join", e),
+                    Err(_) => return past_deadline(),
+                };
             match join {
                 Join::Full => return None,
                 Join::Solo => {
                     // Nobody else around: after a while, stop paying for the rendezvous.
-                    if self.combine == Combine::Auto && self.solo_streak.fetch_add(1, Ordering::Relaxed) + 1 >= SOLO_STREAK {
+                    if self.combine == Combine::Auto
+                        && self.solo_streak.fetch_add(1, Ordering::Relaxed) + 1 >= SOLO_STREAK
+                    {
                         self.solo_streak.store(0, Ordering::Relaxed);
                         self.contended.store(false, Ordering::Relaxed);
                     }
                     return Some(self.lead(nonce, n, n, deadline, started).await);
                 }
-                Join::Follow { batch, offset, wait } => {
+                Join::Follow {
+                    batch,
+                    offset,
+                    wait,
+                } => {
                     self.solo_streak.store(0, Ordering::Relaxed);
                     let until = deadline.min(Instant::now() + wait + LEADER_GRACE);
                     match combine::wait_for(&mut rx, batch, until, seen).await {
-                        Ok(BatchResult { range: Some(range), .. }) => match combine::member_range(range, offset, n) {
+                        Ok(BatchResult {
+                            range: Some(range), ..
+                        }) => match combine::member_range(range, offset, n) {
                             Some(mine) => {
                                 bump(&self.counters.combined, 1);
                                 return Some(Ok(mine));
                             }
-                            None => tracing::warn!(%batch, ?range, offset, n, "batch result does not cover this member; joining again"),
+                            None => {
+                                tracing::warn!(%batch, ?range, offset, n, "batch result does not cover this member; joining again")
+                            }
                         },
                         // The batch's round failed (the leader retried until its deadline,
                         // or met an error retrying cannot fix): our own rounds report why.
@@ -551,7 +632,9 @@ impl<N: Register> QuorumClient<N> {
                     self.solo_streak.store(0, Ordering::Relaxed);
                     loop {
                         let until = deadline.min(Instant::now() + wait + LEADER_GRACE);
-                        if combine::wait_for(&mut rx, busy, until, seen).await == Err(WaitEnd::Closed) {
+                        if combine::wait_for(&mut rx, busy, until, seen).await
+                            == Err(WaitEnd::Closed)
+                        {
                             // No more results: poll instead.
                             tokio::time::sleep(wait.min(Duration::from_millis(1))).await;
                         }
@@ -560,8 +643,12 @@ impl<N: Register> QuorumClient<N> {
                             return past_deadline();
                         }
                         let lease = self.lease().min(deadline - now);
-                        match tokio::time::timeout_at(deadline, node.close(&self.key, nonce, lease)).await {
-                            Ok(Ok(Close::Closed { ids })) => return Some(self.lead(nonce, n, ids, deadline, started).await),
+                        match tokio::time::timeout_at(deadline, node.close(&self.key, nonce, lease))
+                            .await
+                        {
+                            Ok(Ok(Close::Closed { ids })) => {
+                                return Some(self.lead(nonce, n, ids, deadline, started).await)
+                            }
                             Ok(Ok(Close::Busy { busy: b, wait: w })) => (busy, wait) = (b, w),
                             Ok(Ok(Close::Gone)) => break,
                             Ok(Err(e)) => return unavailable("close", e),
@@ -586,47 +673,87 @@ impl<N: Register> QuorumClient<N> {
     /// Whether combined rounds are worth trying: not within [`RENDEZVOUS_RETRY`] of the
     /// rendezvous failing (a paused node would cost every request a reply timeout).
     fn rendezvous_usable(&self) -> bool {
-        let until = self.rendezvous_retry_at.lock().unwrap_or_else(|p| p.into_inner());
+        let until = self
+            .rendezvous_retry_at
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
         until.is_none_or(|at| Instant::now() >= at)
     }
 
     fn rendezvous_failed(&self) {
-        *self.rendezvous_retry_at.lock().unwrap_or_else(|p| p.into_inner()) = Some(Instant::now() + RENDEZVOUS_RETRY);
+        *self
+            .rendezvous_retry_at
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(Instant::now() + RENDEZVOUS_RETRY);
     }
 
     /// Runs batch `nonce` of `ids` IDs (the leader's own `n` first) and publishes the
     /// outcome to its members.
-    async fn lead(&self, nonce: Nonce, n: u64, ids: u64, deadline: Instant, started: Instant) -> Result<IdRange, IdError> {
+    async fn lead(
+        &self,
+        nonce: Nonce,
+        n: u64,
+        ids: u64,
+        deadline: Instant,
+        started: Instant,
+    ) -> Result<IdRange, IdError> {
         bump(&self.counters.batches, 1);
         let result = self.own_rounds(ids, deadline, started, Some(nonce)).await;
-        let message = BatchResult { batch: nonce, range: result.as_ref().ok().copied() }.message();
+        let message = BatchResult {
+            batch: nonce,
+            range: result.as_ref().ok().copied(),
+        }
+        .message();
         let node = &self.nodes[self.rendezvous];
         if let Err(e) = node.finish(&self.key, nonce, message).await {
             // The members wait until this leader's deadline, then join again.
             tracing::debug!(node = node.addr(), error = ?e, "cannot publish a batch result");
         }
-        result.map(|range| IdRange { lo: range.lo, hi: range.lo + n - 1 })
+        result.map(|range| IdRange {
+            lo: range.lo,
+            hi: range.lo + n - 1,
+        })
     }
 
     /// One attempt: pick LO (guess or read), then the conditional write.
-    async fn round(&self, n: u64, deadline: Instant, batch: Option<Nonce>) -> Result<IdRange, RoundLoss> {
+    async fn round(
+        &self,
+        n: u64,
+        deadline: Instant,
+        batch: Option<Nonce>,
+    ) -> Result<IdRange, RoundLoss> {
         let base = match self.protocol {
             Protocol::Fast => self.last_known.load(Ordering::Relaxed),
             Protocol::Classic => self.read_round(deadline).await?,
         };
-        let exhausted = || RoundLoss::Fatal(IdError::Exhausted { addr: "quorum".to_string(), current: base, count: n });
+        let exhausted = || {
+            RoundLoss::Fatal(IdError::Exhausted {
+                addr: "quorum".to_string(),
+                current: base,
+                count: n,
+            })
+        };
         let lo = base.checked_add(1).ok_or_else(exhausted)?;
         let hi = lo.checked_add(n - 1).ok_or_else(exhausted)?;
-        self.write_round(lo, hi, deadline, batch).await.map(|()| IdRange { lo, hi })
+        self.write_round(lo, hi, deadline, batch)
+            .await
+            .map(|()| IdRange { lo, hi })
     }
 
     /// Classic step 1: GET from every node, max of a majority of answers.
     async fn read_round(&self, deadline: Instant) -> Result<u64, RoundLoss> {
-        let mut pending: FuturesUnordered<_> =
-            self.nodes.iter().enumerate().map(|(i, node)| async move { (i, node.read(&self.key).await) }).collect();
+        let mut pending: FuturesUnordered<_> = self
+            .nodes
+            .iter()
+            .enumerate()
+            .map(|(i, node)| async move { (i, node.read(&self.key).await) })
+            .collect();
         let (mut answers, mut max, mut failures) = (0, 0u64, Vec::new());
         let mut answered = vec![false; self.nodes.len()];
-        while let Some((i, reply)) = self.next_reply(&mut pending, &mut answered, &mut failures, deadline).await {
+        while let Some((i, reply)) = self
+            .next_reply(&mut pending, &mut answered, &mut failures, deadline)
+            .await
+        {
             let node = &self.nodes[i];
             match reply {
                 Ok(v) => {
@@ -640,35 +767,53 @@ impl<N: Register> QuorumClient<N> {
                 return Ok(max);
             }
             if failures.len() > self.nodes.len() - self.majority() {
-                return Err(RoundLoss::Unreachable { reachable: self.nodes.len() - failures.len(), failures });
+                return Err(RoundLoss::Unreachable {
+                    reachable: self.nodes.len() - failures.len(),
+                    failures,
+                });
             }
         }
-        Err(RoundLoss::Unreachable { reachable: self.nodes.len() - failures.len(), failures })
+        Err(RoundLoss::Unreachable {
+            reachable: self.nodes.len() - failures.len(),
+            failures,
+        })
     }
 
     /// The conditional write of `lo..=hi` on every node; ends as soon as the outcome is
     /// certain (late replies are dropped: they cannot change it).
-    async fn write_round(&self, lo: u64, hi: u64, deadline: Instant, batch: Option<Nonce>) -> Result<(), RoundLoss> {
+    async fn write_round(
+        &self,
+        lo: u64,
+        hi: u64,
+        deadline: Instant,
+        batch: Option<Nonce>,
+    ) -> Result<(), RoundLoss> {
         bump(&self.counters.rounds, 1);
         let started = Instant::now();
-        let mut pending: FuturesUnordered<_> = self
-            .nodes
-            .iter()
-            .enumerate()
-            .map(|(i, node)| async move { (i, node.conditional_write(&self.key, lo, hi, batch).await) })
-            .collect();
+        let mut pending: FuturesUnordered<_> =
+            self.nodes
+                .iter()
+                .enumerate()
+                .map(|(i, node)| async move {
+                    (i, node.conditional_write(&self.key, lo, hi, batch).await)
+                })
+                .collect();
         let mut tally = Tally::default();
         let mut failures = Vec::new();
         let mut answered = vec![false; self.nodes.len()];
         let decision = loop {
-            let Some((i, reply)) = self.next_reply(&mut pending, &mut answered, &mut failures, deadline).await else {
+            let Some((i, reply)) = self
+                .next_reply(&mut pending, &mut answered, &mut failures, deadline)
+                .await
+            else {
                 tally.failures = failures.len();
                 break Decision::Lost;
             };
             let node = &self.nodes[i];
             match reply {
                 Ok(Written { reply, combining }) => {
-                    if combining && self.protocol == Protocol::Fast && self.combine == Combine::Auto {
+                    if combining && self.protocol == Protocol::Fast && self.combine == Combine::Auto
+                    {
                         // Others share rounds at the rendezvous: join them next time
                         // rather than race their leaders.
                         self.contended.store(true, Ordering::Relaxed);
@@ -702,13 +847,18 @@ impl<N: Register> QuorumClient<N> {
         match decision {
             Decision::Won => Ok(()),
             _ if tally.failures > self.nodes.len() - self.majority() => {
-                Err(RoundLoss::Unreachable { reachable: self.nodes.len() - failures.len(), failures })
+                Err(RoundLoss::Unreachable {
+                    reachable: self.nodes.len() - failures.len(),
+                    failures,
+                })
             }
             _ => {
                 if tally.accepts > 0 {
                     bump(&self.counters.burned, hi - lo + 1);
                 }
-                Err(RoundLoss::Contention { all_rejected: tally.accepts == 0 })
+                Err(RoundLoss::Contention {
+                    all_rejected: tally.accepts == 0,
+                })
             }
         }
     }
@@ -729,8 +879,16 @@ impl<N: Register> QuorumClient<N> {
             }
             Ok(None) => None,
             Err(_) => {
-                for (node, _) in self.nodes.iter().zip(answered.iter()).filter(|(_, done)| !**done) {
-                    failures.push(NodeFailure { addr: node.addr().to_string(), reason: "no reply before the deadline".to_string() });
+                for (node, _) in self
+                    .nodes
+                    .iter()
+                    .zip(answered.iter())
+                    .filter(|(_, done)| !**done)
+                {
+                    failures.push(NodeFailure {
+                        addr: node.addr().to_string(),
+                        reason: "no reply before the deadline".to_string(),
+                    });
                 }
                 None
             }
@@ -742,23 +900,41 @@ impl<N: Register> QuorumClient<N> {
         let round = Duration::from_nanos(self.round_ns.load(Ordering::Relaxed));
         match &self.jitter {
             // A poisoned lock only means another task panicked mid-draw; the RNG is fine.
-            Some(rng) => backoff(losses, round, self.backoff_cap, &mut *rng.lock().unwrap_or_else(|p| p.into_inner())),
+            Some(rng) => backoff(
+                losses,
+                round,
+                self.backoff_cap,
+                &mut *rng.lock().unwrap_or_else(|p| p.into_inner()),
+            ),
             None => backoff(losses, round, self.backoff_cap, &mut rand::thread_rng()),
         }
     }
 
-    fn note_failure(&self, node: &N, e: NodeError, failures: &mut Vec<NodeFailure>) -> Result<(), RoundLoss> {
+    fn note_failure(
+        &self,
+        node: &N,
+        e: NodeError,
+        failures: &mut Vec<NodeFailure>,
+    ) -> Result<(), RoundLoss> {
         match e {
-            NodeError::BadValue(value) => {
-                Err(RoundLoss::Fatal(IdError::BadValue { addr: node.addr().to_string(), key: self.key.clone(), value }))
-            }
+            NodeError::BadValue(value) => Err(RoundLoss::Fatal(IdError::BadValue {
+                addr: node.addr().to_string(),
+                key: self.key.clone(),
+                value,
+            })),
             NodeError::Unsafe(reason) => {
                 tracing::error!(node = node.addr(), %reason, "refusing unsafe node");
-                failures.push(NodeFailure { addr: node.addr().to_string(), reason: format!("unsafe: {reason}") });
+                failures.push(NodeFailure {
+                    addr: node.addr().to_string(),
+                    reason: format!("unsafe: {reason}"),
+                });
                 Ok(())
             }
             NodeError::Unavailable(reason) => {
-                failures.push(NodeFailure { addr: node.addr().to_string(), reason });
+                failures.push(NodeFailure {
+                    addr: node.addr().to_string(),
+                    reason,
+                });
                 Ok(())
             }
         }
@@ -782,10 +958,17 @@ impl<N: Register> IdSource for QuorumClient<N> {
 ///
 /// # Errors
 /// A URL that cannot be parsed.
-pub async fn check_nodes(urls: &[String], connect_timeout: Duration, reply_timeout: Duration) -> Result<Vec<(String, Result<(), String>)>, IdError> {
+pub async fn check_nodes(
+    urls: &[String],
+    connect_timeout: Duration,
+    reply_timeout: Duration,
+) -> Result<Vec<(String, Result<(), String>)>, IdError> {
     let mut nodes = Vec::new();
     for url in urls {
-        nodes.push(Node::new(url.trim(), connect_timeout, reply_timeout, true).map_err(|e| IdError::Config(format!("bad node URL: {e}")))?);
+        nodes.push(
+            Node::new(url.trim(), connect_timeout, reply_timeout, true)
+                .map_err(|e| IdError::Config(format!("bad node URL: {e}")))?,
+        );
     }
     let results = futures::future::join_all(nodes.iter().map(|n| n.check_durability())).await;
     Ok(nodes
@@ -794,7 +977,9 @@ pub async fn check_nodes(urls: &[String], connect_timeout: Duration, reply_timeo
         .map(|(node, r)| {
             let r = r.map_err(|e| match e {
                 NodeError::Unsafe(reason) => format!("UNSAFE: {reason}"),
-                NodeError::Unavailable(reason) | NodeError::BadValue(reason) => format!("UNREACHABLE: {reason}"),
+                NodeError::Unavailable(reason) | NodeError::BadValue(reason) => {
+                    format!("UNREACHABLE: {reason}")
+                }
             });
             (node.addr().to_string(), r)
         })
@@ -806,7 +991,12 @@ mod tests {
     use super::*;
 
     fn tally(accepts: usize, rejects: usize, failures: usize) -> Tally {
-        Tally { accepts, rejects, failures, max_seen: 0 }
+        Tally {
+            accepts,
+            rejects,
+            failures,
+            max_seen: 0,
+        }
     }
 
     #[test]
@@ -835,7 +1025,9 @@ mod tests {
     #[test]
     fn backoff_is_bounded() {
         for losses in 0..40 {
-            assert!(backoff(losses, INITIAL_ROUND, BACKOFF_CAP, &mut rand::thread_rng()) <= BACKOFF_CAP);
+            assert!(
+                backoff(losses, INITIAL_ROUND, BACKOFF_CAP, &mut rand::thread_rng()) <= BACKOFF_CAP
+            );
         }
     }
 }

@@ -125,8 +125,26 @@ mod tests {
 
     #[test]
     fn non_canonical_values_are_rejected_not_zero() {
-        for bad in [&b""[..], b"foo", b"-1", b"007", b"00", b"+1", b" 1", b"1 ", b"1.0", b"18446744073709551616", b"99999999999999999999", b"123456789012345678901"] {
-            assert_eq!(parse_canonical_u64(bad), None, "{:?}", String::from_utf8_lossy(bad));
+        for bad in [
+            &b""[..],
+            b"foo",
+            b"-1",
+            b"007",
+            b"00",
+            b"+1",
+            b" 1",
+            b"1 ",
+            b"1.0",
+            b"18446744073709551616",
+            b"99999999999999999999",
+            b"123456789012345678901",
+        ] {
+            assert_eq!(
+                parse_canonical_u64(bad),
+                None,
+                "{:?}",
+                String::from_utf8_lossy(bad)
+            );
         }
     }
 

@@ -127,11 +127,31 @@ pub struct SimCluster {
 
 #[derive(Debug, Clone)]
 enum Op {
-    Write { key: String, lo: u64, hi: u64, batch: Option<Nonce> },
-    Read { key: String },
-    Join { key: String, n: u64, nonce: Nonce, leases: Leases },
-    Close { key: String, nonce: Nonce, lease: Duration },
-    Finish { key: String, nonce: Nonce, message: String },
+    Write {
+        key: String,
+        lo: u64,
+        hi: u64,
+        batch: Option<Nonce>,
+    },
+    Read {
+        key: String,
+    },
+    Join {
+        key: String,
+        n: u64,
+        nonce: Nonce,
+        leases: Leases,
+    },
+    Close {
+        key: String,
+        nonce: Nonce,
+        lease: Duration,
+    },
+    Finish {
+        key: String,
+        nonce: Nonce,
+        message: String,
+    },
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -147,9 +167,20 @@ enum Outcome {
 impl SimCluster {
     /// A cluster of `config.nodes` empty registers, all up, with its RNG seeded.
     pub fn new(config: SimConfig, seed: u64) -> SimCluster {
-        let nodes = (0..config.nodes).map(|_| NodeState { values: BTreeMap::new(), up: true, rendezvous: BTreeMap::new(), subscribers: Vec::new() }).collect();
+        let nodes = (0..config.nodes)
+            .map(|_| NodeState {
+                values: BTreeMap::new(),
+                up: true,
+                rendezvous: BTreeMap::new(),
+                subscribers: Vec::new(),
+            })
+            .collect();
         SimCluster {
-            state: Arc::new(Mutex::new(State { rng: StdRng::seed_from_u64(seed), nodes, stats: SimStats::default() })),
+            state: Arc::new(Mutex::new(State {
+                rng: StdRng::seed_from_u64(seed),
+                nodes,
+                stats: SimStats::default(),
+            })),
             config: Arc::new(config),
         }
     }
@@ -167,7 +198,13 @@ impl SimCluster {
 
     /// One [`Register`] handle per node, in order (named `sim://<i>`).
     pub fn nodes(&self) -> Vec<SimNode> {
-        (0..self.config.nodes).map(|index| SimNode { cluster: self.clone(), index, addr: format!("sim://{index}") }).collect()
+        (0..self.config.nodes)
+            .map(|index| SimNode {
+                cluster: self.clone(),
+                index,
+                addr: format!("sim://{index}"),
+            })
+            .collect()
     }
 
     /// Crashes node `i`: it ignores messages until [`SimCluster::restart`].
@@ -246,7 +283,12 @@ impl SimCluster {
                 }
             }
             // The rendezvous script of `script::COMBINE`, operation by operation.
-            Op::Join { key, n, nonce, leases } => {
+            Op::Join {
+                key,
+                n,
+                nonce,
+                leases,
+            } => {
                 let rv = s.nodes[i].rendezvous.entry(key.clone()).or_default();
                 rv.expire(now);
                 Outcome::Join(match (&mut rv.open, rv.inflight) {
@@ -254,7 +296,11 @@ impl SimCluster {
                     (Some((batch, ids, at)), _) => {
                         let offset = *ids;
                         *ids += n;
-                        Join::Follow { batch: *batch, offset, wait: at.saturating_duration_since(now) }
+                        Join::Follow {
+                            batch: *batch,
+                            offset,
+                            wait: at.saturating_duration_since(now),
+                        }
                     }
                     (None, None) => {
                         rv.inflight = Some((*nonce, now + leases.round));
@@ -262,7 +308,10 @@ impl SimCluster {
                     }
                     (None, Some((busy, at))) => {
                         rv.open = Some((*nonce, *n, now + leases.batch));
-                        Join::Lead { busy, wait: at.saturating_duration_since(now) }
+                        Join::Lead {
+                            busy,
+                            wait: at.saturating_duration_since(now),
+                        }
                     }
                 })
             }
@@ -272,7 +321,10 @@ impl SimCluster {
                 Outcome::Close(match (rv.open, rv.inflight) {
                     (Some((open, ..)), _) if open != *nonce => Close::Gone,
                     (None, _) => Close::Gone,
-                    (Some(_), Some((busy, at))) => Close::Busy { busy, wait: at.saturating_duration_since(now) },
+                    (Some(_), Some((busy, at))) => Close::Busy {
+                        busy,
+                        wait: at.saturating_duration_since(now),
+                    },
                     (Some((_, ids, _)), None) => {
                         rv.open = None;
                         rv.inflight = Some((*nonce, now + *lease));
@@ -280,7 +332,11 @@ impl SimCluster {
                     }
                 })
             }
-            Op::Finish { key, nonce, message } => {
+            Op::Finish {
+                key,
+                nonce,
+                message,
+            } => {
                 let rv = s.nodes[i].rendezvous.entry(key.clone()).or_default();
                 rv.expire(now);
                 if rv.inflight.is_some_and(|(busy, _)| busy == *nonce) {
@@ -289,7 +345,12 @@ impl SimCluster {
                 // Published to every subscriber of this node, each copy through the
                 // faulty network (lost, delayed, reordered), as the harshest reading of
                 // pub/sub: safety must not depend on it.
-                let subscribers: Vec<_> = s.nodes[i].subscribers.iter().filter(|(k, _)| k == key).map(|(_, tx)| tx.clone()).collect();
+                let subscribers: Vec<_> = s.nodes[i]
+                    .subscribers
+                    .iter()
+                    .filter(|(k, _)| k == key)
+                    .map(|(_, tx)| tx.clone())
+                    .collect();
                 for tx in subscribers {
                     if s.rng.gen_bool(self.config.loss) {
                         continue;
@@ -314,7 +375,11 @@ impl SimCluster {
         let deliveries: Vec<(Duration, Option<Duration>)> = {
             let mut s = self.lock();
             s.stats.requests += 1;
-            let copies = if s.rng.gen_bool(self.config.duplicate) { 2 } else { 1 };
+            let copies = if s.rng.gen_bool(self.config.duplicate) {
+                2
+            } else {
+                1
+            };
             if copies == 2 {
                 s.stats.duplicated += 1;
             }
@@ -350,7 +415,9 @@ impl SimCluster {
         }
         drop(tx);
         match tokio::time::timeout(self.config.reply_timeout, rx.recv()).await {
-            Ok(Some(Outcome::Down)) => Err(NodeError::Unavailable("connection refused".to_string())),
+            Ok(Some(Outcome::Down)) => {
+                Err(NodeError::Unavailable("connection refused".to_string()))
+            }
             Ok(Some(outcome)) => Ok(outcome),
             // Every copy was lost (the channel closed), or no reply in time.
             Ok(None) | Err(_) => {
@@ -377,22 +444,39 @@ impl Register for SimNode {
         &self.addr
     }
 
-    fn conditional_write(&self, key: &str, lo: u64, hi: u64, _batch: Option<Nonce>) -> impl Future<Output = Result<Written, NodeError>> + Send {
-        let op = Op::Write { key: key.to_string(), lo, hi, batch: _batch };
+    fn conditional_write(
+        &self,
+        key: &str,
+        lo: u64,
+        hi: u64,
+        _batch: Option<Nonce>,
+    ) -> impl Future<Output = Result<Written, NodeError>> + Send {
+        let op = Op::Write {
+            key: key.to_string(),
+            lo,
+            hi,
+            batch: _batch,
+        };
         async move {
             match self.cluster.call(self.index, op).await? {
                 Outcome::Write(reply, combining) => Ok(Written { reply, combining }),
-                other => Err(NodeError::Unavailable(format!("unexpected reply {other:?}"))),
+                other => Err(NodeError::Unavailable(format!(
+                    "unexpected reply {other:?}"
+                ))),
             }
         }
     }
 
     fn read(&self, key: &str) -> impl Future<Output = Result<u64, NodeError>> + Send {
-        let op = Op::Read { key: key.to_string() };
+        let op = Op::Read {
+            key: key.to_string(),
+        };
         async move {
             match self.cluster.call(self.index, op).await? {
                 Outcome::Read(value) => Ok(value),
-                other => Err(NodeError::Unavailable(format!("unexpected reply {other:?}"))),
+                other => Err(NodeError::Unavailable(format!(
+                    "unexpected reply {other:?}"
+                ))),
             }
         }
     }
@@ -401,44 +485,84 @@ impl Register for SimNode {
         std::future::ready(Ok(()))
     }
 
-    fn join(&self, key: &str, n: u64, nonce: Nonce, leases: Leases) -> impl Future<Output = Result<Join, NodeError>> + Send {
-        let op = Op::Join { key: key.to_string(), n, nonce, leases };
+    fn join(
+        &self,
+        key: &str,
+        n: u64,
+        nonce: Nonce,
+        leases: Leases,
+    ) -> impl Future<Output = Result<Join, NodeError>> + Send {
+        let op = Op::Join {
+            key: key.to_string(),
+            n,
+            nonce,
+            leases,
+        };
         async move {
             match self.cluster.call(self.index, op).await? {
                 Outcome::Join(join) => Ok(join),
-                other => Err(NodeError::Unavailable(format!("unexpected reply {other:?}"))),
+                other => Err(NodeError::Unavailable(format!(
+                    "unexpected reply {other:?}"
+                ))),
             }
         }
     }
 
-    fn close(&self, key: &str, nonce: Nonce, lease: Duration) -> impl Future<Output = Result<Close, NodeError>> + Send {
-        let op = Op::Close { key: key.to_string(), nonce, lease };
+    fn close(
+        &self,
+        key: &str,
+        nonce: Nonce,
+        lease: Duration,
+    ) -> impl Future<Output = Result<Close, NodeError>> + Send {
+        let op = Op::Close {
+            key: key.to_string(),
+            nonce,
+            lease,
+        };
         async move {
             match self.cluster.call(self.index, op).await? {
                 Outcome::Close(close) => Ok(close),
-                other => Err(NodeError::Unavailable(format!("unexpected reply {other:?}"))),
+                other => Err(NodeError::Unavailable(format!(
+                    "unexpected reply {other:?}"
+                ))),
             }
         }
     }
 
-    fn finish(&self, key: &str, nonce: Nonce, message: String) -> impl Future<Output = Result<(), NodeError>> + Send {
-        let op = Op::Finish { key: key.to_string(), nonce, message };
+    fn finish(
+        &self,
+        key: &str,
+        nonce: Nonce,
+        message: String,
+    ) -> impl Future<Output = Result<(), NodeError>> + Send {
+        let op = Op::Finish {
+            key: key.to_string(),
+            nonce,
+            message,
+        };
         async move {
             match self.cluster.call(self.index, op).await? {
                 Outcome::Finished => Ok(()),
-                other => Err(NodeError::Unavailable(format!("unexpected reply {other:?}"))),
+                other => Err(NodeError::Unavailable(format!(
+                    "unexpected reply {other:?}"
+                ))),
             }
         }
     }
 
-    fn subscribe(&self, key: &str) -> impl Future<Output = Result<BoxStream<'static, String>, NodeError>> + Send {
+    fn subscribe(
+        &self,
+        key: &str,
+    ) -> impl Future<Output = Result<BoxStream<'static, String>, NodeError>> + Send {
         let result = {
             let mut s = self.cluster.lock();
             let node = &mut s.nodes[self.index];
             if node.up {
                 let (tx, rx) = mpsc::unbounded_channel();
                 node.subscribers.push((key.to_string(), tx));
-                let stream = futures::stream::unfold(rx, |mut rx| async move { rx.recv().await.map(|m| (m, rx)) });
+                let stream = futures::stream::unfold(rx, |mut rx| async move {
+                    rx.recv().await.map(|m| (m, rx))
+                });
                 Ok(Box::pin(stream) as BoxStream<'static, String>)
             } else {
                 Err(NodeError::Unavailable("connection refused".to_string()))

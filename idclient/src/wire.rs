@@ -39,7 +39,11 @@ pub enum ClientMsg {
     Hello { magic: [u8; 4], version: u32 },
     /// Reserve `count` consecutive IDs. `deadline_ms` is how long the caller is still
     /// willing to wait (0 = the broker's default); the broker answers no later than that.
-    NextIds { id: u64, count: u64, deadline_ms: u64 },
+    NextIds {
+        id: u64,
+        count: u64,
+        deadline_ms: u64,
+    },
     /// Ask for the broker's counters.
     Stats { id: u64 },
 }
@@ -50,7 +54,11 @@ pub enum ServerMsg {
     /// Handshake accepted. `max_count` is the largest `count` a request may ask for;
     /// `max_in_flight` how many requests a connection may have unanswered before the
     /// broker stops reading from it.
-    Welcome { version: u32, max_count: u64, max_in_flight: u32 },
+    Welcome {
+        version: u32,
+        max_count: u64,
+        max_in_flight: u32,
+    },
     /// Handshake refused or protocol violated; the broker closes the connection after it.
     Refused { reason: String },
     /// The IDs `lo..=hi` for request `id`.
@@ -67,14 +75,20 @@ impl ServerMsg {
     /// The request id this message answers, if it answers one.
     pub fn request_id(&self) -> Option<u64> {
         match self {
-            ServerMsg::Ids { id, .. } | ServerMsg::Failed { id, .. } | ServerMsg::Stats { id, .. } => Some(*id),
+            ServerMsg::Ids { id, .. }
+            | ServerMsg::Failed { id, .. }
+            | ServerMsg::Stats { id, .. } => Some(*id),
             ServerMsg::Welcome { .. } | ServerMsg::Refused { .. } => None,
         }
     }
 
     /// The reply for `id` holding `range`.
     pub fn ids(id: u64, range: IdRange) -> ServerMsg {
-        ServerMsg::Ids { id, lo: range.lo, hi: range.hi }
+        ServerMsg::Ids {
+            id,
+            lo: range.lo,
+            hi: range.hi,
+        }
     }
 }
 
@@ -114,12 +128,20 @@ pub struct BrokerStats {
 impl BrokerStats {
     /// Mean number of requests per round.
     pub fn mean_batch(&self) -> f64 {
-        if self.rounds == 0 { 0.0 } else { self.batch_total as f64 / self.rounds as f64 }
+        if self.rounds == 0 {
+            0.0
+        } else {
+            self.batch_total as f64 / self.rounds as f64
+        }
     }
 
     /// Mean round duration in microseconds.
     pub fn mean_round_us(&self) -> f64 {
-        if self.rounds == 0 { 0.0 } else { self.round_us_total as f64 / self.rounds as f64 }
+        if self.rounds == 0 {
+            0.0
+        } else {
+            self.round_us_total as f64 / self.rounds as f64
+        }
     }
 }
 
@@ -161,7 +183,9 @@ pub fn encode<T: Serialize>(msg: &T, out: &mut Vec<u8>) -> Result<(), WireError>
     if let Err(e) = options().serialize_into(&mut *out, msg) {
         out.truncate(start);
         return Err(match *e {
-            bincode::ErrorKind::SizeLimit => WireError::TooLarge { len: u64::from(MAX_FRAME_LEN) + 1 },
+            bincode::ErrorKind::SizeLimit => WireError::TooLarge {
+                len: u64::from(MAX_FRAME_LEN) + 1,
+            },
             other => WireError::Encode(other.to_string()),
         });
     }
@@ -177,7 +201,9 @@ pub fn encode<T: Serialize>(msg: &T, out: &mut Vec<u8>) -> Result<(), WireError>
 /// # Errors
 /// [`WireError::Decode`] if the bytes are not exactly one `T`.
 pub fn decode<T: DeserializeOwned>(payload: &[u8]) -> Result<T, WireError> {
-    options().deserialize(payload).map_err(|e| WireError::Decode(e.to_string()))
+    options()
+        .deserialize(payload)
+        .map_err(|e| WireError::Decode(e.to_string()))
 }
 
 /// Reads a frame header. `Ok(None)` is a clean end of stream (at a frame boundary).
@@ -192,13 +218,19 @@ pub async fn read_header<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<u32>,
     while filled < HEADER_LEN {
         let n = r.read(&mut header[filled..]).await?;
         if n == 0 {
-            return if filled == 0 { Ok(None) } else { Err(WireError::Truncated) };
+            return if filled == 0 {
+                Ok(None)
+            } else {
+                Err(WireError::Truncated)
+            };
         }
         filled += n;
     }
     let len = u32::from_le_bytes(header);
     if len > MAX_FRAME_LEN {
-        return Err(WireError::TooLarge { len: u64::from(len) });
+        return Err(WireError::TooLarge {
+            len: u64::from(len),
+        });
     }
     Ok(Some(len))
 }
@@ -207,7 +239,11 @@ pub async fn read_header<R: AsyncRead + Unpin>(r: &mut R) -> Result<Option<u32>,
 ///
 /// # Errors
 /// I/O errors, [`WireError::Truncated`] on end of stream before `len` bytes.
-pub async fn read_payload<R: AsyncRead + Unpin>(r: &mut R, len: u32, buf: &mut Vec<u8>) -> Result<(), WireError> {
+pub async fn read_payload<R: AsyncRead + Unpin>(
+    r: &mut R,
+    len: u32,
+    buf: &mut Vec<u8>,
+) -> Result<(), WireError> {
     buf.clear();
     buf.resize(len as usize, 0);
     match r.read_exact(buf).await {
@@ -221,7 +257,10 @@ pub async fn read_payload<R: AsyncRead + Unpin>(r: &mut R, len: u32, buf: &mut V
 ///
 /// # Errors
 /// As [`read_header`], [`read_payload`] and [`decode`].
-pub async fn read_msg<T: DeserializeOwned, R: AsyncRead + Unpin>(r: &mut R, buf: &mut Vec<u8>) -> Result<Option<T>, WireError> {
+pub async fn read_msg<T: DeserializeOwned, R: AsyncRead + Unpin>(
+    r: &mut R,
+    buf: &mut Vec<u8>,
+) -> Result<Option<T>, WireError> {
     let Some(len) = read_header(r).await? else {
         return Ok(None);
     };
@@ -244,13 +283,23 @@ mod tests {
     // change, the document (and every client in another language) has to change too.
     #[test]
     fn hello_bytes() {
-        let bytes = frame(&ClientMsg::Hello { magic: MAGIC, version: VERSION });
-        assert_eq!(bytes, [12, 0, 0, 0, 0, 0, 0, 0, b'Q', b'I', b'D', b'B', 1, 0, 0, 0]);
+        let bytes = frame(&ClientMsg::Hello {
+            magic: MAGIC,
+            version: VERSION,
+        });
+        assert_eq!(
+            bytes,
+            [12, 0, 0, 0, 0, 0, 0, 0, b'Q', b'I', b'D', b'B', 1, 0, 0, 0]
+        );
     }
 
     #[test]
     fn next_ids_bytes() {
-        let bytes = frame(&ClientMsg::NextIds { id: 7, count: 3, deadline_ms: 5000 });
+        let bytes = frame(&ClientMsg::NextIds {
+            id: 7,
+            count: 3,
+            deadline_ms: 5000,
+        });
         let mut want = vec![28, 0, 0, 0, 1, 0, 0, 0];
         want.extend_from_slice(&7u64.to_le_bytes());
         want.extend_from_slice(&3u64.to_le_bytes());
@@ -266,7 +315,11 @@ mod tests {
 
     #[test]
     fn welcome_and_ids_bytes() {
-        let bytes = frame(&ServerMsg::Welcome { version: 1, max_count: 1_000_000, max_in_flight: 1024 });
+        let bytes = frame(&ServerMsg::Welcome {
+            version: 1,
+            max_count: 1_000_000,
+            max_in_flight: 1024,
+        });
         let mut want = vec![20, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0];
         want.extend_from_slice(&1_000_000u64.to_le_bytes());
         want.extend_from_slice(&1024u32.to_le_bytes());
@@ -282,10 +335,18 @@ mod tests {
 
     #[test]
     fn refused_and_failed_bytes() {
-        let bytes = frame(&ServerMsg::Refused { reason: "no".into() });
-        assert_eq!(bytes, [14, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, b'n', b'o']);
+        let bytes = frame(&ServerMsg::Refused {
+            reason: "no".into(),
+        });
+        assert_eq!(
+            bytes,
+            [14, 0, 0, 0, 1, 0, 0, 0, 2, 0, 0, 0, 0, 0, 0, 0, b'n', b'o']
+        );
 
-        let bytes = frame(&ServerMsg::Failed { id: 7, error: IdError::BadRequest("x".into()) });
+        let bytes = frame(&ServerMsg::Failed {
+            id: 7,
+            error: IdError::BadRequest("x".into()),
+        });
         let mut want = vec![25, 0, 0, 0, 3, 0, 0, 0];
         want.extend_from_slice(&7u64.to_le_bytes());
         want.extend_from_slice(&[6, 0, 0, 0]); // IdError::BadRequest is variant 6
@@ -296,17 +357,43 @@ mod tests {
 
     #[test]
     fn every_message_round_trips() {
-        let failure = NodeFailure { addr: "redis://127.0.0.1:1".into(), reason: "refused".into() };
+        let failure = NodeFailure {
+            addr: "redis://127.0.0.1:1".into(),
+            reason: "refused".into(),
+        };
         let server = [
-            ServerMsg::Welcome { version: 1, max_count: 9, max_in_flight: 2 },
-            ServerMsg::Refused { reason: "bad".into() },
+            ServerMsg::Welcome {
+                version: 1,
+                max_count: 9,
+                max_in_flight: 2,
+            },
+            ServerMsg::Refused {
+                reason: "bad".into(),
+            },
             ServerMsg::ids(1, IdRange { lo: 5, hi: 9 }),
             ServerMsg::Failed {
                 id: 2,
-                error: IdError::NoQuorum { needed: 3, reachable: 1, total: 5, failures: vec![failure.clone()] },
+                error: IdError::NoQuorum {
+                    needed: 3,
+                    reachable: 1,
+                    total: 5,
+                    failures: vec![failure.clone()],
+                },
             },
-            ServerMsg::Failed { id: 3, error: IdError::BrokersUnavailable { failures: vec![failure] } },
-            ServerMsg::Stats { id: 4, stats: BrokerStats { rounds: 3, batch_histogram: vec![1, 2], ..Default::default() } },
+            ServerMsg::Failed {
+                id: 3,
+                error: IdError::BrokersUnavailable {
+                    failures: vec![failure],
+                },
+            },
+            ServerMsg::Stats {
+                id: 4,
+                stats: BrokerStats {
+                    rounds: 3,
+                    batch_histogram: vec![1, 2],
+                    ..Default::default()
+                },
+            },
         ];
         for msg in server {
             let bytes = frame(&msg);
@@ -317,7 +404,13 @@ mod tests {
 
     #[test]
     fn garbage_is_an_error_not_a_panic() {
-        for bytes in [&[][..], &[9, 0, 0, 0], &[1, 0, 0, 0, 1], &[3, 0, 0, 0], &[0, 0, 0, 0, 1, 2, 3]] {
+        for bytes in [
+            &[][..],
+            &[9, 0, 0, 0],
+            &[1, 0, 0, 0, 1],
+            &[3, 0, 0, 0],
+            &[0, 0, 0, 0, 1, 2, 3],
+        ] {
             assert!(decode::<ClientMsg>(bytes).is_err(), "{bytes:?}");
         }
         // A string claiming an absurd length must fail without allocating it.
@@ -333,27 +426,56 @@ mod tests {
     #[test]
     fn oversized_message_is_refused_and_leaves_buffer_intact() {
         let mut out = vec![1, 2, 3];
-        let msg = ServerMsg::Refused { reason: "x".repeat(MAX_FRAME_LEN as usize) };
-        assert!(matches!(encode(&msg, &mut out), Err(WireError::TooLarge { .. })));
+        let msg = ServerMsg::Refused {
+            reason: "x".repeat(MAX_FRAME_LEN as usize),
+        };
+        assert!(matches!(
+            encode(&msg, &mut out),
+            Err(WireError::TooLarge { .. })
+        ));
         assert_eq!(out, [1, 2, 3]);
     }
 
     #[tokio::test]
     async fn frames_read_back_and_truncation_is_detected() {
         let mut bytes = frame(&ClientMsg::Stats { id: 1 });
-        bytes.extend(frame(&ClientMsg::NextIds { id: 2, count: 1, deadline_ms: 0 }));
+        bytes.extend(frame(&ClientMsg::NextIds {
+            id: 2,
+            count: 1,
+            deadline_ms: 0,
+        }));
         let mut r = &bytes[..];
         let mut buf = Vec::new();
-        assert_eq!(read_msg::<ClientMsg, _>(&mut r, &mut buf).await.expect("1"), Some(ClientMsg::Stats { id: 1 }));
-        assert!(read_msg::<ClientMsg, _>(&mut r, &mut buf).await.expect("2").is_some());
-        assert_eq!(read_msg::<ClientMsg, _>(&mut r, &mut buf).await.expect("eof"), None);
+        assert_eq!(
+            read_msg::<ClientMsg, _>(&mut r, &mut buf).await.expect("1"),
+            Some(ClientMsg::Stats { id: 1 })
+        );
+        assert!(read_msg::<ClientMsg, _>(&mut r, &mut buf)
+            .await
+            .expect("2")
+            .is_some());
+        assert_eq!(
+            read_msg::<ClientMsg, _>(&mut r, &mut buf)
+                .await
+                .expect("eof"),
+            None
+        );
 
         let mut half = &bytes[..2];
-        assert!(matches!(read_msg::<ClientMsg, _>(&mut half, &mut buf).await, Err(WireError::Truncated)));
+        assert!(matches!(
+            read_msg::<ClientMsg, _>(&mut half, &mut buf).await,
+            Err(WireError::Truncated)
+        ));
         let mut half = &bytes[..10];
-        assert!(matches!(read_msg::<ClientMsg, _>(&mut half, &mut buf).await, Err(WireError::Truncated)));
+        assert!(matches!(
+            read_msg::<ClientMsg, _>(&mut half, &mut buf).await,
+            Err(WireError::Truncated)
+        ));
         let big = (MAX_FRAME_LEN + 1).to_le_bytes();
         let mut r = &big[..];
-        assert!(matches!(read_header(&mut r).await, Err(WireError::TooLarge { .. })));
+        assert!(matches!(
+            read_header(&mut r).await,
+            Err(WireError::TooLarge { .. })
+        ));
     }
 }

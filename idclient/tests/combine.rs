@@ -27,23 +27,40 @@ fn config(q: &LocalQuorum, deadline: Duration) -> ClientConfig {
 /// The index of the rendezvous node: the one with the smallest URL.
 fn rendezvous(q: &LocalQuorum) -> usize {
     let urls = q.urls();
-    (0..urls.len()).min_by_key(|&i| urls[i].clone()).expect("nodes")
+    (0..urls.len())
+        .min_by_key(|&i| urls[i].clone())
+        .expect("nodes")
 }
 
 fn node(q: &LocalQuorum, i: usize) -> Node {
-    Node::new(&q.urls()[i], Duration::from_millis(500), Duration::from_millis(500), true).expect("node")
+    Node::new(
+        &q.urls()[i],
+        Duration::from_millis(500),
+        Duration::from_millis(500),
+        true,
+    )
+    .expect("node")
 }
 
 async fn clients(q: &LocalQuorum, n: usize, deadline: Duration) -> Vec<Arc<QuorumClient>> {
     let mut out = Vec::new();
     for _ in 0..n {
-        out.push(Arc::new(QuorumClient::connect(config(q, deadline)).await.expect("connect")));
+        out.push(Arc::new(
+            QuorumClient::connect(config(q, deadline))
+                .await
+                .expect("connect"),
+        ));
     }
     out
 }
 
 fn run(sources: &[Arc<QuorumClient>], secs: f64) -> tokio::task::JoinHandle<BenchReport> {
-    let cfg = BenchConfig { clients: sources.len(), duration: Duration::from_secs_f64(secs), count: 1, progress: false };
+    let cfg = BenchConfig {
+        clients: sources.len(),
+        duration: Duration::from_secs_f64(secs),
+        count: 1,
+        progress: false,
+    };
     let sources = sources.to_vec();
     tokio::spawn(async move { bench::run(&cfg, &sources).await })
 }
@@ -51,7 +68,10 @@ fn run(sources: &[Arc<QuorumClient>], secs: f64) -> tokio::task::JoinHandle<Benc
 #[track_caller]
 fn assert_linearizable(events: &[Event]) {
     if let Err(v) = check(events) {
-        panic!("history of {} requests violates the guarantee: {v}", events.len());
+        panic!(
+            "history of {} requests violates the guarantee: {v}",
+            events.len()
+        );
     }
 }
 
@@ -59,34 +79,73 @@ fn combined(sources: &[Arc<QuorumClient>]) -> u64 {
     sources.iter().map(|c| c.counters().combined).sum()
 }
 
-const LEASES: Leases = Leases { round: Duration::from_secs(5), batch: Duration::from_secs(5) };
+const LEASES: Leases = Leases {
+    round: Duration::from_secs(5),
+    batch: Duration::from_secs(5),
+};
 
 #[tokio::test]
 async fn rendezvous_hands_out_offsets_one_batch_at_a_time() {
     let q = quorum();
     let n = node(&q, 0);
-    let (a, b, c, d) = (Nonce::random(), Nonce::random(), Nonce::random(), Nonce::random());
+    let (a, b, c, d) = (
+        Nonce::random(),
+        Nonce::random(),
+        Nonce::random(),
+        Nonce::random(),
+    );
     // Nothing open, nothing in flight: A runs alone at once.
     assert_eq!(n.join("k", 1, a, LEASES).await.expect("join"), Join::Solo);
     // A is in flight: B opens the next batch and leads it; C and D join at offsets.
-    assert!(matches!(n.join("k", 2, b, LEASES).await.expect("join"), Join::Lead { busy, .. } if busy == a));
-    assert!(matches!(n.join("k", 5, c, LEASES).await.expect("join"), Join::Follow { batch, offset: 2, .. } if batch == b));
-    assert!(matches!(n.join("k", 1, d, LEASES).await.expect("join"), Join::Follow { batch, offset: 7, .. } if batch == b));
+    assert!(
+        matches!(n.join("k", 2, b, LEASES).await.expect("join"), Join::Lead { busy, .. } if busy == a)
+    );
+    assert!(
+        matches!(n.join("k", 5, c, LEASES).await.expect("join"), Join::Follow { batch, offset: 2, .. } if batch == b)
+    );
+    assert!(
+        matches!(n.join("k", 1, d, LEASES).await.expect("join"), Join::Follow { batch, offset: 7, .. } if batch == b)
+    );
     // B cannot close while A is in flight; a stranger cannot close B.
-    assert!(matches!(n.close("k", b, LEASES.round).await.expect("close"), Close::Busy { busy, .. } if busy == a));
-    assert_eq!(n.close("k", c, LEASES.round).await.expect("close"), Close::Gone);
+    assert!(
+        matches!(n.close("k", b, LEASES.round).await.expect("close"), Close::Busy { busy, .. } if busy == a)
+    );
+    assert_eq!(
+        n.close("k", c, LEASES.round).await.expect("close"),
+        Close::Gone
+    );
     n.finish("k", a, format!("{a} 1 1")).await.expect("finish");
-    assert_eq!(n.close("k", b, LEASES.round).await.expect("close"), Close::Closed { ids: 8 });
-    assert_eq!(n.close("k", b, LEASES.round).await.expect("close"), Close::Gone, "closed once");
+    assert_eq!(
+        n.close("k", b, LEASES.round).await.expect("close"),
+        Close::Closed { ids: 8 }
+    );
+    assert_eq!(
+        n.close("k", b, LEASES.round).await.expect("close"),
+        Close::Gone,
+        "closed once"
+    );
     // B in flight, nothing open: the next request opens a new batch.
     let e = Nonce::random();
-    assert!(matches!(n.join("k", 1, e, LEASES).await.expect("join"), Join::Lead { busy, .. } if busy == b));
+    assert!(
+        matches!(n.join("k", 1, e, LEASES).await.expect("join"), Join::Lead { busy, .. } if busy == b)
+    );
     n.finish("k", b, format!("{b} 2 9")).await.expect("finish");
-    assert_eq!(n.close("k", e, LEASES.round).await.expect("close"), Close::Closed { ids: 1 });
+    assert_eq!(
+        n.close("k", e, LEASES.round).await.expect("close"),
+        Close::Closed { ids: 1 }
+    );
     // A batch never grows past the largest request.
     let f = Nonce::random();
-    assert!(matches!(n.join("k", 1, f, LEASES).await.expect("join"), Join::Lead { .. }));
-    assert_eq!(n.join("k", idclient::quorum::MAX_COUNT, Nonce::random(), LEASES).await.expect("join"), Join::Full);
+    assert!(matches!(
+        n.join("k", 1, f, LEASES).await.expect("join"),
+        Join::Lead { .. }
+    ));
+    assert_eq!(
+        n.join("k", idclient::quorum::MAX_COUNT, Nonce::random(), LEASES)
+            .await
+            .expect("join"),
+        Join::Full
+    );
     // None of it touched the register.
     assert_eq!(n.read("k").await.expect("read"), 0);
 }
@@ -95,20 +154,33 @@ async fn rendezvous_hands_out_offsets_one_batch_at_a_time() {
 async fn rendezvous_state_expires_and_never_reaches_the_aof() {
     let q = quorum();
     let n = node(&q, 0);
-    let short = Leases { round: Duration::from_millis(150), batch: Duration::from_millis(150) };
+    let short = Leases {
+        round: Duration::from_millis(150),
+        batch: Duration::from_millis(150),
+    };
     let (a, b) = (Nonce::random(), Nonce::random());
     assert_eq!(n.join("k", 1, a, short).await.expect("join"), Join::Solo);
-    assert!(matches!(n.join("k", 1, b, short).await.expect("join"), Join::Lead { .. }));
-    n.conditional_write("k", 1, 1, None).await.expect("a durable write, for comparison");
+    assert!(matches!(
+        n.join("k", 1, b, short).await.expect("join"),
+        Join::Lead { .. }
+    ));
+    n.conditional_write("k", 1, 1, None)
+        .await
+        .expect("a durable write, for comparison");
     tokio::time::sleep(Duration::from_millis(400)).await;
     // A leader that vanished holds nothing after its lease: the next request runs alone.
-    assert_eq!(n.join("k", 1, Nonce::random(), short).await.expect("join"), Join::Solo);
+    assert_eq!(
+        n.join("k", 1, Nonce::random(), short).await.expect("join"),
+        Join::Solo
+    );
     // The AOF has the register write and none of the rendezvous state. (Redis itself
     // logs a DEL when a key expires, which is why the keys' names may appear.)
     let mut aof = String::new();
     for entry in walk(q.dir()) {
         if entry.extension().is_some_and(|e| e == "aof") {
-            aof.push_str(&String::from_utf8_lossy(&std::fs::read(&entry).expect("read aof")));
+            aof.push_str(&String::from_utf8_lossy(
+                &std::fs::read(&entry).expect("read aof"),
+            ));
         }
     }
     assert!(aof.contains("SET"), "no register write in the AOF: {aof:?}");
@@ -137,10 +209,21 @@ async fn contending_clients_share_rounds() {
     let report = run(&sources, 1.5).await.expect("load");
     assert_linearizable(&report.events);
     assert_eq!(report.errors, 0, "{}", report.summary_line());
-    let (served, batches): (u64, u64) = (combined(&sources), sources.iter().map(|c| c.counters().batches).sum());
+    let (served, batches): (u64, u64) = (
+        combined(&sources),
+        sources.iter().map(|c| c.counters().batches).sum(),
+    );
     // Most requests rode in a batch another client led: far fewer rounds than requests.
-    assert!(served > report.requests / 2, "only {served} of {} requests combined", report.requests);
-    assert!(batches < report.requests / 2, "{batches} batches for {} requests", report.requests);
+    assert!(
+        served > report.requests / 2,
+        "only {served} of {} requests combined",
+        report.requests
+    );
+    assert!(
+        batches < report.requests / 2,
+        "{batches} batches for {} requests",
+        report.requests
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -162,18 +245,34 @@ async fn clients_told_never_to_combine_do_not() {
 async fn a_vanished_leader_costs_its_members_a_lease_not_their_deadline() {
     let q = quorum();
     let rv = node(&q, rendezvous(&q));
-    let lease = Leases { round: Duration::from_millis(300), batch: Duration::from_millis(300) };
+    let lease = Leases {
+        round: Duration::from_millis(300),
+        batch: Duration::from_millis(300),
+    };
     let mut cfg = config(&q, Duration::from_secs(3));
     cfg.combine = Combine::Always;
     let c = QuorumClient::connect(cfg).await.expect("connect");
     let first = c.next_id().await.expect("id");
     // A batch in flight whose leader never finishes, and an open batch (waiting for it)
     // whose leader never closes it.
-    assert_eq!(rv.join("current", 1, Nonce::random(), lease).await.expect("join"), Join::Solo);
-    assert!(matches!(rv.join("current", 1, Nonce::random(), lease).await.expect("join"), Join::Lead { .. }));
+    assert_eq!(
+        rv.join("current", 1, Nonce::random(), lease)
+            .await
+            .expect("join"),
+        Join::Solo
+    );
+    assert!(matches!(
+        rv.join("current", 1, Nonce::random(), lease)
+            .await
+            .expect("join"),
+        Join::Lead { .. }
+    ));
     // The client joins the dead leader's batch, gives up on it when the lease ends, runs
     // a batch of its own and gets its ID well within its 3 s deadline.
-    let second = c.next_id().await.expect("a vanished leader must not fail its members");
+    let second = c
+        .next_id()
+        .await
+        .expect("a vanished leader must not fail its members");
     assert!(second > first);
     assert_eq!(c.counters().batches, 2, "{:?}", c.counters());
 }
@@ -202,15 +301,25 @@ async fn rendezvous_fails_mid_run(kill: bool) {
     let report = first.await.expect("load");
     assert_linearizable(&report.events);
     assert_eq!(report.errors, 0, "{}", report.summary_line());
-    let during = report.events.iter().filter(|e| e.invoke_ns > failed_at + 300_000_000 && e.return_ns < back_at).count();
-    assert!(during > 0, "no request completed while the rendezvous was down");
+    let during = report
+        .events
+        .iter()
+        .filter(|e| e.invoke_ns > failed_at + 300_000_000 && e.return_ns < back_at)
+        .count();
+    assert!(
+        during > 0,
+        "no request completed while the rendezvous was down"
+    );
     // Combining resumes once the node is back (clients retry it after a second).
     let before = combined(&sources);
     let second = run(&sources, 2.0).await.expect("load");
     let mut events = report.events;
     events.extend(second.events);
     assert_linearizable(&events);
-    assert!(combined(&sources) > before, "no combined round after the rendezvous came back");
+    assert!(
+        combined(&sources) > before,
+        "no combined round after the rendezvous came back"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -23,29 +23,58 @@ fn config(q: &LocalQuorum, protocol: Protocol, deadline: Duration) -> ClientConf
 }
 
 /// Starts `clients` independent clients (half fast, half classic) running for `secs`.
-async fn load(q: &LocalQuorum, clients: usize, secs: f64, count: u64) -> tokio::task::JoinHandle<BenchReport> {
+async fn load(
+    q: &LocalQuorum,
+    clients: usize,
+    secs: f64,
+    count: u64,
+) -> tokio::task::JoinHandle<BenchReport> {
     let mut sources = Vec::new();
     for i in 0..clients {
-        let protocol = if i % 2 == 0 { Protocol::Fast } else { Protocol::Classic };
-        sources.push(Arc::new(QuorumClient::connect(config(q, protocol, Duration::from_secs(2))).await.expect("connect")));
+        let protocol = if i % 2 == 0 {
+            Protocol::Fast
+        } else {
+            Protocol::Classic
+        };
+        sources.push(Arc::new(
+            QuorumClient::connect(config(q, protocol, Duration::from_secs(2)))
+                .await
+                .expect("connect"),
+        ));
     }
-    let cfg = BenchConfig { clients, duration: Duration::from_secs_f64(secs), count, progress: false };
+    let cfg = BenchConfig {
+        clients,
+        duration: Duration::from_secs_f64(secs),
+        count,
+        progress: false,
+    };
     tokio::spawn(async move { bench::run(&cfg, &sources).await })
 }
 
 #[track_caller]
 fn assert_linearizable(events: &[Event]) {
     if let Err(v) = check(events) {
-        panic!("history of {} requests violates the guarantee: {v}", events.len());
+        panic!(
+            "history of {} requests violates the guarantee: {v}",
+            events.len()
+        );
     }
 }
 
 fn max_id(events: &[Event]) -> u64 {
-    events.iter().filter_map(|e| e.outcome).map(|r| r.hi).max().unwrap_or(0)
+    events
+        .iter()
+        .filter_map(|e| e.outcome)
+        .map(|r| r.hi)
+        .max()
+        .unwrap_or(0)
 }
 
 fn succeeded_after(events: &[Event], t: u64) -> usize {
-    events.iter().filter(|e| e.invoke_ns > t && e.outcome.is_some()).count()
+    events
+        .iter()
+        .filter(|e| e.invoke_ns > t && e.outcome.is_some())
+        .count()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -57,11 +86,20 @@ async fn thirty_two_clients_in_two_processes_are_linearizable() {
     for (i, extra) in [["--count", "1"], ["--count", "3"]].iter().enumerate() {
         let path = dir.path().join(format!("h{i}.txt"));
         let mut cmd = std::process::Command::new(idctl);
-        cmd.args(["bench", "--nodes", &q.urls_arg(), "--clients", "16", "--seconds", "2", "--history"])
-            .arg(&path)
-            .args(extra.iter())
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::piped());
+        cmd.args([
+            "bench",
+            "--nodes",
+            &q.urls_arg(),
+            "--clients",
+            "16",
+            "--seconds",
+            "2",
+            "--history",
+        ])
+        .arg(&path)
+        .args(extra.iter())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped());
         if i == 1 {
             cmd.arg("--classic");
         }
@@ -72,10 +110,22 @@ async fn thirty_two_clients_in_two_processes_are_linearizable() {
     let mut events = local.await.expect("local load").events;
     for (child, path) in children {
         let out = child.wait_with_output().expect("idctl bench");
-        assert!(out.status.success(), "idctl bench failed: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "idctl bench failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
         let stdout = String::from_utf8_lossy(&out.stdout);
-        let json: serde_json::Value = serde_json::from_str(stdout.lines().last().expect("a JSON line")).expect("JSON");
-        for field in ["ids_per_sec", "requests_per_sec", "p50_us", "p99_us", "holes_pct", "errors"] {
+        let json: serde_json::Value =
+            serde_json::from_str(stdout.lines().last().expect("a JSON line")).expect("JSON");
+        for field in [
+            "ids_per_sec",
+            "requests_per_sec",
+            "p50_us",
+            "p99_us",
+            "holes_pct",
+            "errors",
+        ] {
             assert!(json.get(field).is_some(), "missing {field} in {stdout}");
         }
         events.extend(history::read_events(&path).expect("history file"));
@@ -96,15 +146,22 @@ async fn killing_a_minority_mid_run_keeps_generating() {
     let report = run.await.expect("load");
     assert_linearizable(&report.events);
     let after = succeeded_after(&report.events, killed_at + 300_000_000);
-    assert!(after > 0, "no request succeeded after two of five nodes died");
+    assert!(
+        after > 0,
+        "no request succeeded after two of five nodes died"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_majority_requests_fail_and_recover_after_restart() {
     let mut q = quorum();
     let deadline = Duration::from_millis(800);
-    let c = QuorumClient::connect(config(&q, Protocol::Fast, deadline)).await.expect("connect");
-    let classic = QuorumClient::connect(config(&q, Protocol::Classic, deadline)).await.expect("connect");
+    let c = QuorumClient::connect(config(&q, Protocol::Fast, deadline))
+        .await
+        .expect("connect");
+    let classic = QuorumClient::connect(config(&q, Protocol::Classic, deadline))
+        .await
+        .expect("connect");
     let before = c.next_ids(10).await.expect("ids").hi;
     let dead_ports: Vec<u16> = [1, 2, 4].iter().map(|&i| q.ports()[i]).collect();
     for i in [1, 2, 4] {
@@ -112,14 +169,23 @@ async fn without_a_majority_requests_fail_and_recover_after_restart() {
     }
     for client in [&c, &classic] {
         let started = std::time::Instant::now();
-        let err = client.next_id().await.expect_err("no quorum must mean no ID");
+        let err = client
+            .next_id()
+            .await
+            .expect_err("no quorum must mean no ID");
         let took = started.elapsed();
         let msg = err.to_string();
         // At most the two live nodes answered (fewer if the deadline cut a slow round short),
         // and the error names each dead node.
-        assert!(matches!(err, IdError::NoQuorum { reachable, needed: 3, total: 5, .. } if reachable <= 2), "{msg}");
+        assert!(
+            matches!(err, IdError::NoQuorum { reachable, needed: 3, total: 5, .. } if reachable <= 2),
+            "{msg}"
+        );
         for port in dead_ports.iter() {
-            assert!(msg.contains(&format!(":{port}")), "{msg} does not name dead node :{port}");
+            assert!(
+                msg.contains(&format!(":{port}")),
+                "{msg} does not name dead node :{port}"
+            );
         }
         // Fails by its deadline (plus one reply timeout of slack), not never.
         assert!(took < deadline + Duration::from_secs(2), "took {took:?}");
@@ -147,7 +213,13 @@ async fn paused_minority_causes_no_duplicate() {
     q.resume(2);
     let report = run.await.expect("load");
     assert_linearizable(&report.events);
-    let during = report.events.iter().filter(|e| e.invoke_ns > paused_at && e.return_ns < paused_at + 900_000_000 && e.outcome.is_some()).count();
+    let during = report
+        .events
+        .iter()
+        .filter(|e| {
+            e.invoke_ns > paused_at && e.return_ns < paused_at + 900_000_000 && e.outcome.is_some()
+        })
+        .count();
     assert!(during > 0, "a paused minority must not stop generation");
 }
 
@@ -166,6 +238,12 @@ async fn kill_and_restart_all_nodes_repeats_nothing() {
     let second = load(&q, 6, 1.0, 3).await.await.expect("load").events;
     let mut all = first;
     all.extend(second.iter().copied());
-    assert!(second.iter().filter_map(|e| e.outcome).all(|r| r.lo > before), "an ID after the restart is not above {before}");
+    assert!(
+        second
+            .iter()
+            .filter_map(|e| e.outcome)
+            .all(|r| r.lo > before),
+        "an ID after the restart is not above {before}"
+    );
     assert_linearizable(&all);
 }

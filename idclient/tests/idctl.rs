@@ -6,11 +6,18 @@ use std::path::Path;
 use std::process::{Command, Output};
 
 fn idctl(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_idctl")).args(args).output().expect("run idctl")
+    Command::new(env!("CARGO_BIN_EXE_idctl"))
+        .args(args)
+        .output()
+        .expect("run idctl")
 }
 
 fn text(o: &Output) -> String {
-    format!("{}{}", String::from_utf8_lossy(&o.stdout), String::from_utf8_lossy(&o.stderr))
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
 }
 
 /// A base port with `n` free ports after it.
@@ -25,7 +32,13 @@ fn free_base(n: u16) -> u16 {
 }
 
 fn alive(pid: u64) -> bool {
-    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| !s.rsplit(')').next().unwrap_or("").trim_start().starts_with('Z'))
+    std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|s| {
+        !s.rsplit(')')
+            .next()
+            .unwrap_or("")
+            .trim_start()
+            .starts_with('Z')
+    })
 }
 
 /// Stops a cluster left behind by a failing test, by the pids it recorded.
@@ -41,47 +54,123 @@ fn cluster_up_next_check_down() {
     let dir = tempfile::tempdir().expect("tempdir");
     let d = dir.path().to_str().expect("utf-8 path");
     let base = free_base(3);
-    let up = idctl(&["cluster", "up", "--dir", d, "--nodes", "3", "--base-port", &base.to_string()]);
+    let up = idctl(&[
+        "cluster",
+        "up",
+        "--dir",
+        d,
+        "--nodes",
+        "3",
+        "--base-port",
+        &base.to_string(),
+    ]);
     let _guard = Down(dir.path());
     assert!(up.status.success(), "{}", text(&up));
     let urls = String::from_utf8_lossy(&up.stdout).trim().to_string();
-    assert_eq!(urls, format!("redis://127.0.0.1:{},redis://127.0.0.1:{},redis://127.0.0.1:{}", base, base + 1, base + 2));
+    assert_eq!(
+        urls,
+        format!(
+            "redis://127.0.0.1:{},redis://127.0.0.1:{},redis://127.0.0.1:{}",
+            base,
+            base + 1,
+            base + 2
+        )
+    );
 
     // A second `up` on the same dir refuses.
-    let again = idctl(&["cluster", "up", "--dir", d, "--nodes", "3", "--base-port", &base.to_string()]);
+    let again = idctl(&[
+        "cluster",
+        "up",
+        "--dir",
+        d,
+        "--nodes",
+        "3",
+        "--base-port",
+        &base.to_string(),
+    ]);
     assert!(!again.status.success());
     assert!(text(&again).contains("already running"), "{}", text(&again));
 
     let check = idctl(&["check", "--nodes", &urls]);
     assert!(check.status.success(), "{}", text(&check));
-    assert_eq!(String::from_utf8_lossy(&check.stdout).matches(": ok").count(), 3);
+    assert_eq!(
+        String::from_utf8_lossy(&check.stdout)
+            .matches(": ok")
+            .count(),
+        3
+    );
 
     let next = idctl(&["next", "--nodes", &urls, "--count", "10"]);
     assert!(next.status.success(), "{}", text(&next));
     assert_eq!(String::from_utf8_lossy(&next.stdout).trim(), "1 10");
     let next = idctl(&["next", "--nodes", &urls, "--classic"]);
-    assert_eq!(String::from_utf8_lossy(&next.stdout).trim(), "11 11", "{}", text(&next));
+    assert_eq!(
+        String::from_utf8_lossy(&next.stdout).trim(),
+        "11 11",
+        "{}",
+        text(&next)
+    );
 
-    let bench = idctl(&["bench", "--nodes", &urls, "--clients", "2", "--seconds", "0.5"]);
+    let bench = idctl(&[
+        "bench",
+        "--nodes",
+        &urls,
+        "--clients",
+        "2",
+        "--seconds",
+        "0.5",
+    ]);
     assert!(bench.status.success(), "{}", text(&bench));
-    let last = String::from_utf8_lossy(&bench.stdout).lines().last().expect("json line").to_string();
+    let last = String::from_utf8_lossy(&bench.stdout)
+        .lines()
+        .last()
+        .expect("json line")
+        .to_string();
     let json: serde_json::Value = serde_json::from_str(&last).expect("JSON");
     assert!(json["ids_per_sec"].as_f64().expect("number") > 0.0);
     assert_eq!(json["errors"], 0);
 
-    let state: serde_json::Value = serde_json::from_slice(&std::fs::read(dir.path().join("cluster.json")).expect("state")).expect("json");
-    let pids: Vec<u64> = state["nodes"].as_array().expect("nodes").iter().map(|n| n["pid"].as_u64().expect("pid")).collect();
+    let state: serde_json::Value =
+        serde_json::from_slice(&std::fs::read(dir.path().join("cluster.json")).expect("state"))
+            .expect("json");
+    let pids: Vec<u64> = state["nodes"]
+        .as_array()
+        .expect("nodes")
+        .iter()
+        .map(|n| n["pid"].as_u64().expect("pid"))
+        .collect();
     assert_eq!(pids.len(), 3);
     assert!(pids.iter().all(|&p| alive(p)));
     let down = idctl(&["cluster", "down", "--dir", d]);
     assert!(down.status.success(), "{}", text(&down));
     assert!(text(&down).contains("stopped 3 node(s)"), "{}", text(&down));
-    assert!(pids.iter().all(|&p| !alive(p)), "a node survived cluster down");
+    assert!(
+        pids.iter().all(|&p| !alive(p)),
+        "a node survived cluster down"
+    );
     // Data is kept: a new cluster on the same dir resumes above the old IDs.
-    let up = idctl(&["cluster", "up", "--dir", d, "--nodes", "3", "--base-port", &base.to_string()]);
+    let up = idctl(&[
+        "cluster",
+        "up",
+        "--dir",
+        d,
+        "--nodes",
+        "3",
+        "--base-port",
+        &base.to_string(),
+    ]);
     assert!(up.status.success(), "{}", text(&up));
     let next = idctl(&["next", "--nodes", &urls]);
-    assert!(String::from_utf8_lossy(&next.stdout).trim().split(' ').next().and_then(|s| s.parse::<u64>().ok()).is_some_and(|id| id > 11), "{}", text(&next));
+    assert!(
+        String::from_utf8_lossy(&next.stdout)
+            .trim()
+            .split(' ')
+            .next()
+            .and_then(|s| s.parse::<u64>().ok())
+            .is_some_and(|id| id > 11),
+        "{}",
+        text(&next)
+    );
 }
 
 #[test]
@@ -90,17 +179,44 @@ fn cluster_up_refuses_a_taken_port_and_missing_redis() {
     let d = dir.path().to_str().expect("utf-8 path");
     let base = free_base(3);
     let _holder = TcpListener::bind(("127.0.0.1", base + 1)).expect("hold a port");
-    let up = idctl(&["cluster", "up", "--dir", d, "--nodes", "3", "--base-port", &base.to_string()]);
+    let up = idctl(&[
+        "cluster",
+        "up",
+        "--dir",
+        d,
+        "--nodes",
+        "3",
+        "--base-port",
+        &base.to_string(),
+    ]);
     assert!(!up.status.success());
-    assert!(text(&up).contains(&format!("port {} on 127.0.0.1 is already in use", base + 1)), "{}", text(&up));
+    assert!(
+        text(&up).contains(&format!("port {} on 127.0.0.1 is already in use", base + 1)),
+        "{}",
+        text(&up)
+    );
 
     let up = Command::new(env!("CARGO_BIN_EXE_idctl"))
-        .args(["cluster", "up", "--dir", d, "--nodes", "3", "--base-port", &free_base(3).to_string()])
+        .args([
+            "cluster",
+            "up",
+            "--dir",
+            d,
+            "--nodes",
+            "3",
+            "--base-port",
+            &free_base(3).to_string(),
+        ])
         .env("PATH", "/nonexistent")
         .output()
         .expect("run idctl");
     assert!(!up.status.success());
-    assert!(text(&up).contains("redis-server not found") && text(&up).contains("apt-get install redis-server"), "{}", text(&up));
+    assert!(
+        text(&up).contains("redis-server not found")
+            && text(&up).contains("apt-get install redis-server"),
+        "{}",
+        text(&up)
+    );
 
     let even = idctl(&["cluster", "up", "--dir", d, "--nodes", "4"]);
     assert!(!even.status.success());
@@ -108,24 +224,37 @@ fn cluster_up_refuses_a_taken_port_and_missing_redis() {
 
     let down = idctl(&["cluster", "down", "--dir", d]);
     assert!(!down.status.success());
-    assert!(text(&down).contains("no cluster state found"), "{}", text(&down));
+    assert!(
+        text(&down).contains("no cluster state found"),
+        "{}",
+        text(&down)
+    );
 }
 
 #[test]
 fn check_refuses_an_unsafe_node() {
     let safe = LocalQuorum::temp(1).expect("start redis-server");
-    let unsafe_node = LocalQuorum::temp_with_args(1, &["--appendfsync".into(), "everysec".into()]).expect("start redis-server");
+    let unsafe_node = LocalQuorum::temp_with_args(1, &["--appendfsync".into(), "everysec".into()])
+        .expect("start redis-server");
     let urls = format!("{},{}", safe.urls_arg(), unsafe_node.urls_arg());
     let check = idctl(&["check", "--nodes", &urls]);
     assert!(!check.status.success());
     let out = text(&check);
-    assert!(out.contains("UNSAFE: appendfsync is \"everysec\", must be \"always\""), "{out}");
+    assert!(
+        out.contains("UNSAFE: appendfsync is \"everysec\", must be \"always\""),
+        "{out}"
+    );
     assert!(out.contains(&format!("{}: ok", safe.urls_arg())), "{out}");
 
     let next = idctl(&["next", "--nodes", &unsafe_node.urls_arg()]);
     assert!(!next.status.success());
     assert!(text(&next).contains("is unsafe"), "{}", text(&next));
-    let next = idctl(&["next", "--nodes", &unsafe_node.urls_arg(), "--unsafe-skip-durability-check"]);
+    let next = idctl(&[
+        "next",
+        "--nodes",
+        &unsafe_node.urls_arg(),
+        "--unsafe-skip-durability-check",
+    ]);
     assert!(next.status.success(), "{}", text(&next));
 }
 
@@ -133,18 +262,63 @@ fn check_refuses_an_unsafe_node() {
 fn bad_arguments_are_clear_errors() {
     let port = free_port().expect("port");
     let cases: Vec<(Vec<String>, &str)> = vec![
-        (vec!["next".into(), "--nodes".into(), format!("redis://127.0.0.1:{port}"), "--deadline-ms".into(), "200".into()], "no quorum"),
-        (vec!["next".into(), "--nodes".into(), "localhost:6379".into()], "not a redis:// URL"),
-        (vec!["next".into(), "--nodes".into(), "redis://127.0.0.1:1".into(), "--count".into(), "x".into()], "invalid value 'x'"),
+        (
+            vec![
+                "next".into(),
+                "--nodes".into(),
+                format!("redis://127.0.0.1:{port}"),
+                "--deadline-ms".into(),
+                "200".into(),
+            ],
+            "no quorum",
+        ),
+        (
+            vec!["next".into(), "--nodes".into(), "localhost:6379".into()],
+            "not a redis:// URL",
+        ),
+        (
+            vec![
+                "next".into(),
+                "--nodes".into(),
+                "redis://127.0.0.1:1".into(),
+                "--count".into(),
+                "x".into(),
+            ],
+            "invalid value 'x'",
+        ),
         (vec!["next".into()], "required"),
-        (vec!["bench".into(), "--nodes".into(), "redis://127.0.0.1:1".into(), "--clients".into(), "0".into()], "--clients must be at least 1"),
-        (vec!["check".into(), "--nodes".into(), format!("redis://127.0.0.1:{port}")], "UNREACHABLE"),
+        (
+            vec![
+                "bench".into(),
+                "--nodes".into(),
+                "redis://127.0.0.1:1".into(),
+                "--clients".into(),
+                "0".into(),
+            ],
+            "--clients must be at least 1",
+        ),
+        (
+            vec![
+                "check".into(),
+                "--nodes".into(),
+                format!("redis://127.0.0.1:{port}"),
+            ],
+            "UNREACHABLE",
+        ),
     ];
     for (args, want) in cases {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let out = idctl(&args);
         assert!(!out.status.success(), "{args:?} should fail");
-        assert!(text(&out).contains(want), "{args:?}: want {want:?} in {}", text(&out));
-        assert!(!text(&out).contains("panicked"), "{args:?} panicked: {}", text(&out));
+        assert!(
+            text(&out).contains(want),
+            "{args:?}: want {want:?} in {}",
+            text(&out)
+        );
+        assert!(
+            !text(&out).contains("panicked"),
+            "{args:?} panicked: {}",
+            text(&out)
+        );
     }
 }

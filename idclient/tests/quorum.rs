@@ -20,9 +20,21 @@ async fn client(q: &LocalQuorum, protocol: Protocol) -> QuorumClient {
 async fn set_all(q: &LocalQuorum, value: &str) {
     for url in q.urls() {
         let client = redis::Client::open(url.as_str()).expect("url");
-        let mut conn = client.get_multiplexed_async_connection().await.expect("connect");
-        redis::cmd("DEL").arg("current").query_async::<()>(&mut conn).await.expect("del");
-        redis::cmd("SET").arg("current").arg(value).query_async::<()>(&mut conn).await.expect("set");
+        let mut conn = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect");
+        redis::cmd("DEL")
+            .arg("current")
+            .query_async::<()>(&mut conn)
+            .await
+            .expect("del");
+        redis::cmd("SET")
+            .arg("current")
+            .arg(value)
+            .query_async::<()>(&mut conn)
+            .await
+            .expect("set");
     }
 }
 
@@ -33,7 +45,12 @@ async fn ids_increase_across_protocols_and_clients() {
     let classic = client(&q, Protocol::Classic).await;
     let mut last = 0;
     for i in 0..50u64 {
-        let range = if i % 2 == 0 { fast.next_ids(1 + i % 4).await } else { classic.next_ids(1 + i % 3).await }.expect("ids");
+        let range = if i % 2 == 0 {
+            fast.next_ids(1 + i % 4).await
+        } else {
+            classic.next_ids(1 + i % 3).await
+        }
+        .expect("ids");
         assert!(range.lo > last, "range {range:?} not above {last}");
         assert!(range.hi >= range.lo);
         last = range.hi;
@@ -51,7 +68,10 @@ async fn fast_protocol_learns_the_value_from_rejects() {
     let c = client(&q, Protocol::Fast).await;
     assert_eq!(c.next_id().await.expect("id"), 100);
     assert_eq!(c.next_id().await.expect("id"), 101);
-    assert!(c.counters().rejects >= 2, "the first guess (1) must have been rejected");
+    assert!(
+        c.counters().rejects >= 2,
+        "the first guess (1) must have been rejected"
+    );
 }
 
 #[tokio::test]
@@ -59,7 +79,12 @@ async fn values_near_2_pow_63_and_u64_max_are_exact() {
     let q = quorum(3);
     for protocol in [Protocol::Fast, Protocol::Classic] {
         // 2^53 + 1 is where Lua doubles stop being exact; 2^63 is where i64 ends.
-        for base in [(1u64 << 53) + 1, (1u64 << 63) - 2, 1u64 << 63, u64::MAX - 10] {
+        for base in [
+            (1u64 << 53) + 1,
+            (1u64 << 63) - 2,
+            1u64 << 63,
+            u64::MAX - 10,
+        ] {
             set_all(&q, &base.to_string()).await;
             let c = client(&q, protocol).await;
             let r = c.next_ids(3).await.expect("range");
@@ -68,7 +93,13 @@ async fn values_near_2_pow_63_and_u64_max_are_exact() {
         }
         set_all(&q, &(u64::MAX - 2).to_string()).await;
         let c = client(&q, protocol).await;
-        assert_eq!(c.next_ids(2).await.expect("last two"), idclient::IdRange { lo: u64::MAX - 1, hi: u64::MAX });
+        assert_eq!(
+            c.next_ids(2).await.expect("last two"),
+            idclient::IdRange {
+                lo: u64::MAX - 1,
+                hi: u64::MAX
+            }
+        );
         let err = c.next_id().await.expect_err("no IDs left");
         assert!(matches!(err, IdError::Exhausted { .. }), "{err}");
     }
@@ -83,29 +114,58 @@ async fn bad_register_values_are_errors_naming_the_node() {
             let c = client(&q, protocol).await;
             let err = c.next_id().await.expect_err(bad);
             let msg = err.to_string();
-            assert!(matches!(err, IdError::BadValue { .. }), "{bad:?} {protocol:?}: {msg}");
-            assert!(msg.contains("redis://127.0.0.1:"), "error must name the node: {msg}");
+            assert!(
+                matches!(err, IdError::BadValue { .. }),
+                "{bad:?} {protocol:?}: {msg}"
+            );
+            assert!(
+                msg.contains("redis://127.0.0.1:"),
+                "error must name the node: {msg}"
+            );
             assert!(msg.contains("canonical decimal u64"), "{msg}");
         }
     }
     // Not a string at all.
     for url in q.urls() {
         let client = redis::Client::open(url.as_str()).expect("url");
-        let mut conn = client.get_multiplexed_async_connection().await.expect("connect");
-        redis::cmd("DEL").arg("current").query_async::<()>(&mut conn).await.expect("del");
-        redis::cmd("RPUSH").arg("current").arg("x").query_async::<()>(&mut conn).await.expect("rpush");
+        let mut conn = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect");
+        redis::cmd("DEL")
+            .arg("current")
+            .query_async::<()>(&mut conn)
+            .await
+            .expect("del");
+        redis::cmd("RPUSH")
+            .arg("current")
+            .arg("x")
+            .query_async::<()>(&mut conn)
+            .await
+            .expect("rpush");
     }
-    let err = client(&q, Protocol::Fast).await.next_id().await.expect_err("list");
+    let err = client(&q, Protocol::Fast)
+        .await
+        .next_id()
+        .await
+        .expect_err("list");
     assert!(matches!(err, IdError::BadValue { .. }), "{err}");
 }
 
 #[tokio::test]
 async fn unsafe_node_is_refused_unless_overridden() {
-    let q = LocalQuorum::temp_with_args(3, &["--appendfsync".into(), "everysec".into()]).expect("start redis");
-    let err = QuorumClient::connect(ClientConfig::new(q.urls())).await.err().expect("must refuse");
+    let q = LocalQuorum::temp_with_args(3, &["--appendfsync".into(), "everysec".into()])
+        .expect("start redis");
+    let err = QuorumClient::connect(ClientConfig::new(q.urls()))
+        .await
+        .err()
+        .expect("must refuse");
     let msg = err.to_string();
     assert!(matches!(err, IdError::UnsafeNode { .. }), "{msg}");
-    assert!(msg.contains("appendfsync") && msg.contains("everysec"), "{msg}");
+    assert!(
+        msg.contains("appendfsync") && msg.contains("everysec"),
+        "{msg}"
+    );
 
     let mut config = ClientConfig::new(q.urls());
     config.unsafe_skip_durability_check = true;
@@ -118,13 +178,27 @@ async fn unreachable_and_malformed_urls_are_clear_errors() {
     let port = idclient::cluster::free_port().expect("port");
     let mut config = ClientConfig::new(vec![format!("redis://127.0.0.1:{port}")]);
     config.deadline = Duration::from_millis(300);
-    let err = QuorumClient::connect(config).await.err().expect("nothing listens there");
+    let err = QuorumClient::connect(config)
+        .await
+        .err()
+        .expect("nothing listens there");
     let msg = err.to_string();
     assert!(matches!(err, IdError::NoQuorum { .. }), "{msg}");
-    assert!(msg.contains(&port.to_string()) && msg.contains("refused"), "{msg}");
+    assert!(
+        msg.contains(&port.to_string()) && msg.contains("refused"),
+        "{msg}"
+    );
 
-    for bad in ["http://127.0.0.1:1", "127.0.0.1:6379", "redis://", "redis://host:notaport"] {
-        let err = QuorumClient::connect(ClientConfig::new(vec![bad.to_string()])).await.err().expect(bad);
+    for bad in [
+        "http://127.0.0.1:1",
+        "127.0.0.1:6379",
+        "redis://",
+        "redis://host:notaport",
+    ] {
+        let err = QuorumClient::connect(ClientConfig::new(vec![bad.to_string()]))
+            .await
+            .err()
+            .expect(bad);
         assert!(matches!(err, IdError::Config(_)), "{bad}: {err}");
         assert!(err.to_string().contains("bad node URL"), "{bad}: {err}");
     }
@@ -132,7 +206,10 @@ async fn unreachable_and_malformed_urls_are_clear_errors() {
     let q = quorum(3);
     let mut urls = q.urls();
     urls.pop();
-    let err = QuorumClient::connect(ClientConfig::new(urls)).await.err().expect("even count");
+    let err = QuorumClient::connect(ClientConfig::new(urls))
+        .await
+        .err()
+        .expect("even count");
     assert!(err.to_string().contains("must be odd"), "{err}");
 }
 
@@ -141,5 +218,8 @@ async fn zero_and_huge_counts_are_bad_requests() {
     let q = quorum(3);
     let c = client(&q, Protocol::Fast).await;
     assert!(matches!(c.next_ids(0).await, Err(IdError::BadRequest(_))));
-    assert!(matches!(c.next_ids(idclient::quorum::MAX_COUNT + 1).await, Err(IdError::BadRequest(_))));
+    assert!(matches!(
+        c.next_ids(idclient::quorum::MAX_COUNT + 1).await,
+        Err(IdError::BadRequest(_))
+    ));
 }

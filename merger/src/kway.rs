@@ -31,7 +31,11 @@ pub struct Source<I> {
 impl<I> Source<I> {
     /// Bundles a source.
     pub fn new(name: impl Into<String>, shard: u32, records: I) -> Source<I> {
-        Source { name: name.into(), shard, records }
+        Source {
+            name: name.into(),
+            shard,
+            records,
+        }
     }
 }
 
@@ -115,7 +119,12 @@ where
             exhausted: false,
         })
         .collect();
-    Merge { sources, heap, started: false, failed: false }
+    Merge {
+        sources,
+        heap,
+        started: false,
+        failed: false,
+    }
 }
 
 /// The next record of a source, from its read-ahead buffer (refilled when empty).
@@ -157,7 +166,12 @@ where
 {
     let record = match src.records.next() {
         None => return Ok(None),
-        Some(Err(e)) => return Err(MergeError::Source { source_name: src.name.clone(), error: e.into() }),
+        Some(Err(e)) => {
+            return Err(MergeError::Source {
+                source_name: src.name.clone(),
+                error: e.into(),
+            })
+        }
         Some(Ok(r)) => r,
     };
     if record.shard != src.shard {
@@ -170,7 +184,11 @@ where
     }
     if let Some(prev) = src.last_id {
         if record.id <= prev {
-            return Err(MergeError::OutOfOrder { source_name: src.name.clone(), prev, id: record.id });
+            return Err(MergeError::OutOfOrder {
+                source_name: src.name.clone(),
+                prev,
+                id: record.id,
+            });
         }
     }
     src.last_id = Some(record.id);
@@ -252,11 +270,27 @@ mod tests {
     use std::convert::Infallible;
 
     fn rec(id: u64, shard: u32) -> Record {
-        Record { id, shard, seq: id, payload: vec![] }
+        Record {
+            id,
+            shard,
+            seq: id,
+            payload: vec![],
+        }
     }
 
-    fn src(name: &str, shard: u32, ids: &[u64]) -> Source<std::vec::IntoIter<Result<Record, Infallible>>> {
-        Source::new(name, shard, ids.iter().map(|&id| Ok(rec(id, shard))).collect::<Vec<_>>().into_iter())
+    fn src(
+        name: &str,
+        shard: u32,
+        ids: &[u64],
+    ) -> Source<std::vec::IntoIter<Result<Record, Infallible>>> {
+        Source::new(
+            name,
+            shard,
+            ids.iter()
+                .map(|&id| Ok(rec(id, shard)))
+                .collect::<Vec<_>>()
+                .into_iter(),
+        )
     }
 
     fn ids(m: impl Iterator<Item = Result<Record, MergeError>>) -> Result<Vec<u64>, MergeError> {
@@ -265,9 +299,19 @@ mod tests {
 
     #[test]
     fn merges_in_order() {
-        let m = merge(vec![src("a", 0, &[1, 4, 9]), src("b", 1, &[2, 3, 10]), src("c", 2, &[])]);
+        let m = merge(vec![
+            src("a", 0, &[1, 4, 9]),
+            src("b", 1, &[2, 3, 10]),
+            src("c", 2, &[]),
+        ]);
         assert_eq!(ids(m).expect("merge"), vec![1, 2, 3, 4, 9, 10]);
-        assert_eq!(ids(merge(Vec::<Source<std::vec::IntoIter<Result<Record, Infallible>>>>::new())).expect("empty"), vec![]);
+        assert_eq!(
+            ids(merge(Vec::<
+                Source<std::vec::IntoIter<Result<Record, Infallible>>>,
+            >::new()))
+            .expect("empty"),
+            vec![]
+        );
     }
 
     #[test]
@@ -276,24 +320,51 @@ mod tests {
         assert_eq!(m.next().map(|r| r.map(|r| r.id).ok()), Some(Some(1)));
         assert_eq!(m.next().map(|r| r.map(|r| r.id).ok()), Some(Some(2)));
         let err = m.next().expect("item").expect_err("duplicate");
-        assert!(matches!(&err, MergeError::Duplicate { id: 5, first, second } if first == "a" && second == "b"), "{err}");
-        assert!(err.to_string().contains("id 5") && err.to_string().contains("a") && err.to_string().contains("b"), "{err}");
+        assert!(
+            matches!(&err, MergeError::Duplicate { id: 5, first, second } if first == "a" && second == "b"),
+            "{err}"
+        );
+        assert!(
+            err.to_string().contains("id 5")
+                && err.to_string().contains("a")
+                && err.to_string().contains("b"),
+            "{err}"
+        );
         assert!(m.next().is_none(), "fused after an error");
     }
 
     #[test]
     fn out_of_order_and_wrong_shard() {
         let err = ids(merge(vec![src("a", 0, &[1, 3]), src("b", 1, &[2, 2])])).expect_err("order");
-        assert!(matches!(&err, MergeError::OutOfOrder { source_name, prev: 2, id: 2 } if source_name == "b"), "{err}");
+        assert!(
+            matches!(&err, MergeError::OutOfOrder { source_name, prev: 2, id: 2 } if source_name == "b"),
+            "{err}"
+        );
         let bad = Source::new("c", 7, vec![Ok::<_, Infallible>(rec(1, 8))].into_iter());
         let err = ids(merge(vec![bad])).expect_err("shard");
-        assert!(matches!(&err, MergeError::WrongShard { expected: 7, found: 8, id: 1, .. }), "{err}");
+        assert!(
+            matches!(
+                &err,
+                MergeError::WrongShard {
+                    expected: 7,
+                    found: 8,
+                    id: 1,
+                    ..
+                }
+            ),
+            "{err}"
+        );
     }
 
     #[test]
     fn source_error_is_passed_on() {
-        let items: Vec<Result<Record, std::io::Error>> = vec![Ok(rec(1, 0)), Err(std::io::Error::other("disk on fire"))];
-        let err = ids(merge(vec![Source::new("x", 0, items.into_iter())])).expect_err("source error");
-        assert!(err.to_string().contains("disk on fire") && err.to_string().contains('x'), "{err}");
+        let items: Vec<Result<Record, std::io::Error>> =
+            vec![Ok(rec(1, 0)), Err(std::io::Error::other("disk on fire"))];
+        let err =
+            ids(merge(vec![Source::new("x", 0, items.into_iter())])).expect_err("source error");
+        assert!(
+            err.to_string().contains("disk on fire") && err.to_string().contains('x'),
+            "{err}"
+        );
     }
 }

@@ -26,7 +26,10 @@ pub const SHARD_PREFIX: &str = "shard-";
 /// names it: not `shard-07`, not `shard-3.bak`).
 pub fn shard_number(name: &str) -> Option<u32> {
     let digits = name.strip_prefix(SHARD_PREFIX)?;
-    digits.parse::<u32>().ok().filter(|n| n.to_string() == digits)
+    digits
+        .parse::<u32>()
+        .ok()
+        .filter(|n| n.to_string() == digits)
 }
 
 /// How often (in records) [`merge_to_file`] reports progress: often enough for a smooth
@@ -38,13 +41,28 @@ pub const PROGRESS_EVERY: u64 = 4096;
 pub enum MergeError {
     /// Two sources hold the same ID: a safety violation of the ID generator or the inputs.
     #[error("duplicate id {id}: present in both {first} and {second}")]
-    Duplicate { id: u64, first: String, second: String },
+    Duplicate {
+        id: u64,
+        first: String,
+        second: String,
+    },
     /// A source's IDs do not strictly increase.
     #[error("{source_name} is out of order: id {id} follows id {prev}")]
-    OutOfOrder { source_name: String, prev: u64, id: u64 },
+    OutOfOrder {
+        source_name: String,
+        prev: u64,
+        id: u64,
+    },
     /// A record names another shard than the source it came from.
-    #[error("{source_name}: record id {id} says shard {found}, but this source is shard {expected}")]
-    WrongShard { source_name: String, expected: u32, found: u32, id: u64 },
+    #[error(
+        "{source_name}: record id {id} says shard {found}, but this source is shard {expected}"
+    )]
+    WrongShard {
+        source_name: String,
+        expected: u32,
+        found: u32,
+        id: u64,
+    },
     /// A source failed to produce its next record.
     #[error("reading {source_name}: {error}")]
     Source {
@@ -70,10 +88,18 @@ pub enum MergeError {
     NoInputs,
     /// Two inputs are the same shard (the same database twice, or a copy).
     #[error("{} and {} are both shard {shard}", first.display(), second.display())]
-    SameShard { shard: u32, first: PathBuf, second: PathBuf },
+    SameShard {
+        shard: u32,
+        first: PathBuf,
+        second: PathBuf,
+    },
     /// A directory called `shard-<n>` holds another shard's database.
     #[error("{} holds shard {found}, but its name says shard {named}", path.display())]
-    NameMismatch { path: PathBuf, named: u32, found: u32 },
+    NameMismatch {
+        path: PathBuf,
+        named: u32,
+        found: u32,
+    },
     /// The producer of this sublist has not finished its input (still running, or crashed).
     #[error("{} is not finished: its producer wrote {written} items and has not reached the end of its input (still running or crashed? run it again to resume, or pass --allow-unfinished)", path.display())]
     Unfinished { path: PathBuf, written: u64 },
@@ -91,7 +117,10 @@ pub enum MergeError {
 /// [`MergeError::DataDir`] if the directory cannot be listed, [`MergeError::BadShardName`]
 /// for a `shard-*` entry whose suffix is not a number, [`MergeError::NoShards`] if none.
 pub fn find_shards(data_dir: &Path) -> Result<Vec<PathBuf>, MergeError> {
-    let dir_err = |source| MergeError::DataDir { dir: data_dir.to_path_buf(), source };
+    let dir_err = |source| MergeError::DataDir {
+        dir: data_dir.to_path_buf(),
+        source,
+    };
     let mut found = BTreeMap::new();
     for entry in std::fs::read_dir(data_dir).map_err(dir_err)? {
         let entry = entry.map_err(dir_err)?;
@@ -106,7 +135,9 @@ pub fn find_shards(data_dir: &Path) -> Result<Vec<PathBuf>, MergeError> {
         found.insert(shard, entry.path());
     }
     if found.is_empty() {
-        return Err(MergeError::NoShards { dir: data_dir.to_path_buf() });
+        return Err(MergeError::NoShards {
+            dir: data_dir.to_path_buf(),
+        });
     }
     Ok(found.into_values().collect())
 }
@@ -125,7 +156,10 @@ pub struct OpenShard {
 /// # Errors
 /// [`MergeError::NoInputs`], [`MergeError::Shard`] (missing path, not a RocksDB sublist,
 /// unreadable), [`MergeError::Unfinished`], [`MergeError::SameShard`], [`MergeError::NameMismatch`].
-pub fn open_shards(paths: &[PathBuf], allow_unfinished: bool) -> Result<Vec<OpenShard>, MergeError> {
+pub fn open_shards(
+    paths: &[PathBuf],
+    allow_unfinished: bool,
+) -> Result<Vec<OpenShard>, MergeError> {
     if paths.is_empty() {
         return Err(MergeError::NoInputs);
     }
@@ -134,24 +168,41 @@ pub fn open_shards(paths: &[PathBuf], allow_unfinished: bool) -> Result<Vec<Open
     for path in paths {
         let reader = ShardReader::open(path)?;
         let shard = reader.shard();
-        let named = path.file_name().and_then(|n| n.to_str()).and_then(shard_number);
+        let named = path
+            .file_name()
+            .and_then(|n| n.to_str())
+            .and_then(shard_number);
         if let Some(named) = named {
             if named != shard {
-                return Err(MergeError::NameMismatch { path: path.clone(), named, found: shard });
+                return Err(MergeError::NameMismatch {
+                    path: path.clone(),
+                    named,
+                    found: shard,
+                });
             }
         }
         if let Some(first) = seen.insert(shard, path.clone()) {
-            return Err(MergeError::SameShard { shard, first, second: path.clone() });
+            return Err(MergeError::SameShard {
+                shard,
+                first,
+                second: path.clone(),
+            });
         }
         let progress = reader.progress()?;
         let written = progress.as_ref().map_or(0, |p| p.next_seq);
         if !progress.as_ref().is_some_and(|p| p.finished) {
             if !allow_unfinished {
-                return Err(MergeError::Unfinished { path: path.clone(), written });
+                return Err(MergeError::Unfinished {
+                    path: path.clone(),
+                    written,
+                });
             }
             tracing::warn!(path = %path.display(), written, "merging an unfinished sublist (--allow-unfinished)");
         }
-        shards.push(OpenShard { reader, items: written });
+        shards.push(OpenShard {
+            reader,
+            items: written,
+        });
     }
     Ok(shards)
 }
@@ -170,7 +221,13 @@ pub fn merge_to_file(
     let mut writer = ListWriter::create(out)?;
     let sources = shards
         .iter()
-        .map(|s| Source::new(s.reader.path().display().to_string(), s.reader.shard(), s.reader.iter()))
+        .map(|s| {
+            Source::new(
+                s.reader.path().display().to_string(),
+                s.reader.shard(),
+                s.reader.iter(),
+            )
+        })
         .collect();
     for record in merge(sources) {
         writer.write(&record?)?;
@@ -192,7 +249,17 @@ mod tests {
     fn only_canonical_shard_names_have_a_number() {
         assert_eq!(shard_number("shard-0"), Some(0));
         assert_eq!(shard_number("shard-4294967295"), Some(u32::MAX));
-        for bad in ["shard-", "shard-07", "shard-3.bak", "shard--1", "shard-+1", "shard-4294967296", "shard-a", "xshard-1", "shard-1 "] {
+        for bad in [
+            "shard-",
+            "shard-07",
+            "shard-3.bak",
+            "shard--1",
+            "shard-+1",
+            "shard-4294967296",
+            "shard-a",
+            "xshard-1",
+            "shard-1 ",
+        ] {
             assert_eq!(shard_number(bad), None, "{bad}");
         }
     }

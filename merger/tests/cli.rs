@@ -12,7 +12,13 @@ use sublist::Record;
 const MERGER: &str = env!("CARGO_BIN_EXE_merger");
 
 /// Writes shard `shard` under `dir` holding `ids` (ascending) with payloads from `payload`.
-fn make_shard(dir: &Path, shard: u32, ids: &[u64], payload: impl Fn(u64) -> Vec<u8>, finished: bool) -> PathBuf {
+fn make_shard(
+    dir: &Path,
+    shard: u32,
+    ids: &[u64],
+    payload: impl Fn(u64) -> Vec<u8>,
+    finished: bool,
+) -> PathBuf {
     let mut w = ShardWriter::open(dir, shard).expect("open shard writer");
     // Batches like a producer's, so big shards do not build one giant WriteBatch.
     let mut seq = 0u64;
@@ -20,16 +26,31 @@ fn make_shard(dir: &Path, shard: u32, ids: &[u64], payload: impl Fn(u64) -> Vec<
         let recs: Vec<Record> = chunk
             .iter()
             .map(|&id| {
-                let r = Record { id, shard, seq, payload: payload(id) };
+                let r = Record {
+                    id,
+                    shard,
+                    seq,
+                    payload: payload(id),
+                };
                 seq += 1;
                 r
             })
             .collect();
         let last_id = chunk.last().copied().unwrap_or(0);
-        let p = Progress { next_seq: seq, finished: false, last_id, fingerprint: b"test".to_vec() };
+        let p = Progress {
+            next_seq: seq,
+            finished: false,
+            last_id,
+            fingerprint: b"test".to_vec(),
+        };
         w.write_batch(&recs, &p).expect("write batch");
     }
-    let p = Progress { next_seq: seq, finished, last_id: ids.last().copied().unwrap_or(0), fingerprint: b"test".to_vec() };
+    let p = Progress {
+        next_seq: seq,
+        finished,
+        last_id: ids.last().copied().unwrap_or(0),
+        fingerprint: b"test".to_vec(),
+    };
     w.write_batch(&[], &p).expect("write final marker");
     shard_db_path(dir, shard)
 }
@@ -49,7 +70,11 @@ fn three_shards(dir: &Path) -> Vec<PathBuf> {
 }
 
 fn run(args: &[&str]) -> Output {
-    Command::new(MERGER).args(args).env("RUST_LOG", "warn").output().expect("run merger binary")
+    Command::new(MERGER)
+        .args(args)
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run merger binary")
 }
 
 fn s(p: &Path) -> &str {
@@ -59,7 +84,10 @@ fn s(p: &Path) -> &str {
 #[track_caller]
 fn assert_fails_with(out: &Output, needle: &str) {
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success(), "expected failure, got success; stderr: {stderr}");
+    assert!(
+        !out.status.success(),
+        "expected failure, got success; stderr: {stderr}"
+    );
     assert_eq!(out.status.code(), Some(1), "exit code; stderr: {stderr}");
     assert!(stderr.contains(needle), "stderr lacks {needle:?}: {stderr}");
     assert!(!stderr.contains("panicked"), "panic: {stderr}");
@@ -84,22 +112,44 @@ fn merge_data_dir_then_verify_and_cat() {
     let list = out_dir.join("list.bin");
 
     let out = run(&["--out", s(&list), "--data-dir", s(&data)]);
-    assert!(out.status.success(), "merge failed: {}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "merge failed: {}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(stdout.contains("merged 30 items from 3 shards"), "{stdout}");
-    assert_eq!(dir_names(&out_dir), vec!["list.bin"], "temporary file left behind");
+    assert_eq!(
+        dir_names(&out_dir),
+        vec!["list.bin"],
+        "temporary file left behind"
+    );
 
-    let records: Vec<Record> = ListReader::open(&list).expect("open").collect::<Result<_, _>>().expect("read");
-    assert_eq!(records.iter().map(|r| r.id).collect::<Vec<_>>(), (1..=30).collect::<Vec<_>>());
+    let records: Vec<Record> = ListReader::open(&list)
+        .expect("open")
+        .collect::<Result<_, _>>()
+        .expect("read");
+    assert_eq!(
+        records.iter().map(|r| r.id).collect::<Vec<_>>(),
+        (1..=30).collect::<Vec<_>>()
+    );
     for r in &records {
         assert_eq!(u64::from(r.shard), r.id % 3);
-        assert_eq!(r.seq, (r.id - 1) / 3, "each shard's items keep their input order");
+        assert_eq!(
+            r.seq,
+            (r.id - 1) / 3,
+            "each shard's items keep their input order"
+        );
         assert_eq!(r.payload, text_payload(r.id));
     }
     assert_eq!(verify(&list).expect("verify").records, 30);
 
     let out = run(&["verify", s(&list)]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert!(String::from_utf8_lossy(&out.stdout).contains("OK: 30 records"));
 
     let out = run(&["cat", s(&list)]);
@@ -115,23 +165,51 @@ fn merge_data_dir_then_verify_and_cat() {
         .map(|l| serde_json::from_str(l).expect("json line"))
         .collect();
     assert_eq!(lines.len(), 30);
-    assert_eq!(lines[29], serde_json::json!({"id": 30, "shard": 0, "seq": 9, "payload": "item-30"}));
+    assert_eq!(
+        lines[29],
+        serde_json::json!({"id": 30, "shard": 0, "seq": 9, "payload": "item-30"})
+    );
 }
 
 #[test]
 fn merge_explicit_paths_and_escaped_cat() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let a = make_shard(&tmp.path().join("a"), 0, &[2, 4], |_| vec![0, 255, b'\n'], true);
-    let b = make_shard(&tmp.path().join("b"), 1, &[1, 3], |id| format!("{id}").into_bytes(), true);
+    let a = make_shard(
+        &tmp.path().join("a"),
+        0,
+        &[2, 4],
+        |_| vec![0, 255, b'\n'],
+        true,
+    );
+    let b = make_shard(
+        &tmp.path().join("b"),
+        1,
+        &[1, 3],
+        |id| format!("{id}").into_bytes(),
+        true,
+    );
     let list = tmp.path().join("list.bin");
     let out = run(&["--out", s(&list), s(&a), s(&b)]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let out = run(&["cat", s(&list)]);
     let text = String::from_utf8_lossy(&out.stdout).into_owned();
-    assert_eq!(text, "1\t1\t0\t1\n2\t0\t0\t\\x00\\xff\\n\n3\t1\t1\t3\n4\t0\t1\t\\x00\\xff\\n\n");
+    assert_eq!(
+        text,
+        "1\t1\t0\t1\n2\t0\t0\t\\x00\\xff\\n\n3\t1\t1\t3\n4\t0\t1\t\\x00\\xff\\n\n"
+    );
     let out = run(&["cat", "--json", s(&list)]);
-    let first_bin = String::from_utf8_lossy(&out.stdout).lines().nth(1).map(str::to_owned);
-    assert_eq!(first_bin.as_deref(), Some(r#"{"id":2,"payload_hex":"00ff0a","seq":0,"shard":0}"#));
+    let first_bin = String::from_utf8_lossy(&out.stdout)
+        .lines()
+        .nth(1)
+        .map(str::to_owned);
+    assert_eq!(
+        first_bin.as_deref(),
+        Some(r#"{"id":2,"payload_hex":"00ff0a","seq":0,"shard":0}"#)
+    );
 }
 
 #[test]
@@ -139,8 +217,19 @@ fn no_shards_found() {
     let tmp = tempfile::tempdir().expect("tempdir");
     std::fs::create_dir(tmp.path().join("unrelated")).expect("mkdir");
     let list = tmp.path().join("list.bin");
-    assert_fails_with(&run(&["--out", s(&list), "--data-dir", s(tmp.path())]), "no sublists found");
-    assert_fails_with(&run(&["--out", s(&list), "--data-dir", s(&tmp.path().join("missing"))]), "cannot list data dir");
+    assert_fails_with(
+        &run(&["--out", s(&list), "--data-dir", s(tmp.path())]),
+        "no sublists found",
+    );
+    assert_fails_with(
+        &run(&[
+            "--out",
+            s(&list),
+            "--data-dir",
+            s(&tmp.path().join("missing")),
+        ]),
+        "cannot list data dir",
+    );
     assert!(!list.exists());
 }
 
@@ -154,9 +243,15 @@ fn shard_dir_that_is_not_rocksdb() {
     let out = run(&["--out", s(&list), "--data-dir", s(tmp.path())]);
     assert_fails_with(&out, "not a sublist database");
     assert_fails_with(&out, "shard-0");
-    assert_fails_with(&run(&["--out", s(&list), s(&tmp.path().join("nope"))]), "no such sublist database");
+    assert_fails_with(
+        &run(&["--out", s(&list), s(&tmp.path().join("nope"))]),
+        "no such sublist database",
+    );
     std::fs::create_dir(tmp.path().join("shard-3.bak")).expect("mkdir");
-    assert_fails_with(&run(&["--out", s(&list), "--data-dir", s(tmp.path())]), "not shard-<number>");
+    assert_fails_with(
+        &run(&["--out", s(&list), "--data-dir", s(tmp.path())]),
+        "not shard-<number>",
+    );
     assert!(!list.exists());
 }
 
@@ -166,7 +261,10 @@ fn out_in_missing_directory() {
     let data = tmp.path().join("data");
     three_shards(&data);
     let list = tmp.path().join("no/such/dir/list.bin");
-    assert_fails_with(&run(&["--out", s(&list), "--data-dir", s(&data)]), "does not exist");
+    assert_fails_with(
+        &run(&["--out", s(&list), "--data-dir", s(&data)]),
+        "does not exist",
+    );
 }
 
 #[test]
@@ -190,7 +288,11 @@ fn duplicate_id_across_shards_leaves_no_list() {
     assert_fails_with(&out, "duplicate id 5");
     assert_fails_with(&out, "shard-0");
     assert_fails_with(&out, "shard-1");
-    assert_eq!(dir_names(&out_dir), Vec::<String>::new(), "no list.bin and no temporary file");
+    assert_eq!(
+        dir_names(&out_dir),
+        Vec::<String>::new(),
+        "no list.bin and no temporary file"
+    );
 }
 
 #[test]
@@ -204,7 +306,11 @@ fn same_shard_twice_and_unfinished() {
     assert_fails_with(&run(&["--out", s(&list), s(&a), s(&c)]), "is not finished");
     assert!(!list.exists());
     let out = run(&["--out", s(&list), "--allow-unfinished", s(&a), s(&c)]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(verify(&list).expect("verify").records, 4);
 }
 
@@ -217,7 +323,11 @@ fn verify_rejects_corrupt_files() {
     three_shards(&data);
     let list = tmp.path().join("list.bin");
     let out = run(&["--out", s(&list), "--data-dir", s(&data)]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     let good = std::fs::read(&list).expect("read");
     let footer = good.len() - 4;
     // Record 0 starts at 16: 28 fixed bytes, then the payload "item-1".
@@ -226,14 +336,46 @@ fn verify_rejects_corrupt_files() {
         ("payload byte", flip(&good, 16 + 28), &checksum_at_footer),
         ("shard byte", flip(&good, 16 + 8), &checksum_at_footer),
         ("checksum", flip(&good, footer + 1), "checksum mismatch"),
-        ("truncated by 1", good[..good.len() - 1].to_vec(), "is truncated"),
-        ("truncated to 10", good[..10].to_vec(), "shorter than the 20-byte minimum"),
-        ("wrong magic", [&b"QLIST002"[..], &good[8..]].concat(), "byte 0: bad magic"),
-        ("count too high", with_count(&good, 31), "header says 31 records but the records end after 30"),
-        ("count too low", with_count(&good, 29), "header says 29 records but more record bytes follow"),
-        ("id out of order", with_id_of_second(&good, 0), "byte 50: record 1 has id 0"),
-        ("long length", with_first_len(&good, 100_000), "byte 16: record 0 is truncated: its payload needs 100000 bytes"),
-        ("huge length", with_first_len(&good, u64::MAX), "byte 16: record 0 claims a payload of 18446744073709551615 bytes, above the limit"),
+        (
+            "truncated by 1",
+            good[..good.len() - 1].to_vec(),
+            "is truncated",
+        ),
+        (
+            "truncated to 10",
+            good[..10].to_vec(),
+            "shorter than the 20-byte minimum",
+        ),
+        (
+            "wrong magic",
+            [&b"QLIST002"[..], &good[8..]].concat(),
+            "byte 0: bad magic",
+        ),
+        (
+            "count too high",
+            with_count(&good, 31),
+            "header says 31 records but the records end after 30",
+        ),
+        (
+            "count too low",
+            with_count(&good, 29),
+            "header says 29 records but more record bytes follow",
+        ),
+        (
+            "id out of order",
+            with_id_of_second(&good, 0),
+            "byte 50: record 1 has id 0",
+        ),
+        (
+            "long length",
+            with_first_len(&good, 100_000),
+            "byte 16: record 0 is truncated: its payload needs 100000 bytes",
+        ),
+        (
+            "huge length",
+            with_first_len(&good, u64::MAX),
+            "byte 16: record 0 claims a payload of 18446744073709551615 bytes, above the limit",
+        ),
     ];
     for (name, bytes, needle) in cases {
         let bad = tmp.path().join("bad.bin");
@@ -241,13 +383,22 @@ fn verify_rejects_corrupt_files() {
         let out = run(&["verify", s(&bad)]);
         let stderr = String::from_utf8_lossy(&out.stderr);
         assert_eq!(out.status.code(), Some(1), "{name}: {stderr}");
-        assert!(stderr.contains(needle), "{name}: stderr lacks {needle:?}: {stderr}");
-        assert!(stderr.contains("is not a valid list.bin"), "{name}: {stderr}");
+        assert!(
+            stderr.contains(needle),
+            "{name}: stderr lacks {needle:?}: {stderr}"
+        );
+        assert!(
+            stderr.contains("is not a valid list.bin"),
+            "{name}: {stderr}"
+        );
         assert!(verify(&bad).is_err(), "{name}: library verify accepted it");
         // `cat` must not print a corrupt file as if it were fine.
         assert_eq!(run(&["cat", s(&bad)]).status.code(), Some(1), "{name}: cat");
     }
-    assert_fails_with(&run(&["verify", s(&tmp.path().join("absent.bin"))]), "absent.bin");
+    assert_fails_with(
+        &run(&["verify", s(&tmp.path().join("absent.bin"))]),
+        "absent.bin",
+    );
 }
 
 fn flip(b: &[u8], at: usize) -> Vec<u8> {
@@ -295,7 +446,11 @@ fn kill_9_mid_merge_leaves_no_partial_list() {
         if old_list {
             let old = make_shard(&tmp.path().join("old"), 9, &[7], text_payload, true);
             let out = run(&["--out", s(&list), s(&old)]);
-            assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+            assert!(
+                out.status.success(),
+                "{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
         }
         let before = std::fs::read(&list).ok();
         let mut child = Command::new(MERGER)
@@ -316,12 +471,22 @@ fn kill_9_mid_merge_leaves_no_partial_list() {
             }
         }
         assert!(stalled, "merger exited before reaching the stall point");
-        let tmp_files: Vec<String> = dir_names(&out_dir).into_iter().filter(|n| n.ends_with(".tmp")).collect();
-        assert!(!tmp_files.is_empty(), "the merge should be writing a temporary file");
+        let tmp_files: Vec<String> = dir_names(&out_dir)
+            .into_iter()
+            .filter(|n| n.ends_with(".tmp"))
+            .collect();
+        assert!(
+            !tmp_files.is_empty(),
+            "the merge should be writing a temporary file"
+        );
         child.kill().expect("kill -9 the merger by its pid"); // SIGKILL on Unix
         let status = child.wait().expect("wait");
         assert!(!status.success());
-        assert_eq!(std::fs::read(&list).ok(), before, "list.bin changed by a killed merge");
+        assert_eq!(
+            std::fs::read(&list).ok(),
+            before,
+            "list.bin changed by a killed merge"
+        );
         if let Some(before) = before {
             assert!(!before.is_empty());
             assert_eq!(verify(&list).expect("old list.bin still valid").records, 1);
@@ -330,6 +495,10 @@ fn kill_9_mid_merge_leaves_no_partial_list() {
 
     // A fresh run ignores the killed runs' leftovers and completes.
     let out = run(&["--out", s(&list), "--data-dir", s(&data)]);
-    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
     assert_eq!(verify(&list).expect("verify").records, 80_000);
 }

@@ -15,7 +15,12 @@ fn split(ids: &[u64], assign: &[usize], shards: usize) -> Vec<Vec<Record>> {
     for (i, &id) in ids.iter().enumerate() {
         let s = assign[i % assign.len().max(1)] % shards;
         let seq = out[s].len() as u64;
-        out[s].push(Record { id, shard: s as u32, seq, payload: id.to_le_bytes()[..(id % 9) as usize].to_vec() });
+        out[s].push(Record {
+            id,
+            shard: s as u32,
+            seq,
+            payload: id.to_le_bytes()[..(id % 9) as usize].to_vec(),
+        });
     }
     out
 }
@@ -24,7 +29,13 @@ fn sources(parts: &[Vec<Record>]) -> Vec<Src> {
     parts
         .iter()
         .enumerate()
-        .map(|(s, recs)| Source::new(format!("shard-{s}"), s as u32, recs.iter().cloned().map(Ok).collect::<Vec<_>>().into_iter()))
+        .map(|(s, recs)| {
+            Source::new(
+                format!("shard-{s}"),
+                s as u32,
+                recs.iter().cloned().map(Ok).collect::<Vec<_>>().into_iter(),
+            )
+        })
         .collect()
 }
 
@@ -99,21 +110,46 @@ fn edge_cases_empty_one_and_64_shards() {
     assert_eq!(merge(empty64).count(), 0);
     let ids: Vec<u64> = (0..10_000).map(|i| i * 3 + 1).collect();
     let one = split(&ids, &[0], 1);
-    let merged: Vec<Record> = merge(sources(&one)).collect::<Result<_, _>>().expect("one shard");
+    let merged: Vec<Record> = merge(sources(&one))
+        .collect::<Result<_, _>>()
+        .expect("one shard");
     assert_eq!(merged, one[0]);
     let assign: Vec<usize> = (0..997).map(|i| (i * 7919) % 64).collect();
     let many = split(&ids, &assign, 64);
     assert!(many.iter().all(|p| !p.is_empty()));
-    let merged: Vec<Record> = merge(sources(&many)).collect::<Result<_, _>>().expect("64 shards");
+    let merged: Vec<Record> = merge(sources(&many))
+        .collect::<Result<_, _>>()
+        .expect("64 shards");
     assert_eq!(merged, sorted(&many));
 }
 
 #[test]
 fn wrong_shard_number_errors() {
-    let recs = vec![Ok::<_, Infallible>(Record { id: 1, shard: 3, seq: 0, payload: vec![] })];
-    let err = merge(vec![Source::new("db-a", 2, recs.into_iter())]).find_map(Result::err).expect("error");
-    assert!(matches!(&err, MergeError::WrongShard { expected: 2, found: 3, id: 1, .. }), "{err}");
-    assert_eq!(err.to_string(), "db-a: record id 1 says shard 3, but this source is shard 2");
+    let recs = vec![Ok::<_, Infallible>(Record {
+        id: 1,
+        shard: 3,
+        seq: 0,
+        payload: vec![],
+    })];
+    let err = merge(vec![Source::new("db-a", 2, recs.into_iter())])
+        .find_map(Result::err)
+        .expect("error");
+    assert!(
+        matches!(
+            &err,
+            MergeError::WrongShard {
+                expected: 2,
+                found: 3,
+                id: 1,
+                ..
+            }
+        ),
+        "{err}"
+    );
+    assert_eq!(
+        err.to_string(),
+        "db-a: record id 1 says shard 3, but this source is shard 2"
+    );
 }
 
 /// Streaming: the merge never holds more than a heap head plus one read-ahead run per
@@ -130,7 +166,12 @@ fn buffering_is_bounded_by_sources_not_records() {
             let pulled = Rc::clone(&pulled);
             let records = (0..PER_SHARD).map(move |i| {
                 pulled.set(pulled.get() + 1);
-                Ok::<_, Infallible>(Record { id: i * SHARDS + s, shard: s as u32, seq: i, payload: vec![0; 8] })
+                Ok::<_, Infallible>(Record {
+                    id: i * SHARDS + s,
+                    shard: s as u32,
+                    seq: i,
+                    payload: vec![0; 8],
+                })
             });
             Source::new(format!("shard-{s}"), s as u32, records)
         })
@@ -145,5 +186,8 @@ fn buffering_is_bounded_by_sources_not_records() {
         max_held = max_held.max(pulled.get() - emitted);
     }
     assert_eq!(emitted, SHARDS * PER_SHARD);
-    assert!(max_held <= bound, "held {max_held} records at once, bound {bound}");
+    assert!(
+        max_held <= bound,
+        "held {max_held} records at once, bound {bound}"
+    );
 }

@@ -44,11 +44,23 @@ impl IdSource for Counter {
     }
 }
 
-fn produce(rt: &tokio::runtime::Runtime, source: &impl IdSource, batch: u64, iters: u64) -> Duration {
+fn produce(
+    rt: &tokio::runtime::Runtime,
+    source: &impl IdSource,
+    batch: u64,
+    iters: u64,
+) -> Duration {
     let mut total = Duration::ZERO;
     for _ in 0..iters {
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut cfg = Config::new(SHARD, dir.path(), InputSpec::Generate { count: items_for(batch), payload_size: PAYLOAD });
+        let mut cfg = Config::new(
+            SHARD,
+            dir.path(),
+            InputSpec::Generate {
+                count: items_for(batch),
+                payload_size: PAYLOAD,
+            },
+        );
         cfg.batch = batch;
         // Creating the database is a fixed cost, outside the timing as for the baseline.
         let p = producer::Producer::open(cfg).expect("open sublist");
@@ -78,7 +90,10 @@ fn plain(batch: u64, iters: u64) -> Duration {
             let end = (seq + batch).min(n);
             for s in seq..end {
                 let payload = generate_payload(SHARD, s, PAYLOAD);
-                b.put(sublist::shard::encode_key(s), sublist::shard::encode_value(SHARD, s, &payload));
+                b.put(
+                    sublist::shard::encode_key(s),
+                    sublist::shard::encode_value(SHARD, s, &payload),
+                );
             }
             db.write_opt(b, &wo).expect("write");
             seq = end;
@@ -89,17 +104,35 @@ fn plain(batch: u64, iters: u64) -> Duration {
 }
 
 fn bench(c: &mut Criterion) {
-    let quorum = LocalQuorum::temp(5).expect("cannot start a local redis-server quorum (is redis-server installed?)");
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
-    let client = rt.block_on(QuorumClient::connect(ClientConfig::new(quorum.urls()))).expect("quorum client");
+    let quorum = LocalQuorum::temp(5)
+        .expect("cannot start a local redis-server quorum (is redis-server installed?)");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let client = rt
+        .block_on(QuorumClient::connect(ClientConfig::new(quorum.urls())))
+        .expect("quorum client");
     let counter = Counter(AtomicU64::new(0));
     let mut g = c.benchmark_group("producer");
-    g.sample_size(10).sampling_mode(SamplingMode::Flat).warm_up_time(Duration::from_millis(500)).measurement_time(Duration::from_secs(3));
+    g.sample_size(10)
+        .sampling_mode(SamplingMode::Flat)
+        .warm_up_time(Duration::from_millis(500))
+        .measurement_time(Duration::from_secs(3));
     for batch in [1u64, 100, 10_000] {
         g.throughput(Throughput::Elements(items_for(batch)));
-        g.bench_with_input(BenchmarkId::new("producer", batch), &batch, |b, &batch| b.iter_custom(|iters| produce(&rt, &client, batch, iters)));
-        g.bench_with_input(BenchmarkId::new("local_ids", batch), &batch, |b, &batch| b.iter_custom(|iters| produce(&rt, &counter, batch, iters)));
-        g.bench_with_input(BenchmarkId::new("plain_rocksdb", batch), &batch, |b, &batch| b.iter_custom(|iters| plain(batch, iters)));
+        g.bench_with_input(BenchmarkId::new("producer", batch), &batch, |b, &batch| {
+            b.iter_custom(|iters| produce(&rt, &client, batch, iters))
+        });
+        g.bench_with_input(BenchmarkId::new("local_ids", batch), &batch, |b, &batch| {
+            b.iter_custom(|iters| produce(&rt, &counter, batch, iters))
+        });
+        g.bench_with_input(
+            BenchmarkId::new("plain_rocksdb", batch),
+            &batch,
+            |b, &batch| b.iter_custom(|iters| plain(batch, iters)),
+        );
     }
     g.finish();
 }
@@ -116,12 +149,22 @@ fn median(mut v: Vec<f64>) -> f64 {
 /// (fsync latency on a shared machine drifts a lot) hits them alike; medians of items/s
 /// and of the per-round ratio producer / plain. Printed after criterion's figures.
 fn interleaved() {
-    let quorum = LocalQuorum::temp(5).expect("cannot start a local redis-server quorum (is redis-server installed?)");
-    let rt = tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build().expect("runtime");
-    let client = rt.block_on(QuorumClient::connect(ClientConfig::new(quorum.urls()))).expect("quorum client");
+    let quorum = LocalQuorum::temp(5)
+        .expect("cannot start a local redis-server quorum (is redis-server installed?)");
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("runtime");
+    let client = rt
+        .block_on(QuorumClient::connect(ClientConfig::new(quorum.urls())))
+        .expect("quorum client");
     let counter = Counter(AtomicU64::new(0));
     println!("interleaved, {INTERLEAVED_ROUNDS} rounds, medians (items/s):");
-    println!("{:>6} {:>12} {:>12} {:>14} {:>16} {:>16}", "batch", "producer", "local_ids", "plain_rocksdb", "producer/plain", "local_ids/plain");
+    println!(
+        "{:>6} {:>12} {:>12} {:>14} {:>16} {:>16}",
+        "batch", "producer", "local_ids", "plain_rocksdb", "producer/plain", "local_ids/plain"
+    );
     for batch in [1u64, 100, 10_000] {
         let n = items_for(batch) as f64;
         let (mut p, mut l, mut b, mut rp, mut rl) = (vec![], vec![], vec![], vec![], vec![]);
@@ -135,7 +178,14 @@ fn interleaved() {
             rp.push(tb / tp);
             rl.push(tb / tl);
         }
-        println!("{batch:>6} {:>12.0} {:>12.0} {:>14.0} {:>16.2} {:>16.2}", median(p), median(l), median(b), median(rp), median(rl));
+        println!(
+            "{batch:>6} {:>12.0} {:>12.0} {:>14.0} {:>16.2} {:>16.2}",
+            median(p),
+            median(l),
+            median(b),
+            median(rp),
+            median(rl)
+        );
     }
 }
 

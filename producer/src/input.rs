@@ -28,7 +28,10 @@ impl InputSpec {
         match self {
             InputSpec::File(p) => p.display().to_string(),
             InputSpec::Stdin => "stdin".to_string(),
-            InputSpec::Generate { count, payload_size } => format!("--generate {count} --payload-size {payload_size}"),
+            InputSpec::Generate {
+                count,
+                payload_size,
+            } => format!("--generate {count} --payload-size {payload_size}"),
         }
     }
 }
@@ -73,13 +76,19 @@ pub struct FileScan {
 /// # Errors
 /// Unreadable file, or a line above the limit.
 pub fn scan_file(path: &Path) -> Result<FileScan, ProducerError> {
-    let file = std::fs::File::open(path).map_err(|error| ProducerError::Input { input: path.display().to_string(), error })?;
+    let file = std::fs::File::open(path).map_err(|error| ProducerError::Input {
+        input: path.display().to_string(),
+        error,
+    })?;
     let mut r = BufReader::with_capacity(READ_BUFFER, file);
     let mut crc = crc32fast::Hasher::new();
     let mut fnv: u64 = 0xcbf2_9ce4_8422_2325;
     let (mut bytes, mut items, mut line_len) = (0u64, 0u64, 0usize);
     loop {
-        let buf = r.fill_buf().map_err(|error| ProducerError::Input { input: path.display().to_string(), error })?;
+        let buf = r.fill_buf().map_err(|error| ProducerError::Input {
+            input: path.display().to_string(),
+            error,
+        })?;
         if buf.is_empty() {
             break;
         }
@@ -92,7 +101,11 @@ pub fn scan_file(path: &Path) -> Result<FileScan, ProducerError> {
             } else {
                 line_len += 1;
                 if line_len > MAX_ITEM_BYTES {
-                    return Err(ProducerError::LineTooLong { input: path.display().to_string(), line: items + 1, limit: MAX_ITEM_BYTES });
+                    return Err(ProducerError::LineTooLong {
+                        input: path.display().to_string(),
+                        line: items + 1,
+                        limit: MAX_ITEM_BYTES,
+                    });
                 }
             }
         }
@@ -103,8 +116,15 @@ pub fn scan_file(path: &Path) -> Result<FileScan, ProducerError> {
     if line_len > 0 {
         items += 1;
     }
-    let fingerprint = format!("file bytes={bytes} items={items} crc32={:08x} fnv1a64={fnv:016x}", crc.finalize());
-    Ok(FileScan { bytes, items, fingerprint })
+    let fingerprint = format!(
+        "file bytes={bytes} items={items} crc32={:08x} fnv1a64={fnv:016x}",
+        crc.finalize()
+    );
+    Ok(FileScan {
+        bytes,
+        items,
+        fingerprint,
+    })
 }
 
 /// Yields the items of an input in order, from a given sequence number on.
@@ -117,7 +137,11 @@ pub struct ItemReader {
 
 enum Kind {
     Lines(Box<dyn BufRead + Send>),
-    Generate { shard: u32, count: u64, payload_size: usize },
+    Generate {
+        shard: u32,
+        count: u64,
+        payload_size: usize,
+    },
 }
 
 impl ItemReader {
@@ -129,13 +153,30 @@ impl ItemReader {
         let input = spec.describe();
         let kind = match spec {
             InputSpec::File(p) => {
-                let f = std::fs::File::open(p).map_err(|error| ProducerError::Input { input: input.clone(), error })?;
+                let f = std::fs::File::open(p).map_err(|error| ProducerError::Input {
+                    input: input.clone(),
+                    error,
+                })?;
                 Kind::Lines(Box::new(BufReader::with_capacity(READ_BUFFER, f)))
             }
-            InputSpec::Stdin => Kind::Lines(Box::new(BufReader::with_capacity(READ_BUFFER, std::io::stdin()))),
-            InputSpec::Generate { count, payload_size } => Kind::Generate { shard, count: *count, payload_size: *payload_size },
+            InputSpec::Stdin => Kind::Lines(Box::new(BufReader::with_capacity(
+                READ_BUFFER,
+                std::io::stdin(),
+            ))),
+            InputSpec::Generate {
+                count,
+                payload_size,
+            } => Kind::Generate {
+                shard,
+                count: *count,
+                payload_size: *payload_size,
+            },
         };
-        let mut r = ItemReader { kind, input, next_seq: 0 };
+        let mut r = ItemReader {
+            kind,
+            input,
+            next_seq: 0,
+        };
         match &r.kind {
             Kind::Generate { .. } => r.next_seq = start_seq,
             Kind::Lines(_) => {
@@ -143,7 +184,10 @@ impl ItemReader {
                     if r.next_item()?.is_none() {
                         return Err(ProducerError::InputChanged {
                             input: r.input.clone(),
-                            reason: format!("it has {} items, the sublist already holds {start_seq}", r.next_seq),
+                            reason: format!(
+                                "it has {} items, the sublist already holds {start_seq}",
+                                r.next_seq
+                            ),
                         });
                     }
                 }
@@ -163,7 +207,11 @@ impl ItemReader {
     /// Read errors, or a line longer than [`MAX_ITEM_BYTES`].
     pub fn next_item(&mut self) -> Result<Option<Vec<u8>>, ProducerError> {
         let item = match &mut self.kind {
-            Kind::Generate { shard, count, payload_size } => {
+            Kind::Generate {
+                shard,
+                count,
+                payload_size,
+            } => {
                 if self.next_seq >= *count {
                     return Ok(None);
                 }
@@ -174,7 +222,10 @@ impl ItemReader {
                 // Bounded read: a huge line costs at most the limit in memory before it is refused.
                 let n = Read::take(&mut **r, MAX_ITEM_BYTES as u64 + 1)
                     .read_until(b'\n', &mut buf)
-                    .map_err(|error| ProducerError::Input { input: self.input.clone(), error })?;
+                    .map_err(|error| ProducerError::Input {
+                        input: self.input.clone(),
+                        error,
+                    })?;
                 if n == 0 {
                     return Ok(None);
                 }
@@ -182,7 +233,11 @@ impl ItemReader {
                     buf.pop();
                 }
                 if buf.len() > MAX_ITEM_BYTES {
-                    return Err(ProducerError::LineTooLong { input: self.input.clone(), line: self.next_seq + 1, limit: MAX_ITEM_BYTES });
+                    return Err(ProducerError::LineTooLong {
+                        input: self.input.clone(),
+                        line: self.next_seq + 1,
+                        limit: MAX_ITEM_BYTES,
+                    });
                 }
                 buf
             }
@@ -196,7 +251,11 @@ impl ItemReader {
     ///
     /// # Errors
     /// As [`ItemReader::next_item`].
-    pub fn next_batch(&mut self, max_items: u64, max_bytes: usize) -> Result<Vec<Vec<u8>>, ProducerError> {
+    pub fn next_batch(
+        &mut self,
+        max_items: u64,
+        max_bytes: usize,
+    ) -> Result<Vec<Vec<u8>>, ProducerError> {
         let mut out = Vec::new();
         let mut bytes = 0usize;
         while (out.len() as u64) < max_items && bytes < max_bytes {
@@ -218,14 +277,26 @@ mod tests {
 
     #[test]
     fn generated_payloads_are_deterministic() {
-        assert_eq!(generate_payload(3, 17, 12), b"3:17:".iter().copied().chain(generate_payload(3, 17, 12)[5..].iter().copied()).collect::<Vec<_>>());
+        assert_eq!(
+            generate_payload(3, 17, 12),
+            b"3:17:"
+                .iter()
+                .copied()
+                .chain(generate_payload(3, 17, 12)[5..].iter().copied())
+                .collect::<Vec<_>>()
+        );
         assert_eq!(generate_payload(3, 17, 40), generate_payload(3, 17, 40));
         assert_ne!(generate_payload(3, 17, 40), generate_payload(4, 17, 40));
-        assert_ne!(generate_payload(3, 17, 40)[6..], generate_payload(3, 18, 40)[6..]);
+        assert_ne!(
+            generate_payload(3, 17, 40)[6..],
+            generate_payload(3, 18, 40)[6..]
+        );
         assert_eq!(generate_payload(3, 17, 2), b"3:");
         assert_eq!(generate_payload(3, 17, 0), b"");
         assert_eq!(generate_payload(1, 1, 1000).len(), 1000);
-        assert!(generate_payload(1, 1, 1000)[4..].iter().all(u8::is_ascii_lowercase));
+        assert!(generate_payload(1, 1, 1000)[4..]
+            .iter()
+            .all(u8::is_ascii_lowercase));
     }
 
     #[test]
@@ -237,12 +308,23 @@ mod tests {
         assert_eq!((scan.bytes, scan.items), (9, 4));
         let spec = InputSpec::File(p.clone());
         let mut r = ItemReader::open(&spec, 0, 0).expect("open");
-        assert_eq!(r.next_batch(10, 1 << 20).expect("batch"), vec![b"a".to_vec(), vec![], b"b\r".to_vec(), b"\xff\x00c".to_vec()]);
+        assert_eq!(
+            r.next_batch(10, 1 << 20).expect("batch"),
+            vec![
+                b"a".to_vec(),
+                vec![],
+                b"b\r".to_vec(),
+                b"\xff\x00c".to_vec()
+            ]
+        );
         assert!(r.next_batch(10, 1 << 20).expect("end").is_empty());
         let mut r = ItemReader::open(&spec, 0, 2).expect("resume");
         assert_eq!(r.next_seq(), 2);
         assert_eq!(r.next_item().expect("item"), Some(b"b\r".to_vec()));
-        assert!(matches!(ItemReader::open(&spec, 0, 5), Err(ProducerError::InputChanged { .. })));
+        assert!(matches!(
+            ItemReader::open(&spec, 0, 5),
+            Err(ProducerError::InputChanged { .. })
+        ));
         // Batches stop at the byte cap.
         let mut r = ItemReader::open(&spec, 0, 0).expect("open");
         assert_eq!(r.next_batch(10, 1).expect("batch").len(), 1);
@@ -254,9 +336,18 @@ mod tests {
         let (a, b) = (dir.path().join("a"), dir.path().join("b"));
         std::fs::write(&a, b"x\ny\n").expect("write");
         std::fs::write(&b, b"x\nz\n").expect("write");
-        assert_ne!(scan_file(&a).expect("a").fingerprint, scan_file(&b).expect("b").fingerprint);
+        assert_ne!(
+            scan_file(&a).expect("a").fingerprint,
+            scan_file(&b).expect("b").fingerprint
+        );
         std::fs::write(&b, b"x\ny\n").expect("write");
-        assert_eq!(scan_file(&a).expect("a").fingerprint, scan_file(&b).expect("b").fingerprint);
-        assert!(matches!(scan_file(&dir.path().join("nope")), Err(ProducerError::Input { .. })));
+        assert_eq!(
+            scan_file(&a).expect("a").fingerprint,
+            scan_file(&b).expect("b").fingerprint
+        );
+        assert!(matches!(
+            scan_file(&dir.path().join("nope")),
+            Err(ProducerError::Input { .. })
+        ));
     }
 }

@@ -55,11 +55,18 @@ pub enum ProducerError {
 
     /// The input cannot be read.
     #[error("input {input}: {error}")]
-    Input { input: String, error: std::io::Error },
+    Input {
+        input: String,
+        error: std::io::Error,
+    },
 
     /// A line is longer than [`MAX_ITEM_BYTES`].
     #[error("input {input}: line {line} is longer than the limit of {limit} bytes per item")]
-    LineTooLong { input: String, line: u64, limit: usize },
+    LineTooLong {
+        input: String,
+        line: u64,
+        limit: usize,
+    },
 
     /// The input no longer matches what the sublist was written from (found while reading).
     #[error("input {input} changed since the sublist was started: {reason}")]
@@ -67,12 +74,20 @@ pub enum ProducerError {
 
     /// The sublist exists and was written from another input.
     #[error("sublist {path} was written from different input (stored: {stored}; given: {given}); refusing to mix inputs: use another --data-dir or delete {path}")]
-    DifferentInput { path: PathBuf, stored: String, given: String },
+    DifferentInput {
+        path: PathBuf,
+        stored: String,
+        given: String,
+    },
 
     /// stdin cannot be checked to be the same input, so a started sublist cannot resume from it
     /// (and a finished one cannot tell whether this stdin is the input it already holds).
     #[error("sublist {path} {} {items} items; input from stdin cannot be resumed (it cannot be checked to be the same): use --input FILE, or delete {path} to write it again", if *finished { "is finished with" } else { "already holds" })]
-    StdinNotResumable { path: PathBuf, items: u64, finished: bool },
+    StdinNotResumable {
+        path: PathBuf,
+        items: u64,
+        finished: bool,
+    },
 
     /// The sublist database failed (in use, wrong shard, not a sublist, I/O).
     #[error(transparent)]
@@ -103,8 +118,12 @@ impl ProducerError {
         match self {
             ProducerError::Config(_) => 2,
             ProducerError::Connect(IdError::Config(_)) => 2,
-            ProducerError::Input { .. } | ProducerError::LineTooLong { .. } | ProducerError::InputChanged { .. } => 3,
-            ProducerError::DifferentInput { .. } | ProducerError::StdinNotResumable { .. } | ProducerError::Shard(_) => 4,
+            ProducerError::Input { .. }
+            | ProducerError::LineTooLong { .. }
+            | ProducerError::InputChanged { .. } => 3,
+            ProducerError::DifferentInput { .. }
+            | ProducerError::StdinNotResumable { .. }
+            | ProducerError::Shard(_) => 4,
             ProducerError::Connect(_) | ProducerError::Ids { .. } => 5,
             ProducerError::BadRange { .. } | ProducerError::Task(_) => 1,
         }
@@ -136,16 +155,27 @@ pub struct Config {
 impl Config {
     /// A quiet config with the default batch size.
     pub fn new(shard: u32, data_dir: impl Into<PathBuf>, input: InputSpec) -> Config {
-        Config { shard, data_dir: data_dir.into(), input, batch: DEFAULT_BATCH, display: Display::Quiet }
+        Config {
+            shard,
+            data_dir: data_dir.into(),
+            input,
+            batch: DEFAULT_BATCH,
+            display: Display::Quiet,
+        }
     }
 
     fn validate(&self) -> Result<(), ProducerError> {
         if self.batch == 0 || self.batch > MAX_BATCH_ITEMS {
-            return Err(ProducerError::Config(format!("--batch must be 1..={MAX_BATCH_ITEMS}, got {}", self.batch)));
+            return Err(ProducerError::Config(format!(
+                "--batch must be 1..={MAX_BATCH_ITEMS}, got {}",
+                self.batch
+            )));
         }
         if let InputSpec::Generate { payload_size, .. } = self.input {
             if payload_size > MAX_ITEM_BYTES {
-                return Err(ProducerError::Config(format!("--payload-size must be at most {MAX_ITEM_BYTES}, got {payload_size}")));
+                return Err(ProducerError::Config(format!(
+                    "--payload-size must be at most {MAX_ITEM_BYTES}, got {payload_size}"
+                )));
             }
         }
         Ok(())
@@ -185,7 +215,13 @@ impl Summary {
 impl fmt::Display for Summary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.already_finished {
-            return write!(f, "shard {}: {} is already finished ({} items): nothing to do", self.shard, self.path.display(), self.total());
+            return write!(
+                f,
+                "shard {}: {} is already finished ({} items): nothing to do",
+                self.shard,
+                self.path.display(),
+                self.total()
+            );
         }
         write!(
             f,
@@ -233,11 +269,21 @@ impl Producer {
             }
             InputSpec::Stdin => {
                 if let Some(p) = &progress {
-                    return Err(ProducerError::StdinNotResumable { path: writer.path().to_path_buf(), items: p.next_seq, finished: p.finished });
+                    return Err(ProducerError::StdinNotResumable {
+                        path: writer.path().to_path_buf(),
+                        items: p.next_seq,
+                        finished: p.finished,
+                    });
                 }
                 (b"stdin".to_vec(), None)
             }
-            InputSpec::Generate { count, payload_size } => (format!("generate count={count} payload-size={payload_size}").into_bytes(), Some(*count)),
+            InputSpec::Generate {
+                count,
+                payload_size,
+            } => (
+                format!("generate count={count} payload-size={payload_size}").into_bytes(),
+                Some(*count),
+            ),
         };
         if let Some(p) = &progress {
             if p.fingerprint != fingerprint {
@@ -251,7 +297,13 @@ impl Producer {
         if total == Some(0) && progress.is_none() {
             tracing::warn!(input = %config.input.describe(), "the input is empty: writing an empty, finished sublist");
         }
-        Ok(Producer { config, writer, progress, fingerprint, total })
+        Ok(Producer {
+            config,
+            writer,
+            progress,
+            fingerprint,
+            total,
+        })
     }
 
     /// The sublist is finished: [`Producer::run`] would do nothing.
@@ -288,7 +340,13 @@ impl Producer {
         if self.is_finished() {
             return Ok(self.nothing_to_do(start));
         }
-        let Producer { config, writer, progress, fingerprint, total } = self;
+        let Producer {
+            config,
+            writer,
+            progress,
+            fingerprint,
+            total,
+        } = self;
         let shard = config.shard;
         let path = writer.path().to_path_buf();
         let resumed_at = progress.as_ref().map_or(0, |p| p.next_seq);
@@ -300,7 +358,13 @@ impl Producer {
         let mut report = Reporter::new(config.display, shard, total, resumed_at);
         // The writer when no write is running, else the write of the previous batch,
         // running on the blocking pool while we fetch the next IDs.
-        let mut idle = Some(Written { writer, next_seq: resumed_at, batches: 0, first_id: None, last_id });
+        let mut idle = Some(Written {
+            writer,
+            next_seq: resumed_at,
+            batches: 0,
+            first_id: None,
+            last_id,
+        });
         let mut pending: Option<tokio::task::JoinHandle<Result<Written, ProducerError>>> = None;
 
         let result: Result<(), ProducerError> = async {
@@ -315,23 +379,35 @@ impl Producer {
                 };
                 if items.is_empty() {
                     finish_pending(&mut pending, &mut idle, &mut report).await?;
-                    let w = idle.as_mut().ok_or_else(|| ProducerError::Task("writer lost".into()))?;
+                    let w = idle
+                        .as_mut()
+                        .ok_or_else(|| ProducerError::Task("writer lost".into()))?;
                     if let Some(total) = total.filter(|&t| t != w.next_seq) {
                         // The input was counted when the run started; reading it again gave
                         // another count, so it changed underneath us.
                         return Err(ProducerError::InputChanged {
                             input: config.input.describe(),
-                            reason: format!("it had {total} items when the run started, {} were read", w.next_seq),
+                            reason: format!(
+                                "it had {total} items when the run started, {} were read",
+                                w.next_seq
+                            ),
                         });
                     }
-                    let done = Progress { next_seq: w.next_seq, finished: true, last_id: w.last_id, fingerprint: fingerprint.clone() };
+                    let done = Progress {
+                        next_seq: w.next_seq,
+                        finished: true,
+                        last_id: w.last_id,
+                        fingerprint: fingerprint.clone(),
+                    };
                     w.writer.write_batch(&[], &done)?;
                     return Ok(());
                 }
                 let n = items.len() as u64;
                 let ids = source.next_ids(n).await;
                 finish_pending(&mut pending, &mut idle, &mut report).await?;
-                let mut w = idle.take().ok_or_else(|| ProducerError::Task("writer lost".into()))?;
+                let mut w = idle
+                    .take()
+                    .ok_or_else(|| ProducerError::Task("writer lost".into()))?;
                 let range = match ids {
                     Ok(r) => r,
                     Err(error) => {
@@ -342,17 +418,30 @@ impl Producer {
                 };
                 if !range.holds_exactly(n) || range.lo <= w.last_id {
                     idle = Some(w);
-                    return Err(ProducerError::BadRange { wanted: n, got: range });
+                    return Err(ProducerError::BadRange {
+                        wanted: n,
+                        got: range,
+                    });
                 }
                 let records: Vec<Record> = items
                     .into_iter()
                     .zip(range.iter())
                     .enumerate()
-                    .map(|(i, (payload, id))| Record { id, shard, seq: w.next_seq + i as u64, payload })
+                    .map(|(i, (payload, id))| Record {
+                        id,
+                        shard,
+                        seq: w.next_seq + i as u64,
+                        payload,
+                    })
                     .collect();
                 let fp = fingerprint.clone();
                 pending = Some(tokio::task::spawn_blocking(move || {
-                    let p = Progress { next_seq: w.next_seq + n, finished: false, last_id: range.hi, fingerprint: fp };
+                    let p = Progress {
+                        next_seq: w.next_seq + n,
+                        finished: false,
+                        last_id: range.hi,
+                        fingerprint: fp,
+                    };
                     w.writer.write_batch(&records, &p)?;
                     w.next_seq += n;
                     w.last_id = range.hi;
@@ -445,14 +534,23 @@ impl Reporter {
             bar
         });
         let now = Instant::now();
-        Reporter { display, bar, shard, total, start: now, start_seq, last_log: now }
+        Reporter {
+            display,
+            bar,
+            shard,
+            total,
+            start: now,
+            start_seq,
+            last_log: now,
+        }
     }
 
     fn update(&mut self, next_seq: u64) {
         match self.display {
             Display::Bar => {
                 if let Some(b) = &self.bar {
-                    let rate = (next_seq - self.start_seq) as f64 / self.start.elapsed().as_secs_f64().max(1e-9);
+                    let rate = (next_seq - self.start_seq) as f64
+                        / self.start.elapsed().as_secs_f64().max(1e-9);
                     b.set_position(next_seq);
                     b.set_message(format!("{rate:.0} items/s"));
                 }
@@ -463,7 +561,10 @@ impl Reporter {
                     let done = next_seq - self.start_seq;
                     let rate = done as f64 / self.start.elapsed().as_secs_f64().max(1e-9);
                     let of = self.total.map(|t| format!(" of {t}")).unwrap_or_default();
-                    tracing::info!("shard {}: {next_seq}{of} items, {rate:.0} items/s", self.shard);
+                    tracing::info!(
+                        "shard {}: {next_seq}{of} items, {rate:.0} items/s",
+                        self.shard
+                    );
                 }
             }
             Display::Quiet => {}
@@ -498,21 +599,34 @@ mod tests {
     impl IdSource for Failing {
         async fn next_ids(&self, n: u64) -> Result<IdRange, IdError> {
             if self.1.fetch_sub(1, Ordering::SeqCst) == 0 {
-                return Err(IdError::NoQuorum { needed: 3, reachable: 0, total: 5, failures: vec![] });
+                return Err(IdError::NoQuorum {
+                    needed: 3,
+                    reachable: 0,
+                    total: 5,
+                    failures: vec![],
+                });
             }
             self.0.next_ids(n).await
         }
     }
 
     fn read_all(dir: &std::path::Path, shard: u32) -> Vec<Record> {
-        let r = sublist::shard::ShardReader::open(&sublist::shard::shard_db_path(dir, shard)).expect("reader");
+        let r = sublist::shard::ShardReader::open(&sublist::shard::shard_db_path(dir, shard))
+            .expect("reader");
         r.iter().collect::<Result<_, _>>().expect("items")
     }
 
     #[tokio::test]
     async fn generate_stamps_in_order_and_finishes() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut cfg = Config::new(2, dir.path(), InputSpec::Generate { count: 25, payload_size: 7 });
+        let mut cfg = Config::new(
+            2,
+            dir.path(),
+            InputSpec::Generate {
+                count: 25,
+                payload_size: 7,
+            },
+        );
         cfg.batch = 10;
         let src = Counter(AtomicU64::new(100));
         let s = run(cfg.clone(), &src).await.expect("run");
@@ -526,24 +640,42 @@ mod tests {
         let again = run(cfg.clone(), &src).await.expect("rerun");
         assert!(again.already_finished, "{again}");
         assert!(again.to_string().contains("nothing to do"));
-        cfg.input = InputSpec::Generate { count: 26, payload_size: 7 };
-        assert!(matches!(run(cfg, &src).await, Err(ProducerError::DifferentInput { .. })));
+        cfg.input = InputSpec::Generate {
+            count: 26,
+            payload_size: 7,
+        };
+        assert!(matches!(
+            run(cfg, &src).await,
+            Err(ProducerError::DifferentInput { .. })
+        ));
     }
 
     #[tokio::test]
     async fn id_failure_keeps_durable_batches_and_resumes() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut cfg = Config::new(0, dir.path(), InputSpec::Generate { count: 50, payload_size: 3 });
+        let mut cfg = Config::new(
+            0,
+            dir.path(),
+            InputSpec::Generate {
+                count: 50,
+                payload_size: 3,
+            },
+        );
         cfg.batch = 10;
         let src = Failing(Counter(AtomicU64::new(0)), AtomicU64::new(2));
         let e = run(cfg.clone(), &src).await.expect_err("no quorum");
         assert!(matches!(e, ProducerError::Ids { next_seq: 20, .. }), "{e}");
         assert_eq!(e.exit_code(), 5);
         assert_eq!(read_all(dir.path(), 0).len(), 20);
-        let s = run(cfg, &Counter(AtomicU64::new(1000))).await.expect("resume");
+        let s = run(cfg, &Counter(AtomicU64::new(1000)))
+            .await
+            .expect("resume");
         assert_eq!((s.resumed_at, s.written), (20, 30));
         let items = read_all(dir.path(), 0);
-        assert_eq!(items.iter().map(|r| r.seq).collect::<Vec<_>>(), (0..50).collect::<Vec<_>>());
+        assert_eq!(
+            items.iter().map(|r| r.seq).collect::<Vec<_>>(),
+            (0..50).collect::<Vec<_>>()
+        );
         assert_eq!(items[19].id, 20);
         assert_eq!(items[20].id, 1001);
     }
@@ -551,9 +683,22 @@ mod tests {
     #[tokio::test]
     async fn bad_config_is_refused() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let mut cfg = Config::new(0, dir.path(), InputSpec::Generate { count: 1, payload_size: MAX_ITEM_BYTES + 1 });
-        assert!(matches!(Producer::open(cfg.clone()), Err(ProducerError::Config(_))));
-        cfg.input = InputSpec::Generate { count: 1, payload_size: 1 };
+        let mut cfg = Config::new(
+            0,
+            dir.path(),
+            InputSpec::Generate {
+                count: 1,
+                payload_size: MAX_ITEM_BYTES + 1,
+            },
+        );
+        assert!(matches!(
+            Producer::open(cfg.clone()),
+            Err(ProducerError::Config(_))
+        ));
+        cfg.input = InputSpec::Generate {
+            count: 1,
+            payload_size: 1,
+        };
         cfg.batch = 0;
         assert!(matches!(Producer::open(cfg), Err(ProducerError::Config(_))));
     }

@@ -65,7 +65,9 @@ pub enum ListError {
     #[error("output directory {} does not exist", dir.display())]
     MissingDir { dir: PathBuf },
     /// The writer was handed IDs that are not strictly increasing.
-    #[error("refusing to write record id {id} after id {prev}: list.bin ids must strictly increase")]
+    #[error(
+        "refusing to write record id {id} after id {prev}: list.bin ids must strictly increase"
+    )]
     WriteOrder { prev: u64, id: u64 },
     /// The file is shorter than a header plus a footer.
     #[error("file is {len} bytes, shorter than the {min}-byte minimum (header + footer): not a list.bin or truncated")]
@@ -75,20 +77,45 @@ pub enum ListError {
     BadMagic { found: [u8; 8] },
     /// A record's fixed part or payload runs past the start of the footer.
     #[error("byte {offset}: record {index} is truncated: its {what} needs {need} bytes but only {have} remain before the footer")]
-    Truncated { offset: u64, index: u64, what: &'static str, need: u64, have: u64 },
+    Truncated {
+        offset: u64,
+        index: u64,
+        what: &'static str,
+        need: u64,
+        have: u64,
+    },
     /// A record's payload length is above [`crate::MAX_PAYLOAD`]: no qlist writer makes
     /// such a record, so the length is corrupt (checked before allocating it).
     #[error("byte {offset}: record {index} claims a payload of {len} bytes, above the limit of {limit} bytes (corrupt length)")]
-    PayloadTooLong { offset: u64, index: u64, len: u64, limit: u64 },
+    PayloadTooLong {
+        offset: u64,
+        index: u64,
+        len: u64,
+        limit: u64,
+    },
     /// The header count disagrees with the records actually present.
     #[error("byte {offset}: header says {header} records but {}", if *found < *header { format!("the records end after {found}") } else { format!("more record bytes follow record {header} ({extra} bytes before the footer)") })]
-    CountMismatch { offset: u64, header: u64, found: u64, extra: u64 },
+    CountMismatch {
+        offset: u64,
+        header: u64,
+        found: u64,
+        extra: u64,
+    },
     /// A record's ID is not above the previous record's ID.
     #[error("byte {offset}: record {index} has id {id}, not above the previous id {prev}: ids must strictly increase")]
-    OutOfOrder { offset: u64, index: u64, prev: u64, id: u64 },
+    OutOfOrder {
+        offset: u64,
+        index: u64,
+        prev: u64,
+        id: u64,
+    },
     /// The stored CRC-32 does not match the record bytes.
     #[error("byte {offset}: checksum mismatch: footer stores {stored:#010x}, records hash to {computed:#010x} (a record byte or the footer is corrupt)")]
-    Checksum { offset: u64, stored: u32, computed: u32 },
+    Checksum {
+        offset: u64,
+        stored: u32,
+        computed: u32,
+    },
 }
 
 /// What a complete, valid list.bin holds (returned by [`verify`] and [`ListWriter::finish`]).
@@ -127,7 +154,11 @@ pub fn encode_record(record: &Record, out: &mut Vec<u8>) {
 }
 
 fn io_err<'a>(path: &'a Path, op: &'static str) -> impl FnOnce(io::Error) -> ListError + 'a {
-    move |source| ListError::Io { path: path.to_path_buf(), op, source }
+    move |source| ListError::Io {
+        path: path.to_path_buf(),
+        op,
+        source,
+    }
 }
 
 /// Writes a list.bin atomically: records go to a temporary file in the target directory,
@@ -161,7 +192,10 @@ impl ListWriter {
         if !dir.is_dir() {
             return Err(ListError::MissingDir { dir });
         }
-        let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+        let name = path
+            .file_name()
+            .map(|n| n.to_string_lossy().into_owned())
+            .unwrap_or_default();
         // A leading dot and a .tmp suffix: clearly not a finished list.bin to anyone listing
         // the directory, and unique so concurrent or crashed merges never collide.
         let tmp = tempfile::Builder::new()
@@ -169,11 +203,14 @@ impl ListWriter {
             .suffix(".tmp")
             .tempfile_in(&dir)
             .map_err(io_err(&dir, "create temporary file"))?;
-        let file = tmp.reopen().map_err(io_err(tmp.path(), "open temporary file"))?;
+        let file = tmp
+            .reopen()
+            .map_err(io_err(tmp.path(), "open temporary file"))?;
         let mut out = BufWriter::with_capacity(IO_BUFFER, file);
         let mut header = [0u8; HEADER_LEN as usize];
         header[..8].copy_from_slice(&MAGIC);
-        out.write_all(&header).map_err(io_err(tmp.path(), "write header"))?;
+        out.write_all(&header)
+            .map_err(io_err(tmp.path(), "write header"))?;
         Ok(ListWriter {
             path: path.to_path_buf(),
             tmp: Some(tmp),
@@ -214,13 +251,19 @@ impl ListWriter {
     pub fn write(&mut self, record: &Record) -> Result<(), ListError> {
         if let Some(prev) = self.last_id {
             if record.id <= prev {
-                return Err(ListError::WriteOrder { prev, id: record.id });
+                return Err(ListError::WriteOrder {
+                    prev,
+                    id: record.id,
+                });
             }
         }
         let head = encode_record_head(record);
         self.hasher.update(&head);
         self.hasher.update(&record.payload);
-        let res = self.out.write_all(&head).and_then(|()| self.out.write_all(&record.payload));
+        let res = self
+            .out
+            .write_all(&head)
+            .and_then(|()| self.out.write_all(&record.payload));
         if let Err(e) = res {
             return Err(io_err(self.tmp_path(), "write record")(e));
         }
@@ -243,11 +286,15 @@ impl ListWriter {
         let tmp_path = self.tmp_path().to_path_buf();
         let tmp = self.tmp.take();
         let res = (|| {
-            self.out.write_all(&checksum.to_le_bytes()).map_err(io_err(&tmp_path, "write footer"))?;
+            self.out
+                .write_all(&checksum.to_le_bytes())
+                .map_err(io_err(&tmp_path, "write footer"))?;
             self.out.flush().map_err(io_err(&tmp_path, "write"))?;
             let file = self.out.get_mut();
-            file.seek(SeekFrom::Start(COUNT_OFFSET)).map_err(io_err(&tmp_path, "seek"))?;
-            file.write_all(&self.records.to_le_bytes()).map_err(io_err(&tmp_path, "write count"))?;
+            file.seek(SeekFrom::Start(COUNT_OFFSET))
+                .map_err(io_err(&tmp_path, "seek"))?;
+            file.write_all(&self.records.to_le_bytes())
+                .map_err(io_err(&tmp_path, "write count"))?;
             file.sync_all().map_err(io_err(&tmp_path, "fsync"))?;
             Ok(())
         })();
@@ -268,11 +315,13 @@ impl ListWriter {
             _ => PathBuf::from("."),
         };
         // The rename is durable only once the directory entry is on disk.
-        File::open(&dir).and_then(|d| d.sync_all()).map_err(|source| ListError::NotDurable {
-            path: self.path.clone(),
-            dir: dir.clone(),
-            source,
-        })?;
+        File::open(&dir)
+            .and_then(|d| d.sync_all())
+            .map_err(|source| ListError::NotDurable {
+                path: self.path.clone(),
+                dir: dir.clone(),
+                source,
+            })?;
         Ok(Summary {
             records: self.records,
             file_bytes: self.bytes + FOOTER_LEN,
@@ -316,10 +365,16 @@ impl ListReader<BufReader<File>> {
     pub fn open(path: &Path) -> Result<Self, ListError> {
         let file = File::open(path).map_err(io_err(path, "open"))?;
         let len = file.metadata().map_err(io_err(path, "stat"))?.len();
-        let mut reader = ListReader::new(BufReader::with_capacity(IO_BUFFER, file), len).map_err(|e| match e {
-            ListError::Io { op, source, .. } => ListError::Io { path: path.to_path_buf(), op, source },
-            other => other,
-        })?;
+        let mut reader = ListReader::new(BufReader::with_capacity(IO_BUFFER, file), len).map_err(
+            |e| match e {
+                ListError::Io { op, source, .. } => ListError::Io {
+                    path: path.to_path_buf(),
+                    op,
+                    source,
+                },
+                other => other,
+            },
+        )?;
         reader.path = path.to_path_buf();
         Ok(reader)
     }
@@ -339,7 +394,9 @@ impl<R: Read> ListReader<R> {
             return Err(ListError::TooShort { len, min });
         }
         let mut header = [0u8; HEADER_LEN as usize];
-        input.read_exact(&mut header).map_err(io_err(Path::new(""), "read header"))?;
+        input
+            .read_exact(&mut header)
+            .map_err(io_err(Path::new(""), "read header"))?;
         let mut found = [0u8; 8];
         found.copy_from_slice(&header[..8]);
         if found != MAGIC {
@@ -399,7 +456,12 @@ impl<R: Read> ListReader<R> {
             return self.read_footer().map(|()| None);
         }
         if have == 0 {
-            return Err(ListError::CountMismatch { offset, header: self.header_count, found: self.index, extra: 0 });
+            return Err(ListError::CountMismatch {
+                offset,
+                header: self.header_count,
+                found: self.index,
+                extra: 0,
+            });
         }
         if have < RECORD_HEAD_LEN as u64 {
             return Err(ListError::Truncated {
@@ -411,7 +473,9 @@ impl<R: Read> ListReader<R> {
             });
         }
         let mut head = [0u8; RECORD_HEAD_LEN];
-        self.input.read_exact(&mut head).map_err(io_err(&self.path, "read record"))?;
+        self.input
+            .read_exact(&mut head)
+            .map_err(io_err(&self.path, "read record"))?;
         let id = u64::from_le_bytes(le8(&head[0..8]));
         let shard = u32::from_le_bytes([head[8], head[9], head[10], head[11]]);
         let seq = u64::from_le_bytes(le8(&head[12..20]));
@@ -420,19 +484,37 @@ impl<R: Read> ListReader<R> {
         // The guards against a lying length: never allocate more than any writer would
         // have written, nor more than the file still holds.
         if len > crate::MAX_PAYLOAD as u64 {
-            return Err(ListError::PayloadTooLong { offset, index: self.index, len, limit: crate::MAX_PAYLOAD as u64 });
+            return Err(ListError::PayloadTooLong {
+                offset,
+                index: self.index,
+                len,
+                limit: crate::MAX_PAYLOAD as u64,
+            });
         }
         if len > have {
-            return Err(ListError::Truncated { offset, index: self.index, what: "payload", need: len, have });
+            return Err(ListError::Truncated {
+                offset,
+                index: self.index,
+                what: "payload",
+                need: len,
+                have,
+            });
         }
         if let Some(prev) = self.last_id {
             if id <= prev {
-                return Err(ListError::OutOfOrder { offset, index: self.index, prev, id });
+                return Err(ListError::OutOfOrder {
+                    offset,
+                    index: self.index,
+                    prev,
+                    id,
+                });
             }
         }
         // `len <= have <= file size`, which fits in memory's address space on 64-bit.
         let mut payload = vec![0u8; len as usize];
-        self.input.read_exact(&mut payload).map_err(io_err(&self.path, "read payload"))?;
+        self.input
+            .read_exact(&mut payload)
+            .map_err(io_err(&self.path, "read payload"))?;
         self.hasher.update(&head);
         self.hasher.update(&payload);
         self.pos += RECORD_HEAD_LEN as u64 + len;
@@ -440,16 +522,27 @@ impl<R: Read> ListReader<R> {
         self.payload_bytes += len;
         self.first_id.get_or_insert(id);
         self.last_id = Some(id);
-        Ok(Some(Record { id, shard, seq, payload }))
+        Ok(Some(Record {
+            id,
+            shard,
+            seq,
+            payload,
+        }))
     }
 
     fn read_footer(&mut self) -> Result<(), ListError> {
         let mut footer = [0u8; FOOTER_LEN as usize];
-        self.input.read_exact(&mut footer).map_err(io_err(&self.path, "read footer"))?;
+        self.input
+            .read_exact(&mut footer)
+            .map_err(io_err(&self.path, "read footer"))?;
         let stored = u32::from_le_bytes(footer);
         let computed = self.hasher.clone().finalize();
         if stored != computed {
-            return Err(ListError::Checksum { offset: self.records_end, stored, computed });
+            return Err(ListError::Checksum {
+                offset: self.records_end,
+                stored,
+                computed,
+            });
         }
         self.checksum = Some(stored);
         Ok(())
@@ -506,7 +599,12 @@ mod tests {
     use std::io::Cursor;
 
     fn rec(id: u64, shard: u32, seq: u64, payload: &[u8]) -> Record {
-        Record { id, shard, seq, payload: payload.to_vec() }
+        Record {
+            id,
+            shard,
+            seq,
+            payload: payload.to_vec(),
+        }
     }
 
     fn write_file(dir: &Path, records: &[Record]) -> PathBuf {
@@ -520,7 +618,11 @@ mod tests {
     }
 
     fn sample() -> Vec<Record> {
-        vec![rec(1, 0, 0, b"a"), rec(2, 1, 0, b""), rec(0x0102_0304_0506_0708, 7, 9, b"xyz")]
+        vec![
+            rec(1, 0, 0, b"a"),
+            rec(2, 1, 0, b""),
+            rec(0x0102_0304_0506_0708, 7, 9, b"xyz"),
+        ]
     }
 
     fn read_all(bytes: &[u8]) -> Result<Vec<Record>, ListError> {
@@ -535,7 +637,12 @@ mod tests {
             source: io::Error::other("EIO"),
         };
         let msg = e.to_string();
-        assert!(msg.contains("/out/list.bin is complete") && msg.contains("directory /out") && msg.contains("EIO"), "{msg}");
+        assert!(
+            msg.contains("/out/list.bin is complete")
+                && msg.contains("directory /out")
+                && msg.contains("EIO"),
+            "{msg}"
+        );
     }
 
     #[test]
@@ -560,9 +667,22 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = write_file(dir.path(), &[rec(5, 1, 0, b"ab")]);
         let bytes = std::fs::read(&path).expect("read");
-        let record: Vec<u8> = [&5u64.to_le_bytes()[..], &1u32.to_le_bytes(), &0u64.to_le_bytes(), &2u64.to_le_bytes(), b"ab"].concat();
+        let record: Vec<u8> = [
+            &5u64.to_le_bytes()[..],
+            &1u32.to_le_bytes(),
+            &0u64.to_le_bytes(),
+            &2u64.to_le_bytes(),
+            b"ab",
+        ]
+        .concat();
         let crc = crc32fast::hash(&record);
-        let expected: Vec<u8> = [&b"QLIST001"[..], &1u64.to_le_bytes(), &record, &crc.to_le_bytes()].concat();
+        let expected: Vec<u8> = [
+            &b"QLIST001"[..],
+            &1u64.to_le_bytes(),
+            &record,
+            &crc.to_le_bytes(),
+        ]
+        .concat();
         assert_eq!(bytes, expected);
         // zlib's crc32 of "123456789" is the standard check value: the footer uses IEEE CRC-32.
         assert_eq!(crc32fast::hash(b"123456789"), 0xCBF4_3926);
@@ -575,7 +695,17 @@ mod tests {
         let bytes = std::fs::read(&path).expect("read");
         assert_eq!(bytes, [&b"QLIST001"[..], &[0u8; 8], &[0u8; 4]].concat());
         let s = verify(&path).expect("verify");
-        assert_eq!(s, Summary { records: 0, file_bytes: 20, payload_bytes: 0, first_id: None, last_id: None, checksum: 0 });
+        assert_eq!(
+            s,
+            Summary {
+                records: 0,
+                file_bytes: 20,
+                payload_bytes: 0,
+                first_id: None,
+                last_id: None,
+                checksum: 0
+            }
+        );
     }
 
     #[test]
@@ -583,7 +713,10 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         let records = sample();
         let path = write_file(dir.path(), &records);
-        let back: Vec<Record> = ListReader::open(&path).expect("open").collect::<Result<_, _>>().expect("read");
+        let back: Vec<Record> = ListReader::open(&path)
+            .expect("open")
+            .collect::<Result<_, _>>()
+            .expect("read");
         assert_eq!(back, records);
         let s = verify(&path).expect("verify");
         assert_eq!(s.records, 3);
@@ -592,7 +725,10 @@ mod tests {
         assert_eq!(s.first_id, Some(1));
         assert_eq!(s.last_id, Some(0x0102_0304_0506_0708));
         // Only list.bin remains: the temporary file was renamed, not copied.
-        let names: Vec<_> = std::fs::read_dir(dir.path()).expect("ls").map(|e| e.expect("entry").file_name()).collect();
+        let names: Vec<_> = std::fs::read_dir(dir.path())
+            .expect("ls")
+            .map(|e| e.expect("entry").file_name())
+            .collect();
         assert_eq!(names, vec![std::ffi::OsString::from("list.bin")]);
     }
 
@@ -602,16 +738,27 @@ mod tests {
         let path = dir.path().join("list.bin");
         let mut w = ListWriter::create(&path).expect("create");
         w.write(&rec(2, 0, 0, b"")).expect("write");
-        let err = w.write(&rec(2, 1, 0, b"")).expect_err("duplicate id must fail");
-        assert!(matches!(err, ListError::WriteOrder { prev: 2, id: 2 }), "{err}");
+        let err = w
+            .write(&rec(2, 1, 0, b""))
+            .expect_err("duplicate id must fail");
+        assert!(
+            matches!(err, ListError::WriteOrder { prev: 2, id: 2 }),
+            "{err}"
+        );
         drop(w);
-        assert_eq!(std::fs::read_dir(dir.path()).expect("ls").count(), 0, "temporary file left behind");
+        assert_eq!(
+            std::fs::read_dir(dir.path()).expect("ls").count(),
+            0,
+            "temporary file left behind"
+        );
     }
 
     #[test]
     fn writer_missing_dir() {
         let dir = tempfile::tempdir().expect("tempdir");
-        let err = ListWriter::create(&dir.path().join("nope/list.bin")).err().expect("must fail");
+        let err = ListWriter::create(&dir.path().join("nope/list.bin"))
+            .err()
+            .expect("must fail");
         assert!(matches!(err, ListError::MissingDir { .. }));
         assert!(err.to_string().contains("does not exist"), "{err}");
     }
@@ -629,15 +776,24 @@ mod tests {
         assert_eq!(b.len(), 108);
         b[16 + 28] ^= 0x01;
         let err = read_all(&b).expect_err("corrupt");
-        assert!(matches!(err, ListError::Checksum { offset: 104, .. }), "{err}");
-        assert!(err.to_string().starts_with("byte 104: checksum mismatch"), "{err}");
+        assert!(
+            matches!(err, ListError::Checksum { offset: 104, .. }),
+            "{err}"
+        );
+        assert!(
+            err.to_string().starts_with("byte 104: checksum mismatch"),
+            "{err}"
+        );
     }
 
     #[test]
     fn corruption_flip_checksum() {
         let mut b = good_bytes();
         b[105] ^= 0x80;
-        assert!(matches!(read_all(&b), Err(ListError::Checksum { offset: 104, .. })));
+        assert!(matches!(
+            read_all(&b),
+            Err(ListError::Checksum { offset: 104, .. })
+        ));
     }
 
     #[test]
@@ -645,7 +801,18 @@ mod tests {
         let mut b = good_bytes();
         b[45] = 0; // record 1's id becomes 0, below record 0's id 1
         let err = read_all(&b).expect_err("corrupt");
-        assert!(matches!(err, ListError::OutOfOrder { offset: 45, index: 1, prev: 1, id: 0 }), "{err}");
+        assert!(
+            matches!(
+                err,
+                ListError::OutOfOrder {
+                    offset: 45,
+                    index: 1,
+                    prev: 1,
+                    id: 0
+                }
+            ),
+            "{err}"
+        );
     }
 
     #[test]
@@ -654,12 +821,35 @@ mod tests {
         // Longer than what is left of the file, within the format's limit.
         b[16 + 20..16 + 28].copy_from_slice(&1000u64.to_le_bytes());
         let err = read_all(&b).expect_err("corrupt");
-        assert!(matches!(err, ListError::Truncated { offset: 16, index: 0, what: "payload", need: 1000, have: 60 }), "{err}");
+        assert!(
+            matches!(
+                err,
+                ListError::Truncated {
+                    offset: 16,
+                    index: 0,
+                    what: "payload",
+                    need: 1000,
+                    have: 60
+                }
+            ),
+            "{err}"
+        );
         // Above the format's limit: refused before looking at the file size, so even a
         // multi-GB list.bin cannot make a reader allocate it.
         b[16 + 20..16 + 28].copy_from_slice(&u64::MAX.to_le_bytes());
         let err = read_all(&b).expect_err("corrupt");
-        assert!(matches!(err, ListError::PayloadTooLong { offset: 16, index: 0, len: u64::MAX, .. }), "{err}");
+        assert!(
+            matches!(
+                err,
+                ListError::PayloadTooLong {
+                    offset: 16,
+                    index: 0,
+                    len: u64::MAX,
+                    ..
+                }
+            ),
+            "{err}"
+        );
         assert!(err.to_string().contains("corrupt length"), "{err}");
     }
 
@@ -668,12 +858,30 @@ mod tests {
         let b = good_bytes();
         for cut in [1usize, 4, 5, 40, 88] {
             let t = &b[..b.len() - cut];
-            assert!(read_all(t).is_err(), "truncating {cut} bytes went unnoticed");
+            assert!(
+                read_all(t).is_err(),
+                "truncating {cut} bytes went unnoticed"
+            );
         }
         let err = read_all(&b[..107]).expect_err("corrupt");
-        assert!(matches!(err, ListError::Truncated { offset: 73, index: 2, what: "payload", need: 3, have: 2 }), "{err}");
+        assert!(
+            matches!(
+                err,
+                ListError::Truncated {
+                    offset: 73,
+                    index: 2,
+                    what: "payload",
+                    need: 3,
+                    have: 2
+                }
+            ),
+            "{err}"
+        );
         let err = read_all(&b[..10]).expect_err("corrupt");
-        assert!(matches!(err, ListError::TooShort { len: 10, min: 20 }), "{err}");
+        assert!(
+            matches!(err, ListError::TooShort { len: 10, min: 20 }),
+            "{err}"
+        );
     }
 
     #[test]
@@ -690,10 +898,32 @@ mod tests {
         let mut b = good_bytes();
         b[8] = 4;
         let err = read_all(&b).expect_err("corrupt");
-        assert!(matches!(err, ListError::CountMismatch { offset: 104, header: 4, found: 3, extra: 0 }), "{err}");
+        assert!(
+            matches!(
+                err,
+                ListError::CountMismatch {
+                    offset: 104,
+                    header: 4,
+                    found: 3,
+                    extra: 0
+                }
+            ),
+            "{err}"
+        );
         b[8] = 2;
         let err = read_all(&b).expect_err("corrupt");
-        assert!(matches!(err, ListError::CountMismatch { offset: 73, header: 2, found: 2, extra: 31 }), "{err}");
+        assert!(
+            matches!(
+                err,
+                ListError::CountMismatch {
+                    offset: 73,
+                    header: 2,
+                    found: 2,
+                    extra: 31
+                }
+            ),
+            "{err}"
+        );
         b[8..16].copy_from_slice(&u64::MAX.to_le_bytes());
         assert!(matches!(read_all(&b), Err(ListError::CountMismatch { .. })));
     }
@@ -701,7 +931,10 @@ mod tests {
     #[test]
     fn verify_reports_path_on_io_error() {
         let err = verify(Path::new("/definitely/not/here/list.bin")).expect_err("missing");
-        assert!(err.to_string().contains("/definitely/not/here/list.bin"), "{err}");
+        assert!(
+            err.to_string().contains("/definitely/not/here/list.bin"),
+            "{err}"
+        );
     }
 
     proptest::proptest! {

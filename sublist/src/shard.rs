@@ -40,7 +40,10 @@
 //! Compression is off (no codec is built).
 
 use crate::Record;
-use rocksdb::{ColumnFamilyDescriptor, DBCompressionType, IteratorMode, Options, ReadOptions, WriteBatch, WriteOptions, DB};
+use rocksdb::{
+    ColumnFamilyDescriptor, DBCompressionType, IteratorMode, Options, ReadOptions, WriteBatch,
+    WriteOptions, DB,
+};
 use std::path::{Path, PathBuf};
 
 /// Name of the column family holding the metadata (never seen by item iteration).
@@ -63,7 +66,10 @@ const PROGRESS_HEADER: usize = 8 + 1 + 8 + 4;
 pub enum ShardError {
     /// Another process (a producer) holds the database's lock.
     #[error("sublist {path}: in use by another producer (RocksDB lock held): {error}")]
-    InUse { path: PathBuf, error: rocksdb::Error },
+    InUse {
+        path: PathBuf,
+        error: rocksdb::Error,
+    },
 
     /// The path exists but is not a sublist database (a file, a foreign directory, ...).
     #[error("{path}: not a sublist database: {reason}")]
@@ -75,7 +81,11 @@ pub enum ShardError {
 
     /// The database belongs to another shard number.
     #[error("sublist {path} belongs to shard {found}, not shard {expected}")]
-    WrongShard { path: PathBuf, expected: u32, found: u32 },
+    WrongShard {
+        path: PathBuf,
+        expected: u32,
+        found: u32,
+    },
 
     /// A stored key or value does not follow the schema.
     #[error("sublist {path}: corrupt: {reason}")]
@@ -87,11 +97,17 @@ pub enum ShardError {
 
     /// RocksDB failed (I/O error, corruption detected by RocksDB, ...).
     #[error("sublist {path}: rocksdb: {error}")]
-    Rocks { path: PathBuf, error: rocksdb::Error },
+    Rocks {
+        path: PathBuf,
+        error: rocksdb::Error,
+    },
 
     /// A filesystem operation around the database failed.
     #[error("sublist {path}: {error}")]
-    Io { path: PathBuf, error: std::io::Error },
+    Io {
+        path: PathBuf,
+        error: std::io::Error,
+    },
 }
 
 /// How far a producer got: written in the same atomic batch as the items it describes.
@@ -124,7 +140,10 @@ impl Progress {
     /// Parses the stored bytes; `Err` carries a reason.
     pub fn decode(bytes: &[u8]) -> Result<Progress, String> {
         if bytes.len() < PROGRESS_HEADER {
-            return Err(format!("progress marker has {} bytes, at least {PROGRESS_HEADER} expected", bytes.len()));
+            return Err(format!(
+                "progress marker has {} bytes, at least {PROGRESS_HEADER} expected",
+                bytes.len()
+            ));
         }
         let next_seq = u64::from_le_bytes(bytes[0..8].try_into().map_err(|_| "short")?);
         let finished = match bytes[8] {
@@ -141,7 +160,12 @@ impl Progress {
                 PROGRESS_HEADER + len
             ));
         }
-        Ok(Progress { next_seq, finished, last_id, fingerprint: bytes[PROGRESS_HEADER..].to_vec() })
+        Ok(Progress {
+            next_seq,
+            finished,
+            last_id,
+            fingerprint: bytes[PROGRESS_HEADER..].to_vec(),
+        })
     }
 }
 
@@ -166,13 +190,23 @@ pub fn encode_value(shard: u32, seq: u64, payload: &[u8]) -> Vec<u8> {
 
 /// Parses one stored item; `Err` carries a reason.
 pub fn decode_item(key: &[u8], value: &[u8]) -> Result<Record, String> {
-    let id: [u8; 8] = key.try_into().map_err(|_| format!("item key has {} bytes, 8 expected", key.len()))?;
+    let id: [u8; 8] = key
+        .try_into()
+        .map_err(|_| format!("item key has {} bytes, 8 expected", key.len()))?;
     if value.len() < VALUE_HEADER {
-        return Err(format!("item value has {} bytes, at least {VALUE_HEADER} expected", value.len()));
+        return Err(format!(
+            "item value has {} bytes, at least {VALUE_HEADER} expected",
+            value.len()
+        ));
     }
     let shard = u32::from_le_bytes(value[0..4].try_into().map_err(|_| "short")?);
     let seq = u64::from_le_bytes(value[4..12].try_into().map_err(|_| "short")?);
-    Ok(Record { id: u64::from_be_bytes(id), shard, seq, payload: value[VALUE_HEADER..].to_vec() })
+    Ok(Record {
+        id: u64::from_be_bytes(id),
+        shard,
+        seq,
+        payload: value[VALUE_HEADER..].to_vec(),
+    })
 }
 
 /// Options for both column families: only what we use, no compression.
@@ -183,15 +217,24 @@ fn cf_options() -> Options {
 }
 
 fn rocks(path: &Path) -> impl FnOnce(rocksdb::Error) -> ShardError + '_ {
-    move |error| ShardError::Rocks { path: path.to_path_buf(), error }
+    move |error| ShardError::Rocks {
+        path: path.to_path_buf(),
+        error,
+    }
 }
 
 fn io(path: &Path) -> impl FnOnce(std::io::Error) -> ShardError + '_ {
-    move |error| ShardError::Io { path: path.to_path_buf(), error }
+    move |error| ShardError::Io {
+        path: path.to_path_buf(),
+        error,
+    }
 }
 
 fn not_a_shard(path: &Path, reason: impl Into<String>) -> ShardError {
-    ShardError::NotAShard { path: path.to_path_buf(), reason: reason.into() }
+    ShardError::NotAShard {
+        path: path.to_path_buf(),
+        reason: reason.into(),
+    }
 }
 
 /// RocksDB reports a held lock as "IO error: While lock file: <dir>/LOCK: ...". Match
@@ -214,25 +257,51 @@ fn inspect(path: &Path) -> Result<bool, ShardError> {
     }
     if !path.join("CURRENT").exists() {
         let empty = std::fs::read_dir(path).map_err(io(path))?.next().is_none();
-        return if empty { Ok(false) } else { Err(not_a_shard(path, "a non-empty directory that is not a RocksDB database (no CURRENT file)")) };
+        return if empty {
+            Ok(false)
+        } else {
+            Err(not_a_shard(
+                path,
+                "a non-empty directory that is not a RocksDB database (no CURRENT file)",
+            ))
+        };
     }
-    let cfs = DB::list_cf(&Options::default(), path).map_err(|e| not_a_shard(path, format!("cannot read it as RocksDB: {e}")))?;
+    let cfs = DB::list_cf(&Options::default(), path)
+        .map_err(|e| not_a_shard(path, format!("cannot read it as RocksDB: {e}")))?;
     if !cfs.iter().any(|c| c == META_CF) {
-        return Err(not_a_shard(path, format!("a RocksDB database without the `{META_CF}` column family (column families: {})", cfs.join(", "))));
+        return Err(not_a_shard(
+            path,
+            format!(
+                "a RocksDB database without the `{META_CF}` column family (column families: {})",
+                cfs.join(", ")
+            ),
+        ));
     }
     Ok(true)
 }
 
 fn check_format(path: &Path, db: &DB) -> Result<Option<u32>, ShardError> {
-    let meta = db.cf_handle(META_CF).ok_or_else(|| not_a_shard(path, "no meta column family"))?;
+    let meta = db
+        .cf_handle(META_CF)
+        .ok_or_else(|| not_a_shard(path, "no meta column family"))?;
     let format = db.get_cf(meta, KEY_FORMAT).map_err(rocks(path))?;
     let shard = db.get_cf(meta, KEY_SHARD).map_err(rocks(path))?;
     match (format, shard) {
         (Some(f), Some(s)) => {
             if f != FORMAT {
-                return Err(not_a_shard(path, format!("unknown format {:?}, expected {:?}", String::from_utf8_lossy(&f), String::from_utf8_lossy(FORMAT))));
+                return Err(not_a_shard(
+                    path,
+                    format!(
+                        "unknown format {:?}, expected {:?}",
+                        String::from_utf8_lossy(&f),
+                        String::from_utf8_lossy(FORMAT)
+                    ),
+                ));
             }
-            let s: [u8; 4] = s.as_slice().try_into().map_err(|_| ShardError::Corrupt { path: path.to_path_buf(), reason: format!("shard key has {} bytes, 4 expected", s.len()) })?;
+            let s: [u8; 4] = s.as_slice().try_into().map_err(|_| ShardError::Corrupt {
+                path: path.to_path_buf(),
+                reason: format!("shard key has {} bytes, 4 expected", s.len()),
+            })?;
             Ok(Some(u32::from_le_bytes(s)))
         }
         _ => Ok(None),
@@ -240,10 +309,17 @@ fn check_format(path: &Path, db: &DB) -> Result<Option<u32>, ShardError> {
 }
 
 fn read_progress(path: &Path, db: &DB) -> Result<Option<Progress>, ShardError> {
-    let meta = db.cf_handle(META_CF).ok_or_else(|| not_a_shard(path, "no meta column family"))?;
+    let meta = db
+        .cf_handle(META_CF)
+        .ok_or_else(|| not_a_shard(path, "no meta column family"))?;
     match db.get_cf(meta, KEY_PROGRESS).map_err(rocks(path))? {
         None => Ok(None),
-        Some(b) => Progress::decode(&b).map(Some).map_err(|reason| ShardError::Corrupt { path: path.to_path_buf(), reason }),
+        Some(b) => Progress::decode(&b)
+            .map(Some)
+            .map_err(|reason| ShardError::Corrupt {
+                path: path.to_path_buf(),
+                reason,
+            }),
     }
 }
 
@@ -256,9 +332,15 @@ fn descriptors() -> Vec<ColumnFamilyDescriptor> {
 
 fn open_error(path: &Path, error: rocksdb::Error) -> ShardError {
     if is_lock_error(&error) {
-        ShardError::InUse { path: path.to_path_buf(), error }
+        ShardError::InUse {
+            path: path.to_path_buf(),
+            error,
+        }
     } else {
-        ShardError::Rocks { path: path.to_path_buf(), error }
+        ShardError::Rocks {
+            path: path.to_path_buf(),
+            error,
+        }
     }
 }
 
@@ -273,8 +355,11 @@ fn create(data_dir: &Path, path: &Path, shard: u32) -> Result<(), ShardError> {
         let mut opts = cf_options();
         opts.create_if_missing(true);
         opts.create_missing_column_families(true);
-        let db = DB::open_cf_descriptors(&opts, &tmp, descriptors()).map_err(|source| open_error(&tmp, source))?;
-        let meta = db.cf_handle(META_CF).ok_or_else(|| not_a_shard(&tmp, "no meta column family"))?;
+        let db = DB::open_cf_descriptors(&opts, &tmp, descriptors())
+            .map_err(|source| open_error(&tmp, source))?;
+        let meta = db
+            .cf_handle(META_CF)
+            .ok_or_else(|| not_a_shard(&tmp, "no meta column family"))?;
         let mut b = WriteBatch::default();
         b.put_cf(meta, KEY_FORMAT, FORMAT);
         b.put_cf(meta, KEY_SHARD, shard.to_le_bytes());
@@ -320,14 +405,26 @@ impl ShardWriter {
             create(data_dir, &path, shard)?;
         }
         let opts = cf_options();
-        let db = DB::open_cf_descriptors(&opts, &path, descriptors()).map_err(|source| open_error(&path, source))?;
+        let db = DB::open_cf_descriptors(&opts, &path, descriptors())
+            .map_err(|source| open_error(&path, source))?;
         match check_format(&path, &db)? {
-            Some(found) if found != shard => return Err(ShardError::WrongShard { path, expected: shard, found }),
+            Some(found) if found != shard => {
+                return Err(ShardError::WrongShard {
+                    path,
+                    expected: shard,
+                    found,
+                })
+            }
             Some(_) => {}
             None => return Err(not_a_shard(&path, "no shard number in its metadata")),
         }
         let progress = read_progress(&path, &db)?;
-        let writer = ShardWriter { db, path, shard, progress };
+        let writer = ShardWriter {
+            db,
+            path,
+            shard,
+            progress,
+        };
         if writer.progress.as_ref().is_some_and(|p| p.finished) {
             // A producer killed between the finished marker and its flush left the tail
             // in the log: flush it now (a no-op when there is nothing to flush).
@@ -342,10 +439,13 @@ impl ShardWriter {
     /// durable, so a failure here only costs a later reader memory: it is logged, not
     /// returned.
     fn flush_finished(&self) {
-        let flushed = self.db.flush().and_then(|()| match self.db.cf_handle(META_CF) {
-            Some(meta) => self.db.flush_cf(meta),
-            None => Ok(()),
-        });
+        let flushed = self
+            .db
+            .flush()
+            .and_then(|()| match self.db.cf_handle(META_CF) {
+                Some(meta) => self.db.flush_cf(meta),
+                None => Ok(()),
+            });
         if let Err(e) = flushed {
             tracing::warn!(path = %self.path.display(), error = %e, "could not flush the finished sublist; readers will replay its log");
         }
@@ -371,9 +471,20 @@ impl ShardWriter {
     /// # Errors
     /// [`ShardError::InvalidBatch`] if the batch breaks those rules (nothing is written);
     /// RocksDB errors (the batch is then either wholly written or not at all).
-    pub fn write_batch(&mut self, records: &[Record], progress: &Progress) -> Result<(), ShardError> {
-        self.validate(records, progress).map_err(|reason| ShardError::InvalidBatch { path: self.path.clone(), reason })?;
-        let meta = self.db.cf_handle(META_CF).ok_or_else(|| not_a_shard(&self.path, "no meta column family"))?;
+    pub fn write_batch(
+        &mut self,
+        records: &[Record],
+        progress: &Progress,
+    ) -> Result<(), ShardError> {
+        self.validate(records, progress)
+            .map_err(|reason| ShardError::InvalidBatch {
+                path: self.path.clone(),
+                reason,
+            })?;
+        let meta = self
+            .db
+            .cf_handle(META_CF)
+            .ok_or_else(|| not_a_shard(&self.path, "no meta column family"))?;
         let mut b = WriteBatch::default();
         for r in records {
             b.put(encode_key(r.id), encode_value(r.shard, r.seq, &r.payload));
@@ -397,13 +508,19 @@ impl ShardWriter {
         };
         for r in records {
             if r.shard != self.shard {
-                return Err(format!("record {} has shard {}, this is shard {}", r.id, r.shard, self.shard));
+                return Err(format!(
+                    "record {} has shard {}, this is shard {}",
+                    r.id, r.shard, self.shard
+                ));
             }
             if r.seq != seq {
                 return Err(format!("record {} has seq {}, {seq} expected", r.id, r.seq));
             }
             if r.id <= last_id {
-                return Err(format!("record id {} is not above the previous id {last_id}", r.id));
+                return Err(format!(
+                    "record id {} is not above the previous id {last_id}",
+                    r.id
+                ));
             }
             seq += 1;
             last_id = r.id;
@@ -446,12 +563,28 @@ impl ShardReader {
     /// is not a RocksDB database or has no shard metadata; RocksDB errors.
     pub fn open(path: &Path) -> Result<ShardReader, ShardError> {
         if !inspect(path)? {
-            return Err(if path.exists() { not_a_shard(path, "an empty directory") } else { ShardError::Missing { path: path.to_path_buf() } });
+            return Err(if path.exists() {
+                not_a_shard(path, "an empty directory")
+            } else {
+                ShardError::Missing {
+                    path: path.to_path_buf(),
+                }
+            });
         }
-        let db = DB::open_cf_for_read_only(&cf_options(), path, [rocksdb::DEFAULT_COLUMN_FAMILY_NAME, META_CF], false)
-            .map_err(rocks(path))?;
-        let shard = check_format(path, &db)?.ok_or_else(|| not_a_shard(path, "no shard number in its metadata"))?;
-        Ok(ShardReader { db, path: path.to_path_buf(), shard })
+        let db = DB::open_cf_for_read_only(
+            &cf_options(),
+            path,
+            [rocksdb::DEFAULT_COLUMN_FAMILY_NAME, META_CF],
+            false,
+        )
+        .map_err(rocks(path))?;
+        let shard = check_format(path, &db)?
+            .ok_or_else(|| not_a_shard(path, "no shard number in its metadata"))?;
+        Ok(ShardReader {
+            db,
+            path: path.to_path_buf(),
+            shard,
+        })
     }
 
     /// The shard number stored in the database.
@@ -489,11 +622,21 @@ impl ShardReader {
             Ok(p) => (p.map_or(0, |p| p.next_seq), None),
             Err(e) => (0, Some(e)),
         };
-        ShardIter { reader: self, items: self.db.iterator_opt(IteratorMode::Start, ro), promised, first_error, expected_seq: 0, done: false }
+        ShardIter {
+            reader: self,
+            items: self.db.iterator_opt(IteratorMode::Start, ro),
+            promised,
+            first_error,
+            expected_seq: 0,
+            done: false,
+        }
     }
 
     fn corrupt(&self, reason: String) -> ShardError {
-        ShardError::Corrupt { path: self.path.clone(), reason }
+        ShardError::Corrupt {
+            path: self.path.clone(),
+            reason,
+        }
     }
 }
 
@@ -543,7 +686,10 @@ impl ShardIter<'_> {
     fn check(&mut self, key: &[u8], value: &[u8], promised: u64) -> Result<Record, ShardError> {
         let r = decode_item(key, value).map_err(|reason| self.reader.corrupt(reason))?;
         if r.shard != self.reader.shard {
-            return Err(self.reader.corrupt(format!("item {} says shard {}, the database is shard {}", r.id, r.shard, self.reader.shard)));
+            return Err(self.reader.corrupt(format!(
+                "item {} says shard {}, the database is shard {}",
+                r.id, r.shard, self.reader.shard
+            )));
         }
         if r.seq != self.expected_seq {
             return Err(self.reader.corrupt(format!(
@@ -552,7 +698,10 @@ impl ShardIter<'_> {
             )));
         }
         if r.seq >= promised {
-            return Err(self.reader.corrupt(format!("item {} has seq {}, beyond the progress marker's {promised} items", r.id, r.seq)));
+            return Err(self.reader.corrupt(format!(
+                "item {} has seq {}, beyond the progress marker's {promised} items",
+                r.id, r.seq
+            )));
         }
         self.expected_seq += 1;
         Ok(r)
@@ -564,25 +713,52 @@ mod tests {
     use super::*;
 
     fn rec(id: u64, shard: u32, seq: u64, payload: &[u8]) -> Record {
-        Record { id, shard, seq, payload: payload.to_vec() }
+        Record {
+            id,
+            shard,
+            seq,
+            payload: payload.to_vec(),
+        }
     }
 
     fn prog(next_seq: u64, last_id: u64, finished: bool) -> Progress {
-        Progress { next_seq, finished, last_id, fingerprint: b"fp".to_vec() }
+        Progress {
+            next_seq,
+            finished,
+            last_id,
+            fingerprint: b"fp".to_vec(),
+        }
     }
 
     #[test]
     fn exact_bytes() {
-        assert_eq!(shard_db_path(Path::new("/d"), 7), PathBuf::from("/d/shard-7"));
+        assert_eq!(
+            shard_db_path(Path::new("/d"), 7),
+            PathBuf::from("/d/shard-7")
+        );
         assert_eq!(encode_key(0x0102), [0, 0, 0, 0, 0, 0, 1, 2]);
-        assert_eq!(encode_value(3, 5, b"xy"), vec![3, 0, 0, 0, 5, 0, 0, 0, 0, 0, 0, 0, b'x', b'y']);
-        let p = Progress { next_seq: 2, finished: true, last_id: 9, fingerprint: b"ab".to_vec() };
+        assert_eq!(
+            encode_value(3, 5, b"xy"),
+            vec![3, 0, 0, 0, 5, 0, 0, 0, 0, 0, 0, 0, b'x', b'y']
+        );
+        let p = Progress {
+            next_seq: 2,
+            finished: true,
+            last_id: 9,
+            fingerprint: b"ab".to_vec(),
+        };
         let b = p.encode();
-        assert_eq!(b, vec![2, 0, 0, 0, 0, 0, 0, 0, 1, 9, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, b'a', b'b']);
+        assert_eq!(
+            b,
+            vec![2, 0, 0, 0, 0, 0, 0, 0, 1, 9, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, b'a', b'b']
+        );
         assert_eq!(Progress::decode(&b), Ok(p));
         assert!(Progress::decode(&b[..5]).is_err());
         assert!(Progress::decode(&b[..22]).is_err());
-        assert_eq!(decode_item(&encode_key(42), &encode_value(1, 2, b"")), Ok(rec(42, 1, 2, b"")));
+        assert_eq!(
+            decode_item(&encode_key(42), &encode_value(1, 2, b"")),
+            Ok(rec(42, 1, 2, b""))
+        );
         assert!(decode_item(&[1, 2], &encode_value(1, 2, b"")).is_err());
         assert!(decode_item(&encode_key(1), &[0; 11]).is_err());
     }
@@ -595,20 +771,35 @@ mod tests {
             assert_eq!(w.progress().expect("progress"), None);
             // IDs whose little-endian order differs from numeric order.
             let batch1 = vec![rec(255, 3, 0, b"a"), rec(256, 3, 1, b"")];
-            w.write_batch(&batch1, &prog(2, 256, false)).expect("batch 1");
+            w.write_batch(&batch1, &prog(2, 256, false))
+                .expect("batch 1");
             let batch2 = vec![rec(1 << 40, 3, 2, &[0, 10, 255])];
-            w.write_batch(&batch2, &prog(3, 1 << 40, false)).expect("batch 2");
+            w.write_batch(&batch2, &prog(3, 1 << 40, false))
+                .expect("batch 2");
             w.write_batch(&[], &prog(3, 1 << 40, true)).expect("finish");
         }
         let r = ShardReader::open(&shard_db_path(dir.path(), 3)).expect("open reader");
         assert_eq!(r.shard(), 3);
         let all: Vec<Record> = r.iter().collect::<Result<_, _>>().expect("iterate");
-        assert_eq!(all, vec![rec(255, 3, 0, b"a"), rec(256, 3, 1, b""), rec(1 << 40, 3, 2, &[0, 10, 255])]);
-        assert_eq!(r.progress().expect("progress"), Some(prog(3, 1 << 40, true)));
+        assert_eq!(
+            all,
+            vec![
+                rec(255, 3, 0, b"a"),
+                rec(256, 3, 1, b""),
+                rec(1 << 40, 3, 2, &[0, 10, 255])
+            ]
+        );
+        assert_eq!(
+            r.progress().expect("progress"),
+            Some(prog(3, 1 << 40, true))
+        );
         drop(r);
         // Reopening for writing keeps the progress.
         let w = ShardWriter::open(dir.path(), 3).expect("reopen");
-        assert_eq!(w.progress().expect("progress"), Some(prog(3, 1 << 40, true)));
+        assert_eq!(
+            w.progress().expect("progress"),
+            Some(prog(3, 1 << 40, true))
+        );
     }
 
     #[test]
@@ -616,14 +807,21 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         {
             let mut w = ShardWriter::open(dir.path(), 0).expect("open writer");
-            let batch = vec![rec(10, 0, 0, b"a"), rec(11, 0, 1, b"b"), rec(12, 0, 2, b"c")];
+            let batch = vec![
+                rec(10, 0, 0, b"a"),
+                rec(11, 0, 1, b"b"),
+                rec(12, 0, 2, b"c"),
+            ];
             w.write_batch(&batch, &prog(3, 12, true)).expect("batch");
             // What a lost write would leave: item 1 gone behind the writer's back.
             w.db.delete(encode_key(11)).expect("delete");
         }
         let r = ShardReader::open(&shard_db_path(dir.path(), 0)).expect("open reader");
         let err = r.iter().collect::<Result<Vec<_>, _>>().expect_err("a gap");
-        assert!(err.to_string().contains("item 12 has seq 2, 1 expected"), "{err}");
+        assert!(
+            err.to_string().contains("item 12 has seq 2, 1 expected"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -631,7 +829,11 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         {
             let mut w = ShardWriter::open(dir.path(), 0).expect("open writer");
-            let batch = vec![rec(10, 0, 0, b"a"), rec(11, 0, 1, b"b"), rec(12, 0, 2, b"c")];
+            let batch = vec![
+                rec(10, 0, 0, b"a"),
+                rec(11, 0, 1, b"b"),
+                rec(12, 0, 2, b"c"),
+            ];
             w.write_batch(&batch, &prog(3, 12, true)).expect("batch");
             // The last items gone: no gap in what is left, only fewer than promised.
             w.db.delete(encode_key(12)).expect("delete");
@@ -642,7 +844,11 @@ mod tests {
         assert_eq!(items.len(), 2, "the item that is there, then the error");
         assert_eq!(items[0].as_ref().expect("item 0").id, 10);
         let err = items[1].as_ref().expect_err("a lost tail");
-        assert!(err.to_string().contains("1 items, the progress marker says 3"), "{err}");
+        assert!(
+            err.to_string()
+                .contains("1 items, the progress marker says 3"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -650,13 +856,22 @@ mod tests {
         let dir = tempfile::tempdir().expect("tempdir");
         {
             let mut w = ShardWriter::open(dir.path(), 0).expect("open writer");
-            w.write_batch(&[rec(10, 0, 0, b"a")], &prog(1, 10, true)).expect("batch");
+            w.write_batch(&[rec(10, 0, 0, b"a")], &prog(1, 10, true))
+                .expect("batch");
             // An item the marker does not cover (written behind the writer's back).
-            w.db.put(encode_key(11), encode_value(0, 1, b"x")).expect("put");
+            w.db.put(encode_key(11), encode_value(0, 1, b"x"))
+                .expect("put");
         }
         let r = ShardReader::open(&shard_db_path(dir.path(), 0)).expect("open reader");
-        let err = r.iter().collect::<Result<Vec<_>, _>>().expect_err("beyond the marker");
-        assert!(err.to_string().contains("item 11 has seq 1, beyond the progress marker's 1 items"), "{err}");
+        let err = r
+            .iter()
+            .collect::<Result<Vec<_>, _>>()
+            .expect_err("beyond the marker");
+        assert!(
+            err.to_string()
+                .contains("item 11 has seq 1, beyond the progress marker's 1 items"),
+            "{err}"
+        );
     }
 
     #[test]
@@ -665,7 +880,8 @@ mod tests {
         // What a kill between RocksDB's creation of `default` and of `meta` leaves behind.
         drop(DB::open_default(dir.path().join(".creating-shard-4")).expect("half-made db"));
         let mut w = ShardWriter::open(dir.path(), 4).expect("open completes the creation");
-        w.write_batch(&[rec(1, 4, 0, b"p")], &prog(1, 1, false)).expect("write");
+        w.write_batch(&[rec(1, 4, 0, b"p")], &prog(1, 1, false))
+            .expect("write");
         drop(w);
         assert!(!dir.path().join(".creating-shard-4").exists());
         let r = ShardReader::open(&shard_db_path(dir.path(), 4)).expect("reader");
@@ -676,13 +892,17 @@ mod tests {
     fn invalid_batches_write_nothing() {
         let dir = tempfile::tempdir().expect("tempdir");
         let mut w = ShardWriter::open(dir.path(), 0).expect("open");
-        w.write_batch(&[rec(10, 0, 0, b"x")], &prog(1, 10, false)).expect("first");
+        w.write_batch(&[rec(10, 0, 0, b"x")], &prog(1, 10, false))
+            .expect("first");
         let bad: Vec<(Vec<Record>, Progress)> = vec![
-            (vec![rec(10, 0, 1, b"")], prog(2, 10, false)),                     // id not above last
-            (vec![rec(11, 1, 1, b"")], prog(2, 11, false)),                     // wrong shard
-            (vec![rec(11, 0, 2, b"")], prog(3, 11, false)),                     // seq gap
-            (vec![rec(12, 0, 1, b""), rec(11, 0, 2, b"")], prog(3, 11, false)), // descending
-            (vec![rec(11, 0, 1, b"")], prog(5, 11, false)),                     // progress lies
+            (vec![rec(10, 0, 1, b"")], prog(2, 10, false)), // id not above last
+            (vec![rec(11, 1, 1, b"")], prog(2, 11, false)), // wrong shard
+            (vec![rec(11, 0, 2, b"")], prog(3, 11, false)), // seq gap
+            (
+                vec![rec(12, 0, 1, b""), rec(11, 0, 2, b"")],
+                prog(3, 11, false),
+            ), // descending
+            (vec![rec(11, 0, 1, b"")], prog(5, 11, false)), // progress lies
         ];
         for (records, p) in bad {
             let e = w.write_batch(&records, &p).expect_err("must refuse");
@@ -690,7 +910,9 @@ mod tests {
             assert!(e.to_string().contains("shard-0"), "{e}");
         }
         w.write_batch(&[], &prog(1, 10, true)).expect("finish");
-        assert!(w.write_batch(&[rec(11, 0, 1, b"")], &prog(2, 11, false)).is_err());
+        assert!(w
+            .write_batch(&[rec(11, 0, 1, b"")], &prog(2, 11, false))
+            .is_err());
         drop(w);
         let r = ShardReader::open(&shard_db_path(dir.path(), 0)).expect("reader");
         assert_eq!(r.iter().count(), 1);
@@ -705,24 +927,47 @@ mod tests {
         assert!(matches!(e, ShardError::InUse { .. }), "{e}");
         assert!(e.to_string().contains("in use by another producer"), "{e}");
         // The reader works while the writer holds the lock.
-        assert_eq!(ShardReader::open(w.path()).expect("reader while writing").iter().count(), 0);
+        assert_eq!(
+            ShardReader::open(w.path())
+                .expect("reader while writing")
+                .iter()
+                .count(),
+            0
+        );
         drop(w);
 
         // A shard-1 database renamed to shard-2.
-        std::fs::rename(shard_db_path(dir.path(), 1), shard_db_path(dir.path(), 2)).expect("rename");
+        std::fs::rename(shard_db_path(dir.path(), 1), shard_db_path(dir.path(), 2))
+            .expect("rename");
         let e = ShardWriter::open(dir.path(), 2).err().expect("wrong shard");
-        assert!(matches!(e, ShardError::WrongShard { expected: 2, found: 1, .. }), "{e}");
+        assert!(
+            matches!(
+                e,
+                ShardError::WrongShard {
+                    expected: 2,
+                    found: 1,
+                    ..
+                }
+            ),
+            "{e}"
+        );
 
         // A file where the db should be.
         std::fs::write(shard_db_path(dir.path(), 5), b"hello").expect("write file");
         let e = ShardWriter::open(dir.path(), 5).err().expect("file");
         assert!(matches!(e, ShardError::NotAShard { .. }), "{e}");
-        assert!(matches!(ShardReader::open(&shard_db_path(dir.path(), 5)), Err(ShardError::NotAShard { .. })));
+        assert!(matches!(
+            ShardReader::open(&shard_db_path(dir.path(), 5)),
+            Err(ShardError::NotAShard { .. })
+        ));
 
         // A foreign non-empty directory.
         std::fs::create_dir(shard_db_path(dir.path(), 6)).expect("mkdir");
         std::fs::write(shard_db_path(dir.path(), 6).join("x"), b"x").expect("write");
-        assert!(matches!(ShardWriter::open(dir.path(), 6), Err(ShardError::NotAShard { .. })));
+        assert!(matches!(
+            ShardWriter::open(dir.path(), 6),
+            Err(ShardError::NotAShard { .. })
+        ));
 
         // A plain RocksDB database without our metadata.
         let plain = dir.path().join("plain");
@@ -731,7 +976,10 @@ mod tests {
         assert!(matches!(e, ShardError::NotAShard { .. }), "{e}");
 
         // Missing path: the reader never creates.
-        assert!(matches!(ShardReader::open(&dir.path().join("nope")), Err(ShardError::Missing { .. })));
+        assert!(matches!(
+            ShardReader::open(&dir.path().join("nope")),
+            Err(ShardError::Missing { .. })
+        ));
         assert!(!dir.path().join("nope").exists());
 
         // The data dir is a file.

@@ -16,7 +16,10 @@ use tokio::sync::watch;
 /// A workspace binary, next to this test executable's directory (target/release/).
 pub fn bin(name: &str) -> PathBuf {
     let exe = std::env::current_exe().expect("path of the test executable");
-    let dir = exe.parent().and_then(Path::parent).expect("test executable lives in target/<profile>/deps");
+    let dir = exe
+        .parent()
+        .and_then(Path::parent)
+        .expect("test executable lives in target/<profile>/deps");
     let path = dir.join(name);
     assert!(
         path.exists(),
@@ -48,7 +51,10 @@ impl Proc {
     pub fn spawn(name: impl Into<String>, cmd: &mut Command) -> Proc {
         let name = name.into();
         let child = cmd.spawn().unwrap_or_else(|e| panic!("spawn {name}: {e}"));
-        Proc { name, child: Some(child) }
+        Proc {
+            name,
+            child: Some(child),
+        }
     }
 
     pub fn pid(&self) -> Option<u32> {
@@ -113,20 +119,30 @@ pub struct Proxy {
 impl Proxy {
     pub fn start(target: SocketAddr) -> Proxy {
         let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a proxy port");
-        listener.set_nonblocking(true).expect("non-blocking proxy listener");
+        listener
+            .set_nonblocking(true)
+            .expect("non-blocking proxy listener");
         let port = listener.local_addr().expect("proxy address").port();
         let (mode, mode_rx) = watch::channel(Mode::Pass);
         let (stop, stop_rx) = tokio::sync::oneshot::channel();
         let thread = std::thread::spawn(move || {
-            let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().expect("proxy runtime");
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .expect("proxy runtime");
             rt.block_on(async move {
-                let listener = tokio::net::TcpListener::from_std(listener).expect("tokio proxy listener");
+                let listener =
+                    tokio::net::TcpListener::from_std(listener).expect("tokio proxy listener");
                 let accept = async {
                     loop {
-                        let Ok((inbound, _)) = listener.accept().await else { continue };
+                        let Ok((inbound, _)) = listener.accept().await else {
+                            continue;
+                        };
                         let mode = mode_rx.clone();
                         tokio::spawn(async move {
-                            let Ok(outbound) = tokio::net::TcpStream::connect(target).await else { return };
+                            let Ok(outbound) = tokio::net::TcpStream::connect(target).await else {
+                                return;
+                            };
                             let _ = inbound.set_nodelay(true);
                             let _ = outbound.set_nodelay(true);
                             let (ri, wi) = inbound.into_split();
@@ -145,7 +161,12 @@ impl Proxy {
             });
             // Dropping the runtime cancels every connection task, closing its sockets.
         });
-        Proxy { port, mode, stop: Some(stop), thread: Some(thread) }
+        Proxy {
+            port,
+            mode,
+            stop: Some(stop),
+            thread: Some(thread),
+        }
     }
 
     pub fn set(&self, mode: Mode) {
@@ -174,7 +195,11 @@ impl Drop for Proxy {
 
 /// Copies `from` to `to` chunk by chunk, obeying the mode at the time each chunk is
 /// forwarded. Closes `to` when `from` ends.
-async fn pump(mut from: tokio::net::tcp::OwnedReadHalf, mut to: tokio::net::tcp::OwnedWriteHalf, mut mode: watch::Receiver<Mode>) {
+async fn pump(
+    mut from: tokio::net::tcp::OwnedReadHalf,
+    mut to: tokio::net::tcp::OwnedWriteHalf,
+    mut mode: watch::Receiver<Mode>,
+) {
     let mut buf = vec![0u8; 64 * 1024];
     loop {
         let n = match from.read(&mut buf).await {
@@ -221,7 +246,10 @@ impl Tmpfs {
             "this test mounts a {bytes}-byte tmpfs to fill a disk and needs root (or CAP_SYS_ADMIN) for it: `mount -t tmpfs` failed: {}",
             String::from_utf8_lossy(&out.stderr)
         );
-        Tmpfs { dir, _parent: parent }
+        Tmpfs {
+            dir,
+            _parent: parent,
+        }
     }
 
     /// Changes the filesystem's size (more space returns at once).
@@ -231,7 +259,11 @@ impl Tmpfs {
             .arg(&self.dir)
             .output()
             .expect("run mount(8)");
-        assert!(out.status.success(), "remount tmpfs: {}", String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success(),
+            "remount tmpfs: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
     }
 
     /// Fills the filesystem up with a filler file; returns its path (delete it to free
@@ -267,7 +299,8 @@ impl Drop for Tmpfs {
 
 /// The history events of a file written by `idctl bench --history`, or a clear panic.
 pub fn read_history(path: &Path) -> Vec<idclient::history::Event> {
-    idclient::history::read_events(path).unwrap_or_else(|e| panic!("read history {}: {e}", path.display()))
+    idclient::history::read_events(path)
+        .unwrap_or_else(|e| panic!("read history {}: {e}", path.display()))
 }
 
 /// Shared list of history events recorded in this process.

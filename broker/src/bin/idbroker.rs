@@ -13,7 +13,11 @@ use std::time::Duration;
 
 /// The idbroker ID server.
 #[derive(Debug, Parser)]
-#[command(name = "idbroker", version, about = "Serve quorum IDs to many clients with group commit")]
+#[command(
+    name = "idbroker",
+    version,
+    about = "Serve quorum IDs to many clients with group commit"
+)]
 struct Flags {
     /// Address to listen on (host:port; port 0 picks a free one).
     #[arg(long)]
@@ -67,7 +71,13 @@ struct Config {
 
 impl Config {
     fn from_flags(f: Flags) -> anyhow::Result<Config> {
-        let nodes: Vec<String> = f.nodes.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect();
+        let nodes: Vec<String> = f
+            .nodes
+            .split(',')
+            .map(str::trim)
+            .filter(|s| !s.is_empty())
+            .map(String::from)
+            .collect();
         anyhow::ensure!(!nodes.is_empty(), "--nodes: no node URL given");
         let mut quorum = ClientConfig::new(nodes);
         quorum.key = f.key;
@@ -87,13 +97,19 @@ impl Config {
             ..BrokerConfig::default()
         };
         broker.validate()?;
-        Ok(Config { listen: f.listen, quorum, broker })
+        Ok(Config {
+            listen: f.listen,
+            quorum,
+            broker,
+        })
     }
 }
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
         .init();
@@ -124,13 +140,23 @@ async fn run(config: Config) -> anyhow::Result<()> {
     if config.quorum.unsafe_skip_durability_check {
         tracing::warn!("--unsafe-skip-durability-check: nodes that lose acknowledged writes can make this broker REPEAT IDs");
     }
-    let listener = tokio::net::TcpListener::bind(&config.listen).await.with_context(|| format!("--listen {}: cannot bind", config.listen))?;
+    let listener = tokio::net::TcpListener::bind(&config.listen)
+        .await
+        .with_context(|| format!("--listen {}: cannot bind", config.listen))?;
     let addr = listener.local_addr().context("listener address")?;
-    let quorum = QuorumClient::connect(config.quorum).await.context("connecting to the quorum")?;
+    let quorum = QuorumClient::connect(config.quorum)
+        .await
+        .context("connecting to the quorum")?;
     let mut out = std::io::stdout();
-    writeln!(out, "listening on {addr}").and_then(|()| out.flush()).context("stdout")?;
+    writeln!(out, "listening on {addr}")
+        .and_then(|()| out.flush())
+        .context("stdout")?;
     let stats = broker::run(listener, Arc::new(quorum), config.broker, shutdown_signal()).await?;
-    tracing::info!(rounds = stats.rounds, requests = stats.requests, "broker stopped");
+    tracing::info!(
+        rounds = stats.rounds,
+        requests = stats.requests,
+        "broker stopped"
+    );
     Ok(())
 }
 

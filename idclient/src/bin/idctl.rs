@@ -10,7 +10,11 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 #[derive(Parser)]
-#[command(name = "idctl", version, about = "Globally ordered IDs from a majority of Redis nodes: run a local quorum, check nodes, get IDs, benchmark.")]
+#[command(
+    name = "idctl",
+    version,
+    about = "Globally ordered IDs from a majority of Redis nodes: run a local quorum, check nodes, get IDs, benchmark."
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -131,7 +135,11 @@ impl SourceArgs {
     fn client_config(&self) -> ClientConfig {
         let mut config = ClientConfig::new(self.r#where.nodes.clone());
         config.key = self.key.clone();
-        config.protocol = if self.classic { Protocol::Classic } else { Protocol::Fast };
+        config.protocol = if self.classic {
+            Protocol::Classic
+        } else {
+            Protocol::Fast
+        };
         config.deadline = Duration::from_millis(self.deadline_ms);
         config.connect_timeout = Duration::from_millis(self.timeout_ms);
         config.reply_timeout = Duration::from_millis(self.timeout_ms);
@@ -157,7 +165,9 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_writer(std::io::stderr)
         .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
+        )
         .init();
     let cli = Cli::parse();
     match run(cli) {
@@ -171,14 +181,27 @@ fn main() -> ExitCode {
 
 fn run(cli: Cli) -> Result<ExitCode> {
     match cli.command {
-        Command::Cluster(ClusterCmd::Up { dir, nodes, base_port }) => {
+        Command::Cluster(ClusterCmd::Up {
+            dir,
+            nodes,
+            base_port,
+        }) => {
             let quorum = LocalQuorum::start(&dir, nodes, base_port)?;
             let urls = quorum.urls_arg();
             let records = quorum.detach();
             for r in &records {
-                eprintln!("started redis-server pid {} on {} (data {})", r.pid, r.url, r.data_dir.display());
+                eprintln!(
+                    "started redis-server pid {} on {} (data {})",
+                    r.pid,
+                    r.url,
+                    r.data_dir.display()
+                );
             }
-            eprintln!("quorum of {} nodes up; stop it with: idctl cluster down --dir {}", records.len(), dir.display());
+            eprintln!(
+                "quorum of {} nodes up; stop it with: idctl cluster down --dir {}",
+                records.len(),
+                dir.display()
+            );
             println!("{urls}");
             Ok(ExitCode::SUCCESS)
         }
@@ -191,27 +214,43 @@ fn run(cli: Cli) -> Result<ExitCode> {
         Command::BrokerStats { addr } => runtime()?.block_on(broker_stats(addr)),
         Command::Next { source, count } => runtime()?.block_on(async {
             let range = if source.r#where.broker.is_empty() {
-                QuorumClient::connect(source.client_config()).await?.next_ids(count).await?
+                QuorumClient::connect(source.client_config())
+                    .await?
+                    .next_ids(count)
+                    .await?
             } else {
                 broker_source(&source).await?.next_ids(count).await?
             };
             println!("{} {}", range.lo, range.hi);
             Ok(ExitCode::SUCCESS)
         }),
-        Command::Bench { source, clients, seconds, count, history } => {
+        Command::Bench {
+            source,
+            clients,
+            seconds,
+            count,
+            history,
+        } => {
             if clients == 0 {
                 bail!("--clients must be at least 1");
             }
             if !(seconds > 0.0 && seconds.is_finite()) {
                 bail!("--seconds must be a positive number, got {seconds}");
             }
-            let config = BenchConfig { clients, duration: Duration::from_secs_f64(seconds), count, progress: true };
+            let config = BenchConfig {
+                clients,
+                duration: Duration::from_secs_f64(seconds),
+                count,
+                progress: true,
+            };
             let (report, counters) = runtime()?.block_on(async {
                 if source.r#where.broker.is_empty() {
                     let client_config = source.client_config();
                     let mut sources = Vec::with_capacity(clients);
                     for _ in 0..clients {
-                        sources.push(std::sync::Arc::new(QuorumClient::connect(client_config.clone()).await?));
+                        sources.push(std::sync::Arc::new(
+                            QuorumClient::connect(client_config.clone()).await?,
+                        ));
                     }
                     let report = bench::run(&config, &sources).await;
                     Ok::<_, anyhow::Error>((report, Some(sum_counters(&sources))))
@@ -222,7 +261,8 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 }
             })?;
             if let Some(path) = history {
-                let file = std::fs::File::create(&path).with_context(|| format!("cannot create history file {}", path.display()))?;
+                let file = std::fs::File::create(&path)
+                    .with_context(|| format!("cannot create history file {}", path.display()))?;
                 idclient::history::write_events(std::io::BufWriter::new(file), &report.events)
                     .with_context(|| format!("cannot write history file {}", path.display()))?;
             }
@@ -241,20 +281,26 @@ fn run(cli: Cli) -> Result<ExitCode> {
 
 /// The direct clients' counters, added up.
 fn sum_counters(clients: &[std::sync::Arc<QuorumClient>]) -> idclient::Counters {
-    clients.iter().map(|c| c.counters()).fold(idclient::Counters::default(), |a, c| idclient::Counters {
-        requests: a.requests + c.requests,
-        rounds: a.rounds + c.rounds,
-        rejects: a.rejects + c.rejects,
-        retries: a.retries + c.retries,
-        burned: a.burned + c.burned,
-        errors: a.errors + c.errors,
-        combined: a.combined + c.combined,
-        batches: a.batches + c.batches,
-    })
+    clients
+        .iter()
+        .map(|c| c.counters())
+        .fold(idclient::Counters::default(), |a, c| idclient::Counters {
+            requests: a.requests + c.requests,
+            rounds: a.rounds + c.rounds,
+            rejects: a.rejects + c.rejects,
+            retries: a.retries + c.retries,
+            burned: a.burned + c.burned,
+            errors: a.errors + c.errors,
+            combined: a.combined + c.combined,
+            batches: a.batches + c.batches,
+        })
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime> {
-    tokio::runtime::Builder::new_multi_thread().enable_all().build().context("cannot start the tokio runtime")
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .context("cannot start the tokio runtime")
 }
 
 async fn check(nodes: Vec<String>, timeout_ms: u64) -> Result<ExitCode> {
@@ -293,11 +339,29 @@ async fn broker_source(source: &SourceArgs) -> Result<idclient::broker_client::B
 
 /// `idctl broker-stats ADDR`: the broker's counters, human-readable, then one JSON line.
 async fn broker_stats(addr: String) -> Result<ExitCode> {
-    let s = idclient::broker_client::fetch_stats(&addr).await.with_context(|| format!("broker {addr}"))?;
-    println!("uptime_ms {}  connections {} open / {} total / {} dropped", s.uptime_ms, s.connections_open, s.connections_total, s.connections_dropped);
-    println!("requests {} (ok {}, failed {})  ids {}", s.requests, s.requests_ok, s.requests_failed, s.ids);
-    println!("rounds {} (failed {})  mean batch {:.1}  max batch {}", s.rounds, s.rounds_failed, s.mean_batch(), s.batch_max);
-    println!("round latency mean {:.0} us  max {} us", s.mean_round_us(), s.round_us_max);
+    let s = idclient::broker_client::fetch_stats(&addr)
+        .await
+        .with_context(|| format!("broker {addr}"))?;
+    println!(
+        "uptime_ms {}  connections {} open / {} total / {} dropped",
+        s.uptime_ms, s.connections_open, s.connections_total, s.connections_dropped
+    );
+    println!(
+        "requests {} (ok {}, failed {})  ids {}",
+        s.requests, s.requests_ok, s.requests_failed, s.ids
+    );
+    println!(
+        "rounds {} (failed {})  mean batch {:.1}  max batch {}",
+        s.rounds,
+        s.rounds_failed,
+        s.mean_batch(),
+        s.batch_max
+    );
+    println!(
+        "round latency mean {:.0} us  max {} us",
+        s.mean_round_us(),
+        s.round_us_max
+    );
     let buckets: Vec<String> = s
         .batch_histogram
         .iter()

@@ -87,7 +87,8 @@ enum Input {
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
         )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
@@ -108,16 +109,26 @@ fn main() -> ExitCode {
 }
 
 fn config(args: MergeArgs) -> anyhow::Result<MergeConfig> {
-    let Some(out) = args.out else { bail!("--out FILE is required") };
+    let Some(out) = args.out else {
+        bail!("--out FILE is required")
+    };
     let input = match args.data_dir {
         Some(dir) => Input::DataDir(dir),
         None => Input::Paths(args.shard_dbs),
     };
     let stall_after = match std::env::var(STALL_ENV) {
-        Ok(v) => Some(v.parse().with_context(|| format!("{STALL_ENV}={v:?} is not a number"))?),
+        Ok(v) => Some(
+            v.parse()
+                .with_context(|| format!("{STALL_ENV}={v:?} is not a number"))?,
+        ),
         Err(_) => None,
     };
-    Ok(MergeConfig { out, input, allow_unfinished: args.allow_unfinished, stall_after })
+    Ok(MergeConfig {
+        out,
+        input,
+        allow_unfinished: args.allow_unfinished,
+        stall_after,
+    })
 }
 
 fn run_merge(cfg: &MergeConfig) -> anyhow::Result<()> {
@@ -127,10 +138,17 @@ fn run_merge(cfg: &MergeConfig) -> anyhow::Result<()> {
         _ => PathBuf::from("."),
     };
     if !out_dir.is_dir() {
-        bail!("--out {}: directory {} does not exist", cfg.out.display(), out_dir.display());
+        bail!(
+            "--out {}: directory {} does not exist",
+            cfg.out.display(),
+            out_dir.display()
+        );
     }
     if cfg.out.is_dir() {
-        bail!("--out {} is a directory, expected a file name", cfg.out.display());
+        bail!(
+            "--out {} is a directory, expected a file name",
+            cfg.out.display()
+        );
     }
     let paths = match &cfg.input {
         Input::DataDir(dir) => merger::find_shards(dir)?,
@@ -156,7 +174,10 @@ fn run_merge(cfg: &MergeConfig) -> anyhow::Result<()> {
         if let Some(bar) = &bar {
             bar.set_position(records);
             let mb = bytes as f64 / 1e6;
-            bar.set_message(format!("{mb:.0} MB written, {:.0} MB/s", mb / start.elapsed().as_secs_f64().max(1e-3)));
+            bar.set_message(format!(
+                "{mb:.0} MB written, {:.0} MB/s",
+                mb / start.elapsed().as_secs_f64().max(1e-3)
+            ));
         } else if last_log.elapsed() >= LOG_EVERY {
             last_log = Instant::now();
             tracing::info!(records, total, mb = bytes / 1_000_000, "merging");
@@ -175,8 +196,15 @@ fn run_merge(cfg: &MergeConfig) -> anyhow::Result<()> {
     let summary = match result {
         Ok(summary) => summary,
         // The list is in place; only its durability is in doubt, and the message says so.
-        Err(e @ merger::MergeError::List(sublist::listbin::ListError::NotDurable { .. })) => return Err(e.into()),
-        Err(e) => return Err(anyhow::Error::new(e).context(format!("merge into {} failed; no list.bin written", cfg.out.display()))),
+        Err(e @ merger::MergeError::List(sublist::listbin::ListError::NotDurable { .. })) => {
+            return Err(e.into())
+        }
+        Err(e) => {
+            return Err(anyhow::Error::new(e).context(format!(
+                "merge into {} failed; no list.bin written",
+                cfg.out.display()
+            )))
+        }
     };
     let secs = start.elapsed().as_secs_f64();
     let mb = summary.file_bytes as f64 / 1e6;
@@ -215,7 +243,12 @@ fn run_cat(file: &std::path::Path, json: bool) -> anyhow::Result<()> {
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
     for item in reader {
-        let r = item.with_context(|| format!("{} is not a valid list.bin (records above were printed)", file.display()))?;
+        let r = item.with_context(|| {
+            format!(
+                "{} is not a valid list.bin (records above were printed)",
+                file.display()
+            )
+        })?;
         let line = if json {
             let mut obj = serde_json::json!({ "id": r.id, "shard": r.shard, "seq": r.seq });
             match std::str::from_utf8(&r.payload) {
@@ -224,7 +257,13 @@ fn run_cat(file: &std::path::Path, json: bool) -> anyhow::Result<()> {
             }
             obj.to_string()
         } else {
-            format!("{}\t{}\t{}\t{}", r.id, r.shard, r.seq, r.payload.escape_ascii())
+            format!(
+                "{}\t{}\t{}\t{}",
+                r.id,
+                r.shard,
+                r.seq,
+                r.payload.escape_ascii()
+            )
         };
         if let Err(e) = writeln!(out, "{line}") {
             // `merger cat | head` closes the pipe early: that is the reader's choice, not an error.

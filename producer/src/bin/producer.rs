@@ -3,7 +3,9 @@
 use clap::{ArgGroup, Parser};
 use idclient::broker_client::{BrokerClient, BrokerClientConfig};
 use idclient::{ClientConfig, IdError, QuorumClient};
-use producer::{Config, Display, InputSpec, Producer, ProducerError, DEFAULT_BATCH, DEFAULT_PAYLOAD_SIZE};
+use producer::{
+    Config, Display, InputSpec, Producer, ProducerError, DEFAULT_BATCH, DEFAULT_PAYLOAD_SIZE,
+};
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -73,19 +75,35 @@ fn seconds(name: &str, v: f64) -> anyhow::Result<Duration> {
     Duration::try_from_secs_f64(v)
         .ok()
         .filter(|d| !d.is_zero())
-        .ok_or_else(|| ProducerError::Config(format!("--{name} must be a positive number of seconds, got {v}")).into())
+        .ok_or_else(|| {
+            ProducerError::Config(format!(
+                "--{name} must be a positive number of seconds, got {v}"
+            ))
+            .into()
+        })
 }
 
 fn split(list: &str) -> Vec<String> {
-    list.split(',').map(str::trim).filter(|s| !s.is_empty()).map(String::from).collect()
+    list.split(',')
+        .map(str::trim)
+        .filter(|s| !s.is_empty())
+        .map(String::from)
+        .collect()
 }
 
 fn config(flags: &Flags) -> anyhow::Result<(Config, Ids)> {
     let input = match (&flags.input, flags.generate) {
         (Some(f), None) if f == "-" => InputSpec::Stdin,
         (Some(f), None) => InputSpec::File(PathBuf::from(f)),
-        (None, Some(count)) => InputSpec::Generate { count, payload_size: flags.payload_size },
-        _ => return Err(ProducerError::Config("give exactly one of --input and --generate".into()).into()),
+        (None, Some(count)) => InputSpec::Generate {
+            count,
+            payload_size: flags.payload_size,
+        },
+        _ => {
+            return Err(
+                ProducerError::Config("give exactly one of --input and --generate".into()).into(),
+            )
+        }
     };
     let display = if !flags.no_progress_bar && std::io::stderr().is_terminal() {
         Display::Bar
@@ -101,15 +119,34 @@ fn config(flags: &Flags) -> anyhow::Result<(Config, Ids)> {
             Ids::Nodes(c)
         }
         (None, Some(b)) => Ids::Broker(split(b), deadline),
-        _ => return Err(ProducerError::Config("give exactly one of --nodes and --broker".into()).into()),
+        _ => {
+            return Err(
+                ProducerError::Config("give exactly one of --nodes and --broker".into()).into(),
+            )
+        }
     };
-    let cfg = Config { shard: flags.shard, data_dir: flags.data_dir.clone(), input, batch: flags.batch, display };
+    let cfg = Config {
+        shard: flags.shard,
+        data_dir: flags.data_dir.clone(),
+        input,
+        batch: flags.batch,
+        display,
+    };
     Ok((cfg, ids))
 }
 
-async fn run_with_broker(p: Producer, addrs: Vec<String>, deadline: Duration) -> Result<producer::Summary, ProducerError> {
-    let config = BrokerClientConfig { deadline, ..BrokerClientConfig::default() };
-    let client = BrokerClient::connect(addrs, config).await.map_err(ProducerError::Connect)?;
+async fn run_with_broker(
+    p: Producer,
+    addrs: Vec<String>,
+    deadline: Duration,
+) -> Result<producer::Summary, ProducerError> {
+    let config = BrokerClientConfig {
+        deadline,
+        ..BrokerClientConfig::default()
+    };
+    let client = BrokerClient::connect(addrs, config)
+        .await
+        .map_err(ProducerError::Connect)?;
     p.run(&client).await
 }
 
@@ -125,7 +162,9 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
     } else {
         match ids {
             Ids::Nodes(c) => {
-                let client = QuorumClient::connect(c).await.map_err(ProducerError::Connect)?;
+                let client = QuorumClient::connect(c)
+                    .await
+                    .map_err(ProducerError::Connect)?;
                 p.run(&client).await?
             }
             Ids::Broker(addrs, deadline) => run_with_broker(p, addrs, deadline).await?,
@@ -146,12 +185,18 @@ impl idclient::IdSource for NoIds {
 
 fn main() -> ExitCode {
     tracing_subscriber::fmt()
-        .with_env_filter(tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()))
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
+        )
         .with_writer(std::io::stderr)
         .with_ansi(std::io::stderr().is_terminal())
         .init();
     let flags = Flags::parse();
-    let rt = match tokio::runtime::Builder::new_multi_thread().worker_threads(2).enable_all().build() {
+    let rt = match tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+    {
         Ok(rt) => rt,
         Err(e) => {
             eprintln!("producer: cannot start the async runtime: {e}");
@@ -162,7 +207,9 @@ fn main() -> ExitCode {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
             eprintln!("producer: error: {e:#}");
-            let code = e.downcast_ref::<ProducerError>().map_or(1, ProducerError::exit_code);
+            let code = e
+                .downcast_ref::<ProducerError>()
+                .map_or(1, ProducerError::exit_code);
             ExitCode::from(code)
         }
     }
