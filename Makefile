@@ -3,17 +3,23 @@
 CARGO_TARGET_DIR ?= /var/tmp/qlist-target
 export CARGO_TARGET_DIR
 
-.PHONY: deps build test demo bench clean-demo
+.PHONY: deps test-deps build test demo bench clean-demo
 
 deps:
 	bash scripts/deps.sh
 
+test-deps:
+	bash scripts/test-deps.sh
+
+# A cold target dir compiles RocksDB from source first: say so, or it looks like a hang.
 build: deps
+	@ls $$CARGO_TARGET_DIR/release/build/librocksdb-sys-*/out/librocksdb.a >/dev/null 2>&1 || echo "qlist: first build: compiling RocksDB from source into $$CARGO_TARGET_DIR (about 15 minutes on 2 cores; later builds reuse it)" >&2
 	cargo build --release --workspace --bins
 
-# The whole test suite (real redis-server processes, real RocksDB), a compile check of
-# the benchmarks, and a small run of the demo (the README's first command).
-test: build
+# deps.sh's detection on fake trees (no build needed, so it runs first), the whole test
+# suite (real redis-server processes, real RocksDB), a compile check of the benchmarks,
+# and a small run of the demo (the README's first command).
+test: test-deps build
 	cargo test --release --workspace
 	cargo bench --workspace --no-run
 	d=$$(mktemp -d) && QLIST_DEMO_DIR=$$d/demo QLIST_DEMO_ITEMS=20000 bash scripts/demo.sh && rm -rf $$d

@@ -1,22 +1,142 @@
 #!/usr/bin/env bash
-# Installs what qlist needs from Debian's packages when it is missing: redis-server (the
-# quorum nodes) and libclang-dev (bindgen, for RocksDB's bindings). Needs root or sudo.
+# Installs what qlist needs from Debian's packages when it is missing, then checks again:
+#   redis-server >= 7   the quorum nodes (the scripts use redis.set_repl and other Redis 7 features)
+#   libclang-dev        bindgen (RocksDB's bindings) loads libclang.so at build time
+#   make, cc, c++       the build (RocksDB is C++)
+# What counts as present is what the build really loads: for libclang exactly the file
+# names clang-sys searches (libclang.so, libclang-*.so, libclang.so.*, libclang-*.so.*),
+# never libclang-cpp*, which some images carry without libclang itself.
+#
+#   bash scripts/deps.sh           install what is missing (needs root or sudo), then check
+#   bash scripts/deps.sh --check   only report; exit 1 naming what is missing
+#
+# For tests: QLIST_DEPS_ROOT=DIR looks for everything under DIR instead of / (libraries
+# under DIR/usr/lib..., commands under DIR/usr/bin, DIR/usr/local/bin, DIR/bin) and never
+# installs.
 set -euo pipefail
-need=()
-command -v redis-server >/dev/null 2>&1 || need+=(redis-server)
-if ! compgen -G "/usr/lib/llvm-*/lib/libclang.so*" >/dev/null && ! compgen -G "/usr/lib/*/libclang*.so*" >/dev/null; then
-  need+=(libclang-dev)
-fi
-command -v cc >/dev/null 2>&1 || need+=(build-essential)
-if [ ${#need[@]} -eq 0 ]; then
+
+check_only=0
+case "${1:-}" in
+  --check) check_only=1 ;;
+  "") ;;
+  -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  *) echo "deps.sh: unknown argument '$1' (use --check or nothing)" >&2; exit 2 ;;
+esac
+root="${QLIST_DEPS_ROOT:-}"
+[ -n "$root" ] && check_only=1
+min_redis_major=7
+
+# The path of command $1, or nothing.
+find_cmd() {
+  if [ -n "$root" ]; then
+    local d
+    for d in /usr/local/bin /usr/bin /bin; do
+      [ -x "$root$d/$1" ] && { echo "$root$d/$1"; return 0; }
+    done
+    return 1
+  fi
+  command -v "$1" 2>/dev/null
+}
+
+# Succeeds when a file bindgen's clang-sys would load exists: the directories it searches
+# on Linux (LIBCLANG_PATH, then the system library directories and every llvm-*/lib).
+have_libclang() {
+  local dirs=() d f base
+  if [ -z "$root" ] && [ -n "${LIBCLANG_PATH:-}" ]; then dirs+=("$LIBCLANG_PATH"); fi
+  for d in "$root"/usr/lib/llvm-*/lib "$root"/usr/lib "$root"/usr/lib64 "$root"/usr/lib/*-linux-gnu \
+           "$root"/usr/local/lib "$root"/usr/local/lib64 "$root"/lib "$root"/lib64 "$root"/lib/*-linux-gnu; do
+    [ -d "$d" ] && dirs+=("$d")
+  done
+  for d in "${dirs[@]}"; do
+    for f in "$d"/libclang.so "$d"/libclang-*.so "$d"/libclang.so.* "$d"/libclang-*.so.*; do
+      [ -e "$f" ] || continue
+      base=${f##*/}
+      case "$base" in libclang-cpp*) continue ;; esac
+      return 0
+    done
+  done
+  return 1
+}
+
+# The major version of the redis-server at $1 ("Redis server v=7.0.15 sha=..."), or nothing.
+redis_major() {
+  "$1" --version 2>/dev/null | sed -n 's/.*v=\([0-9][0-9]*\)\..*/\1/p' | head -n 1
+}
+
+# Fills missing (Debian packages) and problems (one line each, for the user).
+missing=()
+problems=()
+survey() {
+  missing=()
+  problems=()
+  local redis major
+  if redis=$(find_cmd redis-server); then
+    major=$(redis_major "$redis")
+    if [ -z "$major" ]; then
+      problems+=("redis-server at $redis does not say its version (redis-server --version)")
+      missing+=(redis-server)
+    elif [ "$major" -lt "$min_redis_major" ]; then
+      problems+=("redis-server at $redis is version $major; qlist needs Redis $min_redis_major or newer")
+      missing+=(redis-server)
+    fi
+  else
+    problems+=("redis-server not found (Debian package redis-server, Redis $min_redis_major or newer)")
+    missing+=(redis-server)
+  fi
+  if ! have_libclang; then
+    problems+=("libclang not found: no libclang.so, libclang-*.so or libclang.so.* (libclang-cpp does not count); Debian package libclang-dev")
+    missing+=(libclang-dev)
+  fi
+  if ! find_cmd make >/dev/null; then
+    problems+=("make not found (Debian package make)")
+    missing+=(make)
+  fi
+  if ! find_cmd cc >/dev/null || ! find_cmd c++ >/dev/null; then
+    problems+=("a C/C++ compiler (cc and c++) not found (Debian package build-essential)")
+    missing+=(build-essential)
+  fi
+}
+
+report() {
+  local p
+  for p in "${problems[@]}"; do echo "qlist deps: missing: $p" >&2; done
+}
+
+survey
+if [ ${#missing[@]} -eq 0 ]; then
+  [ $check_only -eq 1 ] && echo "qlist deps: ok (redis-server >= $min_redis_major, libclang, make, cc, c++)"
   exit 0
 fi
-echo "qlist: installing ${need[*]} (apt-get)" >&2
+if [ $check_only -eq 1 ]; then
+  report
+  echo "qlist deps: to install: ${missing[*]}" >&2
+  exit 1
+fi
+
+echo "qlist deps: installing ${missing[*]} (apt-get)" >&2
 sudo=""
 if [ "$(id -u)" -ne 0 ]; then
-  command -v sudo >/dev/null 2>&1 || { echo "qlist: need root or sudo to install ${need[*]}" >&2; exit 1; }
+  if ! command -v sudo >/dev/null 2>&1; then
+    report
+    echo "qlist deps: need root or sudo to install ${missing[*]}; install them by hand" >&2
+    exit 1
+  fi
   sudo="sudo"
 fi
+if ! command -v apt-get >/dev/null 2>&1; then
+  report
+  echo "qlist deps: no apt-get here; install by hand: redis-server (>= $min_redis_major), libclang (clang's shared library), make, a C/C++ compiler" >&2
+  exit 1
+fi
 export DEBIAN_FRONTEND=noninteractive
-$sudo apt-get update -qq
-$sudo apt-get install -y -qq "${need[@]}" >/dev/null
+$sudo apt-get update -qq || echo "qlist deps: apt-get update failed; trying the install anyway" >&2
+$sudo apt-get install -y -qq "${missing[@]}" >/dev/null || true
+
+survey
+if [ ${#missing[@]} -ne 0 ]; then
+  report
+  echo "qlist deps: still missing after apt-get install: ${missing[*]}." >&2
+  echo "qlist deps: install by hand (e.g. 'apt-get install ${missing[*]}'), or on other systems: redis-server >= $min_redis_major, libclang, make, a C/C++ compiler; then rerun." >&2
+  exit 1
+fi
+echo "qlist deps: ok" >&2

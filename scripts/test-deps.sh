@@ -1,0 +1,75 @@
+#!/usr/bin/env bash
+# Tests scripts/deps.sh's detection on fake trees (QLIST_DEPS_ROOT), so what a fresh
+# machine would install is checked without one. Run by `make test`; needs no build.
+set -euo pipefail
+here=$(cd "$(dirname "$0")" && pwd)
+tmp=$(mktemp -d)
+trap 'rm -rf "$tmp"' EXIT
+passed=0
+failed=0
+
+# A tree with make, cc, c++ and a redis-server that says it is version $2.
+tree() {
+  local t="$tmp/$1"
+  mkdir -p "$t/usr/bin" "$t/usr/lib/x86_64-linux-gnu" "$t/usr/lib/llvm-14/lib"
+  for c in make cc c++; do printf '#!/bin/sh\n' > "$t/usr/bin/$c"; chmod +x "$t/usr/bin/$c"; done
+  if [ -n "$2" ]; then
+    printf '#!/bin/sh\necho "Redis server v=%s sha=00000000:0 malloc=jemalloc-5.3.0 bits=64 build=1"\n' "$2" > "$t/usr/bin/redis-server"
+    chmod +x "$t/usr/bin/redis-server"
+  fi
+  echo "$t"
+}
+
+# expect NAME ROOT EXIT_CODE PATTERN...: deps.sh ${ARG:---check} on ROOT exits EXIT_CODE and
+# its output matches every PATTERN (a leading ! means must not match).
+expect() {
+  local name=$1 root=$2 want=$3 out rc p ok=1
+  shift 3
+  set +e
+  out=$(QLIST_DEPS_ROOT="$root" bash "$here/deps.sh" "${ARG:---check}" 2>&1)
+  rc=$?
+  set -e
+  [ "$rc" -eq "$want" ] || ok=0
+  for p in "$@"; do
+    if [ "${p:0:1}" = "!" ]; then
+      grep -q -- "${p:1}" <<<"$out" && ok=0
+    else
+      grep -q -- "$p" <<<"$out" || ok=0
+    fi
+  done
+  if [ $ok -eq 1 ]; then
+    passed=$((passed + 1)); echo "ok: $name"
+  else
+    failed=$((failed + 1)); echo "FAILED: $name (exit $rc, wanted $want):"; sed 's/^/    /' <<<"$out"
+  fi
+}
+
+t=$(tree cpp-only 7.0.15)
+touch "$t/usr/lib/llvm-14/lib/libclang-cpp.so.14" "$t/usr/lib/x86_64-linux-gnu/libclang-cpp.so.14"
+expect "only libclang-cpp present: libclang-dev is missing" "$t" 1 "libclang-dev" "!redis-server"
+
+t=$(tree llvm-libclang 7.0.15)
+touch "$t/usr/lib/llvm-14/lib/libclang.so"
+expect "libclang.so under llvm-14: nothing to install" "$t" 0 "qlist deps: ok"
+
+t=$(tree versioned-libclang 7.2.4)
+touch "$t/usr/lib/x86_64-linux-gnu/libclang-14.so.1"
+expect "libclang-14.so.1 in the multiarch dir: nothing to install" "$t" 0 "qlist deps: ok"
+
+t=$(tree no-redis "")
+touch "$t/usr/lib/llvm-14/lib/libclang.so.1"
+expect "redis-server absent: reported" "$t" 1 "redis-server not found" "to install: redis-server" "!libclang-dev"
+
+t=$(tree old-redis 6.0.16)
+touch "$t/usr/lib/llvm-14/lib/libclang.so.1"
+expect "redis-server 6: refused as too old" "$t" 1 "version 6; qlist needs Redis 7" "to install: redis-server"
+
+t=$(tree no-make 7.0.15)
+touch "$t/usr/lib/llvm-14/lib/libclang.so"
+rm "$t/usr/bin/make" "$t/usr/bin/c++"
+expect "no make, no c++: both reported" "$t" 1 "make not found" "build-essential"
+
+ARG=--install expect "an unknown argument is a usage error" "$tmp" 2 "unknown argument '--install'"
+
+echo "deps.sh: $passed passed, $failed failed"
+[ "$failed" -eq 0 ]
