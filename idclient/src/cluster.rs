@@ -18,6 +18,10 @@ pub const START_TIMEOUT: Duration = Duration::from_secs(20);
 /// How long `down` waits for a node to exit after SIGTERM before it sends SIGKILL.
 pub const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 
+/// The oldest Redis major version the nodes may run: the rendezvous script uses
+/// `redis.set_repl`, and the scripts rely on Redis 7's script semantics.
+pub const MIN_REDIS_MAJOR: u32 = 7;
+
 /// The file under the cluster dir that records what `cluster up` started.
 pub const STATE_FILE: &str = "cluster.json";
 
@@ -26,6 +30,10 @@ pub const STATE_FILE: &str = "cluster.json";
 pub enum ClusterError {
     #[error("redis-server not found in PATH: install it (Debian/Ubuntu: `sudo apt-get install redis-server`) or put it on PATH")]
     RedisMissing,
+    #[error("redis-server {found} is too old: qlist needs Redis {MIN_REDIS_MAJOR} or newer (its scripts use redis.set_repl); install a newer redis-server (Debian 12+/Ubuntu 24.04+: `apt-get install redis-server`)")]
+    RedisTooOld { found: String },
+    #[error("`redis-server --version` did not say its version ({0}): is it really redis-server?")]
+    RedisVersionUnknown(String),
     #[error("port {port} on 127.0.0.1 is already in use: pick another --base-port, or stop what holds it")]
     PortInUse { port: u16 },
     #[error("node count must be odd and at least 3, got {0}")]
@@ -165,6 +173,51 @@ pub fn durable_args(port: u16, data_dir: &Path) -> Vec<String> {
     args
 }
 
+/// The version in `redis-server --version`'s output ("Redis server v=7.0.15 sha=..."),
+/// as (major, the whole version string).
+fn parse_redis_version(output: &str) -> Option<(u32, String)> {
+    let version = output.split_whitespace().find_map(|w| w.strip_prefix("v="))?;
+    let major = version.split('.').next()?.parse().ok()?;
+    Some((major, version.to_string()))
+}
+
+/// What `redis-server --version` told, kept for the life of the process.
+#[derive(Clone)]
+enum RedisVersion {
+    Usable,
+    Missing,
+    TooOld(String),
+    Unknown(String),
+}
+
+/// Refuses a redis-server on PATH older than [`MIN_REDIS_MAJOR`]. Asked once per process.
+///
+/// # Errors
+/// redis-server missing, too old, or not saying its version.
+pub fn check_redis_version() -> Result<(), ClusterError> {
+    static VERDICT: std::sync::OnceLock<RedisVersion> = std::sync::OnceLock::new();
+    let verdict = VERDICT.get_or_init(|| {
+        match Command::new("redis-server").arg("--version").output() {
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => RedisVersion::Missing,
+            Err(e) => RedisVersion::Unknown(format!("cannot run it: {e}")),
+            Ok(out) => {
+                let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
+                match parse_redis_version(&text) {
+                    Some((major, _)) if major >= MIN_REDIS_MAJOR => RedisVersion::Usable,
+                    Some((_, version)) => RedisVersion::TooOld(version),
+                    None => RedisVersion::Unknown(text),
+                }
+            }
+        }
+    });
+    match verdict.clone() {
+        RedisVersion::Usable => Ok(()),
+        RedisVersion::Missing => Err(ClusterError::RedisMissing),
+        RedisVersion::TooOld(found) => Err(ClusterError::RedisTooOld { found }),
+        RedisVersion::Unknown(text) => Err(ClusterError::RedisVersionUnknown(text)),
+    }
+}
+
 /// Starts one redis-server in its own process group (so a terminal's Ctrl-C does not reach
 /// a detached cluster) and waits until it answers PING.
 fn spawn_node(port: u16, data_dir: &Path, extra_args: &[String]) -> Result<Child, ClusterError> {
@@ -245,6 +298,7 @@ impl LocalQuorum {
     /// in `dir`, or the state file not writable.
     pub fn start(dir: &Path, nodes: usize, base_port: u16) -> Result<LocalQuorum, ClusterError> {
         check_node_count(nodes)?;
+        check_redis_version()?;
         if usize::from(base_port) + nodes > 65536 || base_port == 0 {
             return Err(ClusterError::BadPorts {
                 base: base_port,
@@ -310,6 +364,7 @@ impl LocalQuorum {
         if nodes == 0 {
             return Err(ClusterError::BadNodeCount(nodes));
         }
+        check_redis_version()?;
         let temp =
             tempfile_guard::TempDir::new("qlist-quorum").map_err(io_err(&std::env::temp_dir()))?;
         let dir = temp.path().to_path_buf();
@@ -557,4 +612,20 @@ pub fn down(dir: &Path) -> Result<usize, ClusterError> {
     let path = dir.join(STATE_FILE);
     std::fs::remove_file(&path).map_err(io_err(&path))?;
     Ok(stopped)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn parses_redis_server_version_lines() {
+        let seven = "Redis server v=7.0.15 sha=00000000:0 malloc=jemalloc-5.3.0 bits=64 build=1";
+        assert_eq!(parse_redis_version(seven), Some((7, "7.0.15".to_string())));
+        let six = "Redis server v=6.0.16 sha=00000000:0 malloc=jemalloc-5.2.1 bits=64";
+        assert_eq!(parse_redis_version(six), Some((6, "6.0.16".to_string())));
+        assert_eq!(parse_redis_version("KeyDB server"), None);
+        assert_eq!(parse_redis_version("Redis server v=x.1"), None);
+        assert_eq!(parse_redis_version(""), None);
+    }
 }

@@ -232,6 +232,35 @@ fn cluster_up_refuses_a_taken_port_and_missing_redis() {
 }
 
 #[test]
+fn cluster_up_refuses_a_redis_older_than_7() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().expect("tempdir");
+    let bin = dir.path().join("bin");
+    std::fs::create_dir(&bin).expect("mkdir");
+    let fake = bin.join("redis-server");
+    std::fs::write(
+        &fake,
+        "#!/bin/sh\necho 'Redis server v=6.2.6 sha=00000000:0 malloc=jemalloc-5.1.0 bits=64 build=1'\n",
+    )
+    .expect("write fake redis-server");
+    std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).expect("chmod");
+    let d = dir.path().join("q");
+    let up = Command::new(env!("CARGO_BIN_EXE_idctl"))
+        .args(["cluster", "up", "--dir", d.to_str().expect("utf-8 path")])
+        .args(["--nodes", "3", "--base-port", &free_base(3).to_string()])
+        .env("PATH", &bin)
+        .output()
+        .expect("run idctl");
+    assert!(!up.status.success());
+    let out = text(&up);
+    assert!(
+        out.contains("redis-server 6.2.6 is too old") && out.contains("Redis 7 or newer"),
+        "{out}"
+    );
+    assert!(!d.join("cluster.json").exists(), "nothing was started: {out}");
+}
+
+#[test]
 fn check_refuses_an_unsafe_node() {
     let safe = LocalQuorum::temp(1).expect("start redis-server");
     let unsafe_node = LocalQuorum::temp_with_args(1, &["--appendfsync".into(), "everysec".into()])
