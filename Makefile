@@ -3,7 +3,7 @@
 CARGO_TARGET_DIR ?= /var/tmp/qlist-target
 export CARGO_TARGET_DIR
 
-.PHONY: deps test-deps build test demo bench clean-demo
+.PHONY: deps test-deps build test lint demo bench clean-demo
 
 deps:
 	bash scripts/deps.sh
@@ -23,6 +23,13 @@ test: test-deps build
 	cargo test --release --workspace
 	cargo bench --workspace --no-run
 	d=$$(mktemp -d) && QLIST_DEMO_DIR=$$d/demo QLIST_DEMO_ITEMS=20000 bash scripts/demo.sh && rm -rf $$d
+
+# Formatting, lints and docs, on the release profile the tests built (cargo doc --release
+# reuses its build scripts; a plain cargo doc would compile RocksDB again in debug).
+lint:
+	cargo fmt --all --check
+	cargo clippy --release --workspace --all-targets -- -D warnings
+	RUSTDOCFLAGS="-D warnings" cargo doc --release --no-deps --workspace
 
 # The main job end to end on a local quorum it starts and stops itself.
 demo: build
