@@ -176,7 +176,9 @@ pub fn durable_args(port: u16, data_dir: &Path) -> Vec<String> {
 /// The version in `redis-server --version`'s output ("Redis server v=7.0.15 sha=..."),
 /// as (major, the whole version string).
 fn parse_redis_version(output: &str) -> Option<(u32, String)> {
-    let version = output.split_whitespace().find_map(|w| w.strip_prefix("v="))?;
+    let version = output
+        .split_whitespace()
+        .find_map(|w| w.strip_prefix("v="))?;
     let major = version.split('.').next()?.parse().ok()?;
     Some((major, version.to_string()))
 }
@@ -196,20 +198,21 @@ enum RedisVersion {
 /// redis-server missing, too old, or not saying its version.
 pub fn check_redis_version() -> Result<(), ClusterError> {
     static VERDICT: std::sync::OnceLock<RedisVersion> = std::sync::OnceLock::new();
-    let verdict = VERDICT.get_or_init(|| {
-        match Command::new("redis-server").arg("--version").output() {
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => RedisVersion::Missing,
-            Err(e) => RedisVersion::Unknown(format!("cannot run it: {e}")),
-            Ok(out) => {
-                let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
-                match parse_redis_version(&text) {
-                    Some((major, _)) if major >= MIN_REDIS_MAJOR => RedisVersion::Usable,
-                    Some((_, version)) => RedisVersion::TooOld(version),
-                    None => RedisVersion::Unknown(text),
+    let verdict =
+        VERDICT.get_or_init(
+            || match Command::new("redis-server").arg("--version").output() {
+                Err(e) if e.kind() == std::io::ErrorKind::NotFound => RedisVersion::Missing,
+                Err(e) => RedisVersion::Unknown(format!("cannot run it: {e}")),
+                Ok(out) => {
+                    let text = String::from_utf8_lossy(&out.stdout).trim().to_string();
+                    match parse_redis_version(&text) {
+                        Some((major, _)) if major >= MIN_REDIS_MAJOR => RedisVersion::Usable,
+                        Some((_, version)) => RedisVersion::TooOld(version),
+                        None => RedisVersion::Unknown(text),
+                    }
                 }
-            }
-        }
-    });
+            },
+        );
     match verdict.clone() {
         RedisVersion::Usable => Ok(()),
         RedisVersion::Missing => Err(ClusterError::RedisMissing),

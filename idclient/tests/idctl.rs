@@ -257,7 +257,10 @@ fn cluster_up_refuses_a_redis_older_than_7() {
         out.contains("redis-server 6.2.6 is too old") && out.contains("Redis 7 or newer"),
         "{out}"
     );
-    assert!(!d.join("cluster.json").exists(), "nothing was started: {out}");
+    assert!(
+        !d.join("cluster.json").exists(),
+        "nothing was started: {out}"
+    );
 }
 
 #[test]
