@@ -56,9 +56,12 @@ struct Flags {
     #[arg(long, default_value_t = broker::IDLE_TIMEOUT.as_millis() as u64)]
     idle_timeout_ms: u64,
     /// Most open client connections. At the cap a new one evicts the longest-idle
-    /// connection (idle 1 s or more), or is refused with a reason if there is none.
+    /// connection (see --evict-min-idle-ms), or is refused with a reason if there is none.
     #[arg(long, default_value_t = broker::MAX_CONNECTIONS)]
     max_connections: usize,
+    /// At the connection cap, only a connection idle at least this long may be evicted, ms.
+    #[arg(long, default_value_t = broker::EVICT_MIN_IDLE.as_millis() as u64)]
+    evict_min_idle_ms: u64,
     /// Most unanswered requests per connection before the broker stops reading it.
     #[arg(long, default_value_t = broker::MAX_IN_FLIGHT_PER_CONN)]
     max_in_flight: usize,
@@ -99,6 +102,7 @@ impl Config {
             handshake_timeout: Duration::from_millis(f.handshake_timeout_ms),
             frame_timeout: Duration::from_millis(f.frame_timeout_ms),
             idle_timeout: Duration::from_millis(f.idle_timeout_ms),
+            evict_min_idle: Duration::from_millis(f.evict_min_idle_ms),
             max_connections: f.max_connections,
             max_in_flight_per_conn: f.max_in_flight,
             max_count: f.max_count,
