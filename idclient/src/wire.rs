@@ -102,7 +102,8 @@ pub struct BrokerStats {
     pub uptime_ms: u64,
     pub connections_open: u64,
     pub connections_total: u64,
-    /// Connections closed for a protocol violation, a handshake timeout or a write timeout.
+    /// Connections closed by the broker: a protocol violation, a handshake, frame, idle
+    /// or write timeout, eviction at the connection cap, or refusal at the cap.
     pub connections_dropped: u64,
     /// `NextIds` requests received.
     pub requests: u64,
