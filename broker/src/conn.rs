@@ -1,22 +1,26 @@
-//! One client connection: a reader (handshake, frames, backpressure) and a writer task
-//! (batches replies into few writes, bounded by a write timeout).
+//! One client connection: a reader (handshake, frames, timeouts, backpressure) and a
+//! writer task (batches replies into few writes, bounded by a write timeout).
+//!
+//! Every wait of the reader is bounded: the handshake by the handshake timeout, every
+//! partial frame (header included) by the frame timeout, a connection with nothing in
+//! flight by the idle timeout. Reads go through a cancel-safe [`FrameReader`], so all
+//! of them are raced in one `select!` with shutdown and eviction.
 
 use crate::batcher::{Outgoing, Pending};
 use crate::stats::Stats;
 use crate::BrokerConfig;
-use idclient::wire::{self, ClientMsg, ServerMsg, WireError};
+use idclient::wire::{self, ClientMsg, FrameReader, ServerMsg, WireError};
 use idclient::IdError;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
-use tokio::io::{AsyncWriteExt, BufReader};
+use std::time::Duration;
+use tokio::io::AsyncWriteExt;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, watch, Semaphore};
-use tokio::time::{timeout, Instant};
-
-/// Socket read buffer: a few hundred pipelined requests per read system call.
-const READ_BUF: usize = 16 * 1024;
+use tokio::sync::{mpsc, watch, Notify, Semaphore};
+use tokio::time::{sleep_until, timeout, Instant};
 
 /// The writer flushes once this much is buffered even if more replies are waiting, so
 /// one slow burst cannot grow the buffer without bound.
@@ -32,15 +36,19 @@ pub(crate) enum ConnError {
     #[error("{0}")]
     Wire(#[from] WireError),
     #[error("no complete handshake within {0:?}")]
-    HandshakeTimeout(std::time::Duration),
-    #[error("frame not completed within {0:?} of its header")]
-    FrameTimeout(std::time::Duration),
+    HandshakeTimeout(Duration),
+    #[error("frame not completed within {0:?} of its first byte")]
+    FrameTimeout(Duration),
+    #[error("idle for {0:?} with no request in flight")]
+    IdleTimeout(Duration),
+    #[error("evicted: idle for {0:?} while the broker is at its connection cap")]
+    Evicted(Duration),
     #[error("handshake refused: {0}")]
     BadHello(String),
     #[error("unexpected message: {0}")]
     Unexpected(&'static str),
     #[error("client did not read its replies within {0:?}")]
-    WriteTimeout(std::time::Duration),
+    WriteTimeout(Duration),
     #[error("writer stopped")]
     WriterGone,
     #[error("batcher stopped")]
@@ -48,7 +56,7 @@ pub(crate) enum ConnError {
 }
 
 impl ConnError {
-    /// Errors the peer caused by what it sent: it is told why before the close.
+    /// Errors the peer should hear about: it is told why before the close.
     fn tell_peer(&self) -> bool {
         matches!(
             self,
@@ -57,7 +65,57 @@ impl ConnError {
                 | ConnError::Unexpected(_)
                 | ConnError::HandshakeTimeout(_)
                 | ConnError::FrameTimeout(_)
+                | ConnError::IdleTimeout(_)
+                | ConnError::Evicted(_)
         )
+    }
+}
+
+/// What the accept loop sees of a connection, to pick one to evict at the cap.
+#[derive(Debug)]
+pub(crate) struct ConnState {
+    epoch: Instant,
+    /// Milliseconds after `epoch` of the last frame read or reply written.
+    last_active_ms: AtomicU64,
+    /// Part of a frame is buffered: the peer is mid-message, not idle.
+    partial: AtomicBool,
+    in_flight: Arc<Semaphore>,
+    max_in_flight: usize,
+    /// Set by the accept loop: close if still idle.
+    evict: Notify,
+}
+
+impl ConnState {
+    pub(crate) fn new(max_in_flight: usize) -> ConnState {
+        ConnState {
+            epoch: Instant::now(),
+            last_active_ms: AtomicU64::new(0),
+            partial: AtomicBool::new(false),
+            in_flight: Arc::new(Semaphore::new(max_in_flight)),
+            max_in_flight,
+            evict: Notify::new(),
+        }
+    }
+
+    fn touch(&self) {
+        let ms = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
+        self.last_active_ms.fetch_max(ms, Relaxed);
+    }
+
+    fn last_active(&self) -> Instant {
+        self.epoch + Duration::from_millis(self.last_active_ms.load(Relaxed))
+    }
+
+    /// Nothing in flight and no partial frame: how long since the last activity.
+    pub(crate) fn idle_for(&self, now: Instant) -> Option<Duration> {
+        let busy =
+            self.partial.load(Relaxed) || self.in_flight.available_permits() < self.max_in_flight;
+        (!busy).then(|| now.saturating_duration_since(self.last_active()))
+    }
+
+    /// Asks the connection to close if it is (still) idle.
+    pub(crate) fn evict(&self) {
+        self.evict.notify_one();
     }
 }
 
@@ -69,13 +127,14 @@ pub(crate) struct Ctx {
     pub stopping: watch::Receiver<bool>,
 }
 
-/// Serves one connection until the peer leaves, misbehaves or the broker stops, and
-/// every request it sent has been answered. Never fails: problems are logged.
-pub(crate) async fn serve(stream: TcpStream, peer: SocketAddr, ctx: Ctx) {
+/// Serves one connection until the peer leaves, misbehaves, idles out, is evicted or
+/// the broker stops, and every request it sent has been answered. Never fails:
+/// problems are logged.
+pub(crate) async fn serve(stream: TcpStream, peer: SocketAddr, ctx: Ctx, state: Arc<ConnState>) {
     ctx.stats.connections_open.fetch_add(1, Relaxed);
     ctx.stats.connections_total.fetch_add(1, Relaxed);
     let stats = ctx.stats.clone();
-    match handle(stream, ctx).await {
+    match handle(stream, ctx, state).await {
         Ok(()) => tracing::debug!(%peer, "connection closed"),
         Err(e) => {
             stats.connections_dropped.fetch_add(1, Relaxed);
@@ -85,15 +144,20 @@ pub(crate) async fn serve(stream: TcpStream, peer: SocketAddr, ctx: Ctx) {
     stats.connections_open.fetch_sub(1, Relaxed);
 }
 
-async fn handle(stream: TcpStream, ctx: Ctx) -> Result<(), ConnError> {
+async fn handle(stream: TcpStream, ctx: Ctx, state: Arc<ConnState>) -> Result<(), ConnError> {
     // Replies are small and latency-bound: do not let Nagle hold them back.
     stream.set_nodelay(true).map_err(WireError::from)?;
     let (rd, wr) = stream.into_split();
-    let mut rd = BufReader::with_capacity(READ_BUF, rd);
+    let mut rd = FrameReader::new(rd);
     let max_in_flight = ctx.config.max_in_flight_per_conn;
     let (out_tx, out_rx) = mpsc::channel(max_in_flight + CONTROL_SLOTS);
-    let writer = tokio::spawn(write_loop(wr, out_rx, ctx.config.write_timeout));
-    let read = read_loop(&mut rd, &out_tx, &ctx).await;
+    let writer = tokio::spawn(write_loop(
+        wr,
+        out_rx,
+        ctx.config.write_timeout,
+        state.clone(),
+    ));
+    let read = read_loop(&mut rd, &out_tx, &ctx, &state).await;
     if let Err(e) = &read {
         if e.tell_peer() {
             let _ = out_tx.try_send(Outgoing {
@@ -120,21 +184,101 @@ async fn handle(stream: TcpStream, ctx: Ctx) -> Result<(), ConnError> {
     }
 }
 
-async fn read_loop(
-    rd: &mut BufReader<OwnedReadHalf>,
+/// Which limit bounds the current wait for bytes.
+#[derive(Clone, Copy)]
+enum Wait {
+    /// The Hello must be complete by then (from accept).
+    Handshake(Instant),
+    /// A partial frame must be complete by then (from when its first byte was seen).
+    Frame(Instant),
+    /// Nothing in flight, nothing partial: close at that time.
+    Idle(Instant),
+    /// Requests in flight: not idle; look again at that time.
+    Busy(Instant),
+}
+
+impl Wait {
+    fn until(self) -> Instant {
+        match self {
+            Wait::Handshake(t) | Wait::Frame(t) | Wait::Idle(t) | Wait::Busy(t) => t,
+        }
+    }
+}
+
+/// The next message, or `None` when the peer closed at a frame boundary or the broker is
+/// stopping. Every wait is bounded (see [`Wait`]). `handshake` is set for the Hello.
+async fn next_msg(
+    rd: &mut FrameReader<OwnedReadHalf>,
     out_tx: &mpsc::Sender<Outgoing>,
     ctx: &Ctx,
-) -> Result<(), ConnError> {
+    state: &ConnState,
+    handshake: Option<Instant>,
+) -> Result<Option<ClientMsg>, ConnError> {
     let config = &ctx.config;
     let mut stopping = ctx.stopping.clone();
-    let mut buf = Vec::new();
-    let handshake = config.handshake_timeout;
-    let hello = match timeout(handshake, wire::read_msg::<ClientMsg, _>(rd, &mut buf)).await {
-        Err(_) => return Err(ConnError::HandshakeTimeout(handshake)),
-        Ok(r) => r?,
-    };
-    match hello {
-        None => return Ok(()),
+    let mut frame_until: Option<Instant> = None;
+    loop {
+        if let Some(msg) = rd.next_msg()? {
+            state.partial.store(false, Relaxed);
+            state.touch();
+            return Ok(Some(msg));
+        }
+        state.partial.store(rd.partial(), Relaxed);
+        let now = Instant::now();
+        let wait = if let Some(until) = handshake {
+            Wait::Handshake(until)
+        } else if rd.partial() {
+            Wait::Frame(*frame_until.get_or_insert(now + config.frame_timeout))
+        } else if state.idle_for(now).is_some() {
+            Wait::Idle(state.last_active() + config.idle_timeout)
+        } else {
+            Wait::Busy(now + config.idle_timeout)
+        };
+        tokio::select! {
+            biased;
+            _ = stopping.wait_for(|s| *s) => return Ok(None),
+            () = out_tx.closed() => return Err(ConnError::WriterGone),
+            () = state.evict.notified() => {
+                // Only an idle connection gives up its slot (it may have woken up since).
+                if let Some(idle) = state.idle_for(Instant::now()) {
+                    return Err(ConnError::Evicted(idle));
+                }
+            }
+            n = rd.fill() => {
+                if n? == 0 {
+                    return if rd.partial() {
+                        Err(WireError::Truncated.into())
+                    } else {
+                        Ok(None)
+                    };
+                }
+            }
+            () = sleep_until(wait.until()) => match wait {
+                Wait::Handshake(_) => return Err(ConnError::HandshakeTimeout(config.handshake_timeout)),
+                Wait::Frame(_) => return Err(ConnError::FrameTimeout(config.frame_timeout)),
+                Wait::Idle(_) => {
+                    // A reply may have been written since the deadline was computed.
+                    if state.idle_for(Instant::now()).is_some_and(|d| d >= config.idle_timeout) {
+                        return Err(ConnError::IdleTimeout(config.idle_timeout));
+                    }
+                }
+                Wait::Busy(_) => {}
+            },
+        }
+    }
+}
+
+/// Reads the Hello and answers it: `Ok(false)` if the peer left (or the broker stops)
+/// before sending it.
+async fn handshake(
+    rd: &mut FrameReader<OwnedReadHalf>,
+    out_tx: &mpsc::Sender<Outgoing>,
+    ctx: &Ctx,
+    state: &ConnState,
+) -> Result<bool, ConnError> {
+    let until = state.epoch + ctx.config.handshake_timeout;
+    match next_msg(rd, out_tx, ctx, state, Some(until)).await? {
+        None => return Ok(false),
         Some(ClientMsg::Hello { magic, version })
             if magic == wire::MAGIC && version == wire::VERSION => {}
         Some(ClientMsg::Hello { magic, version }) if magic == wire::MAGIC => {
@@ -151,6 +295,7 @@ async fn read_loop(
         }
         Some(_) => return Err(ConnError::Unexpected("a request before Hello")),
     }
+    let config = &ctx.config;
     let welcome = ServerMsg::Welcome {
         version: wire::VERSION,
         max_count: config.max_count,
@@ -163,33 +308,28 @@ async fn read_loop(
         })
         .await
         .map_err(|_| ConnError::WriterGone)?;
+    Ok(true)
+}
 
-    let in_flight = Arc::new(Semaphore::new(config.max_in_flight_per_conn));
+async fn read_loop(
+    rd: &mut FrameReader<OwnedReadHalf>,
+    out_tx: &mpsc::Sender<Outgoing>,
+    ctx: &Ctx,
+    state: &ConnState,
+) -> Result<(), ConnError> {
+    let config = &ctx.config;
+    if !handshake(rd, out_tx, ctx, state).await? {
+        return Ok(());
+    }
     loop {
-        let len = tokio::select! {
-            biased;
-            _ = stopping.wait_for(|s| *s) => return Ok(()),
-            () = out_tx.closed() => return Err(ConnError::WriterGone),
-            header = wire::read_header(rd) => match header? {
-                None => return Ok(()),
-                Some(len) => len,
-            },
+        let Some(msg) = next_msg(rd, out_tx, ctx, state, None).await? else {
+            return Ok(());
         };
-        match timeout(
-            config.handshake_timeout,
-            wire::read_payload(rd, len, &mut buf),
-        )
-        .await
-        {
-            Err(_) => return Err(ConnError::FrameTimeout(config.handshake_timeout)),
-            Ok(r) => r?,
-        }
-        let msg: ClientMsg = wire::decode(&buf)?;
         // Backpressure: with max_in_flight replies owed, stop reading until one is written.
         let permit = tokio::select! {
             biased;
             () = out_tx.closed() => return Err(ConnError::WriterGone),
-            p = in_flight.clone().acquire_owned() => p.map_err(|_| ConnError::WriterGone)?,
+            p = state.in_flight.clone().acquire_owned() => p.map_err(|_| ConnError::WriterGone)?,
         };
         match msg {
             ClientMsg::NextIds {
@@ -216,7 +356,7 @@ async fn read_loop(
                 }
                 let requested = match deadline_ms {
                     0 => config.default_deadline,
-                    ms => std::time::Duration::from_millis(ms).min(config.max_deadline),
+                    ms => Duration::from_millis(ms).min(config.max_deadline),
                 };
                 let pending = Pending {
                     id,
@@ -252,7 +392,8 @@ async fn read_loop(
 async fn write_loop(
     mut wr: OwnedWriteHalf,
     mut rx: mpsc::Receiver<Outgoing>,
-    write_timeout: std::time::Duration,
+    write_timeout: Duration,
+    state: Arc<ConnState>,
 ) -> Result<(), ConnError> {
     let mut buf = Vec::with_capacity(WRITE_BUF);
     // Held until their replies are on the wire: that is what bounds a slow reader.
@@ -271,6 +412,8 @@ async fn write_loop(
             Err(_) => return Err(ConnError::WriteTimeout(write_timeout)),
             Ok(r) => r.map_err(WireError::from)?,
         }
+        // Active before the permits are released, so it is never seen idle in between.
+        state.touch();
         buf.clear();
         permits.clear();
     }

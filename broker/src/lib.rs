@@ -13,11 +13,14 @@
 //! - [`BrokerConfig`]: every limit, with defaults from the named constants below.
 //! - [`Stats`]: counters, readable over the wire (`ClientMsg::Stats`) and logged.
 //!
-//! Limits: at most [`BrokerConfig::max_connections`] connections (more wait in the
-//! kernel's accept queue), at most [`BrokerConfig::max_in_flight_per_conn`] unanswered
-//! requests per connection (then the broker stops reading it), frames of at most
-//! [`idclient::wire::MAX_FRAME_LEN`] bytes, and a write timeout that drops a client that
-//! does not read. Memory is therefore bounded by connections x (buffers + in-flight).
+//! Limits: at most [`BrokerConfig::max_connections`] connections (at the cap, a new
+//! connection evicts the longest-idle one, or is refused if none has been idle for
+//! [`BrokerConfig::evict_min_idle`]), at most [`BrokerConfig::max_in_flight_per_conn`]
+//! unanswered requests per connection (then the broker stops reading it), frames of at
+//! most [`idclient::wire::MAX_FRAME_LEN`] bytes, each completed within
+//! [`BrokerConfig::frame_timeout`] of its first byte, an idle timeout, and a write timeout
+//! that drops a client that does not read. Memory is therefore bounded by connections x
+//! (buffers + in-flight), and no connection holds its slot without doing something.
 
 pub mod batcher;
 mod conn;
@@ -27,11 +30,14 @@ pub use batcher::RoundSource;
 pub use idclient::wire::BrokerStats;
 pub use stats::Stats;
 
+use std::collections::HashMap;
 use std::future::Future;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::net::TcpListener;
-use tokio::sync::{mpsc, watch, Semaphore};
+use tokio::io::AsyncWriteExt;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
+use tokio::time::Instant;
 
 /// Default cap on open connections. Each costs ~100 KiB of buffers at most; clients
 /// multiplex many callers over one or two connections, so a thousand is plenty.
@@ -66,9 +72,36 @@ pub const LONGEST_DEADLINE: Duration = Duration::from_secs(24 * 3600);
 /// How long a reply write may block before the client is deemed not to read (dropped).
 pub const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// How long the handshake, and the rest of any frame after its header, may take: a
-/// half-sent frame must not hold a connection slot forever.
+/// How long the handshake (connect to complete `Hello`) may take: a client that connects
+/// and says nothing must not hold a connection slot.
 pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// How long any frame may take from its first byte (header included) to its last: a
+/// half-sent frame must not hold a connection slot forever. A frame is at most 64 KiB,
+/// so a live client sends one in far less.
+pub const FRAME_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// A connection with no request in flight and no partial frame for this long is closed
+/// (its client reconnects when it needs to). Long enough that a client calling every
+/// few seconds keeps its connections; short enough that forgotten ones free their slot.
+pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
+
+/// At the connection cap, a new connection evicts the longest-idle one if it has been
+/// idle at least this long. Not zero: two clients that together want more than the cap
+/// would otherwise evict each other on every call.
+pub const EVICT_MIN_IDLE: Duration = Duration::from_secs(1);
+
+/// How long the accept loop waits for an evicted connection to free its slot before
+/// refusing the new one (an idle connection closes at once; this only bounds a race).
+const EVICT_WAIT: Duration = Duration::from_secs(1);
+
+/// Connections being refused at the cap at once (each is told why, then closed);
+/// beyond that a refused connection is just closed.
+const MAX_REFUSING: usize = 64;
+
+/// How long a refused connection is drained after its `Refused` is sent, so the
+/// client's own `Hello` does not turn the close into a reset that hides the reason.
+const REFUSE_LINGER: Duration = Duration::from_millis(500);
 
 /// How often the counters are logged (at info level).
 pub const STATS_INTERVAL: Duration = Duration::from_secs(60);
@@ -89,6 +122,9 @@ pub struct BrokerConfig {
     pub max_deadline: Duration,
     pub write_timeout: Duration,
     pub handshake_timeout: Duration,
+    pub frame_timeout: Duration,
+    pub idle_timeout: Duration,
+    pub evict_min_idle: Duration,
     pub stats_interval: Duration,
     pub queue_capacity: usize,
 }
@@ -105,6 +141,9 @@ impl Default for BrokerConfig {
             max_deadline: MAX_DEADLINE,
             write_timeout: WRITE_TIMEOUT,
             handshake_timeout: HANDSHAKE_TIMEOUT,
+            frame_timeout: FRAME_TIMEOUT,
+            idle_timeout: IDLE_TIMEOUT,
+            evict_min_idle: EVICT_MIN_IDLE,
             stats_interval: STATS_INTERVAL,
             queue_capacity: QUEUE_CAPACITY,
         }
@@ -139,6 +178,8 @@ impl BrokerConfig {
                 "handshake_timeout",
                 self.handshake_timeout.as_millis() as u64,
             ),
+            ("frame_timeout", self.frame_timeout.as_millis() as u64),
+            ("idle_timeout", self.idle_timeout.as_millis() as u64),
             ("stats_interval", self.stats_interval.as_millis() as u64),
         ];
         if let Some((name, _)) = positive.iter().find(|(_, v)| *v == 0) {
@@ -215,44 +256,64 @@ pub async fn run<S: RoundSource>(
     // Every connection task holds a clone; recv() returning None means all are done.
     let (done_tx, mut done_rx) = mpsc::channel::<()>(1);
     let limit = Arc::new(Semaphore::new(config.max_connections));
+    let refusing = Arc::new(Semaphore::new(MAX_REFUSING));
+    let conns: Conns = Arc::default();
+    let mut next_conn: u64 = 0;
     tracing::info!(listen = %name, "broker serving");
 
     tokio::pin!(shutdown);
     loop {
+        // Taken before accept when a slot is free; at the cap, room is made after.
+        let free = limit.clone().try_acquire_owned().ok();
         let accepted = tokio::select! {
             biased;
             _ = &mut shutdown => break,
-            accepted = async {
-                // Wait for a free slot before accepting: excess clients queue in the kernel.
-                let permit = limit.clone().acquire_owned().await;
-                (permit, listener.accept().await)
-            } => accepted,
+            accepted = listener.accept() => accepted,
         };
-        match accepted {
-            (Ok(permit), Ok((stream, peer))) => {
-                let ctx = conn::Ctx {
-                    config: config.clone(),
-                    stats: stats.clone(),
-                    batch_tx: batch_tx.clone(),
-                    stopping: stopping.clone(),
-                };
-                let done = done_tx.clone();
-                tokio::spawn(async move {
-                    conn::serve(stream, peer, ctx).await;
-                    drop(permit);
-                    drop(done);
-                });
-            }
-            (_, Err(e)) => {
+        let (stream, peer) = match accepted {
+            Ok(a) => a,
+            Err(e) => {
                 // Typically EMFILE: pausing lets connections close instead of spinning.
                 tracing::warn!("accept failed: {e}; pausing 100 ms");
                 tokio::time::sleep(Duration::from_millis(100)).await;
+                continue;
             }
-            (Err(_), _) => {
-                tracing::error!("connection semaphore closed (a bug); shutting down");
-                break;
+        };
+        let permit = match free {
+            Some(p) => p,
+            None => {
+                let room = tokio::select! {
+                    biased;
+                    _ = &mut shutdown => break,
+                    room = make_room(&limit, &conns, config.evict_min_idle) => room,
+                };
+                match room {
+                    Some(p) => p,
+                    None => {
+                        refuse_at_cap(stream, peer, &refusing, &config, &stats);
+                        continue;
+                    }
+                }
             }
-        }
+        };
+        let ctx = conn::Ctx {
+            config: config.clone(),
+            stats: stats.clone(),
+            batch_tx: batch_tx.clone(),
+            stopping: stopping.clone(),
+        };
+        let state = Arc::new(conn::ConnState::new(config.max_in_flight_per_conn));
+        next_conn += 1;
+        let key = next_conn;
+        lock(&conns).insert(key, state.clone());
+        let conns = conns.clone();
+        let done = done_tx.clone();
+        tokio::spawn(async move {
+            conn::serve(stream, peer, ctx, state).await;
+            lock(&conns).remove(&key);
+            drop(permit);
+            drop(done);
+        });
     }
 
     tracing::info!("shutting down: no new connections; finishing the round in flight");
@@ -268,6 +329,86 @@ pub async fn run<S: RoundSource>(
     let final_stats = stats.snapshot();
     log_line(&final_stats);
     Ok(final_stats)
+}
+
+/// The open connections, by a broker-local key, for eviction at the cap.
+type Conns = Arc<Mutex<HashMap<u64, Arc<conn::ConnState>>>>;
+
+fn lock(conns: &Conns) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<conn::ConnState>>> {
+    // Plain inserts and removes: a panic elsewhere cannot leave the map inconsistent.
+    conns.lock().unwrap_or_else(|p| p.into_inner())
+}
+
+/// At the cap: a slot, by evicting the connection idle longest (at least `min_idle`),
+/// or `None` if every connection is busy or was active more recently than that.
+async fn make_room(
+    limit: &Arc<Semaphore>,
+    conns: &Conns,
+    min_idle: Duration,
+) -> Option<OwnedSemaphorePermit> {
+    if let Ok(p) = limit.clone().try_acquire_owned() {
+        return Some(p);
+    }
+    let now = Instant::now();
+    let victim = lock(conns)
+        .values()
+        .filter_map(|c| c.idle_for(now).map(|idle| (idle, c.clone())))
+        .filter(|(idle, _)| *idle >= min_idle)
+        .max_by_key(|(idle, _)| *idle);
+    let (idle, victim) = victim?;
+    tracing::info!(
+        ?idle,
+        "connection cap reached: evicting the longest-idle connection"
+    );
+    victim.evict();
+    // The slot it frees (or any freed meanwhile).
+    tokio::time::timeout(EVICT_WAIT, limit.clone().acquire_owned())
+        .await
+        .ok()?
+        .ok()
+}
+
+/// Tells a connection over the cap why it is closed (a `Refused`), so its client moves
+/// on to another broker at once instead of waiting in the accept queue.
+fn refuse_at_cap(
+    stream: TcpStream,
+    peer: std::net::SocketAddr,
+    refusing: &Arc<Semaphore>,
+    config: &BrokerConfig,
+    stats: &Arc<Stats>,
+) {
+    stats
+        .connections_total
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    stats
+        .connections_dropped
+        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    let reason = format!(
+        "connection cap ({}) reached and no connection idle for {:?}: try another broker or later",
+        config.max_connections, config.evict_min_idle
+    );
+    tracing::info!(%peer, "connection refused: {reason}");
+    let Ok(permit) = refusing.clone().try_acquire_owned() else {
+        return; // too many refusals under way: just close
+    };
+    tokio::spawn(async move {
+        let mut frame = Vec::new();
+        if idclient::wire::encode(&idclient::wire::ServerMsg::Refused { reason }, &mut frame)
+            .is_err()
+        {
+            return;
+        }
+        let (mut rd, mut wr) = stream.into_split();
+        let linger = async {
+            wr.write_all(&frame).await?;
+            wr.shutdown().await?;
+            let mut sink = [0u8; 512];
+            while tokio::io::AsyncReadExt::read(&mut rd, &mut sink).await? > 0 {}
+            Ok::<(), std::io::Error>(())
+        };
+        let _ = tokio::time::timeout(REFUSE_LINGER, linger).await;
+        drop(permit);
+    });
 }
 
 async fn log_stats(stats: Arc<Stats>, every: Duration) {

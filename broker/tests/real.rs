@@ -62,6 +62,11 @@ fn quorum() -> LocalQuorum {
     LocalQuorum::temp(5).expect("start a 5-node redis quorum (is redis-server installed?)")
 }
 
+/// For tests about the broker's connections rather than the quorum: fewer processes.
+fn small_quorum() -> LocalQuorum {
+    LocalQuorum::temp(3).expect("start a 3-node redis quorum (is redis-server installed?)")
+}
+
 async fn client(addrs: &[&String], deadline: Duration) -> Arc<BrokerClient> {
     let config = BrokerClientConfig {
         deadline,
@@ -297,9 +302,12 @@ async fn quorum_minority_down_continues_majority_down_fails_in_time_then_resumes
             ) => {}
             other => panic!("expected an error without a majority, got {other:?}"),
         }
-        // The deadline plus scheduling slack on a loaded 2-core machine.
+        // What this claims: the caller gets its error at about its deadline, rather
+        // than waiting for a majority to come back (it never does before the restart
+        // below). Two 5-node tests may share the 2 cores, so scheduling alone can add
+        // seconds: the bound is generous, and far below a wait for the restart.
         assert!(
-            took <= deadline + Duration::from_millis(500),
+            took <= deadline + Duration::from_secs(5),
             "error after {took:?}, deadline {deadline:?}"
         );
         history.push(event);
@@ -382,6 +390,8 @@ async fn bad_input_costs_only_that_connection() {
         &[
             "--handshake-timeout-ms",
             "500",
+            "--frame-timeout-ms",
+            "500",
             "--write-timeout-ms",
             "500",
             "--max-in-flight",
@@ -415,6 +425,19 @@ async fn bad_input_costs_only_that_connection() {
         .contains("version 2 not supported"));
     served(&addr).await;
 
+    // Wrong magic.
+    let mut s = TcpStream::connect(&addr).await.expect("connect");
+    send(
+        &mut s,
+        &ClientMsg::Hello {
+            magic: *b"RESP",
+            version: wire::VERSION,
+        },
+    )
+    .await;
+    assert!(closed_by_broker(&mut s).await.contains("bad magic"));
+    served(&addr).await;
+
     // Oversized length.
     let mut s = raw_connect(&addr).await;
     s.write_all(&(wire::MAX_FRAME_LEN + 1).to_le_bytes())
@@ -425,12 +448,15 @@ async fn bad_input_costs_only_that_connection() {
         .contains("exceeds the maximum"));
     served(&addr).await;
 
-    // Half-sent frame: others are served while it hangs; it is closed at the timeout.
-    let mut s = raw_connect(&addr).await;
-    s.write_all(&[28, 0, 0, 0, 1, 0, 0]).await.expect("write");
-    served(&addr).await;
-    assert!(closed_by_broker(&mut s).await.contains("not completed"));
-    served(&addr).await;
+    // Half-sent frame, or header: others are served while it hangs; it is closed at
+    // the frame timeout.
+    for part in [&[28, 0, 0, 0, 1, 0, 0][..], &[28]] {
+        let mut s = raw_connect(&addr).await;
+        s.write_all(part).await.expect("write");
+        served(&addr).await;
+        assert!(closed_by_broker(&mut s).await.contains("not completed"));
+        served(&addr).await;
+    }
 
     // Connects and never reads: cut off by the write timeout, nobody else waits.
     let before = fetch_stats(&addr).await.expect("stats").connections_dropped;
@@ -476,13 +502,182 @@ async fn sigterm_answers_everyone_and_exits_cleanly() {
     }
     let status = tokio::task::block_in_place(|| b1.child.wait()).expect("wait idbroker");
     assert!(status.success(), "idbroker exit after SIGTERM: {status:?}");
+    let stopped_ns = monotonic_ns();
     tokio::time::sleep(Duration::from_millis(300)).await;
     stop.store(true, Relaxed);
     let events: Vec<Event> = join(tasks).await.into_iter().flatten().collect();
     assert_linearizable(&events);
+    // docs/broker.md: the round in flight is answered, queued requests are refused as
+    // never started and resent to the other broker, unread ones are resent after the
+    // close. So not one request fails, and callers go on after the exit.
     let failed = events.len() - ok_count(&events);
+    assert_eq!(
+        failed, 0,
+        "requests failed across a graceful shutdown with another broker up"
+    );
     assert!(
-        failed <= 32,
-        "{failed} requests failed across a graceful shutdown"
+        events
+            .iter()
+            .any(|e| e.invoke_ns > stopped_ns && e.outcome.is_some()),
+        "callers were served after the exit"
+    );
+    assert!(fetch_stats(&b2.addr).await.expect("stats").requests_ok > 0);
+}
+
+/// Waits for `b` to exit, up to `limit`; its status.
+fn wait_exit(b: &mut Broker, limit: Duration) -> Option<std::process::ExitStatus> {
+    let t0 = std::time::Instant::now();
+    loop {
+        if let Some(status) = b.child.try_wait().expect("try_wait idbroker") {
+            return Some(status);
+        }
+        if t0.elapsed() > limit {
+            return None;
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+fn sigterm(b: &Broker) {
+    // SAFETY: kill(2) on the pid of a child we spawned and have not reaped.
+    unsafe {
+        libc::kill(b.child.id() as libc::pid_t, libc::SIGTERM);
+    }
+}
+
+/// Shutdown does not wait for handshakes (nor half-sent frames): with a 120 s handshake
+/// and frame timeout, a half-sent Hello used to keep the broker alive until it expired.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_does_not_wait_for_a_half_sent_hello() {
+    let q = small_quorum();
+    let mut b = Broker::start(
+        &q,
+        &[
+            "--handshake-timeout-ms",
+            "120000",
+            "--frame-timeout-ms",
+            "120000",
+        ],
+    );
+    let mut hello = TcpStream::connect(&b.addr).await.expect("connect");
+    hello.write_all(&[12, 0, 0, 0, 0]).await.expect("write");
+    let mut silent = TcpStream::connect(&b.addr).await.expect("connect");
+    let mut half = raw_connect(&b.addr).await;
+    half.write_all(&[28, 0]).await.expect("write");
+    served(&b.addr).await;
+    sigterm(&b);
+    // Far below the 120 s the connections could otherwise hold it, generous for load.
+    let status = tokio::task::block_in_place(|| wait_exit(&mut b, Duration::from_secs(30)))
+        .expect("idbroker still running 30 s after SIGTERM: it waits for a handshake");
+    assert!(status.success(), "idbroker exit after SIGTERM: {status:?}");
+    for s in [&mut hello, &mut silent, &mut half] {
+        closed_by_broker(s).await;
+    }
+}
+
+/// A client that can open only one of its two connections (the broker is at its cap,
+/// another client busy on the other slots) works with the one it has: every call
+/// succeeds. It used to send half of its callers to the missing connection, where they
+/// waited out their deadline. (Eviction is off here: it would let the client's own
+/// idle connection make room, hiding the defect.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_works_with_the_connections_it_gets() {
+    let q = small_quorum();
+    let b = Broker::start(
+        &q,
+        &["--max-connections", "3", "--evict-min-idle-ms", "600000"],
+    );
+    // The other client: two connections, kept busy (never idle long enough to evict).
+    let other = client(&[&b.addr], Duration::from_secs(5)).await;
+    let stop = Arc::new(AtomicBool::new(false));
+    let others = spawn_callers(&other, 8, 1, &stop);
+    // Until both of its connections are open.
+    let t0 = Instant::now();
+    while fetch_stats(&b.addr).await.expect("stats").connections_open < 3 {
+        assert!(
+            t0.elapsed() < Duration::from_secs(10),
+            "other client did not open 2 connections"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    let c = client(&[&b.addr], Duration::from_secs(5)).await;
+    // Enough calls that every caller lands on the missing connection's slot many times.
+    let mut results = Vec::new();
+    for _ in 0..8 {
+        let c = c.clone();
+        results.push(tokio::spawn(async move {
+            let mut errors = Vec::new();
+            for _ in 0..10 {
+                if let Err(e) = c.next_ids(1).await {
+                    errors.push(e.to_string());
+                }
+            }
+            errors
+        }));
+    }
+    for r in results {
+        let errors = tokio::time::timeout(Duration::from_secs(60), r)
+            .await
+            .expect("a caller hung")
+            .expect("caller task");
+        assert!(errors.is_empty(), "calls failed: {errors:?}");
+    }
+    stop.store(true, Relaxed);
+    let events: Vec<Event> = join(others).await.into_iter().flatten().collect();
+    assert_eq!(
+        ok_count(&events),
+        events.len(),
+        "the other client was not disturbed"
+    );
+}
+
+/// `--max-connections` caps open connections: with every slot busy (mid-frame), a new
+/// connection is refused with the reason; once one closes, clients are served again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn max_connections_flag_caps_connections() {
+    let q = small_quorum();
+    let b = Broker::start(
+        &q,
+        &["--max-connections", "2", "--frame-timeout-ms", "120000"],
+    );
+    let mut busy = Vec::new();
+    for _ in 0..2 {
+        let mut s = raw_connect(&b.addr).await;
+        s.write_all(&[28]).await.expect("write");
+        busy.push(s);
+    }
+    let mut third = TcpStream::connect(&b.addr).await.expect("connect");
+    let _ = third
+        .write_all(&[12, 0, 0, 0, 0, 0, 0, 0, b'Q', b'I', b'D', b'B', 1, 0, 0, 0])
+        .await;
+    assert!(
+        closed_by_broker(&mut third)
+            .await
+            .contains("connection cap (2) reached"),
+        "a third connection is refused"
+    );
+    drop(busy.pop());
+    served(&b.addr).await;
+}
+
+/// Bad limits are refused at startup, naming the flag's setting (exit code 2).
+#[test]
+fn inconsistent_deadline_flags_are_refused() {
+    let out = Command::new(env!("CARGO_BIN_EXE_idbroker"))
+        .args([
+            "--listen",
+            "127.0.0.1:0",
+            "--nodes",
+            "redis://127.0.0.1:1",
+            "--max-deadline-ms",
+            "100",
+        ])
+        .output()
+        .expect("run idbroker");
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains("default_deadline exceeds max_deadline"),
+        "{stderr}"
     );
 }

@@ -14,13 +14,13 @@
 //! and is dropped. Either way the first request's IDs, if any, become a hole.
 
 use crate::error::NodeFailure;
-use crate::wire::{self, BrokerStats, ClientMsg, ServerMsg};
+use crate::wire::{self, BrokerStats, ClientMsg, FrameReader, ServerMsg};
 use crate::{IdError, IdRange, IdSource};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
-use tokio::io::{AsyncWriteExt, BufReader};
+use tokio::io::AsyncWriteExt;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot, watch};
@@ -43,6 +43,12 @@ const WRITE_QUEUE: usize = 4096;
 
 /// The writer sends what it has once this much is buffered.
 const WRITE_BUF: usize = 64 * 1024;
+
+/// A slot whose connection could not be opened while another slot's was usable is not
+/// tried again before this long: meanwhile its callers use the connections there are
+/// (a broker at its connection cap refuses the extra one), and no caller pays for a
+/// doomed connect on every call.
+const SLOT_RETRY: Duration = Duration::from_secs(1);
 
 /// Pause after every broker refused a connection, doubled up to [`MAX_BACKOFF`], so a
 /// client does not spin while all brokers restart.
@@ -91,6 +97,9 @@ struct PendingTable {
     waiting: HashMap<u64, oneshot::Sender<Reply>>,
     /// Set once: the connection is unusable, and why.
     broken: Option<String>,
+    /// It broke with no caller waiting (e.g. the broker closed it for idleness): no
+    /// reason to think the broker is in trouble.
+    quiet: bool,
 }
 
 /// State shared by a connection's handle, its reader and its writer.
@@ -118,6 +127,7 @@ impl Shared {
                 return;
             }
             table.broken = Some(reason.clone());
+            table.quiet = table.waiting.is_empty();
             std::mem::take(&mut table.waiting)
         };
         if !waiting.is_empty() {
@@ -131,6 +141,11 @@ impl Shared {
 
     fn usable(&self) -> bool {
         !self.draining.load(Relaxed) && self.table().broken.is_none()
+    }
+
+    /// Closed for a reason that says nothing bad about the broker.
+    fn closed_quietly(&self) -> bool {
+        !self.draining.load(Relaxed) && self.table().quiet
     }
 }
 
@@ -157,10 +172,42 @@ enum Attempt {
     Failover(NodeFailure),
 }
 
+/// One of the client's connections: callers are spread over the slots.
+#[derive(Default)]
+struct Slot {
+    /// Held while (re)connecting the slot: one caller connects, others wait or use
+    /// another slot's connection.
+    connecting: tokio::sync::Mutex<()>,
+    /// Never held across an await.
+    state: Mutex<SlotState>,
+}
+
+#[derive(Default)]
+struct SlotState {
+    conn: Option<Arc<Conn>>,
+    /// Opening failed while another slot was usable: do not try before then.
+    retry_at: Option<Instant>,
+}
+
+impl Slot {
+    fn state(&self) -> MutexGuard<'_, SlotState> {
+        // Plain field updates: a poisoned lock is still consistent.
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn usable(&self) -> Option<Arc<Conn>> {
+        self.state()
+            .conn
+            .as_ref()
+            .filter(|c| c.shared.usable())
+            .cloned()
+    }
+}
+
 struct Inner {
     addrs: Vec<String>,
     config: BrokerClientConfig,
-    slots: Vec<tokio::sync::Mutex<Option<Arc<Conn>>>>,
+    slots: Vec<Slot>,
     next_slot: AtomicUsize,
     /// The broker new connections go to first; moves on when one fails.
     preferred: AtomicUsize,
@@ -207,9 +254,7 @@ impl BrokerClient {
                 "a broker client needs at least one connection".into(),
             ));
         }
-        let slots = (0..config.connections)
-            .map(|_| tokio::sync::Mutex::new(None))
-            .collect();
+        let slots = (0..config.connections).map(|_| Slot::default()).collect();
         let client = BrokerClient {
             inner: Arc::new(Inner {
                 addrs,
@@ -302,8 +347,17 @@ impl Inner {
         let _ = self.preferred.compare_exchange(b, next, Relaxed, Relaxed);
     }
 
-    /// A usable connection in `slot`, (re)connecting if needed: brokers are tried from the
-    /// preferred one on, with backoff after a full pass, until `deadline`.
+    /// A usable connection of any slot, starting after `slot`.
+    fn any_usable(&self, slot: usize) -> Option<Arc<Conn>> {
+        let n = self.slots.len();
+        (1..=n).find_map(|k| self.slots[(slot + k) % n].usable())
+    }
+
+    /// A usable connection for a caller assigned `slot`: the slot's own, (re)connecting
+    /// if needed (brokers tried from the preferred one on, with backoff after a full
+    /// pass, until `deadline`). When the slot cannot be opened but another slot has a
+    /// usable connection, that one is used: a client works with the connections it can
+    /// get (e.g. when the broker is at its connection cap).
     async fn conn(
         &self,
         slot: usize,
@@ -313,52 +367,54 @@ impl Inner {
         let unavailable = |failures: &Vec<NodeFailure>| IdError::BrokersUnavailable {
             failures: failures.clone(),
         };
-        let mut guard = match timeout_at(deadline, self.slots[slot].lock()).await {
+        let this = &self.slots[slot];
+        if let Some(conn) = this.usable() {
+            return Ok(conn);
+        }
+        if this.state().retry_at.is_some_and(|t| Instant::now() < t) {
+            if let Some(conn) = self.any_usable(slot) {
+                return Ok(conn);
+            }
+        }
+        let _connecting = match this.connecting.try_lock() {
             Ok(g) => g,
-            Err(_) => return Err(unavailable(failures)),
+            Err(_) => {
+                // Someone is connecting this slot: do not queue behind them if there
+                // is another connection to use.
+                if let Some(conn) = self.any_usable(slot) {
+                    return Ok(conn);
+                }
+                match timeout_at(deadline, this.connecting.lock()).await {
+                    Ok(g) => g,
+                    Err(_) => return Err(unavailable(failures)),
+                }
+            }
         };
-        if let Some(conn) = guard.as_ref() {
-            if conn.shared.usable() {
+        let old = {
+            let mut state = this.state();
+            if let Some(conn) = state.conn.as_ref().filter(|c| c.shared.usable()) {
                 return Ok(conn.clone());
             }
-            // Someone else's failure on this connection: make sure we move on as well.
-            self.move_on_from(conn.broker);
+            state.conn.take()
+        };
+        if let Some(old) = old {
+            // Someone else's failure on this connection: make sure we move on as well
+            // (not after a quiet close such as the broker's idle timeout).
+            if !old.shared.closed_quietly() {
+                self.move_on_from(old.broker);
+            }
         }
-        *guard = None;
-        let n = self.addrs.len();
         let mut backoff = MIN_BACKOFF;
         loop {
-            let start = self.preferred.load(Relaxed);
-            for k in 0..n {
-                let b = (start + k) % n;
-                let now = Instant::now();
-                if now >= deadline {
-                    return Err(unavailable(failures));
-                }
-                let until = deadline.min(now + self.config.connect_timeout);
-                let addr = &self.addrs[b];
-                match timeout_at(until, open(b, addr)).await {
-                    Ok(Ok(conn)) => {
-                        self.preferred.store(b, Relaxed);
-                        let conn = Arc::new(conn);
-                        *guard = Some(conn.clone());
-                        return Ok(conn);
-                    }
-                    Ok(Err(e)) => note(
-                        failures,
-                        NodeFailure {
-                            addr: addr.clone(),
-                            reason: e.to_string(),
-                        },
-                    ),
-                    Err(_) => note(
-                        failures,
-                        NodeFailure {
-                            addr: addr.clone(),
-                            reason: format!("no handshake within {:?}", until - now),
-                        },
-                    ),
-                }
+            if let Some(conn) = self.open_any(deadline, failures).await {
+                let mut state = this.state();
+                state.conn = Some(conn.clone());
+                state.retry_at = None;
+                return Ok(conn);
+            }
+            if let Some(conn) = self.any_usable(slot) {
+                this.state().retry_at = Some(Instant::now() + SLOT_RETRY);
+                return Ok(conn);
             }
             let now = Instant::now();
             if now >= deadline {
@@ -367,6 +423,42 @@ impl Inner {
             tokio::time::sleep_until(deadline.min(now + backoff)).await;
             backoff = (backoff * 2).min(MAX_BACKOFF);
         }
+    }
+
+    /// One pass over the brokers from the preferred one: the first connection that
+    /// completes its handshake (before `deadline`), noting each failure.
+    async fn open_any(
+        &self,
+        deadline: Instant,
+        failures: &mut Vec<NodeFailure>,
+    ) -> Option<Arc<Conn>> {
+        let n = self.addrs.len();
+        let start = self.preferred.load(Relaxed);
+        for k in 0..n {
+            let b = (start + k) % n;
+            let now = Instant::now();
+            if now >= deadline {
+                return None;
+            }
+            let until = deadline.min(now + self.config.connect_timeout);
+            let addr = &self.addrs[b];
+            let reason = match timeout_at(until, open(b, addr)).await {
+                Ok(Ok(conn)) => {
+                    self.preferred.store(b, Relaxed);
+                    return Some(Arc::new(conn));
+                }
+                Ok(Err(e)) => e.to_string(),
+                Err(_) => format!("no handshake within {:?}", until - now),
+            };
+            note(
+                failures,
+                NodeFailure {
+                    addr: addr.clone(),
+                    reason,
+                },
+            );
+        }
+        None
     }
 
     /// Sends one request on `conn` and waits for its reply until `deadline`.
@@ -456,7 +548,9 @@ impl IdSource for BrokerClient {
 }
 
 /// Connects and handshakes; returns the stream halves and the broker's Welcome values.
-async fn handshake(addr: &str) -> Result<(BufReader<OwnedReadHalf>, OwnedWriteHalf, u64), IdError> {
+async fn handshake(
+    addr: &str,
+) -> Result<(FrameReader<OwnedReadHalf>, OwnedWriteHalf, u64), IdError> {
     let io = |e: std::io::Error| IdError::BrokersUnavailable {
         failures: vec![NodeFailure {
             addr: addr.to_string(),
@@ -470,7 +564,7 @@ async fn handshake(addr: &str) -> Result<(BufReader<OwnedReadHalf>, OwnedWriteHa
     let stream = TcpStream::connect(addr).await.map_err(io)?;
     stream.set_nodelay(true).map_err(io)?;
     let (rd, mut wr) = stream.into_split();
-    let mut rd = BufReader::with_capacity(WRITE_BUF, rd);
+    let mut rd = FrameReader::new(rd);
     let mut buf = Vec::new();
     wire::encode(
         &ClientMsg::Hello {
@@ -481,7 +575,7 @@ async fn handshake(addr: &str) -> Result<(BufReader<OwnedReadHalf>, OwnedWriteHa
     )
     .map_err(|e| protocol(e.to_string()))?;
     wr.write_all(&buf).await.map_err(io)?;
-    match wire::read_msg::<ServerMsg, _>(&mut rd, &mut buf).await {
+    match rd.read_msg::<ServerMsg>().await {
         Ok(Some(ServerMsg::Welcome {
             version, max_count, ..
         })) if version == wire::VERSION => Ok((rd, wr, max_count)),
@@ -520,14 +614,14 @@ async fn open(broker: usize, addr: &str) -> Result<Conn, IdError> {
 }
 
 /// Routes replies to their callers until the connection ends; then fails the rest.
-async fn read_loop(mut rd: BufReader<OwnedReadHalf>, shared: Arc<Shared>) {
+async fn read_loop(mut rd: FrameReader<OwnedReadHalf>, shared: Arc<Shared>) {
     let mut dead = shared.dead.subscribe();
-    let mut buf = Vec::new();
     let reason = loop {
+        // Cancel safe: a reply half-read when `dead` wins stays buffered (and is moot).
         let msg = tokio::select! {
             biased;
             _ = dead.wait_for(|d| *d) => return,
-            msg = wire::read_msg::<ServerMsg, _>(&mut rd, &mut buf) => msg,
+            msg = rd.read_msg::<ServerMsg>() => msg,
         };
         let msg = match msg {
             Ok(Some(m)) => m,
@@ -619,7 +713,7 @@ pub async fn fetch_stats(addr: &str) -> Result<BrokerStats, IdError> {
         wr.write_all(&buf)
             .await
             .map_err(|e| unavailable(e.to_string()))?;
-        match wire::read_msg::<ServerMsg, _>(&mut rd, &mut buf).await {
+        match rd.read_msg::<ServerMsg>().await {
             Ok(Some(ServerMsg::Stats { stats, .. })) => Ok(stats),
             Ok(Some(other)) => Err(IdError::Protocol {
                 addr: addr.to_string(),

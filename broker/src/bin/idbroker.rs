@@ -46,12 +46,22 @@ struct Flags {
     /// Drop a client whose replies cannot be written for this long, milliseconds.
     #[arg(long, default_value_t = broker::WRITE_TIMEOUT.as_millis() as u64)]
     write_timeout_ms: u64,
-    /// Time allowed for the handshake and for the rest of a frame after its header, ms.
+    /// Time allowed from connect to a complete Hello, milliseconds.
     #[arg(long, default_value_t = broker::HANDSHAKE_TIMEOUT.as_millis() as u64)]
     handshake_timeout_ms: u64,
-    /// Most open client connections.
+    /// Time allowed for any frame from its first byte (header included) to its last, ms.
+    #[arg(long, default_value_t = broker::FRAME_TIMEOUT.as_millis() as u64)]
+    frame_timeout_ms: u64,
+    /// Close a connection with nothing in flight and no partial frame after this long, ms.
+    #[arg(long, default_value_t = broker::IDLE_TIMEOUT.as_millis() as u64)]
+    idle_timeout_ms: u64,
+    /// Most open client connections. At the cap a new one evicts the longest-idle
+    /// connection (see --evict-min-idle-ms), or is refused with a reason if there is none.
     #[arg(long, default_value_t = broker::MAX_CONNECTIONS)]
     max_connections: usize,
+    /// At the connection cap, only a connection idle at least this long may be evicted, ms.
+    #[arg(long, default_value_t = broker::EVICT_MIN_IDLE.as_millis() as u64)]
+    evict_min_idle_ms: u64,
     /// Most unanswered requests per connection before the broker stops reading it.
     #[arg(long, default_value_t = broker::MAX_IN_FLIGHT_PER_CONN)]
     max_in_flight: usize,
@@ -90,6 +100,9 @@ impl Config {
             max_deadline: Duration::from_millis(f.max_deadline_ms),
             write_timeout: Duration::from_millis(f.write_timeout_ms),
             handshake_timeout: Duration::from_millis(f.handshake_timeout_ms),
+            frame_timeout: Duration::from_millis(f.frame_timeout_ms),
+            idle_timeout: Duration::from_millis(f.idle_timeout_ms),
+            evict_min_idle: Duration::from_millis(f.evict_min_idle_ms),
             max_connections: f.max_connections,
             max_in_flight_per_conn: f.max_in_flight,
             max_count: f.max_count,
