@@ -266,7 +266,6 @@ pub async fn run<S: IdSource + 'static>(config: &BenchConfig, sources: &[Arc<S>]
 mod tests {
     use super::*;
     use crate::{IdError, IdRange};
-    use std::future::Future;
 
     /// A source that answers after `delay`: an error, a panic, or a range of `len` IDs.
     struct Slow {
@@ -283,22 +282,20 @@ mod tests {
     }
 
     impl IdSource for Slow {
-        fn next_ids(&self, _n: u64) -> impl Future<Output = Result<IdRange, IdError>> + Send {
-            async move {
-                tokio::time::sleep(self.delay).await;
-                match self.answer {
-                    Answer::Fail => Err(IdError::Deadline {
-                        deadline: self.delay,
-                        rounds: 1,
-                    }),
-                    Answer::Panic => panic!("a caller's bug"),
-                    Answer::Ids { len } => {
-                        let lo = self.next.fetch_add(len, Ordering::Relaxed) + 1;
-                        Ok(IdRange {
-                            lo,
-                            hi: lo + len - 1,
-                        })
-                    }
+        async fn next_ids(&self, _n: u64) -> Result<IdRange, IdError> {
+            tokio::time::sleep(self.delay).await;
+            match self.answer {
+                Answer::Fail => Err(IdError::Deadline {
+                    deadline: self.delay,
+                    rounds: 1,
+                }),
+                Answer::Panic => panic!("a caller's bug"),
+                Answer::Ids { len } => {
+                    let lo = self.next.fetch_add(len, Ordering::Relaxed) + 1;
+                    Ok(IdRange {
+                        lo,
+                        hi: lo + len - 1,
+                    })
                 }
             }
         }
