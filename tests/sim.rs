@@ -441,6 +441,7 @@ fn add_stats(a: &mut SimStats, b: &SimStats) {
     a.reordered += b.reordered;
     a.subscribe_failures += b.subscribe_failures;
     a.pauses += b.pauses;
+    a.longest_lease = a.longest_lease.max(b.longest_lease);
 }
 
 /// Runs `run` for every seed and checks each history; a violation panics with the seed
@@ -542,6 +543,27 @@ fn combined_rounds_are_safe_under_simulated_faults() {
         );
     }
     assert_faults_happened(&t);
+}
+
+/// Simulated clients lease as `QuorumClient::connect` makes production ones do: at most
+/// twice the reply timeout (not `with_nodes`' default of 1 s), so a member waits for a
+/// vanished leader as long as it would in production, no longer.
+#[test]
+fn simulated_leases_are_bounded_as_in_production() {
+    let mut joined = 0;
+    for seed in 0..50 {
+        let reply_timeout = random_config(&mut config_rng(seed)).reply_timeout;
+        let out = run_quorum_seed_with(seed, Broken::default(), Mix::Combining);
+        let lease = out.stats.longest_lease;
+        // The batch lease is twice the round lease; neither goes below MIN_LEASE.
+        let bound = 2 * (2 * reply_timeout).max(idclient::quorum::MIN_LEASE);
+        assert!(
+            lease <= bound,
+            "seed {seed}: a lease of {lease:?} with a {reply_timeout:?} reply timeout"
+        );
+        joined += u32::from(lease > Duration::ZERO);
+    }
+    assert!(joined > 25, "only {joined} of 50 seeds joined a batch");
 }
 
 #[test]

@@ -113,6 +113,8 @@ pub struct SimStats {
     pub subscribe_failures: u64,
     /// Pauses: a node stops applying what arrives, then applies it all at once.
     pub pauses: u64,
+    /// The longest lease a `join` asked for (round or batch).
+    pub longest_lease: Duration,
 }
 
 #[derive(Debug)]
@@ -372,6 +374,8 @@ impl SimCluster {
                 nonce,
                 leases,
             } => {
+                let longest = s.stats.longest_lease.max(leases.round).max(leases.batch);
+                s.stats.longest_lease = longest;
                 let rv = s.nodes[i].rendezvous.entry(key.clone()).or_default();
                 rv.expire(now);
                 Outcome::Join(match (&mut rv.open, rv.inflight) {
