@@ -84,9 +84,8 @@ fn start_broker(port: u16, urls: &str, logs: &Path, b: usize) -> Proc {
     // The port can linger for a moment after a kill -9: retry the start a few times.
     let until = Instant::now() + Duration::from_secs(15);
     loop {
-        if std::net::TcpStream::connect(("127.0.0.1", port)).is_ok() {
-            return p;
-        }
+        // Our child must be alive and hold the listening socket itself: a connect alone
+        // could reach whoever else took the port.
         if let Some(status) = p.try_wait() {
             assert!(
                 Instant::now() < until,
@@ -102,6 +101,9 @@ fn start_broker(port: u16, urls: &str, logs: &Path, b: usize) -> Proc {
                     .stdout(out)
                     .stderr(err),
             );
+        }
+        if p.pid().is_some_and(|pid| common::listens_on(pid, port)) {
+            return p;
         }
         assert!(
             Instant::now() < until,
@@ -499,4 +501,19 @@ fn chaos_pipeline() {
     for w in ranges.windows(2) {
         assert!(w[1].0 > w[0].1, "seed {seed}: ID ranges {:?} and {:?} overlap (a duplicate across producers and side loads)", w[0], w[1]);
     }
+}
+
+/// The harness's own check that a restarted broker holds its port: a listener another
+/// process took must not pass for it.
+#[test]
+fn a_port_held_by_another_process_is_not_our_broker() {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").expect("bind a loopback port");
+    let port = listener.local_addr().expect("local addr").port();
+    let mut other = Proc::spawn("sleep", Command::new("sleep").arg("30"));
+    let pid = other.pid().expect("sleep runs");
+    assert!(!common::listens_on(pid, port), "sleep does not listen");
+    assert!(common::listens_on(std::process::id(), port));
+    drop(listener);
+    assert!(!common::listens_on(std::process::id(), port));
+    other.kill();
 }

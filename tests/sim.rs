@@ -12,8 +12,8 @@
 
 use broker::{BrokerConfig, RoundSource};
 use idclient::broker_client::{BrokerClient, BrokerClientConfig};
-use idclient::history::{check, Event};
-use idclient::sim::{SimCluster, SimConfig, SimNode};
+use idclient::history::{check, check_count, Event, Violation};
+use idclient::sim::{Amnesia, Mutant, SimCluster, SimConfig, SimNode, SimStats};
 use idclient::{Combine, IdError, IdRange, Protocol, QuorumClient};
 use rand::Rng;
 use std::future::Future;
@@ -55,42 +55,58 @@ fn runtime(io: bool) -> tokio::runtime::Runtime {
     b.build().expect("build a current-thread tokio runtime")
 }
 
-/// A recorded history on the virtual clock (ns since the run started).
+/// A recorded history. Times are a logical sequence, not the virtual clock: the clock
+/// moves in whole ticks, so a request invoked in the tick another returned in would tie
+/// with it (and tied times impose no order), while on the one-threaded runtime that
+/// return really came first. Each invoke and return takes the next number, so the
+/// history keeps the order in which things happened.
 #[derive(Clone)]
 struct Recorder {
-    start: Instant,
-    events: Arc<Mutex<Vec<Event>>>,
+    seq: Arc<std::sync::atomic::AtomicU64>,
+    /// Each request with the count it asked for.
+    events: Arc<Mutex<Vec<(Event, u64)>>>,
 }
 
 impl Recorder {
     fn new() -> Recorder {
         Recorder {
-            start: Instant::now(),
+            seq: Arc::default(),
             events: Arc::default(),
         }
     }
 
-    fn ns(&self) -> u64 {
-        Instant::now().duration_since(self.start).as_nanos() as u64
+    fn now(&self) -> u64 {
+        self.seq.fetch_add(1, std::sync::atomic::Ordering::Relaxed) + 1
     }
 
     async fn record<F: Future<Output = Result<IdRange, IdError>>>(
         &self,
+        count: u64,
         request: F,
     ) -> Result<IdRange, IdError> {
-        let invoke_ns = self.ns();
+        let invoke_ns = self.now();
         let result = request.await;
         let event = Event {
             invoke_ns,
-            return_ns: self.ns(),
+            return_ns: self.now(),
             outcome: result.as_ref().ok().copied(),
         };
-        self.events.lock().expect("history lock").push(event);
+        self.events
+            .lock()
+            .expect("history lock")
+            .push((event, count));
         result
     }
 
     fn events(&self) -> Vec<Event> {
-        self.events.lock().expect("history lock").clone()
+        let events = self.events.lock().expect("history lock");
+        events.iter().map(|&(e, _)| e).collect()
+    }
+
+    /// The first range of another length than its request asked for.
+    fn wrong_count(&self) -> Option<Violation> {
+        let events = self.events.lock().expect("history lock");
+        events.iter().find_map(|(e, n)| check_count(e, *n).err())
     }
 }
 
@@ -116,7 +132,8 @@ fn random_config(cluster_rng: &mut impl Rng) -> SimConfig {
         duplicate: [0.0, 0.05, 0.3][cluster_rng.gen_range(0..3)],
         max_delay: Duration::from_micros(cluster_rng.gen_range(0..=20_000)),
         reply_timeout: Duration::from_millis(cluster_rng.gen_range(5..=50)),
-        amnesia: false,
+        amnesia: Amnesia::None,
+        mutant: None,
     }
 }
 
@@ -131,6 +148,8 @@ fn client(
         .expect("a valid simulated client")
         .with_jitter_seed(jitter_seed)
         .with_combine(combine)
+        // As `QuorumClient::connect` sets it: twice the reply timeout.
+        .with_max_lease(cluster.config().reply_timeout * 2)
 }
 
 /// Which clients a workload runs.
@@ -167,19 +186,21 @@ async fn fault_schedule(
 ) {
     let n = cluster.config().nodes;
     while !stop.load(std::sync::atomic::Ordering::Relaxed) {
-        let (gap, victim, crash) = cluster.with_rng(|r| {
+        let (gap, victim, action, pause) = cluster.with_rng(|r| {
             (
                 Duration::from_nanos(r.gen_range(0..=2 * mean_gap.as_nanos() as u64)),
                 r.gen_range(0..n),
-                r.gen_bool(0.5),
+                r.gen_range(0..5u8),
+                Duration::from_nanos(r.gen_range(0..=4 * mean_gap.as_nanos() as u64)),
             )
         });
         tokio::time::sleep(gap).await;
         let down = (0..n).filter(|&i| !cluster.is_up(i)).count();
-        if crash && down < max_down {
-            cluster.crash(victim);
-        } else {
-            cluster.restart(victim);
+        match action {
+            0 | 1 if down < max_down => cluster.crash(victim),
+            // Paused, then every queued request applied in a burst (SIGSTOP, SIGCONT).
+            2 => cluster.pause(victim, pause),
+            _ => cluster.restart(victim),
         }
     }
     for i in 0..n {
@@ -192,6 +213,19 @@ struct Outcome {
     ok: usize,
     /// Requests served by a batch another client led.
     combined: u64,
+    /// What the simulated network and nodes did.
+    stats: SimStats,
+    /// A range of another length than asked for.
+    wrong_count: Option<Violation>,
+}
+
+impl Outcome {
+    fn check(&self) -> Result<(), Violation> {
+        match &self.wrong_count {
+            Some(v) => Err(v.clone()),
+            None => check(&self.events),
+        }
+    }
 }
 
 /// FNV-1a over a history: two runs of one seed print the same digest when they replay.
@@ -208,8 +242,48 @@ fn digest(events: &[Event]) -> u64 {
     h
 }
 
+/// A client that reserves more than asked and serves the rest on later requests: each
+/// range is unique (a majority accepted it), but served late it may lie below IDs other
+/// clients got meanwhile. The negative case for the checker's real-time order.
+struct Prefetching {
+    stash: Option<IdRange>,
+}
+
+impl Prefetching {
+    /// Serves `count` IDs from the stash, or reserves `count + PREFETCH` and stashes the rest.
+    async fn next_ids(
+        &mut self,
+        qc: &QuorumClient<SimNode>,
+        count: u64,
+        deadline: Instant,
+    ) -> Result<IdRange, IdError> {
+        const PREFETCH: u64 = 1000;
+        if let Some(stash) = self.stash.filter(|r| r.len() >= count) {
+            let served = IdRange {
+                lo: stash.lo,
+                hi: stash.lo + count - 1,
+            };
+            self.stash = (served.hi < stash.hi).then_some(IdRange {
+                lo: served.hi + 1,
+                hi: stash.hi,
+            });
+            return Ok(served);
+        }
+        let got = qc.next_ids_until(count + PREFETCH, deadline).await?;
+        self.stash = Some(IdRange {
+            lo: got.lo + count,
+            hi: got.hi,
+        });
+        Ok(IdRange {
+            lo: got.lo,
+            hi: got.lo + count - 1,
+        })
+    }
+}
+
 /// Several concurrent direct clients (fast and classic, single IDs and ranges, some
 /// restarting with a cold `last_known`; see [`Mix`]) against a faulty simulated quorum.
+/// With `prefetch`, client 0 is a [`Prefetching`] one.
 ///
 /// Returns how many requests a batch led by another client served.
 async fn quorum_workload(
@@ -218,6 +292,7 @@ async fn quorum_workload(
     clients: usize,
     requests: usize,
     mix: Mix,
+    prefetch: bool,
 ) -> u64 {
     let mut tasks = Vec::new();
     for c in 0..clients {
@@ -234,6 +309,7 @@ async fn quorum_workload(
                 r.gen::<u64>(),
             )
         });
+        let mut prefetching = (prefetch && c == 0).then_some(Prefetching { stash: None });
         tasks.push(tokio::spawn(async move {
             let combine = combine_mode(jitter >> 7, mix);
             let max_think = if mix == Mix::Combining { 1_000 } else { 5_000 };
@@ -258,9 +334,15 @@ async fn quorum_workload(
                         combine,
                     );
                 }
-                let _ = recorder
-                    .record(qc.next_ids_until(count, Instant::now() + deadline))
-                    .await;
+                let until = Instant::now() + deadline;
+                let _ = match prefetching.as_mut() {
+                    Some(p) => recorder.record(count, p.next_ids(&qc, count, until)).await,
+                    None => {
+                        recorder
+                            .record(count, qc.next_ids_until(count, until))
+                            .await
+                    }
+                };
                 tokio::time::sleep(think).await;
             }
             served + qc.counters().combined
@@ -273,15 +355,26 @@ async fn quorum_workload(
     served
 }
 
-/// One seed of the quorum simulation.
-fn run_quorum_seed(seed: u64, amnesia: bool) -> Outcome {
-    run_quorum_seed_with(seed, amnesia, if amnesia { Mix::Plain } else { Mix::Mixed })
+/// What is broken on purpose in a seed's run (nothing, by default).
+#[derive(Clone, Copy, Default)]
+struct Broken {
+    amnesia: Amnesia,
+    mutant: Option<Mutant>,
+    /// One client serves prefetched IDs late.
+    prefetch: bool,
 }
 
-fn run_quorum_seed_with(seed: u64, amnesia: bool, mix: Mix) -> Outcome {
+/// One seed of the quorum simulation.
+fn run_quorum_seed(seed: u64) -> Outcome {
+    run_quorum_seed_with(seed, Broken::default(), Mix::Mixed)
+}
+
+fn run_quorum_seed_with(seed: u64, broken: Broken, mix: Mix) -> Outcome {
     runtime(false).block_on(async move {
         let mut config = random_config(&mut config_rng(seed));
-        config.amnesia = amnesia;
+        config.amnesia = broken.amnesia;
+        config.mutant = broken.mutant;
+        let amnesia = broken.amnesia != Amnesia::None;
         if amnesia {
             // The negative case: crashes frequent enough that a majority can be wiped.
             config.nodes = 3;
@@ -299,8 +392,15 @@ fn run_quorum_seed_with(seed: u64, amnesia: bool, mix: Mix) -> Outcome {
         let most = if mix == Mix::Combining { 10 } else { 5 };
         let (clients, requests) =
             cluster.with_rng(|r| (r.gen_range(2..=most), r.gen_range(10..=30)));
-        let combined =
-            quorum_workload(cluster.clone(), recorder.clone(), clients, requests, mix).await;
+        let combined = quorum_workload(
+            cluster.clone(),
+            recorder.clone(),
+            clients,
+            requests,
+            mix,
+            broken.prefetch,
+        )
+        .await;
         stop.store(true, std::sync::atomic::Ordering::Relaxed);
         faults.await.expect("fault task");
         let events = recorder.events();
@@ -309,6 +409,8 @@ fn run_quorum_seed_with(seed: u64, amnesia: bool, mix: Mix) -> Outcome {
             events,
             ok,
             combined,
+            stats: cluster.stats(),
+            wrong_count: recorder.wrong_count(),
         }
     })
 }
@@ -325,6 +427,21 @@ struct Totals {
     ok: usize,
     total: usize,
     combined: u64,
+    stats: SimStats,
+}
+
+fn add_stats(a: &mut SimStats, b: &SimStats) {
+    a.requests += b.requests;
+    a.lost += b.lost;
+    a.duplicated += b.duplicated;
+    a.applied += b.applied;
+    a.refused += b.refused;
+    a.crashes += b.crashes;
+    a.accepts += b.accepts;
+    a.reordered += b.reordered;
+    a.subscribe_failures += b.subscribe_failures;
+    a.pauses += b.pauses;
+    a.longest_lease = a.longest_lease.max(b.longest_lease);
 }
 
 /// Runs `run` for every seed and checks each history; a violation panics with the seed
@@ -337,15 +454,17 @@ fn check_seeds(label: &str, name: &str, divisor: u64, run: impl Fn(u64) -> Outco
         ok: 0,
         total: 0,
         combined: 0,
+        stats: SimStats::default(),
     };
     for &seed in &seeds {
         let out = run(seed);
-        if let Err(v) = check(&out.events) {
+        if let Err(v) = out.check() {
             panic!("{label} seed {seed}: {v}\nreplay with QLIST_SIM_SEED={seed} cargo test --release --test sim {name}");
         }
         t.ok += out.ok;
         t.total += out.events.len();
         t.combined += out.combined;
+        add_stats(&mut t.stats, &out.stats);
         if seeds.len() == 1 {
             eprintln!(
                 "{label} seed {seed}: history digest {:016x}",
@@ -359,20 +478,39 @@ fn check_seeds(label: &str, name: &str, divisor: u64, run: impl Fn(u64) -> Outco
         combined,
         ..
     } = t;
-    eprintln!("{label}: {} seeds, {total} requests, {ok} succeeded ({combined} in another client's batch), in {:?}", seeds.len(), started.elapsed());
+    eprintln!("{label}: {} seeds, {total} requests, {ok} succeeded ({combined} in another client's batch), in {:?}; {:?}", seeds.len(), started.elapsed(), t.stats);
     t
+}
+
+/// Not vacuous: over many seeds, every kind of fault the model has really happened.
+#[track_caller]
+fn assert_faults_happened(t: &Totals) {
+    if t.seeds < 100 {
+        return; // one replayed seed need not show every fault
+    }
+    let s = &t.stats;
+    for (what, n) in [
+        ("lost messages", s.lost),
+        ("duplicated requests", s.duplicated),
+        ("reordered requests", s.reordered),
+        ("crashes", s.crashes),
+        ("refused requests (node down)", s.refused),
+        ("pauses", s.pauses),
+    ] {
+        assert!(n > 0, "no {what} in {} seeds: {s:?}", t.seeds);
+    }
 }
 
 #[test]
 fn quorum_protocol_is_safe_under_simulated_faults() {
-    let Totals { ok, total, .. } = check_seeds("quorum", "quorum_protocol", 1, |seed| {
-        run_quorum_seed(seed, false)
-    });
+    let t = check_seeds("quorum", "quorum_protocol", 1, run_quorum_seed);
+    let (ok, total) = (t.ok, t.total);
     // Not vacuous: most requests get IDs despite the faults.
     assert!(
         ok * 2 > total,
         "only {ok} of {total} requests succeeded: the model is too hostile to test anything"
     );
+    assert_faults_happened(&t);
 }
 
 /// Seeds of the combining workload per seed of the quorum simulation: a third as many.
@@ -380,17 +518,13 @@ const COMBINING_SEED_DIVISOR: u64 = 3;
 
 #[test]
 fn combined_rounds_are_safe_under_simulated_faults() {
-    let Totals {
-        seeds,
-        ok,
-        total,
-        combined,
-    } = check_seeds(
+    let t = check_seeds(
         "combining",
         "combined_rounds",
         COMBINING_SEED_DIVISOR,
-        |seed| run_quorum_seed_with(seed, false, Mix::Combining),
+        |seed| run_quorum_seed_with(seed, Broken::default(), Mix::Combining),
     );
+    let (seeds, ok, total, combined) = (t.seeds, t.ok, t.total, t.combined);
     // Up to 10 clients contend under the same faults: about half the requests succeed,
     // with or without combining (measured: 56,677 of 116,223 combining, 56,727 never).
     assert!(
@@ -402,54 +536,130 @@ fn combined_rounds_are_safe_under_simulated_faults() {
             combined * 20 > ok as u64,
             "only {combined} of {ok} successful requests rode in another client's batch"
         );
+        assert!(
+            t.stats.subscribe_failures > 0,
+            "no subscription failed: {:?}",
+            t.stats
+        );
     }
+    assert_faults_happened(&t);
+}
+
+/// Simulated clients lease as `QuorumClient::connect` makes production ones do: at most
+/// twice the reply timeout (not `with_nodes`' default of 1 s), so a member waits for a
+/// vanished leader as long as it would in production, no longer.
+#[test]
+fn simulated_leases_are_bounded_as_in_production() {
+    let mut joined = 0;
+    for seed in 0..50 {
+        let reply_timeout = random_config(&mut config_rng(seed)).reply_timeout;
+        let out = run_quorum_seed_with(seed, Broken::default(), Mix::Combining);
+        let lease = out.stats.longest_lease;
+        // The batch lease is twice the round lease; neither goes below MIN_LEASE.
+        let bound = 2 * (2 * reply_timeout).max(idclient::quorum::MIN_LEASE);
+        assert!(
+            lease <= bound,
+            "seed {seed}: a lease of {lease:?} with a {reply_timeout:?} reply timeout"
+        );
+        joined += u32::from(lease > Duration::ZERO);
+    }
+    assert!(joined > 25, "only {joined} of 50 seeds joined a batch");
 }
 
 #[test]
 fn same_seed_replays_exactly() {
     for seed in [1, 7, 42] {
-        let a = run_quorum_seed(seed, false).events;
-        let b = run_quorum_seed(seed, false).events;
+        let a = run_quorum_seed(seed).events;
+        let b = run_quorum_seed(seed).events;
         assert!(!a.is_empty());
         assert_eq!(a, b, "seed {seed} did not replay identically");
-        let a = run_quorum_seed_with(seed, false, Mix::Combining).events;
-        let b = run_quorum_seed_with(seed, false, Mix::Combining).events;
+        let a = run_quorum_seed_with(seed, Broken::default(), Mix::Combining).events;
+        let b = run_quorum_seed_with(seed, Broken::default(), Mix::Combining).events;
         assert_eq!(a, b, "combining seed {seed} did not replay identically");
     }
 }
 
-/// A seed (found once by the loop below, then pinned) whose amnesiac nodes make the
+/// The first seed (of the default count) whose run `broken` makes the checker refuse,
+/// with the violation; panics if none does.
+fn first_violation(what: &str, broken: Broken, mix: Mix) -> (u64, Violation) {
+    for seed in seeds(1) {
+        if let Err(v) = run_quorum_seed_with(seed, broken, mix).check() {
+            eprintln!("{what}: seed {seed}: {v}");
+            return (seed, v);
+        }
+    }
+    panic!("{what}: no seed of {} produced a violation", seeds(1).len());
+}
+
+/// A seed (found once by `first_violation`, then pinned) whose amnesiac nodes make the
 /// quorum hand out a duplicate.
 const AMNESIA_SEED: u64 = 0;
 
-/// Seeds the amnesia loop tries; a violation shows up within the first few.
-const AMNESIA_SEEDS: u64 = 200;
-
 #[test]
 fn amnesia_produces_a_duplicate_that_the_checker_catches() {
-    let out = run_quorum_seed(AMNESIA_SEED, true);
+    let wipe = Broken {
+        amnesia: Amnesia::Wipe,
+        ..Broken::default()
+    };
+    let out = run_quorum_seed_with(AMNESIA_SEED, wipe, Mix::Plain);
     assert!(
-        check(&out.events).is_err(),
-        "pinned seed {AMNESIA_SEED} no longer produces a violation under amnesia"
+        matches!(out.check(), Err(Violation::Duplicate { .. })),
+        "pinned seed {AMNESIA_SEED} no longer produces a duplicate under amnesia: {:?}",
+        out.check()
     );
-    let mut found = Vec::new();
-    for seed in 0..AMNESIA_SEEDS {
-        if let Err(v) = check(&run_quorum_seed(seed, true).events) {
-            if found.is_empty() {
-                eprintln!("seed {seed}: {v}");
-            }
-            found.push(seed);
-        }
-    }
-    eprintln!(
-        "amnesia: {} of {AMNESIA_SEEDS} seeds violated safety (first: {:?})",
-        found.len(),
-        found.first()
-    );
-    assert!(
-        !found.is_empty(),
-        "no seed out of {AMNESIA_SEEDS} produced a violation under amnesia"
-    );
+    let (_, v) = first_violation("amnesia (wipe)", wipe, Mix::Plain);
+    assert!(matches!(v, Violation::Duplicate { .. }), "{v}");
+}
+
+#[test]
+fn losing_the_last_acknowledged_write_is_caught() {
+    let broken = Broken {
+        amnesia: Amnesia::LastWrite,
+        ..Broken::default()
+    };
+    let (_, v) = first_violation("amnesia (last write)", broken, Mix::Plain);
+    assert!(matches!(v, Violation::Duplicate { .. }), "{v}");
+}
+
+#[test]
+fn a_write_that_accepts_equal_values_is_caught() {
+    let broken = Broken {
+        mutant: Some(Mutant::WriteIfNotAbove),
+        ..Broken::default()
+    };
+    let (_, v) = first_violation("mutant <=", broken, Mix::Mixed);
+    assert!(matches!(v, Violation::Duplicate { .. }), "{v}");
+}
+
+#[test]
+fn a_write_that_compares_with_hi_is_caught() {
+    let broken = Broken {
+        mutant: Some(Mutant::CompareWithHi),
+        ..Broken::default()
+    };
+    let (_, v) = first_violation("mutant HI", broken, Mix::Mixed);
+    assert!(matches!(v, Violation::Duplicate { .. }), "{v}");
+}
+
+#[test]
+fn a_broken_member_offset_is_caught() {
+    let broken = Broken {
+        mutant: Some(Mutant::MemberOffset),
+        ..Broken::default()
+    };
+    let (_, v) = first_violation("mutant offset", broken, Mix::Combining);
+    assert!(matches!(v, Violation::Duplicate { .. }), "{v}");
+}
+
+#[test]
+fn a_client_serving_prefetched_ids_late_is_caught() {
+    let broken = Broken {
+        prefetch: true,
+        ..Broken::default()
+    };
+    let (_, v) = first_violation("prefetching client", broken, Mix::Mixed);
+    // Unique IDs, wrong order: only the real-time check can see it.
+    assert!(matches!(v, Violation::RealTime { .. }), "{v}");
 }
 
 /// One seed of the broker simulation: two `broker::run` servers over the simulated
@@ -516,6 +726,7 @@ fn run_broker_seed(seed: u64) -> Outcome {
                     });
                     let _ = recorder
                         .record(
+                            count,
                             bc.next_ids_until(count, Instant::now() + Duration::from_millis(500)),
                         )
                         .await;
@@ -531,6 +742,7 @@ fn run_broker_seed(seed: u64) -> Outcome {
             2,
             15,
             Mix::Mixed,
+            false,
         ));
         // Stop the first broker mid-run: its clients fail over to the second.
         let stop_after = cluster.with_rng(|r| Duration::from_millis(r.gen_range(5..=60)));
@@ -554,6 +766,8 @@ fn run_broker_seed(seed: u64) -> Outcome {
             events,
             ok,
             combined,
+            stats: cluster.stats(),
+            wrong_count: recorder.wrong_count(),
         }
     })
 }
@@ -565,7 +779,7 @@ fn broker_batcher_is_safe_under_simulated_faults() {
     let seeds = seeds(BROKER_SEED_DIVISOR);
     for &seed in &seeds {
         let out = run_broker_seed(seed);
-        if let Err(v) = check(&out.events) {
+        if let Err(v) = out.check() {
             panic!("broker seed {seed}: {v}\nreplay with QLIST_SIM_SEED={seed} cargo test --release --test sim broker");
         }
         ok += out.ok;
@@ -586,4 +800,27 @@ fn broker_batcher_is_safe_under_simulated_faults() {
         ok * 2 > total,
         "only {ok} of {total} requests succeeded: the model is too hostile to test anything"
     );
+}
+
+#[test]
+fn the_recorder_orders_what_happens_within_one_tick() {
+    runtime(false).block_on(async {
+        // Both requests complete at the same virtual instant, one after the other: the
+        // second was invoked after the first returned, so its lower ID is a violation.
+        let r = Recorder::new();
+        let _ = r.record(1, async { Ok(IdRange { lo: 5, hi: 5 }) }).await;
+        let _ = r.record(1, async { Ok(IdRange { lo: 3, hi: 3 }) }).await;
+        assert!(
+            matches!(check(&r.events()), Err(Violation::RealTime { .. })),
+            "{:?}",
+            r.events()
+        );
+        assert!(r.wrong_count().is_none());
+        // A range shorter than asked for is refused by the recorder.
+        let _ = r.record(3, async { Ok(IdRange { lo: 6, hi: 7 }) }).await;
+        assert!(matches!(
+            r.wrong_count(),
+            Some(Violation::WrongCount { requested: 3, .. })
+        ));
+    });
 }

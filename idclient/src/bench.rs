@@ -2,7 +2,7 @@
 //! of an [`IdSource`] for a fixed time, with latency percentiles, holes, and the full
 //! request history for the checker.
 
-use crate::history::{monotonic_ns, Event};
+use crate::history::{self, monotonic_ns, Event, Violation};
 use crate::IdSource;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -26,9 +26,20 @@ pub struct BenchReport {
     pub clients: usize,
     pub count: u64,
     pub elapsed: Duration,
+    /// Every request started in the run, whenever it returned.
+    pub requests_started: u64,
+    /// Requests that returned within the timed window (the rates count these).
     pub requests: u64,
+    /// Successful requests among `requests`.
+    pub succeeded: u64,
+    /// IDs returned within the timed window.
     pub ids: u64,
+    /// Every failed request, whenever it returned (also after the timed window), and
+    /// every request answered with another number of IDs than it asked for.
     pub errors: u64,
+    /// Requests answered with a range of another length than `count` (a generator bug:
+    /// also counted in `errors`, and their ranges stay in the history).
+    pub wrong_counts: u64,
     /// The first error seen, for the summary.
     pub first_error: Option<String>,
     /// Latency of every successful request (also those still in flight at the end of the
@@ -71,7 +82,46 @@ impl BenchReport {
     }
 
     pub fn requests_per_sec(&self) -> f64 {
-        (self.requests - self.errors) as f64 / self.elapsed.as_secs_f64()
+        self.succeeded as f64 / self.elapsed.as_secs_f64()
+    }
+
+    /// The history checker over every request, and every range's length against the
+    /// requested count.
+    ///
+    /// # Errors
+    /// The first violation found.
+    pub fn check(&self) -> Result<(), Violation> {
+        for e in &self.events {
+            history::check_count(e, self.count)?;
+        }
+        history::check(&self.events)
+    }
+
+    /// Counts one caller's requests; `stop_ns` ends the timed window.
+    fn add(&mut self, events: &[Event], stop_ns: u64) {
+        for e in events {
+            self.requests_started += 1;
+            let in_run = e.return_ns <= stop_ns;
+            self.requests += u64::from(in_run);
+            match e.outcome {
+                Some(r) => {
+                    // Latency counts every success, also those that returned late: a
+                    // starved caller must show in the tail, not vanish from it.
+                    self.latencies_us.push((e.return_ns - e.invoke_ns) / 1000);
+                    if !r.holds_exactly(self.count) {
+                        self.wrong_counts += 1;
+                        self.errors += 1;
+                        self.first_error.get_or_insert_with(|| {
+                            format!("asked for {} IDs, got {}..={}", self.count, r.lo, r.hi)
+                        });
+                    } else if in_run {
+                        self.succeeded += 1;
+                        self.ids += r.len();
+                    }
+                }
+                None => self.errors += 1,
+            }
+        }
     }
 
     /// The machine-readable result (the last line `idctl bench` prints).
@@ -84,6 +134,8 @@ impl BenchReport {
             "max_us": self.percentile_us(1.0),
             "holes_pct": (self.holes_pct() * 1000.0).round() / 1000.0,
             "errors": self.errors,
+            "requests_started": self.requests_started,
+            "wrong_counts": self.wrong_counts,
             "clients": self.clients,
             "count": self.count,
             "seconds": (self.elapsed.as_secs_f64() * 1000.0).round() / 1000.0,
@@ -135,7 +187,9 @@ pub async fn run<S: IdSource + 'static>(config: &BenchConfig, sources: &[Arc<S>]
                 let return_ns = monotonic_ns();
                 match result {
                     Ok(range) => {
-                        ids_done.fetch_add(range.len(), Ordering::Relaxed);
+                        if range.holds_exactly(count) {
+                            ids_done.fetch_add(count, Ordering::Relaxed);
+                        }
                         events.push(Event {
                             invoke_ns,
                             return_ns,
@@ -173,49 +227,135 @@ pub async fn run<S: IdSource + 'static>(config: &BenchConfig, sources: &[Arc<S>]
     }
     stop.store(true, Ordering::Relaxed);
     // Rates count what returned within the run; requests still in flight (some may be
-    // sleeping in backoff) finish and go into the history, but not into the figures.
+    // sleeping in backoff) finish and go into the history and the error count, but not
+    // into the rates.
     let stop_ns = monotonic_ns();
     let mut report = BenchReport {
         clients: config.clients,
         count: config.count,
         elapsed: started.elapsed(),
+        requests_started: 0,
         requests: 0,
+        succeeded: 0,
         ids: 0,
         errors: 0,
+        wrong_counts: 0,
         first_error: None,
         latencies_us: Vec::new(),
         events: Vec::new(),
     };
     for task in tasks {
-        match task.await {
-            Ok((events, first_error)) => {
-                for e in &events {
-                    // Latency counts every success, also those that returned late: a
-                    // starved caller must show in the tail, not vanish from it.
-                    if e.outcome.is_some() {
-                        report.latencies_us.push((e.return_ns - e.invoke_ns) / 1000);
-                    }
-                    if e.return_ns <= stop_ns {
-                        report.requests += 1;
-                        match e.outcome {
-                            Some(r) => report.ids += r.len(),
-                            None => report.errors += 1,
-                        }
-                    }
-                }
-                report.events.extend(events);
-                if report.first_error.is_none() {
-                    report.first_error = first_error;
-                }
-            }
-            Err(e) => {
-                report.errors += 1;
-                report
-                    .first_error
-                    .get_or_insert_with(|| format!("bench task failed: {e}"));
-            }
+        let (events, first_error) = match task.await {
+            Ok(done) => done,
+            // A panicking caller (an overflow check, a broken invariant) is a bug to see,
+            // not one error among many: its events would vanish from the history.
+            Err(e) if e.is_panic() => std::panic::resume_unwind(e.into_panic()),
+            Err(e) => panic!("bench caller task did not finish: {e}"),
+        };
+        report.add(&events, stop_ns);
+        report.events.extend(events);
+        if report.first_error.is_none() {
+            report.first_error = first_error;
         }
     }
     report.latencies_us.sort_unstable();
     report
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{IdError, IdRange};
+
+    /// A source that answers after `delay`: an error, a panic, or a range of `len` IDs.
+    struct Slow {
+        delay: Duration,
+        answer: Answer,
+        next: AtomicU64,
+    }
+
+    #[derive(Clone, Copy)]
+    enum Answer {
+        Fail,
+        Panic,
+        Ids { len: u64 },
+    }
+
+    impl IdSource for Slow {
+        async fn next_ids(&self, _n: u64) -> Result<IdRange, IdError> {
+            tokio::time::sleep(self.delay).await;
+            match self.answer {
+                Answer::Fail => Err(IdError::Deadline {
+                    deadline: self.delay,
+                    rounds: 1,
+                }),
+                Answer::Panic => panic!("a caller's bug"),
+                Answer::Ids { len } => {
+                    let lo = self.next.fetch_add(len, Ordering::Relaxed) + 1;
+                    Ok(IdRange {
+                        lo,
+                        hi: lo + len - 1,
+                    })
+                }
+            }
+        }
+    }
+
+    fn bench(answer: Answer, delay: Duration) -> BenchReport {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .expect("runtime");
+        let source = Arc::new(Slow {
+            delay,
+            answer,
+            next: AtomicU64::new(0),
+        });
+        let config = BenchConfig {
+            clients: 4,
+            duration: Duration::from_millis(20),
+            count: 3,
+            progress: false,
+        };
+        rt.block_on(run(&config, &[source]))
+    }
+
+    #[test]
+    fn failures_after_the_window_are_errors() {
+        // Every request outlives the 20 ms window and fails: all of them are errors.
+        let r = bench(Answer::Fail, Duration::from_millis(200));
+        assert_eq!(r.requests_started, 4, "{}", r.summary_line());
+        assert_eq!(r.errors, 4, "{}", r.summary_line());
+        assert_eq!(r.requests, 0);
+        let json: serde_json::Value = serde_json::from_str(&r.json()).expect("JSON");
+        assert_eq!(json["errors"], 4);
+        assert_eq!(json["requests_started"], 4);
+        assert!(r.first_error.is_some());
+    }
+
+    #[test]
+    #[should_panic(expected = "a caller's bug")]
+    fn a_panicking_caller_panics_the_bench() {
+        bench(Answer::Panic, Duration::from_millis(1));
+    }
+
+    #[test]
+    fn a_short_range_is_an_error() {
+        let r = bench(Answer::Ids { len: 2 }, Duration::from_millis(1));
+        assert!(r.wrong_counts > 0, "{}", r.summary_line());
+        assert_eq!(r.errors, r.requests_started);
+        assert_eq!(r.ids, 0);
+        assert!(matches!(
+            r.check(),
+            Err(Violation::WrongCount { requested: 3, .. })
+        ));
+        let ok = bench(Answer::Ids { len: 3 }, Duration::from_millis(1));
+        assert_eq!(
+            (ok.errors, ok.wrong_counts),
+            (0, 0),
+            "{}",
+            ok.summary_line()
+        );
+        assert_eq!(ok.check(), Ok(()));
+    }
 }

@@ -240,28 +240,80 @@ fn spawn_node(port: u16, data_dir: &Path, extra_args: &[String]) -> Result<Child
         },
     })?;
     let started = Instant::now();
+    let mut stranger = None;
     loop {
-        if ping(port) {
-            return Ok(child);
-        }
+        // Our child first: a server answering on the port proves nothing while another
+        // process (another test's node, restarted onto a port it freed) may hold it.
         if let Ok(Some(status)) = child.try_wait() {
+            let holder = stranger.map_or(String::new(), |pid| {
+                format!(" (port held by another redis-server, pid {pid})")
+            });
             return Err(ClusterError::StartFailed {
                 port,
-                reason: format!("exited with {status}; log: {}", log_tail(data_dir)),
+                reason: format!("exited with {status}{holder}; log: {}", log_tail(data_dir)),
             });
+        }
+        match server_pid(port) {
+            Some(pid) if pid == child.id() => return Ok(child),
+            Some(pid) => stranger = Some(pid),
+            None => {}
         }
         if started.elapsed() > START_TIMEOUT {
             let _ = child.kill();
             let _ = child.wait();
+            let holder = stranger.map_or(String::new(), |pid| {
+                format!("; another redis-server (pid {pid}) answers on the port")
+            });
             return Err(ClusterError::StartFailed {
                 port,
                 reason: format!(
-                    "no PONG within {START_TIMEOUT:?}; log: {}",
+                    "no answer from its own process (pid {}) within {START_TIMEOUT:?}{holder}; log: {}",
+                    child.id(),
                     log_tail(data_dir)
                 ),
             });
         }
         std::thread::sleep(Duration::from_millis(20));
+    }
+}
+
+/// Longest `INFO server` reply read: it is about 1.5 KB.
+const MAX_INFO_REPLY: usize = 64 * 1024;
+
+/// The `process_id` a Redis server on 127.0.0.1:`port` reports in `INFO server`, if one
+/// answers: which process is really behind the port.
+pub fn server_pid(port: u16) -> Option<u32> {
+    let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
+    let mut stream = TcpStream::connect_timeout(&addr, Duration::from_millis(200)).ok()?;
+    stream
+        .set_read_timeout(Some(Duration::from_millis(500)))
+        .ok()?;
+    stream.write_all(b"INFO server\r\n").ok()?;
+    // A bulk string: "$<len>\r\n<len bytes>\r\n".
+    let mut reply = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        let n = stream.read(&mut buf).ok()?;
+        if n == 0 {
+            return None;
+        }
+        reply.extend_from_slice(&buf[..n]);
+        if reply.first() != Some(&b'$') {
+            return None; // an error reply, or not Redis at all
+        }
+        let text = String::from_utf8_lossy(&reply);
+        if let Some((head, body)) = text[1..].split_once("\r\n") {
+            let len: usize = head.parse().ok()?;
+            if body.len() >= len {
+                return body[..len]
+                    .lines()
+                    .find_map(|l| l.strip_prefix("process_id:"))
+                    .and_then(|pid| pid.trim().parse().ok());
+            }
+        }
+        if reply.len() > MAX_INFO_REPLY {
+            return None;
+        }
     }
 }
 
@@ -620,6 +672,74 @@ pub fn down(dir: &Path) -> Result<usize, ClusterError> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A redis-server of someone else (no AOF, throwaway dir) on `port`, killed on drop.
+    struct Stranger {
+        child: Child,
+        _dir: tempfile_guard::TempDir,
+    }
+
+    impl Stranger {
+        fn start(port: u16) -> Stranger {
+            let dir = tempfile_guard::TempDir::new("qlist-stranger").expect("temp dir");
+            let child = Command::new("redis-server")
+                .args([
+                    "--port",
+                    &port.to_string(),
+                    "--bind",
+                    "127.0.0.1",
+                    "--save",
+                    "",
+                ])
+                .arg("--dir")
+                .arg(dir.path())
+                .stdout(Stdio::null())
+                .stderr(Stdio::null())
+                .spawn()
+                .expect("cannot start redis-server (is it installed?)");
+            let until = Instant::now() + START_TIMEOUT;
+            while server_pid(port) != Some(child.id()) {
+                assert!(
+                    Instant::now() < until,
+                    "stranger redis on {port} did not start"
+                );
+                std::thread::sleep(Duration::from_millis(20));
+            }
+            Stranger { child, _dir: dir }
+        }
+    }
+
+    impl Drop for Stranger {
+        fn drop(&mut self) {
+            let _ = self.child.kill();
+            let _ = self.child.wait();
+        }
+    }
+
+    #[test]
+    fn a_restart_onto_a_port_another_redis_took_fails() {
+        let mut q = LocalQuorum::temp(3).expect("cannot start redis-server quorum");
+        let port = q.ports()[0];
+        assert_eq!(server_pid(port), q.pid(0));
+        q.kill(0);
+        let stranger = Stranger::start(port);
+        let err = q
+            .restart(0)
+            .expect_err("restarted against someone else's redis");
+        let msg = err.to_string();
+        assert!(
+            matches!(err, ClusterError::StartFailed { port: p, .. } if p == port),
+            "{msg}"
+        );
+        assert!(
+            msg.contains(&format!("pid {}", stranger.child.id())),
+            "{msg} does not name the stranger"
+        );
+        assert_eq!(q.pid(0), None, "a failed restart left a child behind");
+        drop(stranger);
+        q.restart(0).expect("restart once the port is free");
+        assert_eq!(server_pid(port), q.pid(0));
+    }
 
     #[test]
     fn parses_redis_server_version_lines() {

@@ -4,6 +4,12 @@
 //! Times are [`monotonic_ns`] readings, comparable across processes on one machine.
 //! Requests with an unknown outcome (errors, timeouts) add no constraint: they may have
 //! burned IDs, but returned none.
+//!
+//! ID 0 is never handed out: a missing register counts as 0 and the first range starts
+//! at 1 (and a published batch result starting at 0 is refused), so a range holding 0 is
+//! a violation. A range must also hold exactly the count its request asked for
+//! ([`check_count`]); the history format does not carry the count, so whoever records a
+//! request checks it.
 
 use crate::IdRange;
 use std::fmt;
@@ -42,6 +48,10 @@ pub enum Violation {
     RealTime { earlier: Event, later: Event },
     /// A malformed event (range with lo > hi, or returned before invoked).
     Malformed(Event),
+    /// A request got ID 0, which no correct generator hands out.
+    ZeroId(Event),
+    /// A request got a range of another length than the `requested` count.
+    WrongCount { event: Event, requested: u64 },
 }
 
 impl fmt::Display for Violation {
@@ -52,6 +62,13 @@ impl fmt::Display for Violation {
                 write!(f, "real-time order broken: {later:?} was invoked after {earlier:?} returned, but is not above it")
             }
             Violation::Malformed(e) => write!(f, "malformed event {e:?}"),
+            Violation::ZeroId(e) => write!(f, "ID 0 handed out: {e:?}"),
+            Violation::WrongCount { event, requested } => {
+                write!(
+                    f,
+                    "asked for {requested} IDs, got another number: {event:?}"
+                )
+            }
         }
     }
 }
@@ -71,6 +88,9 @@ pub fn check(events: &[Event]) -> Result<(), Violation> {
         if let Some(r) = e.outcome {
             if r.lo > r.hi {
                 return Err(Violation::Malformed(*e));
+            }
+            if r.lo == 0 {
+                return Err(Violation::ZeroId(*e));
             }
             ok.push((*e, r));
         }
@@ -114,6 +134,20 @@ pub fn check(events: &[Event]) -> Result<(), Violation> {
         }
     }
     Ok(())
+}
+
+/// Checks that a request for `requested` IDs got exactly that many (or failed).
+///
+/// # Errors
+/// [`Violation::WrongCount`] (also for a malformed range, which holds no count).
+pub fn check_count(event: &Event, requested: u64) -> Result<(), Violation> {
+    match event.outcome {
+        Some(r) if !r.holds_exactly(requested) => Err(Violation::WrongCount {
+            event: *event,
+            requested,
+        }),
+        _ => Ok(()),
+    }
 }
 
 /// Writes events one a line: `invoke_ns return_ns lo hi`, or `invoke_ns return_ns -` for
@@ -246,6 +280,35 @@ mod tests {
     }
 
     #[test]
+    fn id_zero_is_caught() {
+        assert!(matches!(
+            check(&[ev(0, 1, 0, 3)]),
+            Err(Violation::ZeroId(_))
+        ));
+        assert_eq!(check(&[ev(0, 1, 1, 3)]), Ok(()));
+    }
+
+    #[test]
+    fn wrong_counts_are_caught() {
+        assert_eq!(check_count(&ev(0, 1, 5, 9), 5), Ok(()));
+        for (lo, hi, n) in [(5, 9, 6), (5, 9, 4), (9, 5, 1), (0, u64::MAX, 0)] {
+            assert!(
+                matches!(
+                    check_count(&ev(0, 1, lo, hi), n),
+                    Err(Violation::WrongCount { requested, .. }) if requested == n
+                ),
+                "{lo}..={hi} for {n}"
+            );
+        }
+        let failed = Event {
+            invoke_ns: 0,
+            return_ns: 1,
+            outcome: None,
+        };
+        assert_eq!(check_count(&failed, 3), Ok(()));
+    }
+
+    #[test]
     fn file_round_trip() {
         let dir = tempfile::tempdir().expect("tempdir");
         let path = dir.path().join("h.txt");
@@ -264,29 +327,75 @@ mod tests {
         assert!(err.to_string().contains(":1: bad history line"), "{err}");
     }
 
-    /// A history a correct generator could produce: a sequential order of grants, each
-    /// request's interval around its grant point; random ranges; some unknown outcomes.
+    /// A history a correct generator could produce: grants in a sequential order, each at
+    /// a linearization point inside its request's interval. The points advance by 0-2
+    /// ticks and intervals reach up to 20 ticks either side, so requests overlap (many
+    /// in flight at once), and invoke and return times tie (also with the point of
+    /// another request). Random ranges, holes, some unknown outcomes.
     fn valid_history() -> impl Strategy<Value = Vec<Event>> {
-        prop::collection::vec((1u64..4, 0u64..50, 0u64..50, any::<bool>(), 0u64..3), 1..60)
-            .prop_map(|steps| {
-                let mut next = 1;
-                let mut events = Vec::new();
-                for (i, (len, before, after, unknown, gap)) in steps.into_iter().enumerate() {
-                    let t = i as u64 * 100 + 50; // the linearization point
-                    next += gap; // holes are allowed
-                    let range = IdRange {
-                        lo: next,
-                        hi: next + len - 1,
-                    };
-                    next += len;
-                    events.push(Event {
-                        invoke_ns: t - before,
-                        return_ns: t + after,
-                        outcome: (!unknown).then_some(range),
-                    });
-                }
+        prop::collection::vec(
+            (1u64..4, 0u64..3, 0u64..20, 0u64..20, any::<bool>(), 0u64..3),
+            1..60,
+        )
+        .prop_map(|steps| {
+            let mut next = 1;
+            let mut t = 0; // the linearization point: never decreases
+            let mut events = Vec::new();
+            for (len, step, before, after, unknown, gap) in steps {
+                t += step;
+                next += gap; // holes are allowed
+                let range = IdRange {
+                    lo: next,
+                    hi: next + len - 1,
+                };
+                next += len;
+                events.push(Event {
+                    invoke_ns: t.saturating_sub(before),
+                    return_ns: t + after,
+                    outcome: (!unknown).then_some(range),
+                });
+            }
+            events
+        })
+    }
+
+    #[test]
+    fn valid_histories_overlap_and_tie() {
+        // The property tests below are only as good as their histories: they must hold
+        // concurrent requests and equal timestamps, not just a sequence.
+        use proptest::strategy::ValueTree;
+        let mut runner = proptest::test_runner::TestRunner::deterministic();
+        let (mut overlapping, mut tied) = (0, 0);
+        for _ in 0..200 {
+            let events = valid_history()
+                .new_tree(&mut runner)
+                .expect("a history")
+                .current();
+            let pairs = || {
                 events
-            })
+                    .iter()
+                    .enumerate()
+                    .flat_map(|(i, a)| events[i + 1..].iter().map(move |b| (a, b)))
+            };
+            if pairs().any(|(a, b)| a.invoke_ns < b.return_ns && b.invoke_ns < a.return_ns) {
+                overlapping += 1;
+            }
+            if pairs().any(|(a, b)| {
+                a.return_ns == b.invoke_ns
+                    || b.return_ns == a.invoke_ns
+                    || a.invoke_ns == b.invoke_ns
+            }) {
+                tied += 1;
+            }
+        }
+        assert!(
+            overlapping > 150,
+            "only {overlapping} of 200 histories overlap"
+        );
+        assert!(
+            tied > 100,
+            "only {tied} of 200 histories have equal timestamps"
+        );
     }
 
     /// Naive O(n^2) reference.
@@ -296,6 +405,9 @@ mod tests {
             .filter_map(|e| e.outcome.map(|r| (*e, r)))
             .collect();
         for (i, (a, ra)) in ok.iter().enumerate() {
+            if ra.lo == 0 || ra.lo > ra.hi || a.return_ns < a.invoke_ns {
+                return false;
+            }
             for (j, (b, rb)) in ok.iter().enumerate() {
                 if i != j && ra.lo <= rb.hi && rb.lo <= ra.hi {
                     return false;
@@ -318,11 +430,17 @@ mod tests {
         }
 
         #[test]
-        fn agrees_with_naive_reference(mut events in valid_history(), i: usize, j: usize, delta in 0u64..4) {
-            // Break the history at random (move one range onto another's neighbourhood).
+        fn agrees_with_naive_reference(mut events in valid_history(), i: usize, j: usize, delta in 0u64..4, late: bool) {
             let n = events.len();
             let (i, j) = (i % n, j % n);
-            if let (Some(a), Some(b)) = (events[i].outcome, events[j].outcome) {
+            if late {
+                // Break real time only: invoke request i just around request j's return,
+                // so it may start after j returned while its range is below j's.
+                let at = events[j].return_ns + delta.saturating_sub(1);
+                events[i].invoke_ns = at;
+                events[i].return_ns = events[i].return_ns.max(at);
+            } else if let (Some(a), Some(b)) = (events[i].outcome, events[j].outcome) {
+                // Move one range onto another's neighbourhood.
                 let lo = b.lo.saturating_sub(delta).max(1);
                 events[i].outcome = Some(IdRange { lo, hi: lo + (a.hi - a.lo) });
             }

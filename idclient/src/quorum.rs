@@ -379,6 +379,14 @@ impl<N: Register> QuorumClient<N> {
         self
     }
 
+    /// Sets the upper bound of a batch leader's lease (`connect` sets twice the reply
+    /// timeout; [`QuorumClient::with_nodes`] starts at [`DEFAULT_MAX_LEASE`]), so a
+    /// simulated client leases as a production one does.
+    pub fn with_max_lease(mut self, max_lease: Duration) -> QuorumClient<N> {
+        self.max_lease = max_lease;
+        self
+    }
+
     /// The nodes, in configured order.
     pub fn nodes(&self) -> &[N] {
         &self.nodes

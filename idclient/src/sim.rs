@@ -7,8 +7,10 @@
 //! that can make a stale conditional write land long after its client gave up). Nodes
 //! crash and restart: a crashed node ignores what arrives; a restarted node keeps its
 //! register (durable, what `appendfsync always` gives), unless [`SimConfig::amnesia`]
-//! is set, in which case it comes back empty (what a node without fsync, or with a
-//! wiped data dir, does: the negative case the checker must catch).
+//! says what it forgets (everything, or its last acknowledged write: the negative cases
+//! the checker must catch). Nodes also pause ([`SimCluster::pause`]): what arrives
+//! meanwhile is applied in a burst when they resume. [`SimConfig::mutant`] breaks a node
+//! on purpose, for the negative tests.
 //!
 //! Each node also models the rendezvous of combined rounds (`script::COMBINE`):
 //! volatile state with leases on the virtual clock, lost when the node crashes, and batch
@@ -46,8 +48,35 @@ pub struct SimConfig {
     pub max_delay: Duration,
     /// How long a client waits for a reply before counting the node as unavailable.
     pub reply_timeout: Duration,
-    /// Crashed nodes come back with an empty register (unsafe: for the negative case).
-    pub amnesia: bool,
+    /// What a crashed node forgets (anything but [`Amnesia::None`] is unsafe: for the
+    /// negative cases).
+    pub amnesia: Amnesia,
+    /// A deliberately broken node, for the negative tests: the checker must catch it.
+    pub mutant: Option<Mutant>,
+}
+
+/// What a restarted node lost.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Amnesia {
+    /// Nothing: durable, as `appendfsync always` gives.
+    #[default]
+    None,
+    /// Everything: an empty register (a wiped data dir, no persistence at all).
+    Wipe,
+    /// Its last acknowledged write (fsync every second, or a lying disk cache).
+    LastWrite,
+}
+
+/// A broken node, each the kind of slip a change to the script or the model could make.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mutant {
+    /// The conditional write accepts when `current <= lo` (not `<`).
+    WriteIfNotAbove,
+    /// The conditional write compares with HI instead of LO.
+    CompareWithHi,
+    /// `join` hands a member the offset one below its own (overlapping the previous
+    /// member's IDs).
+    MemberOffset,
 }
 
 impl Default for SimConfig {
@@ -59,7 +88,8 @@ impl Default for SimConfig {
             duplicate: 0.05,
             max_delay: Duration::from_millis(5),
             reply_timeout: Duration::from_millis(20),
-            amnesia: false,
+            amnesia: Amnesia::None,
+            mutant: None,
         }
     }
 }
@@ -77,12 +107,26 @@ pub struct SimStats {
     pub crashes: u64,
     /// Conditional writes accepted.
     pub accepts: u64,
+    /// Requests applied at a node after a request sent later to the same node.
+    pub reordered: u64,
+    /// Subscriptions refused or lost while the node was up.
+    pub subscribe_failures: u64,
+    /// Pauses: a node stops applying what arrives, then applies it all at once.
+    pub pauses: u64,
+    /// The longest lease a `join` asked for (round or batch).
+    pub longest_lease: Duration,
 }
 
 #[derive(Debug)]
 struct NodeState {
     values: BTreeMap<String, u64>,
+    /// Each key's value before its last accepted write (for [`Amnesia::LastWrite`]).
+    before_last: BTreeMap<String, u64>,
     up: bool,
+    /// Paused until this instant: arrivals wait, then apply in a burst (as SIGSTOP).
+    paused_until: Option<Instant>,
+    /// The highest send number applied here: a lower one arriving later was reordered.
+    last_send: u64,
     /// The rendezvous of combined rounds, per register key: volatile, gone when the node
     /// crashes (as the Redis node's, which never reach its AOF).
     rendezvous: BTreeMap<String, Rendezvous>,
@@ -116,6 +160,8 @@ struct State {
     rng: StdRng,
     nodes: Vec<NodeState>,
     stats: SimStats,
+    /// Numbers requests in the order they are sent.
+    sends: u64,
 }
 
 /// The simulated nodes and network. Cheap to clone (shared state).
@@ -170,7 +216,10 @@ impl SimCluster {
         let nodes = (0..config.nodes)
             .map(|_| NodeState {
                 values: BTreeMap::new(),
+                before_last: BTreeMap::new(),
                 up: true,
+                paused_until: None,
+                last_send: 0,
                 rendezvous: BTreeMap::new(),
                 subscribers: Vec::new(),
             })
@@ -180,6 +229,7 @@ impl SimCluster {
                 rng: StdRng::seed_from_u64(seed),
                 nodes,
                 stats: SimStats::default(),
+                sends: 0,
             })),
             config: Arc::new(config),
         }
@@ -218,17 +268,41 @@ impl SimCluster {
         }
     }
 
-    /// Restarts node `i`: with its register (durable), or empty under amnesia.
+    /// Restarts node `i`: with its register (durable), or with what
+    /// [`SimConfig::amnesia`] leaves of it.
     pub fn restart(&self, i: usize) {
         let amnesia = self.config.amnesia;
         let mut s = self.lock();
         let node = &mut s.nodes[i];
         if !node.up {
             node.up = true;
-            if amnesia {
-                node.values.clear();
+            match amnesia {
+                Amnesia::None => {}
+                Amnesia::Wipe => node.values.clear(),
+                Amnesia::LastWrite => {
+                    let before = std::mem::take(&mut node.before_last);
+                    node.values.extend(before);
+                }
             }
         }
+    }
+
+    /// Pauses node `i` for `d`: requests arriving meanwhile wait and are applied in a
+    /// burst when it resumes, in their arrival order (a SIGSTOPped Redis).
+    pub fn pause(&self, i: usize, d: Duration) {
+        let mut s = self.lock();
+        let until = Instant::now() + d;
+        let node = &mut s.nodes[i];
+        if node.up && node.paused_until.is_none_or(|t| t < until) {
+            node.paused_until = Some(until);
+            s.stats.pauses += 1;
+        }
+    }
+
+    /// When node `i` resumes, if it is paused now.
+    fn paused_until(&self, i: usize) -> Option<Instant> {
+        let now = Instant::now();
+        self.lock().nodes[i].paused_until.filter(|&t| t > now)
     }
 
     /// Whether node `i` is up.
@@ -258,13 +332,18 @@ impl SimCluster {
     }
 
     /// Applies `op` at node `i` (atomically, as Redis runs a script).
-    fn apply(&self, i: usize, op: &Op) -> Outcome {
+    fn apply(&self, i: usize, op: &Op, send: u64) -> Outcome {
         let mut s = self.lock();
         if !s.nodes[i].up {
             s.stats.refused += 1;
             return Outcome::Down;
         }
         s.stats.applied += 1;
+        if send < s.nodes[i].last_send {
+            s.stats.reordered += 1;
+        }
+        s.nodes[i].last_send = s.nodes[i].last_send.max(send);
+        let mutant = self.config.mutant;
         let now = Instant::now();
         match op {
             Op::Read { key } => Outcome::Read(s.nodes[i].values.get(key).copied().unwrap_or(0)),
@@ -274,7 +353,13 @@ impl SimCluster {
                 rv.expire(now);
                 let combining = rv.inflight.is_some_and(|(busy, _)| Some(busy) != *batch);
                 let current = node.values.get(key).copied().unwrap_or(0);
-                if current < *lo {
+                let accept = match mutant {
+                    Some(Mutant::WriteIfNotAbove) => current <= *lo,
+                    Some(Mutant::CompareWithHi) => current < *hi,
+                    _ => current < *lo,
+                };
+                if accept {
+                    node.before_last.insert(key.clone(), current);
                     node.values.insert(key.clone(), *hi);
                     s.stats.accepts += 1;
                     Outcome::Write(WriteReply::Accepted, combining)
@@ -289,12 +374,17 @@ impl SimCluster {
                 nonce,
                 leases,
             } => {
+                let longest = s.stats.longest_lease.max(leases.round).max(leases.batch);
+                s.stats.longest_lease = longest;
                 let rv = s.nodes[i].rendezvous.entry(key.clone()).or_default();
                 rv.expire(now);
                 Outcome::Join(match (&mut rv.open, rv.inflight) {
                     (Some((_, ids, _)), _) if *ids + n > crate::quorum::MAX_COUNT => Join::Full,
                     (Some((batch, ids, at)), _) => {
-                        let offset = *ids;
+                        let offset = match mutant {
+                            Some(Mutant::MemberOffset) => ids.saturating_sub(1),
+                            _ => *ids,
+                        };
                         *ids += n;
                         Join::Follow {
                             batch: *batch,
@@ -372,9 +462,11 @@ impl SimCluster {
     /// travelling (and may still be applied) after its sender gave up.
     async fn call(&self, i: usize, op: Op) -> Result<Outcome, NodeError> {
         let (tx, mut rx) = mpsc::unbounded_channel();
-        let deliveries: Vec<(Duration, Option<Duration>)> = {
+        let (send, deliveries): (u64, Vec<(Duration, Option<Duration>)>) = {
             let mut s = self.lock();
             s.stats.requests += 1;
+            s.sends += 1;
+            let send = s.sends;
             let copies = if s.rng.gen_bool(self.config.duplicate) {
                 2
             } else {
@@ -398,7 +490,7 @@ impl SimCluster {
                 };
                 plan.push((there, back));
             }
-            plan
+            (send, plan)
         };
         for (there, back) in deliveries {
             let cluster = self.clone();
@@ -406,7 +498,11 @@ impl SimCluster {
             let tx = tx.clone();
             tokio::spawn(async move {
                 tokio::time::sleep(there).await;
-                let outcome = cluster.apply(i, &op);
+                // A paused node holds what arrives and applies it when it resumes.
+                while let Some(until) = cluster.paused_until(i) {
+                    tokio::time::sleep_until(until).await;
+                }
+                let outcome = cluster.apply(i, &op, send);
                 if let Some(back) = back {
                     tokio::time::sleep(back).await;
                     let _ = tx.send(outcome);
@@ -556,8 +652,16 @@ impl Register for SimNode {
     ) -> impl Future<Output = Result<BoxStream<'static, String>, NodeError>> + Send {
         let result = {
             let mut s = self.cluster.lock();
+            // Subscribing is a request like any other: it can be lost while the node is up
+            // (the client then runs its own rounds, as when SUBSCRIBE times out).
+            let lost = s.rng.gen_bool(self.cluster.config.loss);
+            if lost && s.nodes[self.index].up {
+                s.stats.subscribe_failures += 1;
+            }
             let node = &mut s.nodes[self.index];
-            if node.up {
+            if lost {
+                Err(NodeError::Unavailable("timed out".to_string()))
+            } else if node.up {
                 let (tx, rx) = mpsc::unbounded_channel();
                 node.subscribers.push((key.to_string(), tx));
                 let stream = futures::stream::unfold(rx, |mut rx| async move {

@@ -51,6 +51,25 @@ async fn load(
     tokio::spawn(async move { bench::run(&cfg, &sources).await })
 }
 
+/// A run on a quorum with a live majority throughout: no request may fail, every range
+/// holds the count asked for, and the history is linearizable.
+#[track_caller]
+fn assert_healthy_run(report: &BenchReport) {
+    assert_eq!(
+        report.errors,
+        0,
+        "requests failed while a majority was up: {}",
+        report.summary_line()
+    );
+    assert_eq!(report.requests_started, report.events.len() as u64);
+    if let Err(v) = report.check() {
+        panic!(
+            "run of {} requests violates the guarantee: {v}",
+            report.events.len()
+        );
+    }
+}
+
 #[track_caller]
 fn assert_linearizable(events: &[Event]) {
     if let Err(v) = check(events) {
@@ -106,9 +125,10 @@ async fn thirty_two_clients_in_two_processes_are_linearizable() {
         children.push((cmd.spawn().expect("spawn idctl bench"), path));
     }
     // Mixed in: ranges from this process too.
-    let local = load(&q, 4, 2.0, 7).await;
-    let mut events = local.await.expect("local load").events;
-    for (child, path) in children {
+    let local = load(&q, 4, 2.0, 7).await.await.expect("local load");
+    assert_healthy_run(&local);
+    let mut events = local.events;
+    for ((child, path), count) in children.into_iter().zip([1, 3]) {
         let out = child.wait_with_output().expect("idctl bench");
         assert!(
             out.status.success(),
@@ -125,10 +145,22 @@ async fn thirty_two_clients_in_two_processes_are_linearizable() {
             "p99_us",
             "holes_pct",
             "errors",
+            "requests_started",
         ] {
             assert!(json.get(field).is_some(), "missing {field} in {stdout}");
         }
-        events.extend(history::read_events(&path).expect("history file"));
+        assert_eq!(
+            json["errors"], 0,
+            "requests failed on a healthy quorum: {stdout}"
+        );
+        let recorded = history::read_events(&path).expect("history file");
+        assert_eq!(json["requests_started"], recorded.len(), "{stdout}");
+        for e in &recorded {
+            if let Err(v) = history::check_count(e, count) {
+                panic!("idctl bench --count {count}: {v}");
+            }
+        }
+        events.extend(recorded);
     }
     let ok = events.iter().filter(|e| e.outcome.is_some()).count();
     assert!(ok > 100, "only {ok} successful requests");
@@ -144,7 +176,7 @@ async fn killing_a_minority_mid_run_keeps_generating() {
     q.kill(0);
     q.kill(3);
     let report = run.await.expect("load");
-    assert_linearizable(&report.events);
+    assert_healthy_run(&report);
     let after = succeeded_after(&report.events, killed_at + 300_000_000);
     assert!(
         after > 0,
@@ -212,7 +244,7 @@ async fn paused_minority_causes_no_duplicate() {
     q.resume(1);
     q.resume(2);
     let report = run.await.expect("load");
-    assert_linearizable(&report.events);
+    assert_healthy_run(&report);
     let during = report
         .events
         .iter()
@@ -226,7 +258,9 @@ async fn paused_minority_causes_no_duplicate() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_and_restart_all_nodes_repeats_nothing() {
     let mut q = quorum();
-    let first = load(&q, 6, 1.0, 3).await.await.expect("load").events;
+    let first = load(&q, 6, 1.0, 3).await.await.expect("load");
+    assert_healthy_run(&first);
+    let first = first.events;
     let before = max_id(&first);
     assert!(before > 0);
     for i in 0..5 {
@@ -235,7 +269,9 @@ async fn kill_and_restart_all_nodes_repeats_nothing() {
     for i in 0..5 {
         q.restart(i).expect("restart");
     }
-    let second = load(&q, 6, 1.0, 3).await.await.expect("load").events;
+    let second = load(&q, 6, 1.0, 3).await.await.expect("load");
+    assert_healthy_run(&second);
+    let second = second.events;
     let mut all = first;
     all.extend(second.iter().copied());
     assert!(
@@ -246,4 +282,50 @@ async fn kill_and_restart_all_nodes_repeats_nothing() {
         "an ID after the restart is not above {before}"
     );
     assert_linearizable(&all);
+}
+
+/// `idctl bench` counts every request it started: failures that return after the timed
+/// window (here: every request in flight when a majority dies) are errors too.
+#[test]
+fn idctl_bench_counts_failures_that_return_after_the_window() {
+    use std::io::BufRead;
+    let mut q = quorum();
+    let dir = tempfile::tempdir().expect("tempdir");
+    let path = dir.path().join("h.txt");
+    let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_idctl"))
+        .args(["bench", "--nodes", &q.urls_arg(), "--clients", "8"])
+        .args(["--seconds", "3", "--deadline-ms", "1500", "--history"])
+        .arg(&path)
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .expect("spawn idctl bench");
+    // The first progress line: the timed window is running, 2 s of it left.
+    let stderr = child.stderr.take().expect("stderr");
+    let mut lines = std::io::BufReader::new(stderr).lines();
+    let mut seen = Vec::new();
+    loop {
+        match lines.next() {
+            Some(Ok(line)) if line.starts_with("bench: 1s") => break,
+            Some(Ok(line)) => seen.push(line),
+            _ => panic!("idctl bench ended before its first progress line: {seen:?}"),
+        }
+    }
+    let drain = std::thread::spawn(move || lines.map_while(Result::ok).collect::<Vec<_>>());
+    for i in [0, 1, 2] {
+        q.kill(i);
+    }
+    let out = child.wait_with_output().expect("idctl bench");
+    let rest = drain.join().expect("stderr reader");
+    assert!(out.status.success(), "idctl bench failed: {rest:?}");
+    let stdout = String::from_utf8_lossy(&out.stdout);
+    let json: serde_json::Value =
+        serde_json::from_str(stdout.lines().last().expect("a JSON line")).expect("JSON");
+    let recorded = history::read_events(&path).expect("history file");
+    let failed = recorded.iter().filter(|e| e.outcome.is_none()).count();
+    // Requests running when the majority died, and every one started after, fail.
+    assert!(failed > 0, "no failed request recorded: {stdout}");
+    assert_eq!(json["errors"], failed, "{stdout}\n{rest:?}");
+    assert_eq!(json["requests_started"], recorded.len(), "{stdout}");
+    assert_linearizable(&recorded);
 }

@@ -305,3 +305,33 @@ pub fn read_history(path: &Path) -> Vec<idclient::history::Event> {
 
 /// Shared list of history events recorded in this process.
 pub type History = Arc<std::sync::Mutex<Vec<idclient::history::Event>>>;
+
+/// True when the TCP socket listening on 127.0.0.1:`port` belongs to process `pid`: a
+/// connect alone could reach another process that took the port (another test's server,
+/// or a previous instance not yet gone). Linux only: /proc/net/tcp names the listening
+/// socket's inode, /proc/PID/fd shows whether the process holds it.
+pub fn listens_on(pid: u32, port: u16) -> bool {
+    let Ok(table) = std::fs::read_to_string("/proc/net/tcp") else {
+        return false;
+    };
+    // "sl local_address rem_address st ... inode": 127.0.0.1 is 0100007F, LISTEN is 0A.
+    let local = format!("0100007F:{port:04X}");
+    let inodes: Vec<String> = table
+        .lines()
+        .skip(1)
+        .filter_map(|line| {
+            let f: Vec<&str> = line.split_whitespace().collect();
+            (f.len() > 9 && f[1] == local && f[3] == "0A").then(|| format!("socket:[{}]", f[9]))
+        })
+        .collect();
+    if inodes.is_empty() {
+        return false;
+    }
+    let Ok(fds) = std::fs::read_dir(format!("/proc/{pid}/fd")) else {
+        return false;
+    };
+    fds.filter_map(Result::ok).any(|fd| {
+        std::fs::read_link(fd.path())
+            .is_ok_and(|target| inodes.iter().any(|i| target.as_os_str() == i.as_str()))
+    })
+}
