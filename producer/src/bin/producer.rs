@@ -65,6 +65,9 @@ struct Flags {
     log_every: f64,
 }
 
+/// Test hook for crash and edit tests, see [`Config::test_stall_after`].
+const STALL_ENV: &str = "QLIST_PRODUCER_TEST_STALL_AFTER";
+
 /// Where IDs come from.
 enum Ids {
     Nodes(ClientConfig),
@@ -125,12 +128,20 @@ fn config(flags: &Flags) -> anyhow::Result<(Config, Ids)> {
             )
         }
     };
+    let test_stall_after = match std::env::var(STALL_ENV) {
+        Ok(v) => Some(
+            v.parse()
+                .map_err(|_| ProducerError::Config(format!("{STALL_ENV}={v:?} is not a number")))?,
+        ),
+        Err(_) => None,
+    };
     let cfg = Config {
         shard: flags.shard,
         data_dir: flags.data_dir.clone(),
         input,
         batch: flags.batch,
         display,
+        test_stall_after,
     };
     Ok((cfg, ids))
 }
