@@ -429,6 +429,42 @@ mod tests {
     }
 
     #[test]
+    fn what_was_read_is_fingerprinted_like_the_scan() {
+        use std::io::{Seek, SeekFrom, Write};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join("in");
+        // Three read buffers' worth, so the tail is read after the edit below.
+        let line = [b'x'; 999];
+        let mut content = Vec::new();
+        for _ in 0..3 * READ_BUFFER / 1000 {
+            content.extend_from_slice(&line);
+            content.push(b'\n');
+        }
+        std::fs::write(&p, &content).expect("write");
+        let scan = scan_file(&p).expect("scan");
+        let spec = InputSpec::File(p.clone());
+        let read_all = |edit: bool| {
+            let mut r = ItemReader::open(&spec, 0, 0).expect("open");
+            assert!(r.next_item().expect("item").is_some());
+            assert_eq!(r.content_fingerprint(), None, "not at the end yet");
+            if edit {
+                let mut f = std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(&p)
+                    .expect("open");
+                f.seek(SeekFrom::Start(content.len() as u64 - 10))
+                    .expect("seek");
+                f.write_all(b"y").expect("edit");
+            }
+            while r.next_item().expect("item").is_some() {}
+            r.content_fingerprint().expect("at the end")
+        };
+        assert_eq!(read_all(false), scan.fingerprint);
+        // Same size, edited in place after the first pass: the read content differs.
+        assert_ne!(read_all(true), scan.fingerprint);
+    }
+
+    #[test]
     fn fingerprint_follows_content() {
         let dir = tempfile::tempdir().expect("tempdir");
         let (a, b) = (dir.path().join("a"), dir.path().join("b"));

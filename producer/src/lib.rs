@@ -442,7 +442,9 @@ impl Producer {
                         });
                     }
                     if let Some(scanned) = &scanned {
-                        let read = reader.content_fingerprint().unwrap_or_default();
+                        let read = reader
+                            .content_fingerprint()
+                            .unwrap_or_else(|| "more bytes after the end it reached".into());
                         if read.as_bytes() != scanned.as_slice() {
                             return Err(ProducerError::InputChanged {
                                 input: config.input.describe(),
