@@ -595,7 +595,8 @@ fn check_stored_prefix(
 }
 
 /// The test hook [`Config::test_stall_after`]: says so on stderr, then waits for a line
-/// (or EOF) on stdin.
+/// (or EOF) on stdin. Printed directly, not as a `tracing` event, so the test sees it
+/// whatever `RUST_LOG` says.
 async fn test_stall(durable: u64) {
     eprintln!("{STALL_ANNOUNCE} {durable} items durable");
     let waited = tokio::task::spawn_blocking(|| {
