@@ -367,4 +367,97 @@ mod tests {
             "{err}"
         );
     }
+
+    #[test]
+    fn a_source_error_is_printed_once() {
+        let items: Vec<Result<Record, std::io::Error>> =
+            vec![Ok(rec(1, 0)), Err(std::io::Error::from_raw_os_error(28))];
+        let err =
+            ids(merge(vec![Source::new("x", 0, items.into_iter())])).expect_err("source error");
+        // What `{:#}` prints: the message, then every source in the chain.
+        let mut printed = err.to_string();
+        let mut cause = std::error::Error::source(&err);
+        while let Some(c) = cause {
+            printed = format!("{printed}: {c}");
+            cause = c.source();
+        }
+        assert_eq!(
+            printed.matches("No space left on device").count(),
+            1,
+            "{printed}"
+        );
+    }
+
+    /// A source that counts how many records were taken from it.
+    struct Counted {
+        next: u64,
+        end: u64,
+        shard: u32,
+        payload: usize,
+        taken: std::rc::Rc<std::cell::Cell<usize>>,
+    }
+
+    impl Iterator for Counted {
+        type Item = Result<Record, Infallible>;
+        fn next(&mut self) -> Option<Self::Item> {
+            if self.next >= self.end {
+                return None;
+            }
+            self.taken.set(self.taken.get() + 1);
+            let id = self.next;
+            self.next += 2;
+            Some(Ok(Record {
+                id,
+                shard: self.shard,
+                seq: id / 2,
+                payload: vec![b'p'; self.payload],
+            }))
+        }
+    }
+
+    /// Memory is bounded by the read-ahead: whatever the merge has yielded, no source has
+    /// been read more than READ_AHEAD_RECORDS records (or READ_AHEAD_BYTES bytes, plus the
+    /// record that crossed it) beyond what was yielded from it.
+    #[test]
+    fn read_ahead_is_bounded_in_records_and_bytes() {
+        for payload in [0usize, 1000, 40_000, 200_000] {
+            let taken: Vec<_> = (0..2).map(|_| std::rc::Rc::default()).collect();
+            let sources = (0..2u32)
+                .map(|s| {
+                    Source::new(
+                        format!("s{s}"),
+                        s,
+                        Counted {
+                            next: u64::from(s),
+                            end: 10_000,
+                            shard: s,
+                            payload,
+                            taken: std::rc::Rc::clone(&taken[s as usize]),
+                        },
+                    )
+                })
+                .collect();
+            let per_record = payload + sublist::listbin::RECORD_HEAD_LEN;
+            // Records buffered at most: the cap in records, or the byte cap plus the one
+            // record that crossed it, whichever comes first.
+            let cap = READ_AHEAD_RECORDS.min(READ_AHEAD_BYTES.div_ceil(per_record).max(1));
+            let mut yielded = [0usize; 2];
+            let mut max_ahead = 0;
+            for r in merge(sources) {
+                let r = r.expect("merge");
+                yielded[r.shard as usize] += 1;
+                for s in 0..2 {
+                    let ahead = taken[s].get() - yielded[s];
+                    assert!(
+                        ahead <= cap,
+                        "payload {payload}: source {s} read {ahead} records ahead, cap {cap}"
+                    );
+                    max_ahead = max_ahead.max(ahead);
+                }
+            }
+            assert_eq!(yielded, [5000, 5000]);
+            // The bound is reached, so the test would notice a looser one.
+            assert_eq!(max_ahead, cap, "payload {payload}");
+        }
+    }
 }

@@ -32,6 +32,16 @@ pub fn shard_number(name: &str) -> Option<u32> {
         .filter(|n| n.to_string() == digits)
 }
 
+/// A producer builds a new sublist under `.creating-shard-<n>` and renames it to
+/// `shard-<n>` (see `sublist::shard`): a leftover without its `shard-<n>` means that
+/// producer was killed while creating the sublist, before it wrote any item.
+pub const CREATING_PREFIX: &str = ".creating-";
+
+/// The n of a leftover `.creating-shard-<n>` directory.
+fn creating_shard_number(name: &str) -> Option<u32> {
+    shard_number(name.strip_prefix(CREATING_PREFIX)?)
+}
+
 /// How often (in records) [`merge_to_file`] reports progress: often enough for a smooth
 /// progress bar, rare enough that the callback costs nothing next to the merge.
 pub const PROGRESS_EVERY: u64 = 4096;
@@ -67,22 +77,28 @@ pub enum MergeError {
     #[error("reading {source_name}: {error}")]
     Source {
         source_name: String,
-        #[source]
+        /// In the message, not a `#[source]`: `{:#}` would print it twice.
         error: Box<dyn std::error::Error + Send + Sync>,
     },
     /// The data dir holds no `shard-<n>` database.
     #[error("no sublists found: {} holds no shard-<n> directory", dir.display())]
     NoShards { dir: PathBuf },
     /// The data dir cannot be listed.
-    #[error("cannot list data dir {}: {source}", dir.display())]
+    #[error("cannot list data dir {}: {error}", dir.display())]
     DataDir {
         dir: PathBuf,
-        #[source]
-        source: std::io::Error,
+        /// In the message, not a `#[source]`: `{:#}` would print it twice.
+        error: std::io::Error,
     },
     /// An entry is named like a sublist but is not `shard-<number>`.
     #[error("{}: named like a sublist but not shard-<number>; move it out of the data dir or list the SHARD_DBs to merge explicitly", path.display())]
     BadShardName { path: PathBuf },
+    /// A producer was killed while creating its sublist: only `.creating-shard-<n>` is left.
+    #[error("shard {shard} has no sublist: {} is all that is left of it (its producer was killed while creating the sublist, before writing any item); run the producer of shard {shard} again, or pass --allow-unfinished to merge without shard {shard}", path.display())]
+    NeverCreated { shard: u32, path: PathBuf },
+    /// `--out` would overwrite or land inside an input, or take a sublist's name.
+    #[error("refusing --out {}: {reason}", out.display())]
+    BadOut { out: PathBuf, reason: String },
     /// No input was given at all.
     #[error("no sublists to merge")]
     NoInputs,
@@ -116,23 +132,40 @@ pub enum MergeError {
 /// # Errors
 /// [`MergeError::DataDir`] if the directory cannot be listed, [`MergeError::BadShardName`]
 /// for a `shard-*` entry whose suffix is not a number, [`MergeError::NoShards`] if none.
+///
+/// Leftover `.creating-shard-<n>` directories are ignored here; [`find_shards_to_merge`]
+/// refuses them.
 pub fn find_shards(data_dir: &Path) -> Result<Vec<PathBuf>, MergeError> {
-    let dir_err = |source| MergeError::DataDir {
-        dir: data_dir.to_path_buf(),
-        source,
-    };
-    let mut found = BTreeMap::new();
-    for entry in std::fs::read_dir(data_dir).map_err(dir_err)? {
-        let entry = entry.map_err(dir_err)?;
-        let name = entry.file_name();
-        let Some(name) = name.to_str().filter(|n| n.starts_with(SHARD_PREFIX)) else {
+    let (found, _) = scan_data_dir(data_dir)?;
+    if found.is_empty() {
+        return Err(MergeError::NoShards {
+            dir: data_dir.to_path_buf(),
+        });
+    }
+    Ok(found.into_values().collect())
+}
+
+/// [`find_shards`], and a sublist whose creation never completed (a producer killed in its
+/// first milliseconds leaves only `.creating-shard-<n>`) counts as an unfinished shard: it
+/// is refused unless `allow_unfinished`, since merging without it would drop the shard
+/// silently. With `allow_unfinished` it is skipped with a warning (it holds no items).
+///
+/// # Errors
+/// As [`find_shards`], and [`MergeError::NeverCreated`].
+pub fn find_shards_to_merge(
+    data_dir: &Path,
+    allow_unfinished: bool,
+) -> Result<Vec<PathBuf>, MergeError> {
+    let (found, creating) = scan_data_dir(data_dir)?;
+    for (shard, path) in creating {
+        if found.contains_key(&shard) {
+            // Another producer of the same shard completed the creation: only a leftover.
             continue;
-        };
-        // "shard-07" or "shard-3.bak" would be a second copy of some shard.
-        let Some(shard) = shard_number(name) else {
-            return Err(MergeError::BadShardName { path: entry.path() });
-        };
-        found.insert(shard, entry.path());
+        }
+        if !allow_unfinished {
+            return Err(MergeError::NeverCreated { shard, path });
+        }
+        tracing::warn!(shard, path = %path.display(), "merging without shard {shard}: its sublist was never created (--allow-unfinished)");
     }
     if found.is_empty() {
         return Err(MergeError::NoShards {
@@ -140,6 +173,108 @@ pub fn find_shards(data_dir: &Path) -> Result<Vec<PathBuf>, MergeError> {
         });
     }
     Ok(found.into_values().collect())
+}
+
+/// The `shard-<n>` entries and the `.creating-shard-<n>` leftovers of a data dir.
+type DataDirScan = (BTreeMap<u32, PathBuf>, Vec<(u32, PathBuf)>);
+
+fn scan_data_dir(data_dir: &Path) -> Result<DataDirScan, MergeError> {
+    let dir_err = |error| MergeError::DataDir {
+        dir: data_dir.to_path_buf(),
+        error,
+    };
+    let mut found = BTreeMap::new();
+    let mut creating = Vec::new();
+    for entry in std::fs::read_dir(data_dir).map_err(dir_err)? {
+        let entry = entry.map_err(dir_err)?;
+        let name = entry.file_name();
+        let Some(name) = name.to_str() else {
+            continue;
+        };
+        if let Some(shard) = creating_shard_number(name) {
+            creating.push((shard, entry.path()));
+            continue;
+        }
+        if !name.starts_with(SHARD_PREFIX) {
+            continue;
+        }
+        // "shard-07" or "shard-3.bak" would be a second copy of some shard.
+        let Some(shard) = shard_number(name) else {
+            return Err(MergeError::BadShardName { path: entry.path() });
+        };
+        found.insert(shard, entry.path());
+    }
+    creating.sort();
+    Ok((found, creating))
+}
+
+/// Refuses an output path that would destroy an input: `out` equal to or inside any input
+/// sublist (say `D/shard-0/CURRENT`), or named like a sublist (`shard-*`,
+/// `.creating-shard-*`) in the data dir or in the directory of any input, where it would
+/// break every later merge of that directory. Paths are compared after resolving
+/// symlinks and `..` (the output's directory, the output itself if it is a symlink, and
+/// every input), so another spelling of the same place is caught too.
+///
+/// # Errors
+/// [`MergeError::BadOut`] naming the input it would hit.
+pub fn check_out_path(
+    out: &Path,
+    data_dir: Option<&Path>,
+    inputs: &[PathBuf],
+) -> Result<(), MergeError> {
+    let bad = |reason: String| MergeError::BadOut {
+        out: out.to_path_buf(),
+        reason,
+    };
+    let Some(name) = out.file_name() else {
+        return Err(bad("it does not name a file".into()));
+    };
+    let parent = match out.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d,
+        _ => Path::new("."),
+    };
+    let dir = std::fs::canonicalize(parent).map_err(|e| {
+        bad(format!(
+            "cannot resolve its directory {}: {e}",
+            parent.display()
+        ))
+    })?;
+    let mut targets = vec![dir.join(name)];
+    // A symlink is replaced by the rename, not followed; refuse one into an input anyway.
+    if let Ok(real) = std::fs::canonicalize(&targets[0]) {
+        targets.push(real);
+    }
+    let mut guarded_dirs = Vec::new();
+    if let Some(d) = data_dir.and_then(|d| std::fs::canonicalize(d).ok()) {
+        guarded_dirs.push(d);
+    }
+    for input in inputs {
+        // A missing input is reported when it is opened.
+        let Ok(input) = std::fs::canonicalize(input) else {
+            continue;
+        };
+        if let Some(target) = targets.iter().find(|t| t.starts_with(&input)) {
+            let place = if *target == input { "" } else { "inside " };
+            return Err(bad(format!(
+                "{} is {place}the input sublist {}; writing it would destroy that sublist",
+                target.display(),
+                input.display()
+            )));
+        }
+        if let Some(p) = input.parent() {
+            guarded_dirs.push(p.to_path_buf());
+        }
+    }
+    let name = name.to_string_lossy();
+    if name.starts_with(SHARD_PREFIX) || name.starts_with(CREATING_PREFIX) {
+        if let Some(d) = guarded_dirs.iter().find(|d| **d == dir) {
+            return Err(bad(format!(
+                "{name} is a sublist's name in the data dir {}; a file there would break every later merge of it (choose another name or directory)",
+                d.display()
+            )));
+        }
+    }
+    Ok(())
 }
 
 /// An opened sublist and what its progress marker says.

@@ -502,3 +502,120 @@ fn kill_9_mid_merge_leaves_no_partial_list() {
     );
     assert_eq!(verify(&list).expect("verify").records, 80_000);
 }
+
+/// Issue 8: `--out` inside an input sublist (or spelled to reach one through a symlink or
+/// `..`), or named like a sublist in the data dir, used to succeed and destroy the input.
+#[test]
+fn out_that_would_destroy_an_input_is_refused() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let data = tmp.path().join("data");
+    let shards = three_shards(&data);
+    let current = std::fs::read(data.join("shard-0/CURRENT")).expect("read CURRENT");
+    let link = tmp.path().join("link");
+    std::os::unix::fs::symlink(data.join("shard-1"), &link).expect("symlink");
+    let before = dir_names(&data);
+
+    let inside = "is inside the input sublist";
+    let named = "is a sublist's name in the data dir";
+    let dd = ["--data-dir", s(&data)];
+    let cases: Vec<(PathBuf, Vec<&str>, &str)> = vec![
+        (data.join("shard-0/CURRENT"), dd.to_vec(), inside),
+        (data.join("shard-9"), dd.to_vec(), named),
+        (data.join(".creating-shard-9"), dd.to_vec(), named),
+        (link.join("CURRENT"), dd.to_vec(), inside),
+        (data.join("shard-2/../shard-1/LOG"), dd.to_vec(), inside),
+        (data.join("shard-0/list.bin"), vec![s(&shards[0])], inside),
+        (
+            data.join("shard-7"),
+            vec![s(&shards[0]), s(&shards[1])],
+            named,
+        ),
+    ];
+    for (out, args, needle) in cases {
+        let mut all = vec!["--out", s(&out)];
+        all.extend(args);
+        let res = run(&all);
+        assert_fails_with(&res, needle);
+        assert_fails_with(&res, "refusing --out");
+    }
+    assert_eq!(
+        std::fs::read(data.join("shard-0/CURRENT")).expect("read CURRENT"),
+        current,
+        "CURRENT was overwritten"
+    );
+    assert_eq!(dir_names(&data), before, "the data dir changed");
+    for shard in &shards {
+        assert!(
+            !dir_names(shard).iter().any(|n| n.contains("list.bin")),
+            "a list.bin or temporary file landed in {}",
+            shard.display()
+        );
+    }
+
+    // A list.bin with an ordinary name may live in the data dir, and D still merges.
+    let list = data.join("list.bin");
+    let ok = run(&["--out", s(&list), "--data-dir", s(&data)]);
+    assert!(
+        ok.status.success(),
+        "{}",
+        String::from_utf8_lossy(&ok.stderr)
+    );
+    let again = run(&["--out", s(&list), "--data-dir", s(&data)]);
+    assert!(
+        again.status.success(),
+        "{}",
+        String::from_utf8_lossy(&again.stderr)
+    );
+    assert_eq!(verify(&list).expect("verify").records, 30);
+}
+
+/// Issue 9: a producer killed while creating its sublist leaves only
+/// `.creating-shard-<n>`; merging the data dir without a word about shard n dropped it.
+#[test]
+fn a_sublist_that_was_never_created_is_refused() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let data = tmp.path().join("data");
+    three_shards(&data);
+    // Exactly what a kill between creation and rename leaves: the database under its
+    // temporary name, no `shard-1`.
+    std::fs::rename(data.join("shard-1"), data.join(".creating-shard-1")).expect("rename");
+    let list = tmp.path().join("list.bin");
+
+    let out = run(&["--out", s(&list), "--data-dir", s(&data)]);
+    for needle in [
+        "shard 1 has no sublist",
+        ".creating-shard-1",
+        "run the producer of shard 1 again",
+        "--allow-unfinished",
+    ] {
+        assert_fails_with(&out, needle);
+    }
+    assert!(!list.exists(), "list.bin written without shard 1");
+
+    let out = run(&[
+        "--out",
+        s(&list),
+        "--data-dir",
+        s(&data),
+        "--allow-unfinished",
+    ]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("without shard 1"), "no warning: {stderr}");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("merged 20 items from 2 shards"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+
+    // A leftover next to a complete shard-<n> (a lost creation race) is harmless.
+    std::fs::rename(data.join(".creating-shard-1"), data.join("shard-1")).expect("rename");
+    std::fs::create_dir(data.join(".creating-shard-0")).expect("mkdir");
+    let out = run(&["--out", s(&list), "--data-dir", s(&data)]);
+    assert!(
+        out.status.success(),
+        "{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    assert_eq!(verify(&list).expect("verify").records, 30);
+}

@@ -45,13 +45,72 @@ fn sorted(parts: &[Vec<Record>]) -> Vec<Record> {
     all
 }
 
+/// IDs just below and above 2^63 (where a signed comparison flips) and up to u64::MAX
+/// (where an off-by-one overflows): a uniform u64 almost never lands there.
+const EDGES: [u64; 3] = [0, 1 << 63, u64::MAX];
+
+fn near_edges() -> impl Strategy<Value = u64> {
+    (0..EDGES.len(), 0u64..1000).prop_map(|(e, d)| match EDGES[e] {
+        0 => d,
+        u64::MAX => u64::MAX - d,
+        mid => {
+            if d % 2 == 0 {
+                mid - d / 2 - 1
+            } else {
+                mid + d / 2
+            }
+        }
+    })
+}
+
 fn id_sets() -> impl Strategy<Value = Vec<u64>> {
-    // Small and huge IDs both: near u64::MAX is where off-by-one comparisons hide.
     prop_oneof![
         proptest::collection::btree_set(0u64..2000, 0..300),
         proptest::collection::btree_set(any::<u64>(), 0..300),
+        proptest::collection::btree_set(near_edges(), 0..300),
+        proptest::collection::btree_set(
+            prop_oneof![any::<u64>(), near_edges(), (u64::MAX - 5)..=u64::MAX],
+            0..300
+        ),
     ]
     .prop_map(|s| s.into_iter().collect())
+}
+
+#[test]
+fn edge_ids_are_reached() {
+    // The strategy above must produce what the docs claim it covers.
+    use proptest::strategy::ValueTree;
+    use proptest::test_runner::TestRunner;
+    let mut runner = TestRunner::deterministic();
+    let (mut above_2_63, mut max) = (false, false);
+    for _ in 0..200 {
+        let ids = id_sets().new_tree(&mut runner).expect("tree").current();
+        above_2_63 |= ids.iter().any(|i| (1 << 63..(1 << 63) + 1000).contains(i));
+        max |= ids.contains(&u64::MAX);
+    }
+    assert!(above_2_63 && max, "2^63: {above_2_63}, u64::MAX: {max}");
+}
+
+#[test]
+fn ids_around_2_63_and_u64_max_merge_in_order() {
+    let ids: Vec<u64> = vec![
+        0,
+        1,
+        (1 << 63) - 2,
+        (1 << 63) - 1,
+        1 << 63,
+        (1 << 63) + 1,
+        u64::MAX - 2,
+        u64::MAX - 1,
+        u64::MAX,
+    ];
+    for shards in [1, 2, 3, 9] {
+        let parts = split(&ids, &[0, 1, 2, 3, 4, 5, 6, 7, 8], shards);
+        let merged: Vec<u64> = merge(sources(&parts))
+            .map(|r| r.expect("valid inputs merge").id)
+            .collect();
+        assert_eq!(merged, ids, "{shards} shards");
+    }
 }
 
 proptest! {

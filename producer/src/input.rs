@@ -61,6 +61,22 @@ pub fn generate_payload(shard: u32, seq: u64, size: usize) -> Vec<u8> {
     out
 }
 
+/// The input is a pipe, FIFO, socket or character device (what `<(zcat f.gz)` gives as
+/// `/dev/fd/N`): it can be read only once, so it is read like stdin (no first pass, not
+/// resumable) instead of being scanned and then read again.
+///
+/// # Errors
+/// The path cannot be examined (missing, no permission).
+pub fn is_stream(path: &Path) -> Result<bool, ProducerError> {
+    use std::os::unix::fs::FileTypeExt;
+    let meta = std::fs::metadata(path).map_err(|error| ProducerError::Input {
+        input: path.display().to_string(),
+        error,
+    })?;
+    let t = meta.file_type();
+    Ok(t.is_fifo() || t.is_socket() || t.is_char_device())
+}
+
 /// Summary of an input file, computed in one pass before anything is written.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FileScan {
@@ -81,9 +97,8 @@ pub fn scan_file(path: &Path) -> Result<FileScan, ProducerError> {
         error,
     })?;
     let mut r = BufReader::with_capacity(READ_BUFFER, file);
-    let mut crc = crc32fast::Hasher::new();
-    let mut fnv: u64 = 0xcbf2_9ce4_8422_2325;
-    let (mut bytes, mut items, mut line_len) = (0u64, 0u64, 0usize);
+    let mut hash = ContentHash::new();
+    let (mut items, mut line_len) = (0u64, 0usize);
     loop {
         let buf = r.fill_buf().map_err(|error| ProducerError::Input {
             input: path.display().to_string(),
@@ -92,9 +107,8 @@ pub fn scan_file(path: &Path) -> Result<FileScan, ProducerError> {
         if buf.is_empty() {
             break;
         }
-        crc.update(buf);
+        hash.update(buf);
         for &b in buf {
-            fnv = (fnv ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
             if b == b'\n' {
                 items += 1;
                 line_len = 0;
@@ -110,21 +124,68 @@ pub fn scan_file(path: &Path) -> Result<FileScan, ProducerError> {
             }
         }
         let n = buf.len();
-        bytes += n as u64;
         r.consume(n);
     }
     if line_len > 0 {
         items += 1;
     }
-    let fingerprint = format!(
-        "file bytes={bytes} items={items} crc32={:08x} fnv1a64={fnv:016x}",
-        crc.finalize()
-    );
     Ok(FileScan {
-        bytes,
+        bytes: hash.bytes,
         items,
-        fingerprint,
+        fingerprint: hash.fingerprint(items),
     })
+}
+
+/// Size, CRC-32 and FNV-1a 64 of a file's content: the first pass computes it, and the
+/// reading pass computes it again over what it actually read, so content edited in place
+/// between the two (even at the same size and mtime) is caught.
+#[derive(Clone)]
+struct ContentHash {
+    bytes: u64,
+    crc: crc32fast::Hasher,
+    fnv: u64,
+}
+
+impl ContentHash {
+    fn new() -> ContentHash {
+        ContentHash {
+            bytes: 0,
+            crc: crc32fast::Hasher::new(),
+            fnv: 0xcbf2_9ce4_8422_2325,
+        }
+    }
+
+    fn update(&mut self, buf: &[u8]) {
+        self.bytes += buf.len() as u64;
+        self.crc.update(buf);
+        for &b in buf {
+            self.fnv = (self.fnv ^ u64::from(b)).wrapping_mul(0x0000_0100_0000_01b3);
+        }
+    }
+
+    /// The fingerprint stored in the progress marker, for content holding `items` items.
+    fn fingerprint(&self, items: u64) -> String {
+        format!(
+            "file bytes={} items={items} crc32={:08x} fnv1a64={:016x}",
+            self.bytes,
+            self.crc.clone().finalize(),
+            self.fnv
+        )
+    }
+}
+
+/// A file that hashes every byte read from it.
+struct Hashing<R> {
+    inner: R,
+    hash: ContentHash,
+}
+
+impl<R: Read> Read for Hashing<R> {
+    fn read(&mut self, buf: &mut [u8]) -> std::io::Result<usize> {
+        let n = self.inner.read(buf)?;
+        self.hash.update(&buf[..n]);
+        Ok(n)
+    }
 }
 
 /// Yields the items of an input in order, from a given sequence number on.
@@ -136,6 +197,9 @@ pub struct ItemReader {
 }
 
 enum Kind {
+    /// A file (or a pipe given by name), hashed as it is read.
+    File(BufReader<Hashing<std::fs::File>>),
+    /// stdin.
     Lines(Box<dyn BufRead + Send>),
     Generate {
         shard: u32,
@@ -157,7 +221,13 @@ impl ItemReader {
                     input: input.clone(),
                     error,
                 })?;
-                Kind::Lines(Box::new(BufReader::with_capacity(READ_BUFFER, f)))
+                Kind::File(BufReader::with_capacity(
+                    READ_BUFFER,
+                    Hashing {
+                        inner: f,
+                        hash: ContentHash::new(),
+                    },
+                ))
             }
             InputSpec::Stdin => Kind::Lines(Box::new(BufReader::with_capacity(
                 READ_BUFFER,
@@ -179,7 +249,7 @@ impl ItemReader {
         };
         match &r.kind {
             Kind::Generate { .. } => r.next_seq = start_seq,
-            Kind::Lines(_) => {
+            Kind::File(_) | Kind::Lines(_) => {
                 while r.next_seq < start_seq {
                     if r.next_item()?.is_none() {
                         return Err(ProducerError::InputChanged {
@@ -194,6 +264,11 @@ impl ItemReader {
             }
         }
         Ok(r)
+    }
+
+    /// How the input is named in messages.
+    pub fn input(&self) -> &str {
+        &self.input
     }
 
     /// Sequence number of the next item.
@@ -217,33 +292,30 @@ impl ItemReader {
                 }
                 generate_payload(*shard, self.next_seq, *payload_size)
             }
-            Kind::Lines(r) => {
-                let mut buf = Vec::new();
-                // Bounded read: a huge line costs at most the limit in memory before it is refused.
-                let n = Read::take(&mut **r, MAX_ITEM_BYTES as u64 + 1)
-                    .read_until(b'\n', &mut buf)
-                    .map_err(|error| ProducerError::Input {
-                        input: self.input.clone(),
-                        error,
-                    })?;
-                if n == 0 {
-                    return Ok(None);
-                }
-                if buf.last() == Some(&b'\n') {
-                    buf.pop();
-                }
-                if buf.len() > MAX_ITEM_BYTES {
-                    return Err(ProducerError::LineTooLong {
-                        input: self.input.clone(),
-                        line: self.next_seq + 1,
-                        limit: MAX_ITEM_BYTES,
-                    });
-                }
-                buf
-            }
+            Kind::File(r) => match read_line(r, &self.input, self.next_seq)? {
+                Some(line) => line,
+                None => return Ok(None),
+            },
+            Kind::Lines(r) => match read_line(&mut **r, &self.input, self.next_seq)? {
+                Some(line) => line,
+                None => return Ok(None),
+            },
         };
         self.next_seq += 1;
         Ok(Some(item))
+    }
+
+    /// The fingerprint of everything read from a file input, once its end was reached
+    /// (`None` for other inputs or before the end): equal to [`scan_file`]'s fingerprint
+    /// exactly when the content read is the content scanned.
+    pub fn content_fingerprint(&mut self) -> Option<String> {
+        let Kind::File(r) = &mut self.kind else {
+            return None;
+        };
+        if !r.fill_buf().is_ok_and(|b| b.is_empty()) {
+            return None;
+        }
+        Some(r.get_ref().hash.fingerprint(self.next_seq))
     }
 
     /// Up to `max_items` items, stopping early once `max_bytes` payload bytes are
@@ -269,6 +341,32 @@ impl ItemReader {
         }
         Ok(out)
     }
+}
+
+/// One line of `r` without its `\n`, `None` at the end; `seq` numbers it in errors.
+fn read_line(r: &mut dyn BufRead, input: &str, seq: u64) -> Result<Option<Vec<u8>>, ProducerError> {
+    let mut buf = Vec::new();
+    // Bounded read: a huge line costs at most the limit in memory before it is refused.
+    let n = Read::take(r, MAX_ITEM_BYTES as u64 + 1)
+        .read_until(b'\n', &mut buf)
+        .map_err(|error| ProducerError::Input {
+            input: input.to_string(),
+            error,
+        })?;
+    if n == 0 {
+        return Ok(None);
+    }
+    if buf.last() == Some(&b'\n') {
+        buf.pop();
+    }
+    if buf.len() > MAX_ITEM_BYTES {
+        return Err(ProducerError::LineTooLong {
+            input: input.to_string(),
+            line: seq + 1,
+            limit: MAX_ITEM_BYTES,
+        });
+    }
+    Ok(Some(buf))
 }
 
 #[cfg(test)]
@@ -328,6 +426,42 @@ mod tests {
         // Batches stop at the byte cap.
         let mut r = ItemReader::open(&spec, 0, 0).expect("open");
         assert_eq!(r.next_batch(10, 1).expect("batch").len(), 1);
+    }
+
+    #[test]
+    fn what_was_read_is_fingerprinted_like_the_scan() {
+        use std::io::{Seek, SeekFrom, Write};
+        let dir = tempfile::tempdir().expect("tempdir");
+        let p = dir.path().join("in");
+        // Three read buffers' worth, so the tail is read after the edit below.
+        let line = [b'x'; 999];
+        let mut content = Vec::new();
+        for _ in 0..3 * READ_BUFFER / 1000 {
+            content.extend_from_slice(&line);
+            content.push(b'\n');
+        }
+        std::fs::write(&p, &content).expect("write");
+        let scan = scan_file(&p).expect("scan");
+        let spec = InputSpec::File(p.clone());
+        let read_all = |edit: bool| {
+            let mut r = ItemReader::open(&spec, 0, 0).expect("open");
+            assert!(r.next_item().expect("item").is_some());
+            assert_eq!(r.content_fingerprint(), None, "not at the end yet");
+            if edit {
+                let mut f = std::fs::OpenOptions::new()
+                    .write(true)
+                    .open(&p)
+                    .expect("open");
+                f.seek(SeekFrom::Start(content.len() as u64 - 10))
+                    .expect("seek");
+                f.write_all(b"y").expect("edit");
+            }
+            while r.next_item().expect("item").is_some() {}
+            r.content_fingerprint().expect("at the end")
+        };
+        assert_eq!(read_all(false), scan.fingerprint);
+        // Same size, edited in place after the first pass: the read content differs.
+        assert_ne!(read_all(true), scan.fingerprint);
     }
 
     #[test]

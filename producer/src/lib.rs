@@ -80,11 +80,13 @@ pub enum ProducerError {
         given: String,
     },
 
-    /// stdin cannot be checked to be the same input, so a started sublist cannot resume from it
-    /// (and a finished one cannot tell whether this stdin is the input it already holds).
-    #[error("sublist {path} {} {items} items; input from stdin cannot be resumed (it cannot be checked to be the same): use --input FILE, or delete {path} to write it again", if *finished { "is finished with" } else { "already holds" })]
-    StdinNotResumable {
+    /// stdin, a pipe or a FIFO cannot be checked to be the same input, so a started sublist
+    /// cannot resume from it (and a finished one cannot tell whether it is the input it
+    /// already holds).
+    #[error("sublist {path} {} {items} items; input from {input} cannot be resumed: stdin, a pipe or a FIFO can be read only once, so it cannot be checked to be the same input: use --input with a regular file, or delete {path} to write it again", if *finished { "is finished with" } else { "already holds" })]
+    StreamNotResumable {
         path: PathBuf,
+        input: String,
         items: u64,
         finished: bool,
     },
@@ -105,6 +107,16 @@ pub enum ProducerError {
     #[error("ID source returned {got:?} for a request of {wanted} IDs")]
     BadRange { wanted: u64, got: IdRange },
 
+    /// The ID generator handed out IDs at or below an ID this sublist already holds: its
+    /// nodes lost acknowledged writes (a quorum wiped by FLUSHALL, a deleted data dir...).
+    #[error("the ID generator returned IDs {}..={}, not above {last_id}, the last ID already in sublist {}: IDs went backwards, so the ID generator's nodes lost acknowledged writes (FLUSHALL, a wiped or restored data dir, fsync off) and could repeat IDs given out before; nothing was written ({next_seq} items stay durable in the sublist). Do not use these nodes until their registers are back above every ID handed out", got.lo, got.hi, path.display())]
+    IdsWentBackwards {
+        path: PathBuf,
+        last_id: u64,
+        next_seq: u64,
+        got: IdRange,
+    },
+
     /// A background write task died.
     #[error("write task failed: {0}")]
     Task(String),
@@ -113,7 +125,8 @@ pub enum ProducerError {
 impl ProducerError {
     /// Exit code of the `producer` binary: 2 bad arguments, 3 bad or unreadable input,
     /// 4 sublist refused (in use, wrong shard, different input, not a sublist, I/O),
-    /// 5 ID generator unavailable (no quorum, deadline, unsafe node), 1 anything else.
+    /// 5 ID generator unavailable or unsafe (no quorum, deadline, unsafe node, IDs went
+    /// backwards), 1 anything else.
     pub fn exit_code(&self) -> u8 {
         match self {
             ProducerError::Config(_) => 2,
@@ -122,9 +135,11 @@ impl ProducerError {
             | ProducerError::LineTooLong { .. }
             | ProducerError::InputChanged { .. } => 3,
             ProducerError::DifferentInput { .. }
-            | ProducerError::StdinNotResumable { .. }
+            | ProducerError::StreamNotResumable { .. }
             | ProducerError::Shard(_) => 4,
-            ProducerError::Connect(_) | ProducerError::Ids { .. } => 5,
+            ProducerError::Connect(_)
+            | ProducerError::Ids { .. }
+            | ProducerError::IdsWentBackwards { .. } => 5,
             ProducerError::BadRange { .. } | ProducerError::Task(_) => 1,
         }
     }
@@ -150,7 +165,15 @@ pub struct Config {
     /// Items per batch: one ID range and one synced WriteBatch each.
     pub batch: u64,
     pub display: Display,
+    /// Test hook (the binary sets it from `QLIST_PRODUCER_TEST_STALL_AFTER`): once at
+    /// least this many items are durable, print [`STALL_ANNOUNCE`] on stderr and wait for
+    /// a line on stdin before going on, so a test can kill the producer or change its
+    /// input mid-run deterministically, without racing a fast machine. Once per run.
+    pub test_stall_after: Option<u64>,
 }
+
+/// What the producer prints on stderr when [`Config::test_stall_after`] stalls it.
+pub const STALL_ANNOUNCE: &str = "test stall:";
 
 impl Config {
     /// A quiet config with the default batch size.
@@ -161,6 +184,7 @@ impl Config {
             input,
             batch: DEFAULT_BATCH,
             display: Display::Quiet,
+            test_stall_after: None,
         }
     }
 
@@ -262,28 +286,39 @@ impl Producer {
         config.validate()?;
         let writer = ShardWriter::open(&config.data_dir, config.shard)?;
         let progress = writer.progress()?;
-        let (fingerprint, total) = match &config.input {
-            InputSpec::File(p) => {
-                let scan = scan_file(p)?;
-                (scan.fingerprint.into_bytes(), Some(scan.items))
+        let stream = match &config.input {
+            InputSpec::Stdin => true,
+            InputSpec::File(p) => input::is_stream(p)?,
+            InputSpec::Generate { .. } => false,
+        };
+        let (fingerprint, total) = if stream {
+            if let Some(p) = &progress {
+                return Err(ProducerError::StreamNotResumable {
+                    path: writer.path().to_path_buf(),
+                    input: config.input.describe(),
+                    items: p.next_seq,
+                    finished: p.finished,
+                });
             }
-            InputSpec::Stdin => {
-                if let Some(p) = &progress {
-                    return Err(ProducerError::StdinNotResumable {
-                        path: writer.path().to_path_buf(),
-                        items: p.next_seq,
-                        finished: p.finished,
-                    });
+            if let InputSpec::File(p) = &config.input {
+                tracing::warn!(input = %p.display(), "the input is a pipe or FIFO, not a regular file: it is read once, like stdin, so a run that stops cannot be resumed from it");
+            }
+            (b"stdin".to_vec(), None)
+        } else {
+            match &config.input {
+                InputSpec::File(p) => {
+                    let scan = scan_file(p)?;
+                    (scan.fingerprint.into_bytes(), Some(scan.items))
                 }
-                (b"stdin".to_vec(), None)
+                InputSpec::Stdin => (b"stdin".to_vec(), None),
+                InputSpec::Generate {
+                    count,
+                    payload_size,
+                } => (
+                    format!("generate count={count} payload-size={payload_size}").into_bytes(),
+                    Some(*count),
+                ),
             }
-            InputSpec::Generate {
-                count,
-                payload_size,
-            } => (
-                format!("generate count={count} payload-size={payload_size}").into_bytes(),
-                Some(*count),
-            ),
         };
         if let Some(p) = &progress {
             if p.fingerprint != fingerprint {
@@ -351,7 +386,19 @@ impl Producer {
         let path = writer.path().to_path_buf();
         let resumed_at = progress.as_ref().map_or(0, |p| p.next_seq);
         let last_id = progress.as_ref().map_or(0, |p| p.last_id);
-        let mut reader = ItemReader::open(&config.input, shard, resumed_at)?;
+        let mut reader = match &config.input {
+            InputSpec::File(_) if resumed_at > 0 => {
+                let mut r = ItemReader::open(&config.input, shard, 0)?;
+                check_stored_prefix(&writer, &mut r, resumed_at)?;
+                r
+            }
+            _ => ItemReader::open(&config.input, shard, resumed_at)?,
+        };
+        // File input: what this run reads must be what was fingerprinted at the start.
+        let scanned = match (&config.input, total) {
+            (InputSpec::File(_), Some(_)) => Some(fingerprint.clone()),
+            _ => None,
+        };
         if resumed_at > 0 {
             tracing::info!(shard, resumed_at, "resuming after the last durable batch");
         }
@@ -366,6 +413,7 @@ impl Producer {
             last_id,
         });
         let mut pending: Option<tokio::task::JoinHandle<Result<Written, ProducerError>>> = None;
+        let mut stalled = false;
 
         let result: Result<(), ProducerError> = async {
             loop {
@@ -393,6 +441,21 @@ impl Producer {
                             ),
                         });
                     }
+                    if let Some(scanned) = &scanned {
+                        let read = reader
+                            .content_fingerprint()
+                            .unwrap_or_else(|| "more bytes after the end it reached".into());
+                        if read.as_bytes() != scanned.as_slice() {
+                            return Err(ProducerError::InputChanged {
+                                input: config.input.describe(),
+                                reason: format!(
+                                    "it was edited while it was read (at the start: {}; read: {read}); the sublist is left unfinished: delete {} and run again with the input you mean",
+                                    String::from_utf8_lossy(scanned),
+                                    path.display()
+                                ),
+                            });
+                        }
+                    }
                     let done = Progress {
                         next_seq: w.next_seq,
                         finished: true,
@@ -405,6 +468,12 @@ impl Producer {
                 let n = items.len() as u64;
                 let ids = source.next_ids(n).await;
                 finish_pending(&mut pending, &mut idle, &mut report).await?;
+                if let (Some(after), Some(w)) = (config.test_stall_after, &idle) {
+                    if w.next_seq >= after && !stalled {
+                        stalled = true;
+                        test_stall(w.next_seq).await;
+                    }
+                }
                 let mut w = idle
                     .take()
                     .ok_or_else(|| ProducerError::Task("writer lost".into()))?;
@@ -416,12 +485,22 @@ impl Producer {
                         return Err(ProducerError::Ids { next_seq, error });
                     }
                 };
-                if !range.holds_exactly(n) || range.lo <= w.last_id {
+                if !range.holds_exactly(n) {
                     idle = Some(w);
                     return Err(ProducerError::BadRange {
                         wanted: n,
                         got: range,
                     });
+                }
+                if range.lo <= w.last_id {
+                    let e = ProducerError::IdsWentBackwards {
+                        path: path.clone(),
+                        last_id: w.last_id,
+                        next_seq: w.next_seq,
+                        got: range,
+                    };
+                    idle = Some(w);
+                    return Err(e);
                 }
                 let records: Vec<Record> = items
                     .into_iter()
@@ -468,6 +547,65 @@ impl Producer {
             id_span: state.first_id.map(|lo| (lo, state.last_id)),
             elapsed: start.elapsed(),
         })
+    }
+}
+
+/// Resuming from a file: the items already in the sublist must be the input's first
+/// `resumed_at` lines, byte for byte, or the input was edited since they were written
+/// (the fingerprint only describes the whole file as it is now).
+fn check_stored_prefix(
+    writer: &ShardWriter,
+    reader: &mut ItemReader,
+    resumed_at: u64,
+) -> Result<(), ProducerError> {
+    let input = reader.input().to_string();
+    let changed = |reason: String| ProducerError::InputChanged {
+        input: input.clone(),
+        reason,
+    };
+    for stored in writer.items() {
+        let stored = stored?;
+        let seq = reader.next_seq();
+        match reader.next_item()? {
+            Some(line) if line == stored.payload && stored.seq == seq => {}
+            Some(_) => {
+                return Err(changed(format!(
+                    "line {} is not item {seq} that the sublist {} already holds (it was edited since); delete the sublist and run again with the input you mean",
+                    seq + 1,
+                    writer.path().display()
+                )))
+            }
+            None => {
+                return Err(changed(format!(
+                    "it has {seq} items, the sublist already holds {resumed_at}"
+                )))
+            }
+        }
+    }
+    if reader.next_seq() != resumed_at {
+        return Err(ProducerError::Shard(ShardError::Corrupt {
+            path: writer.path().to_path_buf(),
+            reason: format!(
+                "{} items, the progress marker says {resumed_at}",
+                reader.next_seq()
+            ),
+        }));
+    }
+    Ok(())
+}
+
+/// The test hook [`Config::test_stall_after`]: says so on stderr, then waits for a line
+/// (or EOF) on stdin. Printed directly, not as a `tracing` event, so the test sees it
+/// whatever `RUST_LOG` says.
+async fn test_stall(durable: u64) {
+    eprintln!("{STALL_ANNOUNCE} {durable} items durable");
+    let waited = tokio::task::spawn_blocking(|| {
+        let mut line = String::new();
+        std::io::stdin().read_line(&mut line)
+    })
+    .await;
+    if let Err(e) = waited {
+        tracing::warn!(error = %e, "test stall: waiting for stdin failed");
     }
 }
 
@@ -678,6 +816,48 @@ mod tests {
         );
         assert_eq!(items[19].id, 20);
         assert_eq!(items[20].id, 1001);
+    }
+
+    #[tokio::test]
+    async fn ids_below_the_last_durable_id_are_refused_and_nothing_written() {
+        let dir = tempfile::tempdir().expect("tempdir");
+        let mut cfg = Config::new(
+            0,
+            dir.path(),
+            InputSpec::Generate {
+                count: 30,
+                payload_size: 3,
+            },
+        );
+        cfg.batch = 10;
+        let src = Failing(Counter(AtomicU64::new(0)), AtomicU64::new(1));
+        run(cfg.clone(), &src).await.expect_err("no quorum");
+        assert_eq!(read_all(dir.path(), 0).len(), 10);
+        // A wiped generator starts again at 1, below the sublist's last ID 10.
+        let e = run(cfg, &Counter(AtomicU64::new(0)))
+            .await
+            .expect_err("went backwards");
+        assert!(
+            matches!(
+                e,
+                ProducerError::IdsWentBackwards {
+                    last_id: 10,
+                    next_seq: 10,
+                    ..
+                }
+            ),
+            "{e}"
+        );
+        assert_eq!(e.exit_code(), 5);
+        let msg = e.to_string();
+        assert!(
+            msg.contains("IDs 1..=10, not above 10")
+                && msg.contains("went backwards")
+                && msg.contains("nothing was written")
+                && !msg.contains("IdRange"),
+            "{msg}"
+        );
+        assert_eq!(read_all(dir.path(), 0).len(), 10);
     }
 
     #[tokio::test]

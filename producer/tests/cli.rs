@@ -180,14 +180,24 @@ fn a_producer_started_after_another_finished_gets_higher_ids() {
     );
 }
 
-/// At least 20 rounds of kill -9 at a random moment and restart; then every input line is in
+/// Exactly 20 rounds of kill -9 and restart, then a final run; every input line ends up in
 /// the sublist exactly once, with the ID it had in every earlier snapshot.
+///
+/// No run can finish before its kill: run i stalls (the `QLIST_PRODUCER_TEST_STALL_AFTER`
+/// hook) once `(i + 1) * STEP` items are durable, far before the end of the input. Even
+/// rounds kill at a random moment (0-120 ms after start, possibly before anything is
+/// durable: seed printed); odd rounds kill only once the stall is announced, so at least
+/// `(i + 1) * STEP` items were durable before that kill: work is durable between kills on
+/// any machine, fast or slow.
 #[test]
 fn crash_loop_kill_9_then_resume_is_exactly_once() {
+    const KILLS: u64 = 20;
+    const STEP: u64 = 1000;
     let q = quorum(3);
     let tmp = tempfile::tempdir().expect("tempdir");
     let input = tmp.path().join("in.bin");
     let n = 40_000u64;
+    assert!(n > (KILLS + 1) * STEP, "the input must outlast every stall");
     let lines: Vec<Vec<u8>> = (0..n)
         .map(|i| format!("item-{i}-{}", "z".repeat((i % 13) as usize)).into_bytes())
         .collect();
@@ -214,46 +224,54 @@ fn crash_loop_kill_9_then_resume_is_exactly_once() {
     println!("crash loop seed {seed}");
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
     let mut seen: BTreeMap<u64, u64> = BTreeMap::new(); // seq -> id, from every snapshot
-    let (mut kills, mut rounds) = (0, 0);
-    while kills < 20 {
-        rounds += 1;
+    let mut kills = 0u64;
+    let mut durable = 0u64;
+    for round in 0..KILLS {
+        let stall_at = (round + 1) * STEP;
+        let mut child = producer_cmd(&args)
+            .env(STALL_ENV, stall_at.to_string())
+            .stdin(Stdio::piped())
+            .spawn()
+            .expect("spawn");
+        let stalled = stall_watch(&mut child);
+        if round % 2 == 0 {
+            std::thread::sleep(Duration::from_millis(rng.gen_range(0..120)));
+        } else {
+            stalled
+                .recv_timeout(Duration::from_secs(120))
+                .expect("the producer did not reach its stall point in 120 s");
+        }
         assert!(
-            rounds < 200,
-            "could not kill the producer 20 times in 200 rounds"
+            child.try_wait().expect("try_wait").is_none(),
+            "round {round}: the producer exited before its kill"
         );
-        let mut child = producer_cmd(&args).spawn().expect("spawn");
-        std::thread::sleep(Duration::from_millis(rng.gen_range(0..120)));
-        if child.try_wait().expect("try_wait").is_none() {
-            // SIGKILL to this child's own pid.
-            child.kill().expect("kill -9");
-            kills += 1;
+        // SIGKILL to this child's own pid.
+        child.kill().expect("kill -9");
+        kills += 1;
+        let status = child.wait().expect("wait");
+        assert_eq!(status.code(), None, "round {round}: not killed by a signal");
+        let now = snapshot(&data, &mut seen);
+        assert!(
+            now >= durable,
+            "round {round}: durable items went from {durable} to {now}"
+        );
+        if round % 2 == 1 {
+            assert!(
+                now >= stall_at,
+                "round {round}: stalled with {now} durable items, {stall_at} expected"
+            );
         }
-        let out = child.wait_with_output().expect("wait");
-        if out.status.code().is_some() {
-            assert_exit(&out, 0, "");
-            break; // finished before we could kill it: nothing more to crash
-        }
-        if shard_db_path(&data, 9).join("CURRENT").exists() {
-            if let Ok(r) = ShardReader::open(&shard_db_path(&data, 9)) {
-                for rec in r.iter() {
-                    let rec = rec.expect("snapshot item");
-                    let prev = seen.insert(rec.seq, rec.id);
-                    assert!(
-                        prev.is_none() || prev == Some(rec.id),
-                        "seq {} changed id {prev:?} -> {}",
-                        rec.seq,
-                        rec.id
-                    );
-                }
-            }
-        }
+        durable = now;
     }
-    println!(
-        "{kills} kills in {rounds} rounds; {} items durable before the final run",
-        seen.len()
-    );
+    assert_eq!(kills, KILLS);
+    println!("{kills} kills; {durable} items durable before the final run");
     let out = run(&args);
     assert_exit(&out, 0, "");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains(&format!("resumed after {durable}")),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
     let recs = items(&data, 9);
     check_sublist(&recs, 9, &lines);
     for r in &recs {
@@ -264,6 +282,49 @@ fn crash_loop_kill_9_then_resume_is_exactly_once() {
     let again = run(&args);
     assert_exit(&again, 0, "");
     assert!(String::from_utf8_lossy(&again.stdout).contains("nothing to do"));
+}
+
+/// The producer's test hook: stall once this many items are durable (see `producer::Config`).
+const STALL_ENV: &str = "QLIST_PRODUCER_TEST_STALL_AFTER";
+
+/// Reads the child's stderr on a thread; the receiver gets a message when the producer
+/// announces its test stall. (stderr is drained to the end so the child never blocks on it.)
+fn stall_watch(child: &mut Child) -> std::sync::mpsc::Receiver<String> {
+    use std::io::BufRead;
+    let stderr = child.stderr.take().expect("piped stderr");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            if line.contains(producer::STALL_ANNOUNCE) {
+                let _ = tx.send(line);
+            }
+        }
+    });
+    rx
+}
+
+/// Reads the sublist (if it exists yet), checks no (seq, id) pair changed since earlier
+/// snapshots, and returns how many items are durable.
+fn snapshot(data: &Path, seen: &mut BTreeMap<u64, u64>) -> u64 {
+    let db = shard_db_path(data, 9);
+    if !db.join("CURRENT").exists() {
+        return 0;
+    }
+    let r = ShardReader::open(&db).expect("open the sublist after a kill");
+    let mut count = 0;
+    for rec in r.iter() {
+        let rec = rec.expect("snapshot item");
+        let prev = seen.insert(rec.seq, rec.id);
+        assert!(
+            prev.is_none() || prev == Some(rec.id),
+            "seq {} changed id {prev:?} -> {}",
+            rec.seq,
+            rec.id
+        );
+        count += 1;
+    }
+    count
 }
 
 #[test]
@@ -776,4 +837,458 @@ fn losing_the_quorum_mid_run_stops_cleanly_and_resumes() {
         &recs[..],
         "durable items changed on resume"
     );
+}
+
+/// Starts a producer with the stall hook set and stdin piped (a line on stdin, or closing
+/// it, lets it go on); returns once it announced the stall.
+fn spawn_stalled(args: &[&str], after: u64) -> Child {
+    let mut child = producer_cmd(args)
+        .env(STALL_ENV, after.to_string())
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let stalled = stall_watch(&mut child);
+    if let Err(e) = stalled.recv_timeout(Duration::from_secs(120)) {
+        let _ = child.kill();
+        panic!("the producer did not reach its stall point after {after} items in 120 s: {e}");
+    }
+    child
+}
+
+/// Lets a stalled producer go on; returns its exit code and the stderr lines after the stall.
+fn release_with_stderr(
+    mut child: Child,
+    rx: std::sync::mpsc::Receiver<String>,
+) -> (Option<i32>, String) {
+    drop(child.stdin.take());
+    let status = child.wait().expect("wait");
+    (status.code(), rx.iter().collect::<Vec<_>>().join("\n"))
+}
+
+/// Like [`stall_watch`], but forwards every stderr line, so a test can read the error.
+fn stderr_lines(child: &mut Child) -> std::sync::mpsc::Receiver<String> {
+    use std::io::BufRead;
+    let stderr = child.stderr.take().expect("piped stderr");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
+}
+
+/// Starts a stalled producer and returns it with a receiver of all its stderr lines.
+fn spawn_stalled_keep_stderr(
+    args: &[&str],
+    after: u64,
+) -> (Child, std::sync::mpsc::Receiver<String>) {
+    let mut child = producer_cmd(args)
+        .env(STALL_ENV, after.to_string())
+        .stdin(Stdio::piped())
+        .spawn()
+        .expect("spawn");
+    let rx = stderr_lines(&mut child);
+    loop {
+        match rx.recv_timeout(Duration::from_secs(120)) {
+            Ok(line) if line.contains(producer::STALL_ANNOUNCE) => return (child, rx),
+            Ok(_) => {}
+            Err(e) => {
+                let _ = child.kill();
+                panic!("the producer did not reach its stall point after {after} items: {e}");
+            }
+        }
+    }
+}
+
+/// `lines` lines of `width` bytes (newline included), each unique.
+fn wide_lines(lines: usize, width: usize) -> Vec<Vec<u8>> {
+    (0..lines)
+        .map(|i| {
+            let mut l = format!("line-{i:08}-").into_bytes();
+            l.resize(width - 1, b'.');
+            l
+        })
+        .collect()
+}
+
+fn join_lines(lines: &[Vec<u8>]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for l in lines {
+        out.extend_from_slice(l);
+        out.push(b'\n');
+    }
+    out
+}
+
+/// Issue 14: after the quorum is wiped (FLUSHALL), a resumed producer gets IDs below the
+/// sublist's last ID. It must say that the IDs went backwards (the nodes lost
+/// acknowledged writes) and write nothing, not print an internal `IdRange { .. }`.
+#[test]
+fn ids_going_backwards_after_a_wiped_quorum_are_refused_clearly() {
+    let q = quorum(3);
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let data = tmp.path().join("data");
+    let args = [
+        "--shard",
+        "0",
+        "--data-dir",
+        dir_arg(&data),
+        "--nodes",
+        &q.urls_arg(),
+        "--generate",
+        "5000",
+        "--batch",
+        "50",
+        "--deadline",
+        "5",
+    ];
+    let mut child = spawn_stalled(&args, 500);
+    child.kill().expect("kill -9");
+    child.wait().expect("wait");
+    let before = items(&data, 0);
+    let last_id = before.last().expect("durable items").id;
+    assert!(
+        before.len() >= 500 && last_id > 100,
+        "{} items",
+        before.len()
+    );
+    for port in q.ports() {
+        let out = Command::new("redis-cli")
+            .args(["-p", &port.to_string(), "FLUSHALL"])
+            .output()
+            .expect("run redis-cli (is it installed?)");
+        assert!(
+            out.status.success() && String::from_utf8_lossy(&out.stdout).contains("OK"),
+            "FLUSHALL on port {port}: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+    }
+    let out = run(&args);
+    for needle in [
+        "IDs went backwards",
+        &format!("not above {last_id}, the last ID already in sublist"),
+        "lost acknowledged writes",
+        "nothing was written",
+    ] {
+        assert_exit(&out, 5, needle);
+    }
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        !stderr.contains("IdRange"),
+        "internal type in the message: {stderr}"
+    );
+    assert_eq!(items(&data, 0), before, "the sublist changed");
+}
+
+/// Issue 13: `--input <(zcat f.gz)` gives a pipe as /dev/fd/N. It cannot be read twice
+/// (the first pass used to eat it: "0 were read"); it is read once, like stdin, said up
+/// front, and refused on a started sublist. A named FIFO likewise.
+#[test]
+fn a_pipe_or_fifo_as_input_is_read_once_like_stdin() {
+    let q = quorum(3);
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let data = tmp.path().join("data");
+    let d = dir_arg(&data).to_string();
+    let nodes = q.urls_arg();
+    let pipe_run = |shard: &str| -> Output {
+        Command::new("bash")
+            .arg("-c")
+            .arg(r#"exec "$0" "$@" --input <(printf 'p0\np1\n\np3\n')"#)
+            .arg(env!("CARGO_BIN_EXE_producer"))
+            .args(["--shard", shard, "--data-dir", &d, "--nodes", &nodes])
+            .env("RUST_LOG", "warn")
+            .stdin(Stdio::null())
+            .output()
+            .expect("run bash")
+    };
+    let out = pipe_run("0");
+    assert_exit(&out, 0, "pipe or FIFO");
+    check_sublist(
+        &items(&data, 0),
+        0,
+        &[b"p0".to_vec(), b"p1".to_vec(), vec![], b"p3".to_vec()],
+    );
+    assert_exit(&pipe_run("0"), 4, "cannot be resumed");
+
+    let fifo = tmp.path().join("fifo");
+    let made = Command::new("mkfifo")
+        .arg(&fifo)
+        .status()
+        .expect("run mkfifo");
+    assert!(made.success(), "mkfifo failed");
+    let writer = {
+        let fifo = fifo.clone();
+        std::thread::spawn(move || {
+            // Blocks until the producer opens the FIFO for reading.
+            std::fs::write(&fifo, b"f0\nf1\n").expect("write the fifo");
+        })
+    };
+    let out = run(&[
+        "--shard",
+        "1",
+        "--data-dir",
+        &d,
+        "--nodes",
+        &nodes,
+        "--input",
+        dir_arg(&fifo),
+    ]);
+    assert_exit(&out, 0, "pipe or FIFO");
+    writer.join().expect("fifo writer");
+    check_sublist(&items(&data, 1), 1, &[b"f0".to_vec(), b"f1".to_vec()]);
+}
+
+/// Issue 15: an input edited in place (same size) while the producer reads it used to be
+/// stored edited, and a rerun with the original said "nothing to do". What was read is
+/// hashed and compared with the first pass; a resume compares the stored items with the
+/// input's first lines.
+#[test]
+fn an_input_edited_in_place_during_a_run_is_caught() {
+    let q = quorum(3);
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let data = tmp.path().join("data");
+    let input = tmp.path().join("in.txt");
+    // 4 MB: more than the producer's 1 MiB read buffer, so the end of the file is read
+    // from disk after the stall.
+    let (count, width) = (4000usize, 1000usize);
+    let lines = wide_lines(count, width);
+    let original = join_lines(&lines);
+    std::fs::write(&input, &original).expect("write input");
+    let args = [
+        "--shard",
+        "0",
+        "--data-dir",
+        dir_arg(&data),
+        "--nodes",
+        &q.urls_arg(),
+        "--input",
+        dir_arg(&input),
+        "--batch",
+        "100",
+    ];
+    let (child, rx) = spawn_stalled_keep_stderr(&args, 100);
+    {
+        use std::io::{Seek, SeekFrom, Write};
+        let mut f = std::fs::OpenOptions::new()
+            .write(true)
+            .open(&input)
+            .expect("open input for editing");
+        f.seek(SeekFrom::Start(3500 * width as u64)).expect("seek");
+        f.write_all(b"EDITED").expect("edit");
+        f.sync_all().expect("sync");
+    }
+    let (code, stderr) = release_with_stderr(child, rx);
+    assert_eq!(code, Some(3), "{stderr}");
+    assert!(stderr.contains("edited while it was read"), "{stderr}");
+    let r = ShardReader::open(&shard_db_path(&data, 0)).expect("open");
+    let p = r.progress().expect("progress").expect("marker");
+    assert!(
+        !p.finished,
+        "a sublist of an edited input was marked finished"
+    );
+    drop(r);
+
+    // The original again: its fingerprint matches, but the sublist holds the edited line.
+    std::fs::write(&input, &original).expect("restore input");
+    let out = run(&args);
+    assert_exit(&out, 3, "line 3501 is not item 3500");
+    assert!(!String::from_utf8_lossy(&out.stdout).contains("nothing to do"));
+}
+
+/// Exit code 3 from the command line: the input shrinks under a running producer (here
+/// truncated while it stalls): it stops, says so, and leaves the sublist unfinished.
+#[test]
+fn an_input_truncated_during_a_run_exits_3() {
+    let q = quorum(3);
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let data = tmp.path().join("data");
+    let input = tmp.path().join("in.txt");
+    let lines = wide_lines(4000, 1000);
+    std::fs::write(&input, join_lines(&lines)).expect("write input");
+    let args = [
+        "--shard",
+        "0",
+        "--data-dir",
+        dir_arg(&data),
+        "--nodes",
+        &q.urls_arg(),
+        "--input",
+        dir_arg(&input),
+        "--batch",
+        "100",
+    ];
+    let (child, rx) = spawn_stalled_keep_stderr(&args, 100);
+    std::fs::OpenOptions::new()
+        .write(true)
+        .open(&input)
+        .and_then(|f| f.set_len(10 * 1000))
+        .expect("truncate input");
+    let (code, stderr) = release_with_stderr(child, rx);
+    assert_eq!(code, Some(3), "{stderr}");
+    assert!(
+        stderr.contains("changed since the sublist was started") && stderr.contains("4000 items"),
+        "{stderr}"
+    );
+    let r = ShardReader::open(&shard_db_path(&data, 0)).expect("open");
+    assert!(!r.progress().expect("progress").expect("marker").finished);
+}
+
+/// A finished sublist needs no ID generator: "nothing to do" with every node down.
+#[test]
+fn nothing_to_do_with_every_node_down() {
+    let mut q = quorum(3);
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let args = [
+        "--shard",
+        "2",
+        "--data-dir",
+        dir_arg(tmp.path()),
+        "--nodes",
+        &q.urls_arg(),
+        "--generate",
+        "30",
+        "--deadline",
+        "1",
+    ];
+    assert_exit(&run(&args), 0, "");
+    for i in 0..3 {
+        q.kill(i);
+    }
+    let out = run(&args);
+    assert_exit(&out, 0, "");
+    assert!(
+        String::from_utf8_lossy(&out.stdout).contains("already finished (30 items): nothing to do"),
+        "{}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+}
+
+/// Exit code 5 for a node that does not fsync every write; nothing is written.
+#[test]
+fn an_unsafe_node_exits_5() {
+    let q = LocalQuorum::temp_with_args(3, &["--appendfsync".into(), "everysec".into()])
+        .expect("cannot start a local redis-server quorum (is redis-server installed?)");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let out = run(&[
+        "--shard",
+        "0",
+        "--data-dir",
+        dir_arg(tmp.path()),
+        "--nodes",
+        &q.urls_arg(),
+        "--generate",
+        "10",
+        "--deadline",
+        "2",
+    ]);
+    assert_exit(&out, 5, "is unsafe");
+    assert_exit(&out, 5, "appendfsync");
+    if let Ok(r) = ShardReader::open(&shard_db_path(tmp.path(), 0)) {
+        assert_eq!(r.iter().count(), 0, "items written with an unsafe node");
+    }
+}
+
+/// A small tmpfs mounted for one test (needs root or CAP_SYS_ADMIN, as CI has; fails
+/// loudly otherwise), lazily unmounted on drop. Like tests/common's `Tmpfs`.
+struct Tmpfs {
+    dir: PathBuf,
+    _parent: tempfile::TempDir,
+}
+
+impl Tmpfs {
+    fn mount(bytes: u64) -> Tmpfs {
+        let parent = tempfile::tempdir().expect("tempdir for the tmpfs mount point");
+        let dir = parent.path().join("fs");
+        std::fs::create_dir(&dir).expect("create the mount point");
+        let out = Command::new("mount")
+            .args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs"])
+            .arg(&dir)
+            .output()
+            .expect("run mount(8)");
+        assert!(
+            out.status.success(),
+            "this test mounts a {bytes}-byte tmpfs to fill a disk and needs root (or CAP_SYS_ADMIN): `mount -t tmpfs` failed: {}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        Tmpfs {
+            dir,
+            _parent: parent,
+        }
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
+    }
+}
+
+/// Exit code 4 when the sublist's disk is full, naming the error once; every batch before
+/// it stays durable, and the same command finishes once space returns.
+#[test]
+fn a_full_disk_exits_4_and_resumes() {
+    let q = quorum(3);
+    let fs = Tmpfs::mount(8 << 20);
+    let data = fs.dir.join("data");
+    let args = [
+        "--shard",
+        "0",
+        "--data-dir",
+        dir_arg(&data),
+        "--nodes",
+        &q.urls_arg(),
+        "--generate",
+        "100000",
+        "--payload-size",
+        "200",
+        "--batch",
+        "1000",
+    ];
+    let out = run(&args);
+    assert_exit(&out, 4, "No space left on device");
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    let error_line = stderr
+        .lines()
+        .find(|l| l.contains("producer: error:"))
+        .expect("an error line");
+    // RocksDB names the error twice itself ("IO error: No space left on device: While
+    // appending to file: F: No space left on device"); the producer adds no third copy.
+    assert_eq!(
+        error_line
+            .matches("IO error: No space left on device")
+            .count(),
+        1,
+        "{error_line}"
+    );
+    assert_eq!(error_line.matches("rocksdb:").count(), 1, "{error_line}");
+    let durable = ShardReader::open(&shard_db_path(&data, 0))
+        .ok()
+        .and_then(|r| r.progress().ok().flatten())
+        .map_or(0, |p| p.next_seq);
+    // Space returns: move the sublist to a real disk and finish it there.
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let moved = tmp.path().join("data");
+    let cp = Command::new("cp")
+        .arg("-a")
+        .arg(&data)
+        .arg(&moved)
+        .status()
+        .expect("run cp");
+    assert!(cp.success(), "cp -a the sublist off the tmpfs");
+    let mut rerun = args.to_vec();
+    rerun[3] = dir_arg(&moved);
+    let out = run(&rerun);
+    assert_exit(&out, 0, "");
+    if durable > 0 {
+        assert!(
+            String::from_utf8_lossy(&out.stdout).contains(&format!("resumed after {durable}")),
+            "{}",
+            String::from_utf8_lossy(&out.stdout)
+        );
+    }
+    check_sublist(&items(&moved, 0), 0, &generated(0, 100_000, 200));
 }

@@ -534,6 +534,23 @@ impl ShardWriter {
         Ok(())
     }
 
+    /// The stored items in ascending ID order (the writer's own view, for a producer that
+    /// checks its input against what it already wrote before resuming).
+    pub fn items(&self) -> impl Iterator<Item = Result<Record, ShardError>> + '_ {
+        let mut ro = ReadOptions::default();
+        ro.fill_cache(false);
+        ro.set_readahead_size(SCAN_READAHEAD);
+        self.db
+            .iterator_opt(IteratorMode::Start, ro)
+            .map(move |kv| {
+                let (k, v) = kv.map_err(rocks(&self.path))?;
+                decode_item(&k, &v).map_err(|reason| ShardError::Corrupt {
+                    path: self.path.clone(),
+                    reason,
+                })
+            })
+    }
+
     /// The stored progress marker (`None` before the first batch).
     ///
     /// # Errors

@@ -150,10 +150,14 @@ fn run_merge(cfg: &MergeConfig) -> anyhow::Result<()> {
             cfg.out.display()
         );
     }
-    let paths = match &cfg.input {
-        Input::DataDir(dir) => merger::find_shards(dir)?,
-        Input::Paths(p) => p.clone(),
+    let (paths, data_dir) = match &cfg.input {
+        Input::DataDir(dir) => (
+            merger::find_shards_to_merge(dir, cfg.allow_unfinished)?,
+            Some(dir.as_path()),
+        ),
+        Input::Paths(p) => (p.clone(), None),
     };
+    merger::check_out_path(&cfg.out, data_dir, &paths)?;
     let shards = merger::open_shards(&paths, cfg.allow_unfinished)?;
     let total: u64 = shards.iter().map(|s| s.items).sum();
     tracing::info!(shards = shards.len(), items = total, out = %cfg.out.display(), "merging");

@@ -15,10 +15,11 @@ use std::time::Duration;
 ///
 /// Killed at any moment and started again with the same arguments, it resumes after the
 /// last durable batch: every item ends up in the sublist exactly once. Started on a
-/// finished sublist it does nothing. Exit codes: 0 done, 2 bad arguments, 3 bad or
-/// unreadable input, 4 sublist refused (in use by another producer, another shard's,
-/// written from different input, not a sublist), 5 ID generator unavailable (no quorum
-/// before the deadline, unsafe node; every batch before the failure is durable), 1 other.
+/// finished sublist it does nothing. Exit codes: 0 done, 2 bad arguments, 3 bad,
+/// unreadable or changed input, 4 sublist refused or failing (in use by another producer,
+/// another shard's, written from different input, not a sublist, disk full), 5 ID
+/// generator unavailable or unsafe (no quorum before the deadline, unsafe node, IDs gone
+/// backwards; every batch before the failure is durable), 1 other.
 #[derive(Parser, Debug)]
 #[command(name = "producer", version)]
 #[command(group(ArgGroup::new("ids").required(true).args(["nodes", "broker"])))]
@@ -37,7 +38,8 @@ struct Flags {
     #[arg(long, value_name = "ADDRS")]
     broker: Option<String>,
     /// Input file, one item per line (any bytes; the newline is stripped). `-` reads
-    /// stdin, which is NOT resumable: a killed run cannot be continued from stdin.
+    /// stdin, which is NOT resumable: a killed run cannot be continued from stdin. A pipe
+    /// or FIFO (e.g. `<(zcat f.gz)`) is read once the same way, also not resumable.
     #[arg(long, value_name = "FILE")]
     input: Option<String>,
     /// Generate COUNT synthetic items instead of reading input (deterministic per shard
@@ -64,6 +66,9 @@ struct Flags {
     #[arg(long, value_name = "SECS", default_value_t = 5.0)]
     log_every: f64,
 }
+
+/// Test hook for crash and edit tests, see [`Config::test_stall_after`].
+const STALL_ENV: &str = "QLIST_PRODUCER_TEST_STALL_AFTER";
 
 /// Where IDs come from.
 enum Ids {
@@ -125,12 +130,20 @@ fn config(flags: &Flags) -> anyhow::Result<(Config, Ids)> {
             )
         }
     };
+    let test_stall_after = match std::env::var(STALL_ENV) {
+        Ok(v) => Some(
+            v.parse()
+                .map_err(|_| ProducerError::Config(format!("{STALL_ENV}={v:?} is not a number")))?,
+        ),
+        Err(_) => None,
+    };
     let cfg = Config {
         shard: flags.shard,
         data_dir: flags.data_dir.clone(),
         input,
         batch: flags.batch,
         display,
+        test_stall_after,
     };
     Ok((cfg, ids))
 }
