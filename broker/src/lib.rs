@@ -1,7 +1,7 @@
 //! broker: the idbroker ID server.
 //!
 //! Clients send `NextIds` requests over TCP (protocol: [`idclient::wire`],
-//! `docs/wire-protocol.md`); the [batcher](batcher) runs ONE quorum round at a time and
+//! `docs/wire-protocol.md`); the [batcher] runs ONE quorum round at a time and
 //! serves every request queued when the round starts from the single range it reserves
 //! (group commit), split in arrival order. Requests arriving during a round wait for the
 //! next one; nothing is ever reserved ahead for later requests, which is what keeps IDs
