@@ -13,8 +13,9 @@
 /// `{1, HI, combining}`; otherwise nothing changes and the reply is
 /// `{0, current, combining}`. `combining` is 1 when another combined batch than ARGV[3]
 /// is in flight at this node (only the rendezvous node ever has one), else 0: a hint
-/// that tells a writer it is not alone, never part of the decision (a mark without an
-/// expiry, or of the wrong type, is no hint at all: see [`COMBINE`] on stray keys). A
+/// that tells a writer it is not alone, never part of the decision (a mark that is not a
+/// nonce, or has no expiry or one above [`MAX_RENDEZVOUS_TTL_MS`], or of the wrong
+/// type, is no hint at all: see [`COMBINE`] on stray keys). A
 /// register that is not a canonical decimal u64 (or not a string) gives the error
 /// `QLISTBAD <value>`.
 pub const CONDITIONAL_WRITE: &str = r#"
@@ -35,8 +36,9 @@ local lo = ARGV[1]
 local less = (n < #lo) or (n == #lo and cur < lo)
 local busy = redis.pcall('GET', KEYS[2])
 local combining = 0
-if type(busy) == 'string' and busy ~= ARGV[3] and redis.call('PTTL', KEYS[2]) >= 0 then
-  combining = 1
+if type(busy) == 'string' and #busy == 32 and busy ~= ARGV[3] then
+  local pttl = redis.call('PTTL', KEYS[2])
+  if pttl >= 0 and pttl <= 60000 then combining = 1 end
 end
 if less then
   redis.call('SET', KEYS[1], ARGV[2])
@@ -186,6 +188,7 @@ mod tests {
     #[test]
     fn the_script_and_the_client_agree_on_the_ttl_limit() {
         assert!(COMBINE.contains(&format!("local LIMIT = {MAX_RENDEZVOUS_TTL_MS}\n")));
+        assert!(CONDITIONAL_WRITE.contains(&format!("pttl <= {MAX_RENDEZVOUS_TTL_MS} then")));
         let longest = crate::quorum::MAX_LEASE * 2;
         assert!(longest.as_millis() <= u128::from(MAX_RENDEZVOUS_TTL_MS));
     }
