@@ -189,8 +189,9 @@ pub const MIN_LEASE: Duration = Duration::from_millis(25);
 /// nodes keeps its members waiting no longer than one of its node replies could take.
 pub const DEFAULT_MAX_LEASE: Duration = Duration::from_secs(1);
 
-/// After the rendezvous node failed (down, paused, unreachable), clients run their own
-/// rounds for this long before they try it again.
+/// After the preferred rendezvous node failed (down, paused, unreachable, stuck), clients
+/// combine at the fallback node for this long before they try it again; after both
+/// failed, they run their own rounds for this long.
 pub const RENDEZVOUS_RETRY: Duration = Duration::from_secs(1);
 
 /// Rendezvous waits that ended without progress (a member's leader vanished, a batch
@@ -214,6 +215,21 @@ pub const MAX_LEASE: Duration = Duration::from_secs(25);
 /// How long a member waits past its leader's lease before joining again: slack for the
 /// time a reply takes to travel, not for the leader.
 pub const LEADER_GRACE: Duration = Duration::from_millis(10);
+
+/// Where a client combines. Every client on the same nodes prefers the same node, and
+/// when it fails they all see it fail and move to the same fallback: combining goes on
+/// through the failure instead of falling to contended own rounds. The rendezvous only
+/// decides who writes, so clients that disagree for a moment contend, safely.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Rendezvous {
+    /// At the node with the smallest address.
+    Preferred,
+    /// At the node with the second smallest address, until the preferred one is tried
+    /// again.
+    Fallback { until: Instant },
+    /// Both failed: own rounds until then.
+    Off { until: Instant },
+}
 
 /// Why a rendezvous call gave no answer.
 enum Stop {
@@ -254,13 +270,14 @@ pub struct QuorumClient<N: Register = Node> {
     /// [`SOLO_STREAK`] batches that found nobody else.
     contended: AtomicBool,
     solo_streak: AtomicU32,
-    /// The rendezvous node of combined rounds: the one with the smallest address, so
-    /// clients configured with the same nodes in any order meet at the same one.
-    rendezvous: usize,
+    /// The rendezvous nodes of combined rounds, preferred first: the nodes with the
+    /// smallest and second smallest address, so clients configured with the same nodes
+    /// in any order meet at the same one, and move to the same one when it fails.
+    rendezvous: [usize; 2],
     results: combine::Results,
     combine: Combine,
-    /// Set when the rendezvous failed: no combined rounds before then.
-    rendezvous_retry_at: Mutex<Option<Instant>>,
+    /// Which rendezvous is in use (see [`Rendezvous`]).
+    rendezvous_state: Mutex<Rendezvous>,
     /// Upper bound of [`QuorumClient::lease`].
     max_lease: Duration,
     /// A node's reply timeout: the most a rendezvous call may take.
@@ -392,9 +409,9 @@ impl<N: Register> QuorumClient<N> {
     ) -> Result<QuorumClient<N>, IdError> {
         let key = key.into();
         check_shape(nodes.len(), &key)?;
-        let rendezvous = (0..nodes.len())
-            .min_by_key(|&i| nodes[i].addr())
-            .unwrap_or(0);
+        let mut by_addr: Vec<usize> = (0..nodes.len()).collect();
+        by_addr.sort_by_key(|&i| nodes[i].addr());
+        let rendezvous = [by_addr[0], *by_addr.get(1).unwrap_or(&by_addr[0])];
         Ok(QuorumClient {
             nodes,
             key,
@@ -406,7 +423,7 @@ impl<N: Register> QuorumClient<N> {
             rendezvous,
             results: combine::Results::default(),
             combine: Combine::Auto,
-            rendezvous_retry_at: Mutex::new(None),
+            rendezvous_state: Mutex::new(Rendezvous::Preferred),
             max_lease: DEFAULT_MAX_LEASE,
             reply_timeout: DEFAULT_MAX_LEASE,
             round_ns: AtomicU64::new(INITIAL_ROUND.as_nanos() as u64),
@@ -424,9 +441,9 @@ impl<N: Register> QuorumClient<N> {
         self
     }
 
-    /// The rendezvous node of combined rounds.
+    /// The preferred rendezvous node of combined rounds (the smallest address).
     pub fn rendezvous_addr(&self) -> &str {
-        self.nodes[self.rendezvous].addr()
+        self.nodes[self.rendezvous[0]].addr()
     }
 
     /// Draws backoff jitter from an RNG seeded with `seed` instead of the thread RNG, so
@@ -491,7 +508,7 @@ impl<N: Register> QuorumClient<N> {
         }
         let started = Instant::now();
         let fast = self.protocol == Protocol::Fast && self.combine != Combine::Never;
-        if fast && self.contended.load(Ordering::Relaxed) && self.rendezvous_usable() {
+        if fast && self.contended.load(Ordering::Relaxed) && self.rendezvous_now().is_some() {
             if let Some(result) = self.combined(n, deadline, started).await {
                 return result;
             }
@@ -499,7 +516,13 @@ impl<N: Register> QuorumClient<N> {
             // Yield a lost round to combining only when combining can happen now; else the
             // rounds go on with their backoff intact.
             match self
-                .rounds(n, deadline, started, fast && self.rendezvous_usable(), None)
+                .rounds(
+                    n,
+                    deadline,
+                    started,
+                    fast && self.rendezvous_now().is_some(),
+                    None,
+                )
                 .await
             {
                 Some(result) => return result,
@@ -603,14 +626,12 @@ impl<N: Register> QuorumClient<N> {
         deadline: Instant,
         started: Instant,
     ) -> Option<Result<IdRange, IdError>> {
-        if !self.rendezvous_usable() {
-            return None;
-        }
-        let node = &self.nodes[self.rendezvous];
+        let rv = self.rendezvous_now()?;
+        let node = &self.nodes[rv];
         let patience = self.rendezvous_patience();
-        let rx = tokio::time::timeout(patience, self.results.receiver(node, &self.key)).await;
+        let rx = tokio::time::timeout(patience, self.results.receiver(rv, node, &self.key)).await;
         let Ok(Some(mut rx)) = rx else {
-            self.rendezvous_failed();
+            self.rendezvous_failed(rv);
             return None;
         };
         let seen = |result: &BatchResult| {
@@ -625,8 +646,8 @@ impl<N: Register> QuorumClient<N> {
             }))
         };
         let unavailable = |op: &str, e: String| {
-            tracing::debug!(node = node.addr(), op, error = %e, "rendezvous unavailable; own rounds");
-            self.rendezvous_failed();
+            tracing::debug!(node = node.addr(), op, error = %e, "rendezvous unavailable");
+            self.rendezvous_failed(rv);
             None
         };
         // Waits on the rendezvous that ended without progress (a leader that vanished, a
@@ -652,6 +673,7 @@ impl<N: Register> QuorumClient<N> {
             };
             let join = match self
                 .ask(
+                    rv,
                     "join",
                     deadline,
                     patience,
@@ -673,7 +695,7 @@ impl<N: Register> QuorumClient<N> {
                         self.solo_streak.store(0, Ordering::Relaxed);
                         self.contended.store(false, Ordering::Relaxed);
                     }
-                    return Some(self.lead(nonce, n, n, deadline, started).await);
+                    return Some(self.lead(rv, nonce, n, n, deadline, started).await);
                 }
                 Join::Follow {
                     batch,
@@ -718,6 +740,7 @@ impl<N: Register> QuorumClient<N> {
                         let lease = self.lease().min(deadline - now);
                         match self
                             .ask(
+                                rv,
                                 "close",
                                 deadline,
                                 patience,
@@ -726,7 +749,7 @@ impl<N: Register> QuorumClient<N> {
                             .await
                         {
                             Ok(Close::Closed { ids }) => {
-                                return Some(self.lead(nonce, n, ids, deadline, started).await)
+                                return Some(self.lead(rv, nonce, n, ids, deadline, started).await)
                             }
                             Ok(Close::Busy { busy: b, .. }) if b == busy => {
                                 // Still in flight after its lease: no progress.
@@ -754,6 +777,7 @@ impl<N: Register> QuorumClient<N> {
     /// fails or times out marks the rendezvous failed: own rounds for a while.
     async fn ask<T>(
         &self,
+        rv: usize,
         op: &'static str,
         deadline: Instant,
         patience: Duration,
@@ -766,9 +790,8 @@ impl<N: Register> QuorumClient<N> {
             Err(_) => format!("no reply within {patience:?}"),
             Ok(Err(e)) => format!("{e:?}"),
         };
-        let node = &self.nodes[self.rendezvous];
-        tracing::debug!(node = node.addr(), op, %error, "rendezvous unavailable; own rounds");
-        self.rendezvous_failed();
+        tracing::debug!(node = self.nodes[rv].addr(), op, %error, "rendezvous unavailable");
+        self.rendezvous_failed(rv);
         Err(Stop::Unavailable)
     }
 
@@ -790,27 +813,51 @@ impl<N: Register> QuorumClient<N> {
         (round * LEASE_ROUNDS).clamp(MIN_LEASE, self.max_lease.max(MIN_LEASE))
     }
 
-    /// Whether combined rounds are worth trying: not within [`RENDEZVOUS_RETRY`] of the
-    /// rendezvous failing (a paused node would cost every request a reply timeout).
-    fn rendezvous_usable(&self) -> bool {
-        let until = self
-            .rendezvous_retry_at
+    /// The rendezvous node to combine at now, if any (see [`Rendezvous`]).
+    fn rendezvous_now(&self) -> Option<usize> {
+        let mut state = self
+            .rendezvous_state
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        until.is_none_or(|at| Instant::now() >= at)
+        match *state {
+            Rendezvous::Fallback { until } | Rendezvous::Off { until }
+                if Instant::now() >= until =>
+            {
+                *state = Rendezvous::Preferred;
+            }
+            _ => {}
+        }
+        match *state {
+            Rendezvous::Preferred => Some(self.rendezvous[0]),
+            Rendezvous::Fallback { .. } => Some(self.rendezvous[1]),
+            Rendezvous::Off { .. } => None,
+        }
     }
 
-    fn rendezvous_failed(&self) {
-        *self
-            .rendezvous_retry_at
+    /// The rendezvous at node `rv` failed (down, paused, too slow, stuck): the preferred
+    /// one hands over to the fallback; a failed fallback means own rounds for a while.
+    fn rendezvous_failed(&self, rv: usize) {
+        let mut state = self
+            .rendezvous_state
             .lock()
-            .unwrap_or_else(|p| p.into_inner()) = Some(Instant::now() + RENDEZVOUS_RETRY);
+            .unwrap_or_else(|p| p.into_inner());
+        let until = Instant::now() + RENDEZVOUS_RETRY;
+        *state = match *state {
+            // Another task saw the preferred node fail and moved already.
+            Rendezvous::Fallback { .. } if rv != self.rendezvous[1] => return,
+            Rendezvous::Off { .. } => return,
+            Rendezvous::Preferred if rv == self.rendezvous[0] && rv != self.rendezvous[1] => {
+                Rendezvous::Fallback { until }
+            }
+            _ => Rendezvous::Off { until },
+        };
     }
 
     /// Runs batch `nonce` of `ids` IDs (the leader's own `n` first) and publishes the
     /// outcome to its members.
     async fn lead(
         &self,
+        rv: usize,
         nonce: Nonce,
         n: u64,
         ids: u64,
@@ -824,12 +871,11 @@ impl<N: Register> QuorumClient<N> {
             range: result.as_ref().ok().copied(),
         }
         .message();
-        let node = &self.nodes[self.rendezvous];
         // The result is ours already: a paused rendezvous must not hold it for a reply
         // timeout. Unpublished, the members stop waiting at the lease and join again.
         let patience = self.rendezvous_patience();
-        let finish = node.finish(&self.key, nonce, message);
-        let _ = self.ask("finish", deadline, patience, finish).await;
+        let finish = self.nodes[rv].finish(&self.key, nonce, message);
+        let _ = self.ask(rv, "finish", deadline, patience, finish).await;
         result.map(|range| IdRange {
             lo: range.lo,
             hi: range.lo + n - 1,

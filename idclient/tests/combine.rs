@@ -301,8 +301,9 @@ async fn a_vanished_leader_costs_its_members_a_lease_not_their_deadline() {
     assert_eq!(c.counters().batches, 2, "{:?}", c.counters());
 }
 
-/// Contending clients run while the rendezvous node fails; they fall back to their own
-/// rounds, nothing repeats, and after the node is back they combine again.
+/// Contending clients run while the rendezvous node fails; they move to the fallback
+/// rendezvous and go on combining, nothing repeats, and after the node is back they
+/// combine again.
 async fn rendezvous_fails_mid_run(kill: bool) {
     let mut q = quorum();
     let r = rendezvous(&q);
@@ -315,7 +316,12 @@ async fn rendezvous_fails_mid_run(kill: bool) {
     } else {
         q.pause(r);
     }
-    tokio::time::sleep(Duration::from_millis(1000)).await;
+    // The clients move to the fallback rendezvous (the second smallest address) and
+    // combine there while the preferred one is out.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    let moved = combined(&sources);
+    tokio::time::sleep(Duration::from_millis(600)).await;
+    let during_outage = combined(&sources) - moved;
     let back_at = monotonic_ns();
     if kill {
         q.restart(r).expect("restart");
@@ -333,6 +339,10 @@ async fn rendezvous_fails_mid_run(kill: bool) {
     assert!(
         during > 0,
         "no request completed while the rendezvous was down"
+    );
+    assert!(
+        during_outage > 0,
+        "no combined round while the preferred rendezvous was out: no failover"
     );
     // Combining resumes once the node is back (clients retry it after a second).
     let before = combined(&sources);
