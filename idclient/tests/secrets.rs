@@ -1,7 +1,9 @@
 //! Node passwords never leave the process that was given them: not in `idctl check`'s
 //! output, not in `idctl next`'s errors, not in an idbroker's logs, and not in the replies
 //! a broker sends its clients. Real redis-server processes with a password, a real
-//! idbroker process (build it first: `cargo build --release --workspace --bins`).
+//! idbroker process (build it first: `cargo build --release --workspace --bins`). In a
+//! target directory shared by several checkouts, `idbroker` is whichever checkout built it
+//! last: build it from this one right before (an older broker fails this test).
 
 use idclient::cluster::LocalQuorum;
 use std::io::{BufRead, BufReader, Read};
