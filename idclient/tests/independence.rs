@@ -89,6 +89,20 @@ async fn one_server_under_two_names_is_refused() {
         "{out}"
     );
 
+    // The same server by host name.
+    let by_name = u[0].replace("127.0.0.1", "localhost");
+    let err = config_error(connect(vec![u[0].clone(), u[1].clone(), by_name.clone()]).await);
+    assert!(
+        err.contains(&format!(
+            "node {by_name} is the same Redis server as node {}",
+            u[0]
+        )) || err.contains(&format!(
+            "node {} is the same Redis server as node {by_name}",
+            u[0]
+        )),
+        "{err}"
+    );
+
     // Three distinct servers are fine.
     connect(u).await.expect("three independent nodes");
 }
