@@ -152,7 +152,8 @@ impl std::fmt::Display for Nonce {
 /// about to join takes a receiver first, so it cannot miss its batch's result.
 #[derive(Default)]
 pub struct Results {
-    live: tokio::sync::Mutex<Option<(broadcast::WeakSender<BatchResult>, AbortHandle)>>,
+    /// The subscription: which node, its sender, and the task that feeds it.
+    live: tokio::sync::Mutex<Option<(usize, broadcast::WeakSender<BatchResult>, AbortHandle)>>,
 }
 
 /// Results a slow task may fall behind by before it loses some (it then waits until its
@@ -160,16 +161,21 @@ pub struct Results {
 const BACKLOG: usize = 4096;
 
 impl Results {
-    /// A receiver of every result from now on, subscribing first if needed. `None` when
-    /// the node cannot be subscribed to.
+    /// A receiver of every result from now on at node number `index`, subscribing first
+    /// if needed (and ending a subscription to another node). `None` when the node
+    /// cannot be subscribed to.
     pub async fn receiver<N: Register>(
         &self,
+        index: usize,
         node: &N,
         key: &str,
     ) -> Option<broadcast::Receiver<BatchResult>> {
         let mut live = self.live.lock().await;
-        if let Some(tx) = live.as_ref().and_then(|(weak, _)| weak.upgrade()) {
-            return Some(tx.subscribe());
+        if let Some((at, weak, task)) = live.as_ref() {
+            match weak.upgrade() {
+                Some(tx) if *at == index => return Some(tx.subscribe()),
+                _ => task.abort(),
+            }
         }
         let mut messages = match node.subscribe(key).await {
             Ok(messages) => messages,
@@ -188,14 +194,14 @@ impl Results {
                 }
             }
         });
-        *live = Some((weak, task.abort_handle()));
+        *live = Some((index, weak, task.abort_handle()));
         Some(rx)
     }
 }
 
 impl Drop for Results {
     fn drop(&mut self) {
-        if let Some((_, task)) = self.live.get_mut().take() {
+        if let Some((_, _, task)) = self.live.get_mut().take() {
             task.abort();
         }
     }

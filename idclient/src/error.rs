@@ -6,7 +6,7 @@ use std::time::Duration;
 /// Why one node did not take part in a round.
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct NodeFailure {
-    /// The node's address as configured (`redis://host:port`).
+    /// The node's address (`redis://host:port`), never with its password (see `NodeAddr`).
     pub addr: String,
     /// What went wrong (connect refused, timeout, redis error, ...).
     pub reason: String,

@@ -23,6 +23,75 @@ pub enum NodeError {
     Unsafe(String),
     /// The register is not a canonical decimal u64.
     BadValue(String),
+    /// Not an independent node: a replica, or the same server as another node of the
+    /// quorum. No flag overrides this: such a quorum tolerates fewer failures than it
+    /// claims, or cannot be written at all.
+    NotIndependent(String),
+}
+
+/// Who a server is, from `INFO`: what tells two nodes apart, and whether it is a master.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Identity {
+    /// `run_id`: random per server process, so two addresses with the same one are one
+    /// server.
+    pub run_id: String,
+    /// `role`: `master`, or `slave` for a replica.
+    pub role: String,
+    /// `connected_slaves` of a master.
+    pub replicas: u64,
+}
+
+impl Identity {
+    /// Parses the `INFO` reply (`key:value` lines).
+    pub fn parse(info: &str) -> Option<Identity> {
+        let field = |name: &str| {
+            info.lines()
+                .find_map(|l| l.trim_end().strip_prefix(name)?.strip_prefix(':'))
+                .map(str::to_string)
+        };
+        Some(Identity {
+            run_id: field("run_id").filter(|r| !r.is_empty())?,
+            role: field("role")?,
+            replicas: field("connected_slaves")
+                .and_then(|n| n.parse().ok())
+                .unwrap_or(0),
+        })
+    }
+
+    /// Why this server cannot be a node of the quorum, if it cannot.
+    pub fn refusal(&self) -> Option<String> {
+        (self.role != "master").then(|| {
+            format!(
+                "is a replica (role:{}): writes to it fail, and a replica is not an independent node; list independent masters only",
+                self.role
+            )
+        })
+    }
+}
+
+/// The identities of a quorum's nodes, shared by its [`Node`]s: a node whose server is
+/// already another node of the quorum (the same address twice, or two names for one
+/// server) is refused when it connects, at start and on every reconnect.
+#[derive(Default)]
+pub struct Identities {
+    seen: std::sync::Mutex<Vec<(usize, NodeAddr, String)>>,
+}
+
+impl Identities {
+    /// Records that node `index` (shown as `addr`) is server `run_id`; the address of
+    /// another node that is the same server, if any.
+    fn claim(&self, index: usize, addr: &NodeAddr, run_id: &str) -> Option<NodeAddr> {
+        let mut seen = self.seen.lock().unwrap_or_else(|p| p.into_inner());
+        seen.retain(|(i, _, _)| *i != index);
+        let other = seen
+            .iter()
+            .find(|(_, _, r)| r == run_id)
+            .map(|(_, a, _)| a.clone());
+        if other.is_none() {
+            seen.push((index, addr.clone(), run_id.to_string()));
+        }
+        other
+    }
 }
 
 /// Reply of the conditional write.
@@ -47,7 +116,7 @@ pub struct Written {
 /// simulation. The client's safety rests on exactly these semantics: the register only
 /// grows, and survives restarts.
 pub trait Register: Send + Sync {
-    /// The node's address, for error messages.
+    /// The node's address, for error messages: never a password (see [`NodeAddr`]).
     fn addr(&self) -> &str;
 
     /// "If current < lo then current = hi": [`WriteReply::Accepted`], else
@@ -296,14 +365,61 @@ fn millis(ttl: Duration) -> String {
     ttl.as_millis().clamp(1, u128::from(u32::MAX)).to_string()
 }
 
+/// A node's address as it may be shown: in errors, logs, `idctl check`'s output and the
+/// broker's replies to its clients. It is the configured URL with any password replaced
+/// by `***` (and a query string, which may carry credentials too, by `?***`): the URL
+/// itself stays inside the node's `redis::Client`, so nothing printed can leak it.
+#[derive(Clone, PartialEq, Eq, PartialOrd, Ord, Hash)]
+pub struct NodeAddr(String);
+
+impl NodeAddr {
+    /// The shown form of `url` (see [`NodeAddr`]).
+    pub fn from_url(url: &str) -> NodeAddr {
+        let (scheme, rest) = match url.find("://") {
+            Some(i) => url.split_at(i + 3),
+            None => ("", url),
+        };
+        // The last '@' ends the user info, even when an unencoded password holds a '/'.
+        let (userinfo, rest) = match rest.rfind('@') {
+            Some(at) => {
+                let (user, _) = rest[..at].split_once(':').unwrap_or(("", ""));
+                (format!("{user}:***@"), &rest[at + 1..])
+            }
+            None => (String::new(), rest),
+        };
+        let rest = match rest.find(['?', '#']) {
+            Some(q) => format!("{}?***", &rest[..q]),
+            None => rest.to_string(),
+        };
+        NodeAddr(format!("{scheme}{userinfo}{rest}"))
+    }
+
+    /// The shown form, as a string.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl std::fmt::Display for NodeAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::fmt::Debug for NodeAddr {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "{:?}", self.0)
+    }
+}
+
 struct ConnState {
     conn: Option<MultiplexedConnection>,
     last_failure: Option<(Instant, NodeError)>,
 }
 
-/// A Redis node of the quorum.
+/// A Redis node of the quorum. Deliberately not `Debug`: its client holds the URL.
 pub struct Node {
-    addr: String,
+    addr: NodeAddr,
     client: redis::Client,
     config: AsyncConnectionConfig,
     check_durability: bool,
@@ -311,6 +427,8 @@ pub struct Node {
     combine_sha: String,
     connect_timeout: Duration,
     state: tokio::sync::Mutex<ConnState>,
+    /// This node's place among its quorum's identities (none for a node on its own).
+    peers: Option<(usize, std::sync::Arc<Identities>)>,
 }
 
 /// The settings a node must have to be part of a quorum, as `(CONFIG name, required value)`.
@@ -342,17 +460,18 @@ impl Node {
         reply_timeout: Duration,
         check_durability: bool,
     ) -> Result<Node, String> {
+        let addr = NodeAddr::from_url(url);
         if !url.starts_with("redis://") {
             return Err(format!(
-                "{url:?} is not a redis:// URL (expected redis://host:port)"
+                "{addr:?} is not a redis:// URL (expected redis://host:port)"
             ));
         }
-        let client = redis::Client::open(url).map_err(|e| format!("{url:?}: {e}"))?;
+        let client = redis::Client::open(url).map_err(|e| format!("{addr:?}: {e}"))?;
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(connect_timeout))
             .set_response_timeout(Some(reply_timeout));
         Ok(Node {
-            addr: url.to_string(),
+            addr,
             client,
             config,
             check_durability,
@@ -363,11 +482,24 @@ impl Node {
                 conn: None,
                 last_failure: None,
             }),
+            peers: None,
         })
     }
 
-    /// The node's URL as configured.
+    /// Makes this node number `index` of a quorum whose nodes share `peers`: it then
+    /// refuses to connect to a server that another node of the quorum already is.
+    pub fn with_peers(mut self, index: usize, peers: std::sync::Arc<Identities>) -> Node {
+        self.peers = Some((index, peers));
+        self
+    }
+
+    /// The node's address as it may be shown: the URL without its password.
     pub fn addr(&self) -> &str {
+        self.addr.as_str()
+    }
+
+    /// The node's address as a [`NodeAddr`].
+    pub fn node_addr(&self) -> &NodeAddr {
         &self.addr
     }
 
@@ -401,10 +533,46 @@ impl Node {
             .get_multiplexed_async_connection_with_config(&self.config)
             .await
             .map_err(|e| NodeError::Unavailable(format!("connect: {}", describe(&e))))?;
+        let identity = Self::identify(&mut conn).await?;
+        if let Some(reason) = identity.refusal() {
+            return Err(NodeError::NotIndependent(reason));
+        }
+        if let Some((index, peers)) = &self.peers {
+            if let Some(other) = peers.claim(*index, &self.addr, &identity.run_id) {
+                return Err(NodeError::NotIndependent(format!(
+                    "is the same Redis server as node {other} (run_id {}): each server must be listed once, or the quorum tolerates fewer failures than its node count says",
+                    identity.run_id
+                )));
+            }
+        }
+        if identity.replicas > 0 {
+            tracing::warn!(node = %self.addr, replicas = identity.replicas, "node has replicas: a failover to an asynchronous replica can lose acknowledged writes");
+        }
         if self.check_durability {
             self.check(&mut conn).await?;
         }
         Ok(conn)
+    }
+
+    /// The server's identity (`INFO`).
+    async fn identify(conn: &mut MultiplexedConnection) -> Result<Identity, NodeError> {
+        let info: String =
+            redis::cmd("INFO")
+                .query_async(conn)
+                .await
+                .map_err(|e| match e.kind() {
+                    redis::ErrorKind::Io => {
+                        NodeError::Unavailable(format!("INFO: {}", describe(&e)))
+                    }
+                    _ => NodeError::NotIndependent(format!(
+                        "cannot tell which server this is: INFO failed: {e}"
+                    )),
+                })?;
+        Identity::parse(&info).ok_or_else(|| {
+            NodeError::NotIndependent(
+                "cannot tell which server this is: INFO has no run_id or role".to_string(),
+            )
+        })
     }
 
     /// Reads the durability settings; returns the first unsafe one.
@@ -438,12 +606,26 @@ impl Node {
     /// # Errors
     /// Unreachable, or an unsafe setting (named).
     pub async fn check_durability(&self) -> Result<(), NodeError> {
+        self.inspect().await.map(|_| ())
+    }
+
+    /// What `idctl check` asks of a node, on a fresh connection: who it is, and its
+    /// durability configuration.
+    ///
+    /// # Errors
+    /// Unreachable, a replica ([`NodeError::NotIndependent`]) or an unsafe setting.
+    pub async fn inspect(&self) -> Result<Identity, NodeError> {
         let mut conn = self
             .client
             .get_multiplexed_async_connection_with_config(&self.config)
             .await
             .map_err(|e| NodeError::Unavailable(format!("connect: {}", describe(&e))))?;
-        self.check(&mut conn).await
+        let identity = Self::identify(&mut conn).await?;
+        if let Some(reason) = identity.refusal() {
+            return Err(NodeError::NotIndependent(reason));
+        }
+        self.check(&mut conn).await?;
+        Ok(identity)
     }
 
     /// Makes sure a connection exists (connect and durability check).
@@ -588,6 +770,30 @@ impl Node {
                 Err(NodeError::BadValue("(not a string)".to_string()))
             }
             Err(e) => self.fail(e).await,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::NodeAddr;
+
+    #[test]
+    fn shown_addresses_never_carry_a_password() {
+        for (url, shown) in [
+            ("redis://127.0.0.1:7001", "redis://127.0.0.1:7001"),
+            ("redis://h:1/2", "redis://h:1/2"),
+            ("redis://:hunter2@h:1", "redis://:***@h:1"),
+            ("redis://alice:hunter2@h:1/0", "redis://alice:***@h:1/0"),
+            ("redis://hunter2@h:1", "redis://:***@h:1"),
+            ("redis://:hun/ter@2@h:1", "redis://:***@h:1"),
+            ("redis://h:1/0?password=hunter2", "redis://h:1/0?***"),
+            ("redis://h:1#hunter2", "redis://h:1?***"),
+            ("hunter2@h:1", ":***@h:1"),
+        ] {
+            let addr = NodeAddr::from_url(url);
+            assert_eq!(addr.to_string(), shown, "{url}");
+            assert!(!format!("{addr} {addr:?}").contains("hunter2"), "{url}");
         }
     }
 }

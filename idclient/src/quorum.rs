@@ -12,7 +12,7 @@
 
 use crate::combine::{self, BatchResult, Close, Join, Nonce, WaitEnd};
 use crate::error::NodeFailure;
-use crate::node::{Node, NodeError, Register, WriteReply, Written};
+use crate::node::{Identities, Identity, Node, NodeAddr, NodeError, Register, WriteReply, Written};
 use crate::{IdError, IdRange, IdSource};
 use futures::stream::{FuturesUnordered, StreamExt};
 use rand::rngs::StdRng;
@@ -189,13 +189,55 @@ pub const MIN_LEASE: Duration = Duration::from_millis(25);
 /// nodes keeps its members waiting no longer than one of its node replies could take.
 pub const DEFAULT_MAX_LEASE: Duration = Duration::from_secs(1);
 
-/// After the rendezvous node failed (down, paused, unreachable), clients run their own
-/// rounds for this long before they try it again.
+/// After the preferred rendezvous node failed (down, paused, unreachable, stuck), clients
+/// combine at the fallback node for this long before they try it again; after both
+/// failed, they run their own rounds for this long.
 pub const RENDEZVOUS_RETRY: Duration = Duration::from_secs(1);
+
+/// Rendezvous waits that ended without progress (a member's leader vanished, a batch
+/// stayed in flight past its lease) one request tolerates before it runs its own rounds
+/// and the client leaves the rendezvous alone for [`RENDEZVOUS_RETRY`]: one is a crashed
+/// leader, two in a row a stuck rendezvous (a stray key, an overloaded node).
+pub const MAX_STALLS: u32 = 2;
+
+/// A rendezvous call (one script, no fsync) may take this many leases before the client
+/// gives up on the rendezvous: a paused node must not hold requests for a reply timeout.
+pub const RENDEZVOUS_PATIENCE_LEASES: u32 = 2;
+
+/// A leader polling `close` (its results subscription ended) waits at least this long
+/// between calls, so a batch in flight without expiry cannot make it spin.
+pub const MIN_POLL: Duration = Duration::from_millis(1);
+
+/// The longest lease any client asks for, whatever its reply timeout: the rendezvous
+/// script deletes keys that hold longer as stray ([`crate::script::MAX_RENDEZVOUS_TTL_MS`]).
+pub const MAX_LEASE: Duration = Duration::from_secs(25);
 
 /// How long a member waits past its leader's lease before joining again: slack for the
 /// time a reply takes to travel, not for the leader.
 pub const LEADER_GRACE: Duration = Duration::from_millis(10);
+
+/// Where a client combines. Every client on the same nodes prefers the same node, and
+/// when it fails they all see it fail and move to the same fallback: combining goes on
+/// through the failure instead of falling to contended own rounds. The rendezvous only
+/// decides who writes, so clients that disagree for a moment contend, safely.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Rendezvous {
+    /// At the node with the smallest address.
+    Preferred,
+    /// At the node with the second smallest address, until the preferred one is tried
+    /// again.
+    Fallback { until: Instant },
+    /// Both failed: own rounds until then.
+    Off { until: Instant },
+}
+
+/// Why a rendezvous call gave no answer.
+enum Stop {
+    /// The request's deadline passed.
+    Deadline,
+    /// The rendezvous failed or is too slow (already marked failed).
+    Unavailable,
+}
 
 /// Why a round did not produce a range.
 enum RoundLoss {
@@ -228,15 +270,18 @@ pub struct QuorumClient<N: Register = Node> {
     /// [`SOLO_STREAK`] batches that found nobody else.
     contended: AtomicBool,
     solo_streak: AtomicU32,
-    /// The rendezvous node of combined rounds: the one with the smallest address, so
-    /// clients configured with the same nodes in any order meet at the same one.
-    rendezvous: usize,
+    /// The rendezvous nodes of combined rounds, preferred first: the nodes with the
+    /// smallest and second smallest address, so clients configured with the same nodes
+    /// in any order meet at the same one, and move to the same one when it fails.
+    rendezvous: [usize; 2],
     results: combine::Results,
     combine: Combine,
-    /// Set when the rendezvous failed: no combined rounds before then.
-    rendezvous_retry_at: Mutex<Option<Instant>>,
+    /// Which rendezvous is in use (see [`Rendezvous`]).
+    rendezvous_state: Mutex<Rendezvous>,
     /// Upper bound of [`QuorumClient::lease`].
     max_lease: Duration,
+    /// A node's reply timeout: the most a rendezvous call may take.
+    reply_timeout: Duration,
     /// Moving average of a write round's duration, in ns: the backoff unit.
     round_ns: AtomicU64,
     backoff_cap: Duration,
@@ -259,6 +304,23 @@ fn check_shape(count: usize, key: &str) -> Result<(), IdError> {
     Ok(())
 }
 
+/// Refuses a node listed twice (the same address, as written or once its password is
+/// hidden): N entries naming fewer servers tolerate fewer failures than N says. Two
+/// names for one server are found when the nodes connect (see [`Identities`]).
+fn check_listed_once(urls: &[String]) -> Result<(), IdError> {
+    let mut seen: Vec<NodeAddr> = Vec::new();
+    for url in urls {
+        let addr = NodeAddr::from_url(url.trim());
+        if seen.contains(&addr) {
+            return Err(IdError::Config(format!(
+                "node {addr} is listed more than once: each server must be listed once, or the quorum tolerates fewer failures than its node count says"
+            )));
+        }
+        seen.push(addr);
+    }
+    Ok(())
+}
+
 impl QuorumClient<Node> {
     /// Connects to every node in parallel and checks its durability configuration.
     ///
@@ -267,27 +329,35 @@ impl QuorumClient<Node> {
     /// ([`IdError::UnsafeNode`]), or fewer than a majority reachable ([`IdError::NoQuorum`]).
     pub async fn connect(config: ClientConfig) -> Result<QuorumClient, IdError> {
         check_shape(config.nodes.len(), &config.key)?;
+        check_listed_once(&config.nodes)?;
+        let peers = std::sync::Arc::new(Identities::default());
         let mut nodes = Vec::with_capacity(config.nodes.len());
-        for url in &config.nodes {
+        for (i, url) in config.nodes.iter().enumerate() {
             let node = Node::new(
                 url.trim(),
                 config.connect_timeout,
                 config.reply_timeout,
                 !config.unsafe_skip_durability_check,
             )
-            .map_err(|e| IdError::Config(format!("bad node URL: {e}")))?;
+            .map_err(|e| IdError::Config(format!("bad node URL: {e}")))?
+            .with_peers(i, peers.clone());
             nodes.push(node);
         }
         let mut client =
             QuorumClient::with_nodes(nodes, config.key, config.protocol, config.deadline)?;
         client.backoff_cap = config.backoff_cap;
         client = client.with_combine(config.combine);
-        client.max_lease = config.reply_timeout * 2;
+        client.max_lease = (config.reply_timeout * 2).min(MAX_LEASE);
+        client.reply_timeout = config.reply_timeout;
         let results = futures::future::join_all(client.nodes.iter().map(|n| n.warm_up())).await;
         let mut failures = Vec::new();
+        let mut refused = Vec::new();
         for (node, result) in client.nodes.iter().zip(results) {
             match result {
                 Ok(()) => {}
+                Err(NodeError::NotIndependent(reason)) => {
+                    refused.push(format!("node {} {reason}", node.addr()))
+                }
                 Err(NodeError::Unsafe(reason)) => {
                     return Err(IdError::UnsafeNode {
                         addr: node.addr().to_string(),
@@ -301,6 +371,9 @@ impl QuorumClient<Node> {
                     })
                 }
             }
+        }
+        if !refused.is_empty() {
+            return Err(IdError::Config(refused.join("; ")));
         }
         if config.unsafe_skip_durability_check {
             tracing::warn!("durability check skipped: a node that loses writes can make this client repeat IDs");
@@ -336,9 +409,9 @@ impl<N: Register> QuorumClient<N> {
     ) -> Result<QuorumClient<N>, IdError> {
         let key = key.into();
         check_shape(nodes.len(), &key)?;
-        let rendezvous = (0..nodes.len())
-            .min_by_key(|&i| nodes[i].addr())
-            .unwrap_or(0);
+        let mut by_addr: Vec<usize> = (0..nodes.len()).collect();
+        by_addr.sort_by_key(|&i| nodes[i].addr());
+        let rendezvous = [by_addr[0], *by_addr.get(1).unwrap_or(&by_addr[0])];
         Ok(QuorumClient {
             nodes,
             key,
@@ -350,8 +423,9 @@ impl<N: Register> QuorumClient<N> {
             rendezvous,
             results: combine::Results::default(),
             combine: Combine::Auto,
-            rendezvous_retry_at: Mutex::new(None),
+            rendezvous_state: Mutex::new(Rendezvous::Preferred),
             max_lease: DEFAULT_MAX_LEASE,
+            reply_timeout: DEFAULT_MAX_LEASE,
             round_ns: AtomicU64::new(INITIAL_ROUND.as_nanos() as u64),
             backoff_cap: BACKOFF_CAP,
             jitter: None,
@@ -367,9 +441,9 @@ impl<N: Register> QuorumClient<N> {
         self
     }
 
-    /// The rendezvous node of combined rounds.
+    /// The preferred rendezvous node of combined rounds (the smallest address).
     pub fn rendezvous_addr(&self) -> &str {
-        self.nodes[self.rendezvous].addr()
+        self.nodes[self.rendezvous[0]].addr()
     }
 
     /// Draws backoff jitter from an RNG seeded with `seed` instead of the thread RNG, so
@@ -442,7 +516,7 @@ impl<N: Register> QuorumClient<N> {
         }
         let started = Instant::now();
         let fast = self.protocol == Protocol::Fast && self.combine != Combine::Never;
-        if fast && self.contended.load(Ordering::Relaxed) && self.rendezvous_usable() {
+        if fast && self.contended.load(Ordering::Relaxed) && self.rendezvous_now().is_some() {
             if let Some(result) = self.combined(n, deadline, started).await {
                 return result;
             }
@@ -450,7 +524,13 @@ impl<N: Register> QuorumClient<N> {
             // Yield a lost round to combining only when combining can happen now; else the
             // rounds go on with their backoff intact.
             match self
-                .rounds(n, deadline, started, fast && self.rendezvous_usable(), None)
+                .rounds(
+                    n,
+                    deadline,
+                    started,
+                    fast && self.rendezvous_now().is_some(),
+                    None,
+                )
                 .await
             {
                 Some(result) => return result,
@@ -554,12 +634,12 @@ impl<N: Register> QuorumClient<N> {
         deadline: Instant,
         started: Instant,
     ) -> Option<Result<IdRange, IdError>> {
-        if !self.rendezvous_usable() {
-            return None;
-        }
-        let node = &self.nodes[self.rendezvous];
-        let Some(mut rx) = self.results.receiver(node, &self.key).await else {
-            self.rendezvous_failed();
+        let rv = self.rendezvous_now()?;
+        let node = &self.nodes[rv];
+        let patience = self.rendezvous_patience();
+        let rx = tokio::time::timeout(patience, self.results.receiver(rv, node, &self.key)).await;
+        let Ok(Some(mut rx)) = rx else {
+            self.rendezvous_failed(rv);
             return None;
         };
         let seen = |result: &BatchResult| {
@@ -573,15 +653,24 @@ impl<N: Register> QuorumClient<N> {
                 rounds: 0,
             }))
         };
-        let unavailable = |op: &str, e: NodeError| {
-            tracing::debug!(node = node.addr(), op, error = ?e, "rendezvous unavailable; own rounds");
-            self.rendezvous_failed();
+        let unavailable = |op: &str, e: String| {
+            tracing::debug!(node = node.addr(), op, error = %e, "rendezvous unavailable");
+            self.rendezvous_failed(rv);
             None
         };
+        // Waits on the rendezvous that ended without progress (a leader that vanished, a
+        // batch in flight past its lease). Two in a row: the rendezvous is stuck (a stray
+        // key, an overloaded node), so own rounds for a while.
+        let mut stalls = 0u32;
+        // No wait the rendezvous announces is believed beyond what any leader could hold.
+        let longest = self.max_lease * 2 + LEADER_GRACE;
         loop {
             let now = Instant::now();
             if now >= deadline {
                 return past_deadline();
+            }
+            if stalls >= MAX_STALLS {
+                return unavailable("join", format!("{stalls} waits without progress"));
             }
             let nonce = Nonce::random();
             let remaining = deadline - now;
@@ -590,14 +679,20 @@ impl<N: Register> QuorumClient<N> {
                 round: lease.min(remaining),
                 batch: (lease * 2).min(remaining),
             };
-            let join =
-                match tokio::time::timeout_at(deadline, node.join(&self.key, n, nonce, leases))
-                    .await
-                {
-                    Ok(Ok(join)) => join,
-                    Ok(Err(e)) => return unavailable("join", e),
-                    Err(_) => return past_deadline(),
-                };
+            let join = match self
+                .ask(
+                    rv,
+                    "join",
+                    deadline,
+                    patience,
+                    node.join(&self.key, n, nonce, leases),
+                )
+                .await
+            {
+                Ok(join) => join,
+                Err(Stop::Deadline) => return past_deadline(),
+                Err(Stop::Unavailable) => return None,
+            };
             match join {
                 Join::Full => return None,
                 Join::Solo => {
@@ -608,7 +703,7 @@ impl<N: Register> QuorumClient<N> {
                         self.solo_streak.store(0, Ordering::Relaxed);
                         self.contended.store(false, Ordering::Relaxed);
                     }
-                    return Some(self.lead(nonce, n, n, deadline, started).await);
+                    return Some(self.lead(rv, nonce, n, n, deadline, started).await);
                 }
                 Join::Follow {
                     batch,
@@ -616,7 +711,7 @@ impl<N: Register> QuorumClient<N> {
                     wait,
                 } => {
                     self.solo_streak.store(0, Ordering::Relaxed);
-                    let until = deadline.min(Instant::now() + wait + LEADER_GRACE);
+                    let until = deadline.min(Instant::now() + wait.min(longest) + LEADER_GRACE);
                     match combine::wait_for(&mut rx, batch, until, seen).await {
                         Ok(BatchResult {
                             range: Some(range), ..
@@ -633,39 +728,87 @@ impl<N: Register> QuorumClient<N> {
                         // or met an error retrying cannot fix): our own rounds report why.
                         Ok(BatchResult { range: None, .. }) | Err(WaitEnd::Closed) => return None,
                         // The leader vanished: its batch's IDs, if any, stay unused.
-                        Err(WaitEnd::TimedOut) => {}
+                        Err(WaitEnd::TimedOut) => stalls += 1,
                     }
                 }
                 Join::Lead { mut busy, mut wait } => {
                     self.solo_streak.store(0, Ordering::Relaxed);
                     loop {
-                        let until = deadline.min(Instant::now() + wait + LEADER_GRACE);
+                        let until = deadline.min(Instant::now() + wait.min(longest) + LEADER_GRACE);
                         if combine::wait_for(&mut rx, busy, until, seen).await
                             == Err(WaitEnd::Closed)
                         {
                             // No more results: poll instead.
-                            tokio::time::sleep(wait.min(Duration::from_millis(1))).await;
+                            tokio::time::sleep(wait.clamp(MIN_POLL, longest)).await;
                         }
                         let now = Instant::now();
                         if now >= deadline {
                             return past_deadline();
                         }
                         let lease = self.lease().min(deadline - now);
-                        match tokio::time::timeout_at(deadline, node.close(&self.key, nonce, lease))
+                        match self
+                            .ask(
+                                rv,
+                                "close",
+                                deadline,
+                                patience,
+                                node.close(&self.key, nonce, lease),
+                            )
                             .await
                         {
-                            Ok(Ok(Close::Closed { ids })) => {
-                                return Some(self.lead(nonce, n, ids, deadline, started).await)
+                            Ok(Close::Closed { ids }) => {
+                                return Some(self.lead(rv, nonce, n, ids, deadline, started).await)
                             }
-                            Ok(Ok(Close::Busy { busy: b, wait: w })) => (busy, wait) = (b, w),
-                            Ok(Ok(Close::Gone)) => break,
-                            Ok(Err(e)) => return unavailable("close", e),
-                            Err(_) => return past_deadline(),
+                            Ok(Close::Busy { busy: b, .. }) if b == busy => {
+                                // Still in flight after its lease: no progress.
+                                stalls += 1;
+                                if stalls >= MAX_STALLS {
+                                    return unavailable(
+                                        "close",
+                                        format!("batch {busy} in flight past its lease"),
+                                    );
+                                }
+                                wait = MIN_POLL;
+                            }
+                            Ok(Close::Busy { busy: b, wait: w }) => (busy, wait) = (b, w),
+                            Ok(Close::Gone) => break,
+                            Err(Stop::Deadline) => return past_deadline(),
+                            Err(Stop::Unavailable) => return None,
                         }
                     }
                 }
             }
         }
+    }
+
+    /// One rendezvous call, given `patience` (and the deadline) to answer. A call that
+    /// fails or times out marks the rendezvous failed: own rounds for a while.
+    async fn ask<T>(
+        &self,
+        rv: usize,
+        op: &'static str,
+        deadline: Instant,
+        patience: Duration,
+        call: impl std::future::Future<Output = Result<T, NodeError>>,
+    ) -> Result<T, Stop> {
+        let until = deadline.min(Instant::now() + patience);
+        let error = match tokio::time::timeout_at(until, call).await {
+            Ok(Ok(value)) => return Ok(value),
+            Err(_) if Instant::now() >= deadline => return Err(Stop::Deadline),
+            Err(_) => format!("no reply within {patience:?}"),
+            Ok(Err(e)) => format!("{e:?}"),
+        };
+        tracing::debug!(node = self.nodes[rv].addr(), op, %error, "rendezvous unavailable");
+        self.rendezvous_failed(rv);
+        Err(Stop::Unavailable)
+    }
+
+    /// How long a rendezvous call may take, and a member may wait for the results
+    /// channel: [`RENDEZVOUS_PATIENCE_LEASES`] leases, at most the reply timeout. A call
+    /// is one script without fsync, so a reply slower than that means a paused or
+    /// overloaded node, and the client does better on its own rounds.
+    fn rendezvous_patience(&self) -> Duration {
+        (self.lease() * RENDEZVOUS_PATIENCE_LEASES).min(self.reply_timeout)
     }
 
     /// How long a batch leader may take for its round before its members stop waiting and
@@ -678,27 +821,51 @@ impl<N: Register> QuorumClient<N> {
         (round * LEASE_ROUNDS).clamp(MIN_LEASE, self.max_lease.max(MIN_LEASE))
     }
 
-    /// Whether combined rounds are worth trying: not within [`RENDEZVOUS_RETRY`] of the
-    /// rendezvous failing (a paused node would cost every request a reply timeout).
-    fn rendezvous_usable(&self) -> bool {
-        let until = self
-            .rendezvous_retry_at
+    /// The rendezvous node to combine at now, if any (see [`Rendezvous`]).
+    fn rendezvous_now(&self) -> Option<usize> {
+        let mut state = self
+            .rendezvous_state
             .lock()
             .unwrap_or_else(|p| p.into_inner());
-        until.is_none_or(|at| Instant::now() >= at)
+        match *state {
+            Rendezvous::Fallback { until } | Rendezvous::Off { until }
+                if Instant::now() >= until =>
+            {
+                *state = Rendezvous::Preferred;
+            }
+            _ => {}
+        }
+        match *state {
+            Rendezvous::Preferred => Some(self.rendezvous[0]),
+            Rendezvous::Fallback { .. } => Some(self.rendezvous[1]),
+            Rendezvous::Off { .. } => None,
+        }
     }
 
-    fn rendezvous_failed(&self) {
-        *self
-            .rendezvous_retry_at
+    /// The rendezvous at node `rv` failed (down, paused, too slow, stuck): the preferred
+    /// one hands over to the fallback; a failed fallback means own rounds for a while.
+    fn rendezvous_failed(&self, rv: usize) {
+        let mut state = self
+            .rendezvous_state
             .lock()
-            .unwrap_or_else(|p| p.into_inner()) = Some(Instant::now() + RENDEZVOUS_RETRY);
+            .unwrap_or_else(|p| p.into_inner());
+        let until = Instant::now() + RENDEZVOUS_RETRY;
+        *state = match *state {
+            // Another task saw the preferred node fail and moved already.
+            Rendezvous::Fallback { .. } if rv != self.rendezvous[1] => return,
+            Rendezvous::Off { .. } => return,
+            Rendezvous::Preferred if rv == self.rendezvous[0] && rv != self.rendezvous[1] => {
+                Rendezvous::Fallback { until }
+            }
+            _ => Rendezvous::Off { until },
+        };
     }
 
     /// Runs batch `nonce` of `ids` IDs (the leader's own `n` first) and publishes the
     /// outcome to its members.
     async fn lead(
         &self,
+        rv: usize,
         nonce: Nonce,
         n: u64,
         ids: u64,
@@ -712,11 +879,11 @@ impl<N: Register> QuorumClient<N> {
             range: result.as_ref().ok().copied(),
         }
         .message();
-        let node = &self.nodes[self.rendezvous];
-        if let Err(e) = node.finish(&self.key, nonce, message).await {
-            // The members wait until this leader's deadline, then join again.
-            tracing::debug!(node = node.addr(), error = ?e, "cannot publish a batch result");
-        }
+        // The result is ours already: a paused rendezvous must not hold it for a reply
+        // timeout. Unpublished, the members stop waiting at the lease and join again.
+        let patience = self.rendezvous_patience();
+        let finish = self.nodes[rv].finish(&self.key, nonce, message);
+        let _ = self.ask(rv, "finish", deadline, patience, finish).await;
         result.map(|range| IdRange {
             lo: range.lo,
             hi: range.lo + n - 1,
@@ -938,6 +1105,14 @@ impl<N: Register> QuorumClient<N> {
                 });
                 Ok(())
             }
+            NodeError::NotIndependent(reason) => {
+                tracing::error!(node = node.addr(), %reason, "refusing node");
+                failures.push(NodeFailure {
+                    addr: node.addr().to_string(),
+                    reason: format!("refused: it {reason}"),
+                });
+                Ok(())
+            }
             NodeError::Unavailable(reason) => {
                 failures.push(NodeFailure {
                     addr: node.addr().to_string(),
@@ -961,8 +1136,17 @@ impl<N: Register> IdSource for QuorumClient<N> {
     }
 }
 
-/// Checks every node's durability configuration (what `idctl check` runs), in parallel.
-/// Returns one line per node: `Ok(())` or why it is unusable.
+/// What `idctl check` found on one node.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeCheck {
+    /// The node's address (never its password).
+    pub addr: String,
+    /// `Ok` with warnings (possibly none), or why the node is unusable.
+    pub verdict: Result<Vec<String>, String>,
+}
+
+/// Checks every node (what `idctl check` runs), in parallel: reachable, a master, not the
+/// same server as another node listed, durable. A master with replicas gets a warning.
 ///
 /// # Errors
 /// A URL that cannot be parsed.
@@ -970,7 +1154,7 @@ pub async fn check_nodes(
     urls: &[String],
     connect_timeout: Duration,
     reply_timeout: Duration,
-) -> Result<Vec<(String, Result<(), String>)>, IdError> {
+) -> Result<Vec<NodeCheck>, IdError> {
     let mut nodes = Vec::new();
     for url in urls {
         nodes.push(
@@ -978,20 +1162,38 @@ pub async fn check_nodes(
                 .map_err(|e| IdError::Config(format!("bad node URL: {e}")))?,
         );
     }
-    let results = futures::future::join_all(nodes.iter().map(|n| n.check_durability())).await;
-    Ok(nodes
-        .iter()
-        .zip(results)
-        .map(|(node, r)| {
-            let r = r.map_err(|e| match e {
-                NodeError::Unsafe(reason) => format!("UNSAFE: {reason}"),
-                NodeError::Unavailable(reason) | NodeError::BadValue(reason) => {
-                    format!("UNREACHABLE: {reason}")
+    let results = futures::future::join_all(nodes.iter().map(|n| n.inspect())).await;
+    let mut servers: Vec<(&str, String)> = Vec::new();
+    let mut checks = Vec::new();
+    for (node, result) in nodes.iter().zip(results) {
+        let verdict = match result {
+            Ok(Identity {
+                run_id, replicas, ..
+            }) => match servers.iter().find(|(_, r)| *r == run_id) {
+                Some((other, _)) => Err(format!(
+                    "DUPLICATE: the same Redis server as {other} (run_id {run_id}): list each server once"
+                )),
+                None => {
+                    servers.push((node.addr(), run_id));
+                    Ok(if replicas > 0 {
+                        vec![format!("WARNING: {replicas} connected replica(s): a failover to an asynchronous replica can lose acknowledged writes, and with them the order of IDs")]
+                    } else {
+                        Vec::new()
+                    })
                 }
-            });
-            (node.addr().to_string(), r)
-        })
-        .collect())
+            },
+            Err(NodeError::Unsafe(reason)) => Err(format!("UNSAFE: {reason}")),
+            Err(NodeError::NotIndependent(reason)) => Err(format!("REFUSED: it {reason}")),
+            Err(NodeError::Unavailable(reason) | NodeError::BadValue(reason)) => {
+                Err(format!("UNREACHABLE: {reason}"))
+            }
+        };
+        checks.push(NodeCheck {
+            addr: node.addr().to_string(),
+            verdict,
+        });
+    }
+    Ok(checks)
 }
 
 #[cfg(test)]

@@ -13,8 +13,11 @@
 /// `{1, HI, combining}`; otherwise nothing changes and the reply is
 /// `{0, current, combining}`. `combining` is 1 when another combined batch than ARGV[3]
 /// is in flight at this node (only the rendezvous node ever has one), else 0: a hint
-/// that tells a writer it is not alone, never part of the decision. A register that is not a canonical decimal u64
-/// (or not a string) gives the error `QLISTBAD <value>`.
+/// that tells a writer it is not alone, never part of the decision (a mark that is not a
+/// nonce, or has no expiry or one above [`MAX_RENDEZVOUS_TTL_MS`], or of the wrong
+/// type, is no hint at all: see [`COMBINE`] on stray keys). A
+/// register that is not a canonical decimal u64 (or not a string) gives the error
+/// `QLISTBAD <value>`.
 pub const CONDITIONAL_WRITE: &str = r#"
 local t = redis.call('TYPE', KEYS[1]).ok
 if t ~= 'string' and t ~= 'none' then
@@ -31,9 +34,12 @@ if not ok then
 end
 local lo = ARGV[1]
 local less = (n < #lo) or (n == #lo and cur < lo)
-local busy = redis.call('GET', KEYS[2])
+local busy = redis.pcall('GET', KEYS[2])
 local combining = 0
-if busy and busy ~= ARGV[3] then combining = 1 end
+if type(busy) == 'string' and #busy == 32 and busy ~= ARGV[3] then
+  local pttl = redis.call('PTTL', KEYS[2])
+  if pttl >= 0 and pttl <= 60000 then combining = 1 end
+end
 if less then
   redis.call('SET', KEYS[1], ARGV[2])
   return {1, ARGV[2], combining}
@@ -60,8 +66,33 @@ return {0, cur, combining}
 /// - `finish nonce message`: the batch is done: clear the in-flight mark if it is this
 ///   batch's, publish `message` on the channel. `{1}`.
 ///
+/// Stray keys: before any operation, a key of the rendezvous that the protocol could not
+/// have written (wrong type, no expiry, an expiry above [`MAX_RENDEZVOUS_TTL_MS`], a
+/// value that is not a nonce, a batch without a count) is deleted, and that delete is
+/// logged to the AOF so the repair survives a restart. A `SET current:inflight x` typed
+/// by hand must not hold every batch forever.
+///
 /// Counts stay below 2^53, so Lua's numbers hold them exactly; nonces stay strings.
 pub const COMBINE: &str = r#"
+local LIMIT = 60000
+local function nonce(v)
+  return type(v) == 'string' and #v == 32 and string.find(v, '^[0-9a-f]+$') ~= nil
+end
+local function repair(key, kind)
+  local t = redis.call('TYPE', key).ok
+  if t == 'none' then return end
+  local pttl = redis.call('PTTL', key)
+  local ok = t == kind and pttl >= 0 and pttl <= LIMIT
+  if ok and kind == 'string' then ok = nonce(redis.call('GET', key)) end
+  if ok and kind == 'hash' then
+    local ids = redis.call('HGET', key, 'ids')
+    ok = nonce(redis.call('HGET', key, 'nonce')) and type(ids) == 'string'
+      and string.find(ids, '^[0-9]+$') ~= nil and #ids <= 15
+  end
+  if not ok then redis.call('DEL', key) end
+end
+repair(KEYS[1], 'hash')
+repair(KEYS[2], 'string')
 redis.set_repl(redis.REPL_NONE)
 local op = ARGV[1]
 if op == 'join' then
@@ -94,6 +125,12 @@ elseif op == 'finish' then
 end
 return redis.error_reply('ERR unknown rendezvous operation')
 "#;
+
+/// The longest expiry the rendezvous script leaves on a key it keeps (the `LIMIT` in
+/// [`COMBINE`]): clients never ask for more (their leases are capped by
+/// [`crate::quorum::MAX_LEASE`]), so a key that holds longer was not written by the
+/// protocol and is deleted as stray.
+pub const MAX_RENDEZVOUS_TTL_MS: u64 = 60_000;
 
 /// The error code the script uses for a register that is not a canonical decimal u64.
 pub const BAD_VALUE_CODE: &str = "QLISTBAD";
@@ -146,6 +183,14 @@ mod tests {
                 String::from_utf8_lossy(bad)
             );
         }
+    }
+
+    #[test]
+    fn the_script_and_the_client_agree_on_the_ttl_limit() {
+        assert!(COMBINE.contains(&format!("local LIMIT = {MAX_RENDEZVOUS_TTL_MS}\n")));
+        assert!(CONDITIONAL_WRITE.contains(&format!("pttl <= {MAX_RENDEZVOUS_TTL_MS} then")));
+        let longest = crate::quorum::MAX_LEASE * 2;
+        assert!(longest.as_millis() <= u128::from(MAX_RENDEZVOUS_TTL_MS));
     }
 
     proptest! {

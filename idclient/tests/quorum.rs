@@ -223,3 +223,97 @@ async fn zero_and_huge_counts_are_bad_requests() {
         Err(IdError::BadRequest(_))
     ));
 }
+
+#[tokio::test]
+async fn every_durability_setting_is_checked() {
+    for (setting, value) in [
+        ("appendonly", "no"),
+        ("no-appendfsync-on-rewrite", "yes"),
+        ("maxmemory-policy", "allkeys-lru"),
+    ] {
+        let q = LocalQuorum::temp_with_args(1, &[format!("--{setting}"), value.into()])
+            .expect("start redis");
+        let err = QuorumClient::connect(ClientConfig::new(q.urls()))
+            .await
+            .err()
+            .unwrap_or_else(|| panic!("{setting} {value} accepted"));
+        let msg = err.to_string();
+        assert!(matches!(err, IdError::UnsafeNode { .. }), "{msg}");
+        assert!(
+            msg.contains(&format!("{setting} is \"{value}\"")),
+            "{setting}: {msg}"
+        );
+    }
+}
+
+/// Runs one command on every node in `urls`.
+async fn on_all(urls: &[String], args: &[&str]) {
+    for url in urls {
+        let client = redis::Client::open(url.as_str()).expect("url");
+        let mut conn = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect");
+        let mut cmd = redis::cmd(args[0]);
+        for a in &args[1..] {
+            cmd.arg(*a);
+        }
+        cmd.query_async::<redis::Value>(&mut conn)
+            .await
+            .expect("command");
+    }
+}
+
+#[tokio::test]
+async fn durability_is_checked_again_on_reconnect() {
+    let q = quorum(3);
+    let c = client(&q, Protocol::Fast).await;
+    c.next_id().await.expect("id");
+    // Two nodes turn unsafe while connected, then drop every client connection: the
+    // client reconnects, checks again and refuses them.
+    let unsafe_urls = &q.urls()[..2];
+    on_all(unsafe_urls, &["CONFIG", "SET", "appendfsync", "everysec"]).await;
+    on_all(unsafe_urls, &["CLIENT", "KILL", "TYPE", "normal"]).await;
+    let err = loop {
+        // The first rounds may only see broken connections; the reconnects that follow
+        // see the unsafe setting.
+        match c.next_id().await {
+            Err(e) if e.to_string().contains("unsafe") => break e,
+            Err(_) => {}
+            Ok(id) => panic!("an ID ({id}) from a quorum with two unsafe nodes of three"),
+        }
+    };
+    let msg = err.to_string();
+    assert!(matches!(err, IdError::NoQuorum { .. }), "{msg}");
+    assert!(msg.contains("unsafe: appendfsync is \"everysec\""), "{msg}");
+}
+
+#[tokio::test]
+async fn combining_stops_after_a_streak_of_solo_batches() {
+    // One node: its reply (with the hint) always decides the round, never arrives late.
+    let q = quorum(1);
+    let c = client(&q, Protocol::Fast).await;
+    assert_eq!(c.counters().batches, 0);
+    // A batch in flight at the rendezvous (smallest URL) tells the next writer it is not
+    // alone, so it starts combining.
+    let rendezvous = q.urls().into_iter().min().expect("nodes");
+    let busy = idclient::combine::Nonce::random().to_string();
+    on_all(
+        &[rendezvous],
+        &["SET", "current:inflight", &busy, "PX", "200"],
+    )
+    .await;
+    c.next_id().await.expect("id");
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    // Nobody else is there: every request is a solo batch, and after the streak the
+    // client goes back to plain rounds.
+    for _ in 0..3 * idclient::quorum::SOLO_STREAK {
+        c.next_id().await.expect("id");
+    }
+    assert_eq!(
+        c.counters().batches,
+        u64::from(idclient::quorum::SOLO_STREAK),
+        "{:?}",
+        c.counters()
+    );
+}

@@ -307,9 +307,14 @@ async fn check(nodes: Vec<String>, timeout_ms: u64) -> Result<ExitCode> {
     let timeout = Duration::from_millis(timeout_ms);
     let results = idclient::quorum::check_nodes(&nodes, timeout, timeout).await?;
     let mut bad = 0;
-    for (addr, result) in &results {
-        match result {
-            Ok(()) => println!("{addr}: ok (appendonly yes, appendfsync always, no-appendfsync-on-rewrite no, noeviction)"),
+    for idclient::quorum::NodeCheck { addr, verdict } in &results {
+        match verdict {
+            Ok(warnings) => {
+                println!("{addr}: ok (master, appendonly yes, appendfsync always, no-appendfsync-on-rewrite no, noeviction)");
+                for warning in warnings {
+                    println!("{addr}: {warning}");
+                }
+            }
             Err(reason) => {
                 bad += 1;
                 println!("{addr}: {reason}");

@@ -1,0 +1,147 @@
+//! Node passwords never leave the process that was given them: not in `idctl check`'s
+//! output, not in `idctl next`'s errors, not in an idbroker's logs, and not in the replies
+//! a broker sends its clients. Real redis-server processes with a password, a real
+//! idbroker process (build it first: `cargo build --release --workspace --bins`). In a
+//! target directory shared by several checkouts, `idbroker` is whichever checkout built it
+//! last: build it from this one right before (an older broker fails this test).
+
+use idclient::cluster::LocalQuorum;
+use std::io::{BufRead, BufReader, Read};
+use std::path::PathBuf;
+use std::process::{Child, Command, Output, Stdio};
+
+const PASSWORD: &str = "Pw-7f3a9c-do-not-print";
+
+fn idctl(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_idctl"))
+        .args(args)
+        .output()
+        .expect("run idctl")
+}
+
+fn text(o: &Output) -> String {
+    format!(
+        "{}{}",
+        String::from_utf8_lossy(&o.stdout),
+        String::from_utf8_lossy(&o.stderr)
+    )
+}
+
+/// The idbroker binary beside idctl in the same target directory.
+fn idbroker_bin() -> PathBuf {
+    let path = PathBuf::from(env!("CARGO_BIN_EXE_idctl")).with_file_name("idbroker");
+    assert!(
+        path.exists(),
+        "{} is missing: run `cargo build --release --workspace --bins` first",
+        path.display()
+    );
+    path
+}
+
+/// An idbroker process, killed (by its own pid) on drop.
+struct Broker(Child);
+impl Drop for Broker {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// Sets a password on every node of `q` (they start without one).
+async fn require_password(q: &LocalQuorum) {
+    for url in q.urls() {
+        let client = redis::Client::open(url.as_str()).expect("url");
+        let mut conn = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("connect");
+        redis::cmd("CONFIG")
+            .arg("SET")
+            .arg("requirepass")
+            .arg(PASSWORD)
+            .query_async::<()>(&mut conn)
+            .await
+            .expect("CONFIG SET requirepass");
+    }
+}
+
+#[track_caller]
+fn assert_no_password(what: &str, out: &str) {
+    assert!(
+        !out.contains(PASSWORD),
+        "{what} printed the password:\n{out}"
+    );
+}
+
+#[tokio::test]
+async fn no_output_of_a_failing_run_carries_a_node_password() {
+    let mut q = LocalQuorum::temp(3).expect("cannot start redis-server quorum");
+    require_password(&q).await;
+    let urls: Vec<String> = q
+        .ports()
+        .iter()
+        .map(|p| format!("redis://:{PASSWORD}@127.0.0.1:{p}"))
+        .collect();
+    let urls = urls.join(",");
+
+    // With the password the nodes work (so the password is really in use).
+    let next = idctl(&["next", "--nodes", &urls]);
+    assert!(next.status.success(), "{}", text(&next));
+    assert_no_password("idctl next", &text(&next));
+    let check = idctl(&["check", "--nodes", &urls]);
+    assert!(check.status.success(), "{}", text(&check));
+    assert!(text(&check).contains(":***@127.0.0.1:"), "{}", text(&check));
+    assert_no_password("idctl check", &text(&check));
+
+    let mut broker = Command::new(idbroker_bin())
+        .args(["--listen", "127.0.0.1:0", "--nodes", &urls])
+        .env("RUST_LOG", "debug")
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map(Broker)
+        .expect("start idbroker");
+    let mut line = String::new();
+    BufReader::new(broker.0.stdout.take().expect("stdout"))
+        .read_line(&mut line)
+        .expect("read idbroker stdout");
+    let addr = line
+        .trim()
+        .strip_prefix("listening on ")
+        .unwrap_or_else(|| panic!("idbroker did not start: {line:?}"))
+        .to_string();
+    let next = idctl(&["next", "--broker", &addr]);
+    assert!(next.status.success(), "{}", text(&next));
+
+    // Two of three nodes gone: no quorum, everywhere.
+    q.kill(1);
+    q.kill(2);
+    let check = idctl(&["check", "--nodes", &urls, "--timeout-ms", "300"]);
+    assert!(!check.status.success());
+    assert!(text(&check).contains("UNREACHABLE"), "{}", text(&check));
+    assert_no_password("idctl check (nodes down)", &text(&check));
+
+    let next = idctl(&["next", "--nodes", &urls, "--deadline-ms", "1000"]);
+    assert!(!next.status.success());
+    assert!(text(&next).contains("no quorum"), "{}", text(&next));
+    assert!(text(&next).contains(":***@127.0.0.1:"), "{}", text(&next));
+    assert_no_password("idctl next (no quorum)", &text(&next));
+
+    let next = idctl(&["next", "--broker", &addr, "--deadline-ms", "1500"]);
+    assert!(!next.status.success());
+    assert!(text(&next).contains("no quorum"), "{}", text(&next));
+    assert_no_password("idctl next --broker (the broker's reply)", &text(&next));
+
+    let _ = broker.0.kill();
+    let _ = broker.0.wait();
+    let mut logs = String::new();
+    broker
+        .0
+        .stderr
+        .take()
+        .expect("stderr")
+        .read_to_string(&mut logs)
+        .expect("read idbroker stderr");
+    assert!(!logs.is_empty(), "idbroker logged nothing at debug level");
+    assert_no_password("idbroker's log", &logs);
+}
