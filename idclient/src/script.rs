@@ -11,7 +11,7 @@
 ///
 /// If the register (missing = 0) is below LO it becomes HI and the reply is
 /// `{1, HI, combining}`; otherwise nothing changes and the reply is
-/// `{0, current, combining}`. `combining` is 1 when another combined batch than ARGV[3]
+/// `{0, current, combining}`. `combining` is 1 when another combined batch than `ARGV[3]`
 /// is in flight at this node (only the rendezvous node ever has one), else 0: a hint
 /// that tells a writer it is not alone, never part of the decision (a mark that is not a
 /// nonce, or has no expiry or one above [`MAX_RENDEZVOUS_TTL_MS`], or of the wrong
