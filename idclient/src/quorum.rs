@@ -771,7 +771,14 @@ impl<N: Register> QuorumClient<N> {
                                 wait = MIN_POLL;
                             }
                             Ok(Close::Busy { busy: b, wait: w }) => (busy, wait) = (b, w),
-                            Ok(Close::Gone) => break,
+                            // Our open batch expired while we waited for the one in
+                            // flight: no progress either. (Uncounted, a stray mark that
+                            // outlasts every lease had leaders join, wait and find their
+                            // batch expired, over and over until their deadline.)
+                            Ok(Close::Gone) => {
+                                stalls += 1;
+                                break;
+                            }
                             Err(Stop::Deadline) => return past_deadline(),
                             Err(Stop::Unavailable) => return None,
                         }
