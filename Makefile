@@ -20,7 +20,7 @@ build: deps
 # suite (real redis-server processes, real RocksDB), a compile check of the benchmarks,
 # and a small run of the demo (the README's first command).
 test: test-deps build
-	cargo test --release --workspace
+	cargo test --release --workspace --no-fail-fast
 	cargo bench --workspace --no-run
 	d=$$(mktemp -d) && QLIST_DEMO_DIR=$$d/demo QLIST_DEMO_ITEMS=20000 bash scripts/demo.sh && rm -rf $$d
 
