@@ -140,8 +140,10 @@ fn without_waits(reply: Reply) -> Reply {
     }
 }
 
-/// Leases long enough that nothing expires during a sequence.
-const LEASE: Duration = Duration::from_secs(600);
+/// Leases long enough that nothing expires during a sequence, and no longer than any
+/// client asks for (a batch lease is at most two leases): the script deletes a key that
+/// holds longer as stray, which the model does not model.
+const LEASE: Duration = Duration::from_secs(2 * idclient::quorum::MAX_LEASE.as_secs());
 
 async fn apply<R: Register>(node: &R, key: &str, nonces: &[Nonce], op: Op) -> Reply {
     let leases = Leases {
