@@ -1,24 +1,11 @@
 //! The idctl binary as a user runs it: cluster up/down, check, next, bench, and its errors.
 
+mod common;
+use common::{idctl, text};
 use idclient::cluster::{free_port, LocalQuorum};
 use std::net::TcpListener;
 use std::path::Path;
-use std::process::{Command, Output};
-
-fn idctl(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_idctl"))
-        .args(args)
-        .output()
-        .expect("run idctl")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
+use std::process::Command;
 
 /// A base port with `n` free ports after it.
 fn free_base(n: u16) -> u16 {

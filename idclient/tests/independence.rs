@@ -2,28 +2,14 @@
 //! written, or under two names) and replicas are refused, by the client and by
 //! `idctl check`; a master with replicas gets a warning. Real redis-server processes.
 
+mod common;
+use common::{idctl, text};
 use idclient::cluster::LocalQuorum;
 use idclient::{ClientConfig, IdError, QuorumClient};
-use std::process::{Command, Output};
 use std::time::{Duration, Instant};
 
 fn quorum(n: usize) -> LocalQuorum {
     LocalQuorum::temp(n).expect("cannot start redis-server quorum (is redis-server installed? `apt-get install redis-server`)")
-}
-
-fn idctl(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_idctl"))
-        .args(args)
-        .output()
-        .expect("run idctl")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
 }
 
 async fn connect(urls: Vec<String>) -> Result<QuorumClient, IdError> {

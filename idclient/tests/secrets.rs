@@ -5,27 +5,14 @@
 //! target directory shared by several checkouts, `idbroker` is whichever checkout built it
 //! last: build it from this one right before (an older broker fails this test).
 
+mod common;
+use common::{idctl, text};
 use idclient::cluster::LocalQuorum;
 use std::io::{BufRead, BufReader, Read};
 use std::path::PathBuf;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Command, Stdio};
 
 const PASSWORD: &str = "Pw-7f3a9c-do-not-print";
-
-fn idctl(args: &[&str]) -> Output {
-    Command::new(env!("CARGO_BIN_EXE_idctl"))
-        .args(args)
-        .output()
-        .expect("run idctl")
-}
-
-fn text(o: &Output) -> String {
-    format!(
-        "{}{}",
-        String::from_utf8_lossy(&o.stdout),
-        String::from_utf8_lossy(&o.stderr)
-    )
-}
 
 /// The idbroker binary beside idctl in the same target directory.
 fn idbroker_bin() -> PathBuf {
