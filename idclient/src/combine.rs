@@ -22,8 +22,10 @@
 //! had joined, hence after it was invoked: its IDs are above every ID returned before.
 //! The rendezvous is volatile (no AOF, keys expire) and only decides who writes; a lost
 //! or restarted rendezvous node costs waiting and holes, never a duplicate. Without it
-//! (node down, or a node type without one, like the simulation's) clients fall back to
-//! their own rounds with backoff.
+//! (first node down, paused or stuck) clients combine at the second node, and without
+//! both they fall back to their own rounds with backoff. The simulation's nodes model
+//! the rendezvous too (`crate::sim`), checked against the Lua script on a real
+//! redis-server by idclient/tests/script.rs.
 
 use crate::node::Register;
 use crate::IdRange;

@@ -47,7 +47,7 @@ end
 return {0, cur, combining}
 "#;
 
-/// Rendezvous of combined rounds on one node (see `combine.rs`, docs/wire-protocol.md).
+/// Rendezvous of combined rounds on one node (see `combine.rs`, docs/idclient.md).
 /// Volatile: `redis.set_repl(REPL_NONE)` keeps all of it out of the AOF (no fsync) and
 /// every key has an expiry. It never touches the register: safety never depends on it.
 ///

@@ -439,11 +439,13 @@ mod tests {
     fn welcome_and_ids_bytes() {
         let bytes = frame(&ServerMsg::Welcome {
             version: 1,
-            max_count: 1_000_000,
+            max_count: 1_048_576,
             max_in_flight: 1024,
         });
+        // docs/wire-protocol.md shows these bytes: 14000000 00000000 01000000
+        // 0000100000000000 00040000.
         let mut want = vec![20, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0];
-        want.extend_from_slice(&1_000_000u64.to_le_bytes());
+        want.extend_from_slice(&1_048_576u64.to_le_bytes());
         want.extend_from_slice(&1024u32.to_le_bytes());
         assert_eq!(bytes, want);
 
