@@ -47,9 +47,10 @@ pub const MAX_CONNECTIONS: usize = 1024;
 /// connection usefully contributes to one round, small enough to bound memory.
 pub const MAX_IN_FLIGHT_PER_CONN: usize = 4096;
 
-/// Default cap on IDs per request: a producer reserving a batch asks for thousands, not
-/// billions; the cap keeps a round's total far from u64 overflow.
-pub const MAX_COUNT: u64 = 1 << 20;
+/// Default cap on IDs per broker request (`--max-count`): a producer reserving a batch
+/// asks for thousands, not billions; the cap keeps a round's total far from u64 overflow.
+/// (The quorum client's own hard cap per round, `idclient::quorum::MAX_COUNT`, is 2^32.)
+pub const DEFAULT_MAX_COUNT: u64 = 1 << 20;
 
 /// Default cap on requests per round: bounds the work of fanning one round out, while
 /// being well above what a round collects at the target load.
@@ -134,7 +135,7 @@ impl Default for BrokerConfig {
         BrokerConfig {
             max_connections: MAX_CONNECTIONS,
             max_in_flight_per_conn: MAX_IN_FLIGHT_PER_CONN,
-            max_count: MAX_COUNT,
+            max_count: DEFAULT_MAX_COUNT,
             max_batch: MAX_BATCH,
             max_round_ids: MAX_ROUND_IDS,
             default_deadline: DEFAULT_DEADLINE,

@@ -66,7 +66,7 @@ struct Flags {
     #[arg(long, default_value_t = broker::MAX_IN_FLIGHT_PER_CONN)]
     max_in_flight: usize,
     /// Most IDs one request may ask for.
-    #[arg(long, default_value_t = broker::MAX_COUNT)]
+    #[arg(long, default_value_t = broker::DEFAULT_MAX_COUNT)]
     max_count: u64,
     /// Seconds between two counter log lines.
     #[arg(long, default_value_t = broker::STATS_INTERVAL.as_secs())]
