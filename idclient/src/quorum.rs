@@ -756,6 +756,14 @@ impl<N: Register> QuorumClient<N> {
                             )
                             .await
                         {
+                            // The total comes from the rendezvous node: a batch that
+                            // cannot hold our own share is no batch to lead.
+                            Ok(Close::Closed { ids }) if ids < n => {
+                                return unavailable(
+                                    "close",
+                                    format!("batch closed with {ids} IDs, below our own {n}"),
+                                );
+                            }
                             Ok(Close::Closed { ids }) => {
                                 return Some(self.lead(rv, nonce, n, ids, deadline, started).await)
                             }
@@ -891,10 +899,19 @@ impl<N: Register> QuorumClient<N> {
         let patience = self.rendezvous_patience();
         let finish = self.nodes[rv].finish(&self.key, nonce, message);
         let _ = self.ask(rv, "finish", deadline, patience, finish).await;
-        result.map(|range| IdRange {
-            lo: range.lo,
-            hi: range.lo + n - 1,
-        })
+        // The leader's share is checked like a member's: offset 0 of the batch's range.
+        match result.map(|range| (range, combine::member_range(range, 0, n))) {
+            Ok((_, Some(mine))) => Ok(mine),
+            Ok((range, None)) => {
+                tracing::error!(
+                    ?range,
+                    n,
+                    "batch range does not hold the leader's share; own round instead"
+                );
+                self.own_rounds(n, deadline, started, None).await
+            }
+            Err(e) => Err(e),
+        }
     }
 
     /// One attempt: pick LO (guess or read), then the conditional write.

@@ -77,6 +77,11 @@ pub enum Mutant {
     /// `join` hands a member the offset one below its own (overlapping the previous
     /// member's IDs).
     MemberOffset,
+    /// `close` reports one ID fewer than the batch's members asked for (a corrupted or
+    /// hand-edited batch on the rendezvous node). Unlike the others, clients must
+    /// survive this one: the rendezvous only decides who writes, so a leader checks the
+    /// total against its own share and members check theirs.
+    ShortClose,
 }
 
 impl Default for SimConfig {
@@ -113,6 +118,8 @@ pub struct SimStats {
     pub subscribe_failures: u64,
     /// Pauses: a node stops applying what arrives, then applies it all at once.
     pub pauses: u64,
+    /// Batches closed (a leader got its batch's total).
+    pub closes: u64,
     /// The longest lease a `join` asked for (round or batch).
     pub longest_lease: Duration,
 }
@@ -418,6 +425,11 @@ impl SimCluster {
                     (Some((_, ids, _)), None) => {
                         rv.open = None;
                         rv.inflight = Some((*nonce, now + *lease));
+                        s.stats.closes += 1;
+                        let ids = match mutant {
+                            Some(Mutant::ShortClose) => ids - 1,
+                            _ => ids,
+                        };
                         Close::Closed { ids }
                     }
                 })
