@@ -75,8 +75,10 @@ async fn one_server_under_two_names_is_refused() {
         "{out}"
     );
 
-    // The same server by host name.
-    let by_name = u[0].replace("127.0.0.1", "localhost");
+    // The same server by another name: "127.1", which the resolver reads as 127.0.0.1
+    // without /etc/hosts or DNS (a bare Debian root has no /etc/hosts, so "localhost"
+    // would test the machine, not the client).
+    let by_name = u[0].replace("127.0.0.1", "127.1");
     let err = config_error(connect(vec![u[0].clone(), u[1].clone(), by_name.clone()]).await);
     assert!(
         err.contains(&format!(
