@@ -661,16 +661,14 @@ fn a_short_batch_from_the_rendezvous_is_survived() {
         mutant: Some(Mutant::ShortClose),
         ..Broken::default()
     };
-    let mut closes = 0;
-    for seed in seeds(COMBINING_SEED_DIVISOR * 4) {
-        let out = run_quorum_seed_with(seed, short, Mix::Combining);
-        if let Err(v) = out.check() {
-            panic!("short batches, seed {seed}: {v}\nreplay with QLIST_SIM_SEED={seed} cargo test --release --test sim a_short_batch");
-        }
-        closes += out.stats.closes;
-    }
+    let t = check_seeds(
+        "short batches",
+        "a_short_batch",
+        COMBINING_SEED_DIVISOR * 4,
+        |seed| run_quorum_seed_with(seed, short, Mix::Combining),
+    );
     assert!(
-        closes > 0,
+        t.stats.closes > 0,
         "no batch was closed: the mutant was never exercised"
     );
 }
