@@ -13,8 +13,8 @@
 use broker::BrokerConfig;
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use idclient::broker_client::{BrokerClient, BrokerClientConfig};
-use idclient::cluster::LocalQuorum;
 use idclient::{ClientConfig, Combine, IdSource, Protocol, QuorumClient};
+use idtools::cluster::LocalQuorum;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::{Duration, Instant};

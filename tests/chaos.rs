@@ -18,7 +18,7 @@
 mod common;
 
 use common::{bin, check_output, read_history, Proc};
-use idclient::cluster::{free_port, LocalQuorum};
+use idtools::cluster::{free_port, LocalQuorum};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::collections::BTreeMap;
@@ -488,7 +488,7 @@ fn chaos_pipeline() {
         list_ids.len()
     );
     assert!(ok > 0, "seed {seed}: the side loads got no IDs at all");
-    if let Err(v) = idclient::history::check(&events) {
+    if let Err(v) = idtools::history::check(&events) {
         panic!("seed {seed}: history violation: {v}");
     }
     let mut ranges: Vec<(u64, u64)> = events

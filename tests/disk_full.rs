@@ -11,9 +11,9 @@
 mod common;
 
 use common::{bin, check_output, Tmpfs};
-use idclient::cluster::{free_port, ping, ClusterError, LocalQuorum};
-use idclient::history::{check, monotonic_ns, Event};
 use idclient::{ClientConfig, IdError, IdRange, IdSource, QuorumClient};
+use idtools::cluster::{free_port, ping, ClusterError, LocalQuorum};
+use idtools::history::{check, monotonic_ns, Event};
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;

@@ -9,7 +9,7 @@
 mod common;
 
 use common::{bin, check_output};
-use idclient::cluster::LocalQuorum;
+use idtools::cluster::LocalQuorum;
 use std::collections::BTreeMap;
 use std::process::Command;
 use sublist::listbin::ListReader;

@@ -4,7 +4,7 @@
 mod common;
 
 use common::{bin, check_output, Proc};
-use idclient::cluster::{free_port, LocalQuorum};
+use idtools::cluster::{free_port, LocalQuorum};
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Output, Stdio};
 

@@ -8,9 +8,9 @@
 mod common;
 
 use common::{Mode, Proxy};
-use idclient::cluster::LocalQuorum;
-use idclient::history::{check, monotonic_ns, Event};
 use idclient::{ClientConfig, IdError, IdRange, IdSource, Protocol, QuorumClient};
+use idtools::cluster::LocalQuorum;
+use idtools::history::{check, monotonic_ns, Event};
 use std::net::SocketAddr;
 use std::time::Duration;
 

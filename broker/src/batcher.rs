@@ -20,8 +20,8 @@
 //! deadline as well, so a caller never waits past it.
 
 use crate::stats::Stats;
-use idclient::wire::ServerMsg;
 use idclient::{IdError, IdRange, QuorumClient};
+use idproto::wire::ServerMsg;
 use std::future::Future;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -179,7 +179,7 @@ pub(crate) async fn run<S: RoundSource>(
 }
 
 fn refuse(p: Pending, name: &str, stats: &Stats) {
-    let failure = idclient::error::NodeFailure {
+    let failure = idproto::error::NodeFailure {
         addr: name.to_string(),
         reason: "broker is shutting down; the request was not started, retry on another broker"
             .to_string(),

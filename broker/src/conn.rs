@@ -9,8 +9,8 @@
 use crate::batcher::{Outgoing, Pending};
 use crate::stats::Stats;
 use crate::BrokerConfig;
-use idclient::wire::{self, ClientMsg, FrameReader, ServerMsg, WireError};
 use idclient::IdError;
+use idproto::wire::{self, ClientMsg, FrameReader, ServerMsg, WireError};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicBool, AtomicU64};

@@ -1,6 +1,6 @@
 //! broker: the idbroker ID server.
 //!
-//! Clients send `NextIds` requests over TCP (protocol: [`idclient::wire`],
+//! Clients send `NextIds` requests over TCP (protocol: [`idproto::wire`],
 //! `docs/wire-protocol.md`); the [batcher] runs ONE quorum round at a time and
 //! serves every request queued when the round starts from the single range it reserves
 //! (group commit), split in arrival order. Requests arriving during a round wait for the
@@ -17,7 +17,7 @@
 //! connection evicts the longest-idle one, or is refused if none has been idle for
 //! [`BrokerConfig::evict_min_idle`]), at most [`BrokerConfig::max_in_flight_per_conn`]
 //! unanswered requests per connection (then the broker stops reading it), frames of at
-//! most [`idclient::wire::MAX_FRAME_LEN`] bytes, each completed within
+//! most [`idproto::wire::MAX_FRAME_LEN`] bytes, each completed within
 //! [`BrokerConfig::frame_timeout`] of its first byte, an idle timeout, and a write timeout
 //! that drops a client that does not read. Memory is therefore bounded by connections x
 //! (buffers + in-flight), and no connection holds its slot without doing something.
@@ -27,7 +27,7 @@ mod conn;
 pub mod stats;
 
 pub use batcher::RoundSource;
-pub use idclient::wire::BrokerStats;
+pub use idproto::wire::BrokerStats;
 pub use stats::Stats;
 
 use std::collections::HashMap;
@@ -394,8 +394,7 @@ fn refuse_at_cap(
     };
     tokio::spawn(async move {
         let mut frame = Vec::new();
-        if idclient::wire::encode(&idclient::wire::ServerMsg::Refused { reason }, &mut frame)
-            .is_err()
+        if idproto::wire::encode(&idproto::wire::ServerMsg::Refused { reason }, &mut frame).is_err()
         {
             return;
         }

@@ -5,9 +5,9 @@
 
 use broker::{BrokerConfig, RoundSource};
 use idclient::broker_client::{fetch_stats, BrokerClient, BrokerClientConfig};
-use idclient::history::{check, monotonic_ns, Event};
-use idclient::wire::{self, ClientMsg, ServerMsg};
 use idclient::{IdError, IdRange, IdSource};
+use idproto::wire::{self, ClientMsg, ServerMsg};
+use idtools::history::{check, monotonic_ns, Event};
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;

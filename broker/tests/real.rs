@@ -2,10 +2,10 @@
 //! processes, the real `BrokerClient`, and the history checker.
 
 use idclient::broker_client::{fetch_stats, BrokerClient, BrokerClientConfig};
-use idclient::cluster::LocalQuorum;
-use idclient::history::{check, monotonic_ns, Event};
-use idclient::wire::{self, ClientMsg, ServerMsg};
 use idclient::{IdError, IdSource};
+use idproto::wire::{self, ClientMsg, ServerMsg};
+use idtools::cluster::LocalQuorum;
+use idtools::history::{check, monotonic_ns, Event};
 use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};

@@ -13,9 +13,9 @@
 //! its deadline is removed from the pending table first, so a late reply finds no taker
 //! and is dropped. Either way the first request's IDs, if any, become a hole.
 
-use crate::error::NodeFailure;
-use crate::wire::{self, BrokerStats, ClientMsg, FrameReader, ServerMsg};
 use crate::{IdError, IdRange, IdSource};
+use idproto::wire::{self, BrokerStats, ClientMsg, FrameReader, ServerMsg};
+use idproto::NodeFailure;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};

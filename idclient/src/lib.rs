@@ -3,107 +3,22 @@
 //! Every ID handed out is greater than every ID handed out before it, anywhere, and no ID
 //! is handed out twice, through crashes, pauses and partitions (see `docs/` and DESIGN.md).
 //!
-//! Main types:
+//! This crate is the client only:
 //! - [`QuorumClient`]: the direct client. One conditional-write round per request
-//!   ([`Protocol::Fast`], the default) or read-then-write ([`Protocol::Classic`]).
-//! - [`IdSource`]: what producers and benchmarks take; the direct client and the broker
-//!   client both implement it.
-//! - [`cluster::LocalQuorum`]: starts and stops a local `redis-server` quorum (used by
-//!   `idctl cluster up`, tests and benchmarks).
-//! - [`history`]: a linearizability checker for recorded ID histories.
+//!   ([`Protocol::Fast`], the default) or read-then-write ([`Protocol::Classic`]); under
+//!   contention it shares rounds through a rendezvous node ([`combine`]).
+//! - [`node`] and [`script`]: one Redis node and the Lua scripts that run on it.
+//! - [`broker_client::BrokerClient`]: the client of `idbroker`.
+//!
+//! The types every part shares ([`IdRange`], [`IdSource`], [`IdError`]) live in `idproto`
+//! and are re-exported here. The tooling (local quorum launcher, history checker,
+//! simulation, bench driver, `idctl`) lives in `idtools`.
 
-pub mod bench;
 pub mod broker_client;
-pub mod cluster;
 pub mod combine;
-pub mod error;
-pub mod history;
 pub mod node;
 pub mod quorum;
 pub mod script;
-pub mod sim;
-pub mod wire;
 
-pub use error::IdError;
+pub use idproto::{error, IdError, IdRange, IdSource, NodeFailure};
 pub use quorum::{ClientConfig, Combine, Counters, Protocol, QuorumClient};
-
-use std::future::Future;
-
-/// An inclusive range of IDs `lo..=hi`, reserved by one successful quorum round.
-#[derive(
-    Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
-)]
-pub struct IdRange {
-    pub lo: u64,
-    pub hi: u64,
-}
-
-impl IdRange {
-    /// Number of IDs in the range (`hi - lo + 1`).
-    pub fn len(&self) -> u64 {
-        self.hi - self.lo + 1
-    }
-
-    /// True when this is a well-formed range of exactly `n` IDs. For ranges from the
-    /// network or another component: unlike `len() == n` it cannot overflow on a
-    /// malformed range (`hi < lo`, or `0..=u64::MAX`).
-    pub fn holds_exactly(&self, n: u64) -> bool {
-        self.hi >= self.lo && n.checked_sub(1) == Some(self.hi - self.lo)
-    }
-
-    /// A range always holds at least one ID.
-    pub fn is_empty(&self) -> bool {
-        false
-    }
-
-    /// The IDs of the range in ascending order.
-    pub fn iter(&self) -> std::ops::RangeInclusive<u64> {
-        self.lo..=self.hi
-    }
-}
-
-/// A source of globally ordered IDs: the direct quorum client or a broker client.
-///
-/// Guarantee of every implementation: a returned range lies wholly above every range
-/// returned (by any source on the same quorum) before this call was made, and no ID is
-/// returned twice.
-pub trait IdSource: Send + Sync {
-    /// Reserves `n` consecutive IDs (`n >= 1`) in one round.
-    ///
-    /// # Errors
-    /// No quorum, deadline exceeded, unsafe node configuration, bad register value or
-    /// (for brokers) a broken connection to every broker. An error never carries IDs:
-    /// IDs whose outcome is unknown are burned (a hole), never handed out.
-    fn next_ids(&self, n: u64) -> impl Future<Output = Result<IdRange, IdError>> + Send;
-
-    /// One ID.
-    ///
-    /// # Errors
-    /// As [`IdSource::next_ids`].
-    fn next_id(&self) -> impl Future<Output = Result<u64, IdError>> + Send {
-        async move { self.next_ids(1).await.map(|r| r.lo) }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::IdRange;
-
-    #[test]
-    fn holds_exactly_rejects_malformed_ranges_without_overflow() {
-        assert!(IdRange { lo: 5, hi: 9 }.holds_exactly(5));
-        assert!(!IdRange { lo: 5, hi: 9 }.holds_exactly(4));
-        assert!(!IdRange { lo: 9, hi: 5 }.holds_exactly(1));
-        assert!(!IdRange {
-            lo: 0,
-            hi: u64::MAX
-        }
-        .holds_exactly(u64::MAX));
-        assert!(!IdRange { lo: 1, hi: 1 }.holds_exactly(0));
-        assert!(IdRange {
-            lo: u64::MAX,
-            hi: u64::MAX
-        }
-        .holds_exactly(1));
-    }
-}

@@ -112,7 +112,7 @@ pub struct Written {
 }
 
 /// One register of the quorum, as the quorum client sees it. [`Node`] (Redis) is the
-/// production implementation; [`crate::sim`] has an in-memory one for the deterministic
+/// production implementation; `idtools::sim` has an in-memory one for the deterministic
 /// simulation. The client's safety rests on exactly these semantics: the register only
 /// grows, and survives restarts.
 pub trait Register: Send + Sync {

@@ -11,10 +11,10 @@
 //! whole picture.
 
 use crate::combine::{self, BatchResult, Close, Join, Nonce, WaitEnd};
-use crate::error::NodeFailure;
 use crate::node::{Identities, Identity, Node, NodeAddr, NodeError, Register, WriteReply, Written};
 use crate::{IdError, IdRange, IdSource};
 use futures::stream::{FuturesUnordered, StreamExt};
+use idproto::NodeFailure;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
@@ -256,7 +256,7 @@ enum RoundLoss {
 /// The direct client: talks to all nodes in parallel. Cheap to share (`Arc`) between
 /// tasks; one per process is the usual setup.
 ///
-/// Generic over the node type so the deterministic simulation ([`crate::sim`]) runs this
+/// Generic over the node type so the deterministic simulation (`idtools::sim`) runs this
 /// very code over in-memory nodes; production uses the default, [`Node`] (Redis).
 pub struct QuorumClient<N: Register = Node> {
     nodes: Vec<N>,

@@ -4,12 +4,12 @@
 //! and restarted. Every run is checked with the history checker.
 
 use futures::StreamExt;
-use idclient::bench::{self, BenchConfig, BenchReport};
-use idclient::cluster::LocalQuorum;
 use idclient::combine::{Close, Join, Leases, Nonce};
-use idclient::history::{check, monotonic_ns, Event};
 use idclient::node::{Node, Register};
 use idclient::{ClientConfig, Combine, IdSource, QuorumClient};
+use idtools::bench::{self, BenchConfig, BenchReport};
+use idtools::cluster::LocalQuorum;
+use idtools::history::{check, monotonic_ns, Event};
 use std::sync::Arc;
 use std::time::Duration;
 

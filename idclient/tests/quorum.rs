@@ -1,8 +1,8 @@
 //! The direct client against real redis-server quorums: ordering, exact values, bad
 //! register values, unsafe nodes, bad URLs.
 
-use idclient::cluster::LocalQuorum;
 use idclient::{ClientConfig, IdError, IdSource, Protocol, QuorumClient};
+use idtools::cluster::LocalQuorum;
 use std::time::Duration;
 
 fn quorum(n: usize) -> LocalQuorum {
@@ -175,7 +175,7 @@ async fn unsafe_node_is_refused_unless_overridden() {
 
 #[tokio::test]
 async fn unreachable_and_malformed_urls_are_clear_errors() {
-    let port = idclient::cluster::free_port().expect("port");
+    let port = idtools::cluster::free_port().expect("port");
     let mut config = ClientConfig::new(vec![format!("redis://127.0.0.1:{port}")]);
     config.deadline = Duration::from_millis(300);
     let err = QuorumClient::connect(config)

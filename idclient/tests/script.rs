@@ -1,12 +1,12 @@
 //! The Lua scripts themselves, on a real redis-server: the conditional write's exact u64
 //! comparison (near 2^53, 2^63 and u64::MAX, where Lua's doubles would round), and a
-//! differential test holding the simulation's rendezvous model (`idclient::sim`) to
+//! differential test holding the simulation's rendezvous model (`idtools::sim`) to
 //! what `script::COMBINE` and `script::CONDITIONAL_WRITE` really answer.
 
-use idclient::cluster::LocalQuorum;
 use idclient::combine::{Close, Join, Leases, Nonce};
 use idclient::node::{Node, Register, WriteReply, Written};
-use idclient::sim::{Mutant, SimCluster, SimConfig};
+use idtools::cluster::LocalQuorum;
+use idtools::sim::{Mutant, SimCluster, SimConfig};
 use proptest::prelude::*;
 use rand::{Rng, SeedableRng};
 use std::time::Duration;

@@ -16,8 +16,8 @@
 //! for the producer as for the baseline. `cargo bench -p producer` (release profile).
 
 use criterion::{criterion_group, BenchmarkId, Criterion, SamplingMode, Throughput};
-use idclient::cluster::LocalQuorum;
 use idclient::{ClientConfig, IdError, IdRange, IdSource, QuorumClient};
+use idtools::cluster::LocalQuorum;
 use producer::{generate_payload, Config, InputSpec};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};

@@ -2,7 +2,7 @@
 //! RocksDB: parallel shards, real-time order, kill -9 crash loop with exactly-once check,
 //! broker mode, and every bad-input case of the issue.
 
-use idclient::cluster::LocalQuorum;
+use idtools::cluster::LocalQuorum;
 use producer::generate_payload;
 use rand::{Rng, SeedableRng};
 use std::collections::{BTreeMap, HashSet};

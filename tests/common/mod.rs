@@ -298,13 +298,13 @@ impl Drop for Tmpfs {
 }
 
 /// The history events of a file written by `idctl bench --history`, or a clear panic.
-pub fn read_history(path: &Path) -> Vec<idclient::history::Event> {
-    idclient::history::read_events(path)
+pub fn read_history(path: &Path) -> Vec<idtools::history::Event> {
+    idtools::history::read_events(path)
         .unwrap_or_else(|e| panic!("read history {}: {e}", path.display()))
 }
 
 /// Shared list of history events recorded in this process.
-pub type History = Arc<std::sync::Mutex<Vec<idclient::history::Event>>>;
+pub type History = Arc<std::sync::Mutex<Vec<idtools::history::Event>>>;
 
 /// True when the TCP socket listening on 127.0.0.1:`port` belongs to process `pid`: a
 /// connect alone could reach another process that took the port (another test's server,

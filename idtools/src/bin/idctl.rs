@@ -2,9 +2,9 @@
 
 use anyhow::{bail, Context, Result};
 use clap::{Args, Parser, Subcommand};
-use idclient::bench::{self, BenchConfig};
-use idclient::cluster::{self, LocalQuorum};
 use idclient::{ClientConfig, Combine, IdSource, Protocol, QuorumClient};
+use idtools::bench::{self, BenchConfig};
+use idtools::cluster::{self, LocalQuorum};
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::Duration;
@@ -263,7 +263,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             if let Some(path) = history {
                 let file = std::fs::File::create(&path)
                     .with_context(|| format!("cannot create history file {}", path.display()))?;
-                idclient::history::write_events(std::io::BufWriter::new(file), &report.events)
+                idtools::history::write_events(std::io::BufWriter::new(file), &report.events)
                     .with_context(|| format!("cannot write history file {}", path.display()))?;
             }
             if let Some(c) = counters {

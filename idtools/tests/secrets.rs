@@ -7,7 +7,7 @@
 
 mod common;
 use common::{idctl, text};
-use idclient::cluster::LocalQuorum;
+use idtools::cluster::LocalQuorum;
 use std::io::{BufRead, BufReader, Read};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};

@@ -16,16 +16,16 @@
 //! volatile state with leases on the virtual clock, lost when the node crashes, and batch
 //! results published to subscribers through the same faulty network.
 //!
-//! [`SimNode`] implements [`Register`], so the real [`crate::QuorumClient`] runs over it
+//! [`SimNode`] implements [`Register`], so the real [`idclient::QuorumClient`] runs over it
 //! unchanged. Run it on a tokio `current_thread` runtime with paused time
 //! (`start_paused = true`): delays are then virtual (a simulated second costs
 //! microseconds), and with every random choice drawn from the cluster's seeded RNG (and
-//! the clients' jitter seeded, [`crate::QuorumClient::with_jitter_seed`]) one seed
+//! the clients' jitter seeded, [`idclient::QuorumClient::with_jitter_seed`]) one seed
 //! replays the same run exactly.
 
-use crate::combine::{Close, Join, Leases, Nonce};
-use crate::node::{NodeError, Register, WriteReply, Written};
 use futures::stream::BoxStream;
+use idclient::combine::{Close, Join, Leases, Nonce};
+use idclient::node::{NodeError, Register, WriteReply, Written};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::collections::BTreeMap;
@@ -386,7 +386,7 @@ impl SimCluster {
                 let rv = s.nodes[i].rendezvous.entry(key.clone()).or_default();
                 rv.expire(now);
                 Outcome::Join(match (&mut rv.open, rv.inflight) {
-                    (Some((_, ids, _)), _) if *ids + n > crate::quorum::MAX_COUNT => Join::Full,
+                    (Some((_, ids, _)), _) if *ids + n > idclient::quorum::MAX_COUNT => Join::Full,
                     (Some((batch, ids, at)), _) => {
                         let offset = match mutant {
                             Some(Mutant::MemberOffset) => ids.saturating_sub(1),

@@ -1,5 +1,5 @@
 //! The idbroker wire protocol: message types and framing, shared by the broker
-//! (`broker` crate) and [`crate::broker_client::BrokerClient`].
+//! (`broker` crate) and `idclient::broker_client::BrokerClient`.
 //!
 //! Every message is one frame: a `u32` little-endian payload length, then the payload,
 //! a [`ClientMsg`] or [`ServerMsg`] encoded with bincode's fixed-int little-endian

@@ -4,8 +4,8 @@
 
 mod common;
 use common::{idctl, text};
-use idclient::cluster::LocalQuorum;
 use idclient::{ClientConfig, IdError, QuorumClient};
+use idtools::cluster::LocalQuorum;
 use std::time::{Duration, Instant};
 
 fn quorum(n: usize) -> LocalQuorum {

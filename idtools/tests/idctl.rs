@@ -2,7 +2,7 @@
 
 mod common;
 use common::{idctl, text};
-use idclient::cluster::{free_port, LocalQuorum};
+use idtools::cluster::{free_port, LocalQuorum};
 use std::net::TcpListener;
 use std::path::Path;
 use std::process::Command;
@@ -32,7 +32,7 @@ fn alive(pid: u64) -> bool {
 struct Down<'a>(&'a Path);
 impl Drop for Down<'_> {
     fn drop(&mut self) {
-        let _ = idclient::cluster::down(self.0);
+        let _ = idtools::cluster::down(self.0);
     }
 }
 

@@ -3,7 +3,7 @@
 //! request history for the checker.
 
 use crate::history::{self, monotonic_ns, Event, Violation};
-use crate::IdSource;
+use idproto::IdSource;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
 use std::time::Duration;
@@ -265,7 +265,7 @@ pub async fn run<S: IdSource + 'static>(config: &BenchConfig, sources: &[Arc<S>]
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{IdError, IdRange};
+    use idproto::{IdError, IdRange};
 
     /// A source that answers after `delay`: an error, a panic, or a range of `len` IDs.
     struct Slow {

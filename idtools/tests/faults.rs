@@ -2,10 +2,10 @@
 //! clients across OS processes, kill -9 of minorities, majorities and all nodes, SIGSTOP.
 //! Every run is checked with the history checker.
 
-use idclient::bench::{self, BenchConfig, BenchReport};
-use idclient::cluster::LocalQuorum;
-use idclient::history::{self, check, monotonic_ns, Event};
 use idclient::{ClientConfig, IdError, IdSource, Protocol, QuorumClient};
+use idtools::bench::{self, BenchConfig, BenchReport};
+use idtools::cluster::LocalQuorum;
+use idtools::history::{self, check, monotonic_ns, Event};
 use std::sync::Arc;
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! Deterministic simulation of the quorum protocol (and of the broker's batcher) over
-//! the in-memory node model of `idclient::sim`: seeded message loss, delay, reordering,
+//! the in-memory node model of `idtools::sim`: seeded message loss, delay, reordering,
 //! duplication and node crashes, on tokio's paused clock. Every seed's history of ID
-//! requests is checked with `idclient::history::check`.
+//! requests is checked with `idtools::history::check`.
 //!
 //! - `QLIST_SIM_SEEDS=N` sets how many seeds the quorum simulation runs (default
 //!   [`DEFAULT_SEEDS`]); the broker simulation runs a tenth of that.
@@ -12,9 +12,9 @@
 
 use broker::{BrokerConfig, RoundSource};
 use idclient::broker_client::{BrokerClient, BrokerClientConfig};
-use idclient::history::{check, check_count, Event, Violation};
-use idclient::sim::{Amnesia, Mutant, SimCluster, SimConfig, SimNode, SimStats};
 use idclient::{Combine, IdError, IdRange, Protocol, QuorumClient};
+use idtools::history::{check, check_count, Event, Violation};
+use idtools::sim::{Amnesia, Mutant, SimCluster, SimConfig, SimNode, SimStats};
 use rand::Rng;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
@@ -460,7 +460,7 @@ fn check_seeds(label: &str, name: &str, divisor: u64, run: impl Fn(u64) -> Outco
     for &seed in &seeds {
         let out = run(seed);
         if let Err(v) = out.check() {
-            panic!("{label} seed {seed}: {v}\nreplay with QLIST_SIM_SEED={seed} cargo test --release --test sim {name}");
+            panic!("{label} seed {seed}: {v}\nreplay with QLIST_SIM_SEED={seed} cargo test --release -p idtools --test sim {name}");
         }
         t.ok += out.ok;
         t.total += out.events.len();
@@ -802,7 +802,7 @@ fn broker_batcher_is_safe_under_simulated_faults() {
     for &seed in &seeds {
         let out = run_broker_seed(seed);
         if let Err(v) = out.check() {
-            panic!("broker seed {seed}: {v}\nreplay with QLIST_SIM_SEED={seed} cargo test --release --test sim broker");
+            panic!("broker seed {seed}: {v}\nreplay with QLIST_SIM_SEED={seed} cargo test --release -p idtools --test sim broker");
         }
         ok += out.ok;
         total += out.events.len();

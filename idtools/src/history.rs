@@ -11,7 +11,7 @@
 //! ([`check_count`]); the history format does not carry the count, so whoever records a
 //! request checks it.
 
-use crate::IdRange;
+use idproto::IdRange;
 use std::fmt;
 use std::io::{BufRead, Write};
 use std::path::Path;

@@ -1,0 +1,15 @@
+//! idtools: the tooling around the ID client, none of it on the ID path.
+//!
+//! - [`cluster`]: starts and stops a local `redis-server` quorum (`idctl cluster up`,
+//!   tests and benchmarks), and checks the server's version.
+//! - [`history`]: records ID requests and checks a history is linearizable.
+//! - [`sim`]: the deterministic simulation's in-memory node model (message loss, delay,
+//!   reordering, duplication, crashes, amnesia, mutants), driven on tokio's paused clock.
+//! - [`bench`]: the closed-loop load driver behind `idctl bench` and the fault tests.
+//!
+//! The binary `idctl` (src/bin/idctl.rs) is the command-line face of all four.
+
+pub mod bench;
+pub mod cluster;
+pub mod history;
+pub mod sim;
