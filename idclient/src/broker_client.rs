@@ -13,6 +13,7 @@
 //! its deadline is removed from the pending table first, so a late reply finds no taker
 //! and is dropped. Either way the first request's IDs, if any, become a hole.
 
+use crate::backoff::Backoff;
 use crate::{IdError, IdRange, IdSource};
 use idproto::wire::{self, BrokerStats, ClientMsg, FrameReader, ServerMsg};
 use idproto::NodeFailure;
@@ -50,10 +51,10 @@ const WRITE_BUF: usize = 64 * 1024;
 /// doomed connect on every call.
 const SLOT_RETRY: Duration = Duration::from_secs(1);
 
-/// Pause after every broker refused a connection, doubled up to [`MAX_BACKOFF`], so a
-/// client does not spin while all brokers restart.
-const MIN_BACKOFF: Duration = Duration::from_millis(10);
-const MAX_BACKOFF: Duration = Duration::from_millis(500);
+/// Pause after every broker refused a connection (jittered, doubling up to
+/// [`MAX_RECONNECT_PAUSE`]), so a client does not spin while all brokers restart.
+const RECONNECT_PAUSE_BASE: Duration = Duration::from_millis(10);
+const MAX_RECONNECT_PAUSE: Duration = Duration::from_millis(500);
 
 /// Part of the remaining time NOT passed to the broker as the request's deadline (at
 /// most [`MAX_MARGIN`]), so the broker's typed answer ("no quorum") arrives before the
@@ -73,6 +74,9 @@ pub struct BrokerClientConfig {
     pub connect_timeout: Duration,
     /// Connections kept open (all to the preferred broker; callers are spread over them).
     pub connections: usize,
+    /// Seeds the jitter of failover and reconnect pauses, so a simulation replays
+    /// exactly; `None` (the default) uses the thread RNG.
+    pub jitter_seed: Option<u64>,
 }
 
 impl Default for BrokerClientConfig {
@@ -81,6 +85,7 @@ impl Default for BrokerClientConfig {
             deadline: DEFAULT_DEADLINE,
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             connections: DEFAULT_CONNECTIONS,
+            jitter_seed: None,
         }
     }
 }
@@ -212,6 +217,10 @@ struct Inner {
     /// The broker new connections go to first; moves on when one fails.
     preferred: AtomicUsize,
     next_request: AtomicU64,
+    /// Pauses between failovers of one request.
+    failover_backoff: Backoff,
+    /// Pauses between passes over brokers that all refused to connect.
+    reconnect_backoff: Backoff,
 }
 
 /// A client of one or more `idbroker`s. Cheap to share: wrap it in an `Arc`, or clone it
@@ -255,6 +264,12 @@ impl BrokerClient {
             ));
         }
         let slots = (0..config.connections).map(|_| Slot::default()).collect();
+        let mut failover_backoff = Backoff::new(FAILOVER_PAUSE_CAP);
+        let mut reconnect_backoff = Backoff::new(MAX_RECONNECT_PAUSE);
+        if let Some(seed) = config.jitter_seed {
+            failover_backoff = failover_backoff.seeded(seed);
+            reconnect_backoff = reconnect_backoff.seeded(seed.wrapping_add(1));
+        }
         let client = BrokerClient {
             inner: Arc::new(Inner {
                 addrs,
@@ -263,6 +278,8 @@ impl BrokerClient {
                 next_slot: AtomicUsize::new(0),
                 preferred: AtomicUsize::new(0),
                 next_request: AtomicU64::new(1),
+                failover_backoff,
+                reconnect_backoff,
             }),
         };
         let deadline = Instant::now() + client.inner.config.deadline;
@@ -308,7 +325,7 @@ impl BrokerClient {
                     // request cannot pull callers into a reconnect storm.
                     failovers += 1;
                     tokio::time::sleep_until(
-                        (Instant::now() + failover_pause(failovers)).min(deadline),
+                        (Instant::now() + inner.failover_pause(failovers)).min(deadline),
                     )
                     .await;
                 }
@@ -323,17 +340,6 @@ pub const FAILOVER_PAUSE_BASE: Duration = Duration::from_millis(5);
 /// Longest pause between two failovers of one request.
 pub const FAILOVER_PAUSE_CAP: Duration = Duration::from_millis(200);
 
-/// Full jitter in `[0, min(cap, base * 2^(k-2))]` before the k-th failover; none before the first.
-fn failover_pause(failovers: u32) -> Duration {
-    if failovers <= 1 {
-        return Duration::ZERO;
-    }
-    let ceiling = FAILOVER_PAUSE_BASE
-        .saturating_mul(1u32 << (failovers - 2).min(16))
-        .min(FAILOVER_PAUSE_CAP);
-    rand::Rng::gen_range(&mut rand::thread_rng(), Duration::ZERO..=ceiling)
-}
-
 /// Records `failure`, keeping one entry per broker (the latest) so the list stays short.
 fn note(failures: &mut Vec<NodeFailure>, failure: NodeFailure) {
     failures.retain(|f| f.addr != failure.addr);
@@ -341,6 +347,15 @@ fn note(failures: &mut Vec<NodeFailure>, failure: NodeFailure) {
 }
 
 impl Inner {
+    /// None before the first failover of a request, then jittered and doubling from
+    /// [`FAILOVER_PAUSE_BASE`] up to [`FAILOVER_PAUSE_CAP`].
+    fn failover_pause(&self, failovers: u32) -> Duration {
+        match failovers.checked_sub(2) {
+            None => Duration::ZERO,
+            Some(k) => self.failover_backoff.pause(FAILOVER_PAUSE_BASE, k),
+        }
+    }
+
     /// After broker `b` failed, new connections start at the next one.
     fn move_on_from(&self, b: usize) {
         let next = (b + 1) % self.addrs.len();
@@ -404,7 +419,7 @@ impl Inner {
                 self.move_on_from(old.broker);
             }
         }
-        let mut backoff = MIN_BACKOFF;
+        let mut passes = 0;
         loop {
             if let Some(conn) = self.open_any(deadline, failures).await {
                 let mut state = this.state();
@@ -420,8 +435,9 @@ impl Inner {
             if now >= deadline {
                 return Err(unavailable(failures));
             }
-            tokio::time::sleep_until(deadline.min(now + backoff)).await;
-            backoff = (backoff * 2).min(MAX_BACKOFF);
+            let pause = self.reconnect_backoff.pause(RECONNECT_PAUSE_BASE, passes);
+            tokio::time::sleep_until(deadline.min(now + pause)).await;
+            passes += 1;
         }
     }
 

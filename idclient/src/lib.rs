@@ -14,6 +14,7 @@
 //! and are re-exported here. The tooling (local quorum launcher, history checker,
 //! simulation, bench driver, `idctl`) lives in `idtools`.
 
+pub mod backoff;
 pub mod broker_client;
 pub mod combine;
 pub mod node;

@@ -10,13 +10,12 @@
 //! runs the round for a batch of requests from several clients. docs/idclient.md has the
 //! whole picture.
 
+use crate::backoff::Backoff;
 use crate::combine::{self, BatchResult, Close, Join, Nonce, WaitEnd};
 use crate::node::{Identities, Identity, Node, NodeAddr, NodeError, Register, WriteReply, Written};
 use crate::{IdError, IdRange, IdSource};
 use futures::stream::{FuturesUnordered, StreamExt};
 use idproto::NodeFailure;
-use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -284,9 +283,8 @@ pub struct QuorumClient<N: Register = Node> {
     reply_timeout: Duration,
     /// Moving average of a write round's duration, in ns: the backoff unit.
     round_ns: AtomicU64,
-    backoff_cap: Duration,
-    /// Seeded jitter for reproducible simulations; `None` uses the thread RNG.
-    jitter: Option<Mutex<StdRng>>,
+    /// Pauses after lost rounds, in units of `round_ns`.
+    backoff: Backoff,
     counters: AtomicCounters,
 }
 
@@ -345,7 +343,7 @@ impl QuorumClient<Node> {
         }
         let mut client =
             QuorumClient::with_nodes(nodes, config.key, config.protocol, config.deadline)?;
-        client.backoff_cap = config.backoff_cap;
+        client.backoff = Backoff::new(config.backoff_cap);
         client = client.with_combine(config.combine);
         client.max_lease = (config.reply_timeout * 2).min(MAX_LEASE);
         client.reply_timeout = config.reply_timeout;
@@ -427,8 +425,7 @@ impl<N: Register> QuorumClient<N> {
             max_lease: DEFAULT_MAX_LEASE,
             reply_timeout: DEFAULT_MAX_LEASE,
             round_ns: AtomicU64::new(INITIAL_ROUND.as_nanos() as u64),
-            backoff_cap: BACKOFF_CAP,
-            jitter: None,
+            backoff: Backoff::new(BACKOFF_CAP),
             counters: AtomicCounters::default(),
         })
     }
@@ -449,7 +446,7 @@ impl<N: Register> QuorumClient<N> {
     /// Draws backoff jitter from an RNG seeded with `seed` instead of the thread RNG, so
     /// a simulation replays exactly.
     pub fn with_jitter_seed(mut self, seed: u64) -> QuorumClient<N> {
-        self.jitter = Some(Mutex::new(StdRng::seed_from_u64(seed)));
+        self.backoff = self.backoff.seeded(seed);
         self
     }
 
@@ -1094,21 +1091,13 @@ impl<N: Register> QuorumClient<N> {
         }
     }
 
-    /// Records a node failure; a bad register value ends the request at once.
+    /// The pause after `losses` lost rounds in a row: one round time, doubling.
     fn backoff(&self, losses: u32) -> Duration {
         let round = Duration::from_nanos(self.round_ns.load(Ordering::Relaxed));
-        match &self.jitter {
-            // A poisoned lock only means another task panicked mid-draw; the RNG is fine.
-            Some(rng) => backoff(
-                losses,
-                round,
-                self.backoff_cap,
-                &mut *rng.lock().unwrap_or_else(|p| p.into_inner()),
-            ),
-            None => backoff(losses, round, self.backoff_cap, &mut rand::thread_rng()),
-        }
+        self.backoff.pause(round, losses)
     }
 
+    /// Records a node failure; a bad register value ends the request at once.
     fn note_failure(
         &self,
         node: &N,
@@ -1146,12 +1135,6 @@ impl<N: Register> QuorumClient<N> {
             }
         }
     }
-}
-
-/// Full jitter: uniform in `[0, min(cap, base * 2^losses))`.
-fn backoff(losses: u32, round: Duration, cap: Duration, rng: &mut impl Rng) -> Duration {
-    let ceiling = round.saturating_mul(1u32 << losses.min(16)).min(cap);
-    rng.gen_range(Duration::ZERO..=ceiling)
 }
 
 impl<N: Register> IdSource for QuorumClient<N> {
@@ -1254,14 +1237,5 @@ mod tests {
         assert_eq!(decide(5, &tally(2, 2, 0)), Decision::Pending);
         assert_eq!(decide(5, &tally(0, 2, 0)), Decision::Pending);
         assert_eq!(decide(5, &tally(2, 0, 2)), Decision::Pending);
-    }
-
-    #[test]
-    fn backoff_is_bounded() {
-        for losses in 0..40 {
-            assert!(
-                backoff(losses, INITIAL_ROUND, BACKOFF_CAP, &mut rand::thread_rng()) <= BACKOFF_CAP
-            );
-        }
     }
 }

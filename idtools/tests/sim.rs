@@ -734,6 +734,7 @@ fn run_broker_seed(seed: u64) -> Outcome {
                 let config = BrokerClientConfig {
                     deadline: Duration::from_millis(500),
                     connections: 1,
+                    jitter_seed: Some(seed.wrapping_mul(8).wrapping_add(c)),
                     ..Default::default()
                 };
                 let bc = BrokerClient::connect(addrs, config)
