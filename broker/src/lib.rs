@@ -49,7 +49,7 @@ pub const MAX_IN_FLIGHT_PER_CONN: usize = 4096;
 
 /// Default cap on IDs per broker request (`--max-count`): a producer reserving a batch
 /// asks for thousands, not billions; the cap keeps a round's total far from u64 overflow.
-/// (The quorum client's own hard cap per round, `idclient::quorum::MAX_COUNT`, is 2^32.)
+/// (The quorum client's own hard cap per round, `idclient::MAX_COUNT`, is 2^32.)
 pub const DEFAULT_MAX_COUNT: u64 = 1 << 20;
 
 /// Default cap on requests per round: bounds the work of fanning one round out, while
@@ -57,7 +57,7 @@ pub const DEFAULT_MAX_COUNT: u64 = 1 << 20;
 pub const MAX_BATCH: usize = 16 * 1024;
 
 /// Default cap on IDs per round; a larger batch is split over rounds.
-pub const MAX_ROUND_IDS: u64 = idclient::quorum::MAX_COUNT;
+pub const MAX_ROUND_IDS: u64 = idclient::MAX_COUNT;
 
 /// Deadline used when a client sends 0 ("broker's default").
 pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(5);
@@ -186,11 +186,11 @@ impl BrokerConfig {
         if let Some((name, _)) = positive.iter().find(|(_, v)| *v == 0) {
             return Err(BrokerError::Config(format!("{name} must be positive")));
         }
-        if self.max_round_ids > idclient::quorum::MAX_COUNT {
+        if self.max_round_ids > idclient::MAX_COUNT {
             return Err(BrokerError::Config(format!(
                 "max_round_ids {} exceeds what one quorum round may reserve ({})",
                 self.max_round_ids,
-                idclient::quorum::MAX_COUNT
+                idclient::MAX_COUNT
             )));
         }
         if self.max_deadline > LONGEST_DEADLINE {

@@ -31,11 +31,6 @@ impl Backoff {
         }
     }
 
-    /// The longest pause.
-    pub fn cap(&self) -> Duration {
-        self.cap
-    }
-
     /// The pause before retry number `attempt` (0 for the first retry) when one try
     /// takes about `base`.
     pub fn pause(&self, base: Duration, attempt: u32) -> Duration {

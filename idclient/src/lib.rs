@@ -3,23 +3,52 @@
 //! Every ID handed out is greater than every ID handed out before it, anywhere, and no ID
 //! is handed out twice, through crashes, pauses and partitions (see `docs/` and DESIGN.md).
 //!
-//! This crate is the client only:
-//! - [`QuorumClient`]: the direct client. One conditional-write round per request
-//!   ([`Protocol::Fast`], the default) or read-then-write ([`Protocol::Classic`]); under
-//!   contention it shares rounds through a rendezvous node ([`combine`]).
-//! - [`node`] and [`script`]: one Redis node and the Lua scripts that run on it.
-//! - [`broker_client::BrokerClient`]: the client of `idbroker`.
+//! This crate is the client only. Its modules, private, in dependency order (none imports
+//! one that imports it back):
+//! - `rendezvous`: the rendezvous protocol of combined rounds as data ([`Nonce`],
+//!   [`Leases`], [`Join`], [`Close`], the published batch result); a leaf.
+//! - `register`: what the client needs of a node, two traits: [`Register`] (the
+//!   conditional write and the read) and [`Rendezvous`] (join, close, finish, results).
+//! - `script` (the Lua scripts), `node` (one Redis node: [`Node`], implementing both).
+//! - `combine`: a client's subscription to batch results, and waiting for one.
+//! - `quorum`: [`QuorumClient`], the direct client. One conditional-write round per
+//!   request ([`Protocol::Fast`], the default) or read-then-write ([`Protocol::Classic`]);
+//!   under contention it shares rounds through a rendezvous node ([`Combine`]).
+//! - `backoff`: the one seedable backoff of every retry loop.
+//! - [`broker_client`] (public): [`BrokerClient`](broker_client::BrokerClient), the client
+//!   of `idbroker`, with its config and `fetch_stats`.
 //!
-//! The types every part shares ([`IdRange`], [`IdSource`], [`IdError`]) live in `idproto`
-//! and are re-exported here. The tooling (local quorum launcher, history checker,
-//! simulation, bench driver, `idctl`) lives in `idtools`.
+//! What is public, and why:
+//! - the client: [`QuorumClient`], [`ClientConfig`], [`Protocol`], [`Combine`],
+//!   [`Counters`], and [`check_nodes`] / [`NodeCheck`] (`idctl check`);
+//! - the limits callers size things by: [`MAX_COUNT`] (the broker caps its rounds by it),
+//!   [`BACKOFF_CAP`] (a CLI default), and the lease bounds [`MIN_LEASE`], [`MAX_LEASE`] and
+//!   [`SOLO_STREAK`], which tests and the simulation check behaviour against;
+//! - the node contract, for other node types (the simulation's `idtools::sim::SimNode`,
+//!   tests' fakes): [`Register`], [`Rendezvous`], [`NodeError`], [`WriteReply`],
+//!   [`Written`] and the rendezvous types above; and the Redis node itself, [`Node`],
+//!   with what it shows ([`NodeAddr`], never a password) and reports ([`Identity`]);
+//! - the types every part shares ([`IdRange`], [`IdSource`], [`IdError`],
+//!   [`NodeFailure`]), which live in `idproto` and are re-exported here.
+//!
+//! Everything else (round tallies, the combining state machine, the scripts, the
+//! subscription plumbing) is internal. The tooling (local quorum launcher, history
+//! checker, simulation, bench driver, `idctl`) lives in `idtools`.
 
-pub mod backoff;
+mod backoff;
 pub mod broker_client;
-pub mod combine;
-pub mod node;
-pub mod quorum;
-pub mod script;
+mod combine;
+mod node;
+mod quorum;
+mod register;
+mod rendezvous;
+mod script;
 
 pub use idproto::{error, IdError, IdRange, IdSource, NodeFailure};
-pub use quorum::{ClientConfig, Combine, Counters, Protocol, QuorumClient};
+pub use node::{Identity, Node, NodeAddr};
+pub use quorum::{
+    check_nodes, ClientConfig, Combine, Counters, NodeCheck, Protocol, QuorumClient, BACKOFF_CAP,
+    MAX_LEASE, MIN_LEASE, SOLO_STREAK,
+};
+pub use register::{NodeError, Register, Rendezvous, WriteReply, Written, MAX_COUNT};
+pub use rendezvous::{Close, Join, Leases, Nonce};

@@ -1,8 +1,9 @@
-//! One Redis node: a lazily (re)connected multiplexed connection, the durability check,
+//! One Redis node ([`Node`], implementing [`Register`] and [`Rendezvous`]): a lazily (re)connected multiplexed connection, the durability check,
 //! the two commands the protocols need (conditional write and read), and the rendezvous
 //! of combined rounds (join, close, finish, and a subscription to the results).
 
-use crate::combine::{Close, Join, Leases, Nonce};
+use crate::register::{NodeError, Register, Rendezvous, WriteReply, Written, MAX_COUNT};
+use crate::rendezvous::{Close, Join, Leases, Nonce};
 use crate::script::{parse_canonical_u64, BAD_VALUE_CODE, COMBINE, CONDITIONAL_WRITE};
 use futures::stream::{BoxStream, StreamExt};
 use redis::aio::MultiplexedConnection;
@@ -13,21 +14,6 @@ use std::time::{Duration, Instant};
 /// After a failed connect, further rounds fail fast on this node for this long instead of
 /// paying a connect attempt each: a dead node must not slow every round down.
 pub const RECONNECT_INTERVAL: Duration = Duration::from_millis(100);
-
-/// What one node said, or why it said nothing usable.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub enum NodeError {
-    /// Unreachable, timed out, connection broken, or an unexpected Redis error.
-    Unavailable(String),
-    /// The node does not persist every write before replying.
-    Unsafe(String),
-    /// The register is not a canonical decimal u64.
-    BadValue(String),
-    /// Not an independent node: a replica, or the same server as another node of the
-    /// quorum. No flag overrides this: such a quorum tolerates fewer failures than it
-    /// claims, or cannot be written at all.
-    NotIndependent(String),
-}
 
 /// Who a server is, from `INFO`: what tells two nodes apart, and whether it is a master.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -73,7 +59,7 @@ impl Identity {
 /// already another node of the quorum (the same address twice, or two names for one
 /// server) is refused when it connects, at start and on every reconnect.
 #[derive(Default)]
-pub struct Identities {
+pub(crate) struct Identities {
     seen: std::sync::Mutex<Vec<(usize, NodeAddr, String)>>,
 }
 
@@ -92,123 +78,6 @@ impl Identities {
         }
         other
     }
-}
-
-/// Reply of the conditional write.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum WriteReply {
-    /// The register was below LO and now holds HI.
-    Accepted,
-    /// The register was not below LO; it holds `current`.
-    Rejected { current: u64 },
-}
-
-/// A conditional write's reply, and whether the node is the rendezvous of a combined
-/// batch in flight (see [`crate::combine`]): then the writer is not alone.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Written {
-    pub reply: WriteReply,
-    pub combining: bool,
-}
-
-/// One register of the quorum, as the quorum client sees it. [`Node`] (Redis) is the
-/// production implementation; `idtools::sim` has an in-memory one for the deterministic
-/// simulation. The client's safety rests on exactly these semantics: the register only
-/// grows, and survives restarts.
-pub trait Register: Send + Sync {
-    /// The node's address, for error messages: never a password (see [`NodeAddr`]).
-    fn addr(&self) -> &str;
-
-    /// "If current < lo then current = hi": [`WriteReply::Accepted`], else
-    /// [`WriteReply::Rejected`] with the register's value; and whether a combined batch
-    /// other than `batch` (the writer's own, if it leads one) is in flight here.
-    ///
-    /// # Errors
-    /// Unavailable, or a register that is not a canonical u64.
-    fn conditional_write(
-        &self,
-        key: &str,
-        lo: u64,
-        hi: u64,
-        batch: Option<Nonce>,
-    ) -> impl Future<Output = Result<Written, NodeError>> + Send;
-
-    /// The register's value (missing = 0).
-    ///
-    /// # Errors
-    /// Unavailable, or a register that is not a canonical u64.
-    fn read(&self, key: &str) -> impl Future<Output = Result<u64, NodeError>> + Send;
-
-    /// Rendezvous of combined rounds, `join` (see [`crate::combine`]): add `n` IDs to the
-    /// open batch, or open one (as `nonce`), or run alone.
-    ///
-    /// # Errors
-    /// Unavailable, or not supported by this kind of node (the default).
-    fn join(
-        &self,
-        key: &str,
-        n: u64,
-        nonce: Nonce,
-        leases: Leases,
-    ) -> impl Future<Output = Result<Join, NodeError>> + Send {
-        let _ = (key, n, nonce, leases);
-        std::future::ready(Err(NodeError::Unavailable(
-            "no rendezvous on this node".to_string(),
-        )))
-    }
-
-    /// Rendezvous `close`: the leader of batch `nonce` closes it once nothing is in flight.
-    ///
-    /// # Errors
-    /// Unavailable, or not supported by this kind of node (the default).
-    fn close(
-        &self,
-        key: &str,
-        nonce: Nonce,
-        lease: Duration,
-    ) -> impl Future<Output = Result<Close, NodeError>> + Send {
-        let _ = (key, nonce, lease);
-        std::future::ready(Err(NodeError::Unavailable(
-            "no rendezvous on this node".to_string(),
-        )))
-    }
-
-    /// Rendezvous `finish`: batch `nonce` is done; publish `message` to the waiting clients.
-    ///
-    /// # Errors
-    /// Unavailable, or not supported by this kind of node (the default).
-    fn finish(
-        &self,
-        key: &str,
-        nonce: Nonce,
-        message: String,
-    ) -> impl Future<Output = Result<(), NodeError>> + Send {
-        let _ = (key, nonce, message);
-        std::future::ready(Err(NodeError::Unavailable(
-            "no rendezvous on this node".to_string(),
-        )))
-    }
-
-    /// The results channel of combined rounds: every message published by `finish` from
-    /// the moment this resolves, until the connection ends.
-    ///
-    /// # Errors
-    /// Unavailable, or not supported by this kind of node (the default).
-    fn subscribe(
-        &self,
-        key: &str,
-    ) -> impl Future<Output = Result<BoxStream<'static, String>, NodeError>> + Send {
-        let _ = key;
-        std::future::ready(Err(NodeError::Unavailable(
-            "no rendezvous on this node".to_string(),
-        )))
-    }
-
-    /// Makes sure the node is usable (connected, durable) before the first round.
-    ///
-    /// # Errors
-    /// As the first round would see it.
-    fn warm_up(&self) -> impl Future<Output = Result<(), NodeError>> + Send;
 }
 
 impl Register for Node {
@@ -233,7 +102,9 @@ impl Register for Node {
     fn warm_up(&self) -> impl Future<Output = Result<(), NodeError>> + Send {
         Node::warm_up(self)
     }
+}
 
+impl Rendezvous for Node {
     async fn join(
         &self,
         key: &str,
@@ -246,7 +117,7 @@ impl Register for Node {
             n.to_string(),
             nonce.to_string(),
             millis(leases.round),
-            crate::quorum::MAX_COUNT.to_string(),
+            MAX_COUNT.to_string(),
             millis(leases.batch),
         ];
         let value = self.rendezvous(key, &args).await?;
@@ -488,7 +359,7 @@ impl Node {
 
     /// Makes this node number `index` of a quorum whose nodes share `peers`: it then
     /// refuses to connect to a server that another node of the quorum already is.
-    pub fn with_peers(mut self, index: usize, peers: std::sync::Arc<Identities>) -> Node {
+    pub(crate) fn with_peers(mut self, index: usize, peers: std::sync::Arc<Identities>) -> Node {
         self.peers = Some((index, peers));
         self
     }

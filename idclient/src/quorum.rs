@@ -11,18 +11,19 @@
 //! whole picture.
 
 use crate::backoff::Backoff;
-use crate::combine::{self, BatchResult, Close, Join, Nonce, WaitEnd};
-use crate::node::{Identities, Identity, Node, NodeAddr, NodeError, Register, WriteReply, Written};
+use crate::combine::{self, WaitEnd};
+use crate::node::{Identities, Identity, Node, NodeAddr};
+use crate::register::{NodeError, Register, Rendezvous, WriteReply, Written, MAX_COUNT};
+use crate::rendezvous::{member_range, BatchResult, Close, Join, Leases, Nonce};
+use crate::script::MAX_RENDEZVOUS_TTL_MS;
 use crate::{IdError, IdRange, IdSource};
 use futures::stream::{FuturesUnordered, StreamExt};
 use idproto::NodeFailure;
 use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
+use tokio::sync::broadcast::Receiver;
 use tokio::time::Instant;
-
-/// The most IDs one request may reserve: a typo must not burn the ID space.
-pub const MAX_COUNT: u64 = 1 << 32;
 
 /// The backoff window starts at one round's duration (measured, see `round_ns`) and
 /// doubles per lost round; this is the first estimate, before any round was timed.
@@ -208,8 +209,12 @@ pub const RENDEZVOUS_PATIENCE_LEASES: u32 = 2;
 pub const MIN_POLL: Duration = Duration::from_millis(1);
 
 /// The longest lease any client asks for, whatever its reply timeout: the rendezvous
-/// script deletes keys that hold longer as stray ([`crate::script::MAX_RENDEZVOUS_TTL_MS`]).
+/// script deletes keys that hold longer as stray ([`MAX_RENDEZVOUS_TTL_MS`]).
 pub const MAX_LEASE: Duration = Duration::from_secs(25);
+
+// The rendezvous script keeps a key for at most MAX_RENDEZVOUS_TTL_MS; a batch lease
+// (two leases) must fit, or the script would delete live batches as stray.
+const _: () = assert!(MAX_LEASE.as_millis() * 2 <= MAX_RENDEZVOUS_TTL_MS as u128);
 
 /// How long a member waits past its leader's lease before joining again: slack for the
 /// time a reply takes to travel, not for the leader.
@@ -220,7 +225,7 @@ pub const LEADER_GRACE: Duration = Duration::from_millis(10);
 /// through the failure instead of falling to contended own rounds. The rendezvous only
 /// decides who writes, so clients that disagree for a moment contend, safely.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Rendezvous {
+enum Venue {
     /// At the node with the smallest address.
     Preferred,
     /// At the node with the second smallest address, until the preferred one is tried
@@ -236,6 +241,57 @@ enum Stop {
     Deadline,
     /// The rendezvous failed or is too slow (already marked failed).
     Unavailable,
+}
+
+/// One request's way through the rendezvous (see `QuorumClient::combined`).
+struct Combining {
+    /// The rendezvous node.
+    rv: usize,
+    /// The IDs this request asks for.
+    n: u64,
+    deadline: Instant,
+    started: Instant,
+    /// How long one rendezvous call may take (see `QuorumClient::rendezvous_patience`).
+    patience: Duration,
+    /// Waits that ended without progress so far (see [`MAX_STALLS`]).
+    stalls: u32,
+    /// The longest wait an answer of the rendezvous is believed.
+    longest: Duration,
+}
+
+/// Where a step of combining leads.
+enum Next {
+    /// The request's answer.
+    Done(Result<IdRange, IdError>),
+    /// Join again: this batch gave the request nothing, but the rendezvous works.
+    Rejoin,
+    /// Leave the rendezvous: the caller runs its own rounds.
+    OwnRounds,
+}
+
+impl Combining {
+    /// The request's deadline passed.
+    fn past_deadline(&self) -> Next {
+        Next::Done(Err(IdError::Deadline {
+            deadline: self.deadline.saturating_duration_since(self.started),
+            rounds: 0,
+        }))
+    }
+
+    /// A rendezvous call gave no answer (see [`Stop`]).
+    fn stopped(&self, stop: Stop) -> Next {
+        match stop {
+            Stop::Deadline => self.past_deadline(),
+            Stop::Unavailable => Next::OwnRounds,
+        }
+    }
+
+    /// Until when to wait for a batch whose lease ends in `wait`: never beyond the
+    /// deadline, nor beyond what any leader could hold, plus a grace for the reply's way.
+    fn until(&self, wait: Duration) -> Instant {
+        self.deadline
+            .min(Instant::now() + wait.min(self.longest) + LEADER_GRACE)
+    }
 }
 
 /// Why a round did not produce a range.
@@ -275,8 +331,8 @@ pub struct QuorumClient<N: Register = Node> {
     rendezvous: [usize; 2],
     results: combine::Results,
     combine: Combine,
-    /// Which rendezvous is in use (see [`Rendezvous`]).
-    rendezvous_state: Mutex<Rendezvous>,
+    /// Which rendezvous is in use (see [`Venue`]).
+    rendezvous_state: Mutex<Venue>,
     /// Upper bound of [`QuorumClient::lease`].
     max_lease: Duration,
     /// A node's reply timeout: the most a rendezvous call may take.
@@ -421,7 +477,7 @@ impl<N: Register> QuorumClient<N> {
             rendezvous,
             results: combine::Results::default(),
             combine: Combine::Auto,
-            rendezvous_state: Mutex::new(Rendezvous::Preferred),
+            rendezvous_state: Mutex::new(Venue::Preferred),
             max_lease: DEFAULT_MAX_LEASE,
             reply_timeout: DEFAULT_MAX_LEASE,
             round_ns: AtomicU64::new(INITIAL_ROUND.as_nanos() as u64),
@@ -486,62 +542,6 @@ impl<N: Register> QuorumClient<N> {
             combined: get(&c.combined),
             batches: get(&c.batches),
         }
-    }
-
-    /// Reserves `n` IDs, retrying lost rounds with jittered backoff until `deadline`
-    /// (the broker passes its callers' deadline here). Under contention (see [`Combine`])
-    /// the request rides in a round shared with other clients instead.
-    ///
-    /// # Errors
-    /// As [`IdSource::next_ids`]: [`IdError::BadRequest`] for `n` outside
-    /// `1..=MAX_COUNT`; [`IdError::BadValue`] and [`IdError::Exhausted`] at once;
-    /// [`IdError::NoQuorum`] or [`IdError::Deadline`] when the deadline passes.
-    pub async fn next_ids_until(&self, n: u64, deadline: Instant) -> Result<IdRange, IdError> {
-        bump(&self.counters.requests, 1);
-        let result = self.next_ids_inner(n, deadline).await;
-        if result.is_err() {
-            bump(&self.counters.errors, 1);
-        }
-        result
-    }
-
-    async fn next_ids_inner(&self, n: u64, deadline: Instant) -> Result<IdRange, IdError> {
-        if n == 0 || n > MAX_COUNT {
-            return Err(IdError::BadRequest(format!(
-                "count must be 1..={MAX_COUNT}, got {n}"
-            )));
-        }
-        let started = Instant::now();
-        let fast = self.protocol == Protocol::Fast && self.combine != Combine::Never;
-        if fast && self.contended.load(Ordering::Relaxed) && self.rendezvous_now().is_some() {
-            if let Some(result) = self.combined(n, deadline, started).await {
-                return result;
-            }
-        } else {
-            // Yield a lost round to combining only when combining can happen now; else the
-            // rounds go on with their backoff intact.
-            match self
-                .rounds(
-                    n,
-                    deadline,
-                    started,
-                    fast && self.rendezvous_now().is_some(),
-                    None,
-                )
-                .await
-            {
-                Some(result) => return result,
-                None => {
-                    // Lost to another writer: share rounds from now on.
-                    self.contended.store(true, Ordering::Relaxed);
-                    if let Some(result) = self.combined(n, deadline, started).await {
-                        return result;
-                    }
-                }
-            }
-        }
-        // No rendezvous (or a failed batch): rounds of our own, with backoff.
-        self.own_rounds(n, deadline, started, None).await
     }
 
     /// [`Self::rounds`] to the end: retries every loss until a win or the deadline.
@@ -623,294 +623,6 @@ impl<N: Register> QuorumClient<N> {
         }))
     }
 
-    /// `n` IDs through combined rounds (see [`crate::combine`]). `None`: no rendezvous
-    /// to be had, or the batch this request was in failed; the caller runs its own rounds.
-    async fn combined(
-        &self,
-        n: u64,
-        deadline: Instant,
-        started: Instant,
-    ) -> Option<Result<IdRange, IdError>> {
-        let rv = self.rendezvous_now()?;
-        let node = &self.nodes[rv];
-        let patience = self.rendezvous_patience();
-        let rx = tokio::time::timeout(patience, self.results.receiver(rv, node, &self.key)).await;
-        let Ok(Some(mut rx)) = rx else {
-            self.rendezvous_failed(rv);
-            return None;
-        };
-        let seen = |result: &BatchResult| {
-            if let Some(range) = result.range {
-                self.last_known.fetch_max(range.hi, Ordering::Relaxed);
-            }
-        };
-        let past_deadline = || {
-            Some(Err(IdError::Deadline {
-                deadline: deadline.saturating_duration_since(started),
-                rounds: 0,
-            }))
-        };
-        let unavailable = |op: &str, e: String| {
-            tracing::debug!(node = node.addr(), op, error = %e, "rendezvous unavailable");
-            self.rendezvous_failed(rv);
-            None
-        };
-        // Waits on the rendezvous that ended without progress (a leader that vanished, a
-        // batch in flight past its lease). Two in a row: the rendezvous is stuck (a stray
-        // key, an overloaded node), so own rounds for a while.
-        let mut stalls = 0u32;
-        // No wait the rendezvous announces is believed beyond what any leader could hold.
-        let longest = self.max_lease * 2 + LEADER_GRACE;
-        loop {
-            let now = Instant::now();
-            if now >= deadline {
-                return past_deadline();
-            }
-            if stalls >= MAX_STALLS {
-                return unavailable("join", format!("{stalls} waits without progress"));
-            }
-            let nonce = Nonce::random();
-            let remaining = deadline - now;
-            let lease = self.lease();
-            let leases = combine::Leases {
-                round: lease.min(remaining),
-                batch: (lease * 2).min(remaining),
-            };
-            let join = match self
-                .ask(
-                    rv,
-                    "join",
-                    deadline,
-                    patience,
-                    node.join(&self.key, n, nonce, leases),
-                )
-                .await
-            {
-                Ok(join) => join,
-                Err(Stop::Deadline) => return past_deadline(),
-                Err(Stop::Unavailable) => return None,
-            };
-            match join {
-                Join::Full => return None,
-                Join::Solo => {
-                    // Nobody else around: after a while, stop paying for the rendezvous.
-                    if self.combine == Combine::Auto
-                        && self.solo_streak.fetch_add(1, Ordering::Relaxed) + 1 >= SOLO_STREAK
-                    {
-                        self.solo_streak.store(0, Ordering::Relaxed);
-                        self.contended.store(false, Ordering::Relaxed);
-                    }
-                    return Some(self.lead(rv, nonce, n, n, deadline, started).await);
-                }
-                Join::Follow {
-                    batch,
-                    offset,
-                    wait,
-                } => {
-                    self.solo_streak.store(0, Ordering::Relaxed);
-                    let until = deadline.min(Instant::now() + wait.min(longest) + LEADER_GRACE);
-                    match combine::wait_for(&mut rx, batch, until, seen).await {
-                        Ok(BatchResult {
-                            range: Some(range), ..
-                        }) => match combine::member_range(range, offset, n) {
-                            Some(mine) => {
-                                bump(&self.counters.combined, 1);
-                                return Some(Ok(mine));
-                            }
-                            None => {
-                                tracing::warn!(%batch, ?range, offset, n, "batch result does not cover this member; joining again")
-                            }
-                        },
-                        // The batch's round failed (the leader retried until its deadline,
-                        // or met an error retrying cannot fix): our own rounds report why.
-                        Ok(BatchResult { range: None, .. }) | Err(WaitEnd::Closed) => return None,
-                        // The leader vanished: its batch's IDs, if any, stay unused.
-                        Err(WaitEnd::TimedOut) => stalls += 1,
-                    }
-                }
-                Join::Lead { mut busy, mut wait } => {
-                    self.solo_streak.store(0, Ordering::Relaxed);
-                    loop {
-                        let until = deadline.min(Instant::now() + wait.min(longest) + LEADER_GRACE);
-                        if combine::wait_for(&mut rx, busy, until, seen).await
-                            == Err(WaitEnd::Closed)
-                        {
-                            // No more results: poll instead.
-                            tokio::time::sleep(wait.clamp(MIN_POLL, longest)).await;
-                        }
-                        let now = Instant::now();
-                        if now >= deadline {
-                            return past_deadline();
-                        }
-                        let lease = self.lease().min(deadline - now);
-                        match self
-                            .ask(
-                                rv,
-                                "close",
-                                deadline,
-                                patience,
-                                node.close(&self.key, nonce, lease),
-                            )
-                            .await
-                        {
-                            // The total comes from the rendezvous node: a batch that
-                            // cannot hold our own share is no batch to lead.
-                            Ok(Close::Closed { ids }) if ids < n => {
-                                return unavailable(
-                                    "close",
-                                    format!("batch closed with {ids} IDs, below our own {n}"),
-                                );
-                            }
-                            Ok(Close::Closed { ids }) => {
-                                return Some(self.lead(rv, nonce, n, ids, deadline, started).await)
-                            }
-                            Ok(Close::Busy { busy: b, .. }) if b == busy => {
-                                // Still in flight after its lease: no progress.
-                                stalls += 1;
-                                if stalls >= MAX_STALLS {
-                                    return unavailable(
-                                        "close",
-                                        format!("batch {busy} in flight past its lease"),
-                                    );
-                                }
-                                wait = MIN_POLL;
-                            }
-                            Ok(Close::Busy { busy: b, wait: w }) => (busy, wait) = (b, w),
-                            // Our open batch expired while we waited for the one in
-                            // flight: no progress either. (Uncounted, a stray mark that
-                            // outlasts every lease had leaders join, wait and find their
-                            // batch expired, over and over until their deadline.)
-                            Ok(Close::Gone) => {
-                                stalls += 1;
-                                break;
-                            }
-                            Err(Stop::Deadline) => return past_deadline(),
-                            Err(Stop::Unavailable) => return None,
-                        }
-                    }
-                }
-            }
-        }
-    }
-
-    /// One rendezvous call, given `patience` (and the deadline) to answer. A call that
-    /// fails or times out marks the rendezvous failed: own rounds for a while.
-    async fn ask<T>(
-        &self,
-        rv: usize,
-        op: &'static str,
-        deadline: Instant,
-        patience: Duration,
-        call: impl std::future::Future<Output = Result<T, NodeError>>,
-    ) -> Result<T, Stop> {
-        let until = deadline.min(Instant::now() + patience);
-        let error = match tokio::time::timeout_at(until, call).await {
-            Ok(Ok(value)) => return Ok(value),
-            Err(_) if Instant::now() >= deadline => return Err(Stop::Deadline),
-            Err(_) => format!("no reply within {patience:?}"),
-            Ok(Err(e)) => format!("{e:?}"),
-        };
-        tracing::debug!(node = self.nodes[rv].addr(), op, %error, "rendezvous unavailable");
-        self.rendezvous_failed(rv);
-        Err(Stop::Unavailable)
-    }
-
-    /// How long a rendezvous call may take, and a member may wait for the results
-    /// channel: [`RENDEZVOUS_PATIENCE_LEASES`] leases, at most the reply timeout. A call
-    /// is one script without fsync, so a reply slower than that means a paused or
-    /// overloaded node, and the client does better on its own rounds.
-    fn rendezvous_patience(&self) -> Duration {
-        (self.lease() * RENDEZVOUS_PATIENCE_LEASES).min(self.reply_timeout)
-    }
-
-    /// How long a batch leader may take for its round before its members stop waiting and
-    /// join again (an open batch may first wait as long for the batch in flight):
-    /// [`LEASE_ROUNDS`] measured rounds, within [`MIN_LEASE`] and twice the reply timeout.
-    /// Short, because a vanished leader (a crashed client, a killed broker) costs every
-    /// member its lease; a leader that outlives it is safe, its members just stop waiting.
-    fn lease(&self) -> Duration {
-        let round = Duration::from_nanos(self.round_ns.load(Ordering::Relaxed));
-        (round * LEASE_ROUNDS).clamp(MIN_LEASE, self.max_lease.max(MIN_LEASE))
-    }
-
-    /// The rendezvous node to combine at now, if any (see [`Rendezvous`]).
-    fn rendezvous_now(&self) -> Option<usize> {
-        let mut state = self
-            .rendezvous_state
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        match *state {
-            Rendezvous::Fallback { until } | Rendezvous::Off { until }
-                if Instant::now() >= until =>
-            {
-                *state = Rendezvous::Preferred;
-            }
-            _ => {}
-        }
-        match *state {
-            Rendezvous::Preferred => Some(self.rendezvous[0]),
-            Rendezvous::Fallback { .. } => Some(self.rendezvous[1]),
-            Rendezvous::Off { .. } => None,
-        }
-    }
-
-    /// The rendezvous at node `rv` failed (down, paused, too slow, stuck): the preferred
-    /// one hands over to the fallback; a failed fallback means own rounds for a while.
-    fn rendezvous_failed(&self, rv: usize) {
-        let mut state = self
-            .rendezvous_state
-            .lock()
-            .unwrap_or_else(|p| p.into_inner());
-        let until = Instant::now() + RENDEZVOUS_RETRY;
-        *state = match *state {
-            // Another task saw the preferred node fail and moved already.
-            Rendezvous::Fallback { .. } if rv != self.rendezvous[1] => return,
-            Rendezvous::Off { .. } => return,
-            Rendezvous::Preferred if rv == self.rendezvous[0] && rv != self.rendezvous[1] => {
-                Rendezvous::Fallback { until }
-            }
-            _ => Rendezvous::Off { until },
-        };
-    }
-
-    /// Runs batch `nonce` of `ids` IDs (the leader's own `n` first) and publishes the
-    /// outcome to its members.
-    async fn lead(
-        &self,
-        rv: usize,
-        nonce: Nonce,
-        n: u64,
-        ids: u64,
-        deadline: Instant,
-        started: Instant,
-    ) -> Result<IdRange, IdError> {
-        bump(&self.counters.batches, 1);
-        let result = self.own_rounds(ids, deadline, started, Some(nonce)).await;
-        let message = BatchResult {
-            batch: nonce,
-            range: result.as_ref().ok().copied(),
-        }
-        .message();
-        // The result is ours already: a paused rendezvous must not hold it for a reply
-        // timeout. Unpublished, the members stop waiting at the lease and join again.
-        let patience = self.rendezvous_patience();
-        let finish = self.nodes[rv].finish(&self.key, nonce, message);
-        let _ = self.ask(rv, "finish", deadline, patience, finish).await;
-        // The leader's share is checked like a member's: offset 0 of the batch's range.
-        match result.map(|range| (range, combine::member_range(range, 0, n))) {
-            Ok((_, Some(mine))) => Ok(mine),
-            Ok((range, None)) => {
-                tracing::error!(
-                    ?range,
-                    n,
-                    "batch range does not hold the leader's share; own round instead"
-                );
-                self.own_rounds(n, deadline, started, None).await
-            }
-            Err(e) => Err(e),
-        }
-    }
-
     /// One attempt: pick LO (guess or read), then the conditional write.
     async fn round(
         &self,
@@ -986,55 +698,7 @@ impl<N: Register> QuorumClient<N> {
     ) -> Result<(), RoundLoss> {
         bump(&self.counters.rounds, 1);
         let started = Instant::now();
-        let mut pending: FuturesUnordered<_> =
-            self.nodes
-                .iter()
-                .enumerate()
-                .map(|(i, node)| async move {
-                    (i, node.conditional_write(&self.key, lo, hi, batch).await)
-                })
-                .collect();
-        let mut tally = Tally::default();
-        let mut failures = Vec::new();
-        let mut answered = vec![false; self.nodes.len()];
-        let decision = loop {
-            let Some((i, reply)) = self
-                .next_reply(&mut pending, &mut answered, &mut failures, deadline)
-                .await
-            else {
-                tally.failures = failures.len();
-                break Decision::Lost;
-            };
-            let node = &self.nodes[i];
-            match reply {
-                Ok(Written { reply, combining }) => {
-                    if combining && self.protocol == Protocol::Fast && self.combine == Combine::Auto
-                    {
-                        // Others share rounds at the rendezvous: join them next time
-                        // rather than race their leaders.
-                        self.contended.store(true, Ordering::Relaxed);
-                    }
-                    match reply {
-                        WriteReply::Accepted => {
-                            tally.accepts += 1;
-                            tally.max_seen = tally.max_seen.max(hi);
-                        }
-                        WriteReply::Rejected { current } => {
-                            tally.rejects += 1;
-                            tally.max_seen = tally.max_seen.max(current);
-                        }
-                    }
-                }
-                Err(e) => {
-                    self.note_failure(node, e, &mut failures)?;
-                    tally.failures += 1;
-                }
-            }
-            match decide(self.nodes.len(), &tally) {
-                Decision::Pending => continue,
-                done => break done,
-            }
-        };
+        let (decision, tally, failures) = self.collect_writes(lo, hi, deadline, batch).await?;
         self.last_known.fetch_max(tally.max_seen, Ordering::Relaxed);
         let took = started.elapsed().as_nanos() as u64;
         let avg = self.round_ns.load(Ordering::Relaxed);
@@ -1055,6 +719,67 @@ impl<N: Register> QuorumClient<N> {
                 Err(RoundLoss::Contention {
                     all_rejected: tally.accepts == 0,
                 })
+            }
+        }
+    }
+
+    /// Sends the conditional write to every node and tallies the replies until the
+    /// decision is certain, every node answered, or the deadline passed (then `Lost`).
+    async fn collect_writes(
+        &self,
+        lo: u64,
+        hi: u64,
+        deadline: Instant,
+        batch: Option<Nonce>,
+    ) -> Result<(Decision, Tally, Vec<NodeFailure>), RoundLoss> {
+        let mut pending: FuturesUnordered<_> =
+            self.nodes
+                .iter()
+                .enumerate()
+                .map(|(i, node)| async move {
+                    (i, node.conditional_write(&self.key, lo, hi, batch).await)
+                })
+                .collect();
+        let mut tally = Tally::default();
+        let mut failures = Vec::new();
+        let mut answered = vec![false; self.nodes.len()];
+        loop {
+            let Some((i, reply)) = self
+                .next_reply(&mut pending, &mut answered, &mut failures, deadline)
+                .await
+            else {
+                tally.failures = failures.len();
+                return Ok((Decision::Lost, tally, failures));
+            };
+            match reply {
+                Ok(written) => self.count_write(&mut tally, written, hi),
+                Err(e) => {
+                    self.note_failure(&self.nodes[i], e, &mut failures)?;
+                    tally.failures += 1;
+                }
+            }
+            match decide(self.nodes.len(), &tally) {
+                Decision::Pending => continue,
+                done => return Ok((done, tally, failures)),
+            }
+        }
+    }
+
+    /// Adds one node's answer to the conditional write of `..=hi` to `tally`.
+    fn count_write(&self, tally: &mut Tally, written: Written, hi: u64) {
+        if written.combining && self.protocol == Protocol::Fast && self.combine == Combine::Auto {
+            // Others share rounds at the rendezvous: join them next time rather than
+            // race their leaders.
+            self.contended.store(true, Ordering::Relaxed);
+        }
+        match written.reply {
+            WriteReply::Accepted => {
+                tally.accepts += 1;
+                tally.max_seen = tally.max_seen.max(hi);
+            }
+            WriteReply::Rejected { current } => {
+                tally.rejects += 1;
+                tally.max_seen = tally.max_seen.max(current);
             }
         }
     }
@@ -1135,9 +860,384 @@ impl<N: Register> QuorumClient<N> {
             }
         }
     }
+
+    /// How long a rendezvous call may take, and a member may wait for the results
+    /// channel: [`RENDEZVOUS_PATIENCE_LEASES`] leases, at most the reply timeout. A call
+    /// is one script without fsync, so a reply slower than that means a paused or
+    /// overloaded node, and the client does better on its own rounds.
+    fn rendezvous_patience(&self) -> Duration {
+        (self.lease() * RENDEZVOUS_PATIENCE_LEASES).min(self.reply_timeout)
+    }
+
+    /// How long a batch leader may take for its round before its members stop waiting and
+    /// join again (an open batch may first wait as long for the batch in flight):
+    /// [`LEASE_ROUNDS`] measured rounds, within [`MIN_LEASE`] and twice the reply timeout.
+    /// Short, because a vanished leader (a crashed client, a killed broker) costs every
+    /// member its lease; a leader that outlives it is safe, its members just stop waiting.
+    fn lease(&self) -> Duration {
+        let round = Duration::from_nanos(self.round_ns.load(Ordering::Relaxed));
+        (round * LEASE_ROUNDS).clamp(MIN_LEASE, self.max_lease.max(MIN_LEASE))
+    }
+
+    /// The rendezvous node to combine at now, if any (see [`Venue`]).
+    fn rendezvous_now(&self) -> Option<usize> {
+        let mut state = self
+            .rendezvous_state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        match *state {
+            Venue::Fallback { until } | Venue::Off { until } if Instant::now() >= until => {
+                *state = Venue::Preferred;
+            }
+            _ => {}
+        }
+        match *state {
+            Venue::Preferred => Some(self.rendezvous[0]),
+            Venue::Fallback { .. } => Some(self.rendezvous[1]),
+            Venue::Off { .. } => None,
+        }
+    }
+
+    /// The rendezvous at node `rv` failed (down, paused, too slow, stuck): the preferred
+    /// one hands over to the fallback; a failed fallback means own rounds for a while.
+    fn rendezvous_failed(&self, rv: usize) {
+        let mut state = self
+            .rendezvous_state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner());
+        let until = Instant::now() + RENDEZVOUS_RETRY;
+        *state = match *state {
+            // Another task saw the preferred node fail and moved already.
+            Venue::Fallback { .. } if rv != self.rendezvous[1] => return,
+            Venue::Off { .. } => return,
+            Venue::Preferred if rv == self.rendezvous[0] && rv != self.rendezvous[1] => {
+                Venue::Fallback { until }
+            }
+            _ => Venue::Off { until },
+        };
+    }
 }
 
-impl<N: Register> IdSource for QuorumClient<N> {
+/// Requests, and combined rounds: these need the node's rendezvous too.
+impl<N: Register + Rendezvous> QuorumClient<N> {
+    /// Reserves `n` IDs, retrying lost rounds with jittered backoff until `deadline`
+    /// (the broker passes its callers' deadline here). Under contention (see [`Combine`])
+    /// the request rides in a round shared with other clients instead.
+    ///
+    /// # Errors
+    /// As [`IdSource::next_ids`]: [`IdError::BadRequest`] for `n` outside
+    /// `1..=MAX_COUNT`; [`IdError::BadValue`] and [`IdError::Exhausted`] at once;
+    /// [`IdError::NoQuorum`] or [`IdError::Deadline`] when the deadline passes.
+    pub async fn next_ids_until(&self, n: u64, deadline: Instant) -> Result<IdRange, IdError> {
+        bump(&self.counters.requests, 1);
+        let result = self.next_ids_inner(n, deadline).await;
+        if result.is_err() {
+            bump(&self.counters.errors, 1);
+        }
+        result
+    }
+
+    async fn next_ids_inner(&self, n: u64, deadline: Instant) -> Result<IdRange, IdError> {
+        if n == 0 || n > MAX_COUNT {
+            return Err(IdError::BadRequest(format!(
+                "count must be 1..={MAX_COUNT}, got {n}"
+            )));
+        }
+        let started = Instant::now();
+        let fast = self.protocol == Protocol::Fast && self.combine != Combine::Never;
+        if fast && self.contended.load(Ordering::Relaxed) && self.rendezvous_now().is_some() {
+            if let Some(result) = self.combined(n, deadline, started).await {
+                return result;
+            }
+        } else {
+            // Yield a lost round to combining only when combining can happen now; else the
+            // rounds go on with their backoff intact.
+            match self
+                .rounds(
+                    n,
+                    deadline,
+                    started,
+                    fast && self.rendezvous_now().is_some(),
+                    None,
+                )
+                .await
+            {
+                Some(result) => return result,
+                None => {
+                    // Lost to another writer: share rounds from now on.
+                    self.contended.store(true, Ordering::Relaxed);
+                    if let Some(result) = self.combined(n, deadline, started).await {
+                        return result;
+                    }
+                }
+            }
+        }
+        // No rendezvous (or a failed batch): rounds of our own, with backoff.
+        self.own_rounds(n, deadline, started, None).await
+    }
+
+    /// `n` IDs through combined rounds (see [`crate::combine`]). `None`: no rendezvous
+    /// to be had, or the batch this request was in failed; the caller runs its own rounds.
+    ///
+    /// A small state machine: [`Self::join_step`] joins and dispatches on the answer to
+    /// [`Self::follow`] (a member), [`Self::lead_open_batch`] (the leader of an open
+    /// batch) or [`Self::lead`] (a batch of its own); each says what comes next.
+    async fn combined(
+        &self,
+        n: u64,
+        deadline: Instant,
+        started: Instant,
+    ) -> Option<Result<IdRange, IdError>> {
+        let rv = self.rendezvous_now()?;
+        let patience = self.rendezvous_patience();
+        let rx = tokio::time::timeout(
+            patience,
+            self.results.receiver(rv, &self.nodes[rv], &self.key),
+        )
+        .await;
+        let Ok(Some(mut rx)) = rx else {
+            self.rendezvous_failed(rv);
+            return None;
+        };
+        let mut c = Combining {
+            rv,
+            n,
+            deadline,
+            started,
+            patience,
+            stalls: 0,
+            // No wait the rendezvous announces is believed beyond what any leader could hold.
+            longest: self.max_lease * 2 + LEADER_GRACE,
+        };
+        loop {
+            match self.join_step(&mut c, &mut rx).await {
+                Next::Done(result) => return Some(result),
+                Next::OwnRounds => return None,
+                Next::Rejoin => {}
+            }
+        }
+    }
+
+    /// One `join` at the rendezvous, and what its answer leads to.
+    async fn join_step(&self, c: &mut Combining, rx: &mut Receiver<BatchResult>) -> Next {
+        let now = Instant::now();
+        if now >= c.deadline {
+            return c.past_deadline();
+        }
+        if c.stalls >= MAX_STALLS {
+            return self.leave(c, "join", format!("{} waits without progress", c.stalls));
+        }
+        let nonce = Nonce::random();
+        let remaining = c.deadline - now;
+        let lease = self.lease();
+        let leases = Leases {
+            round: lease.min(remaining),
+            batch: (lease * 2).min(remaining),
+        };
+        let join = self.nodes[c.rv].join(&self.key, c.n, nonce, leases);
+        match self.ask(c.rv, "join", c.deadline, c.patience, join).await {
+            Err(stop) => c.stopped(stop),
+            Ok(Join::Full) => Next::OwnRounds,
+            Ok(Join::Solo) => {
+                self.note_solo_batch();
+                Next::Done(self.lead(c, nonce, c.n).await)
+            }
+            Ok(Join::Follow {
+                batch,
+                offset,
+                wait,
+            }) => {
+                self.solo_streak.store(0, Ordering::Relaxed);
+                self.follow(c, rx, batch, offset, wait).await
+            }
+            Ok(Join::Lead { busy, wait }) => {
+                self.solo_streak.store(0, Ordering::Relaxed);
+                self.lead_open_batch(c, rx, nonce, busy, wait).await
+            }
+        }
+    }
+
+    /// A batch that found nobody else: after [`SOLO_STREAK`] in a row (with
+    /// [`Combine::Auto`]), stop paying for the rendezvous.
+    fn note_solo_batch(&self) {
+        if self.combine == Combine::Auto
+            && self.solo_streak.fetch_add(1, Ordering::Relaxed) + 1 >= SOLO_STREAK
+        {
+            self.solo_streak.store(0, Ordering::Relaxed);
+            self.contended.store(false, Ordering::Relaxed);
+        }
+    }
+
+    /// A member of `batch` at `offset`: waits for the leader's result (until the leader's
+    /// lease `wait` ends) and takes its share of it.
+    async fn follow(
+        &self,
+        c: &mut Combining,
+        rx: &mut Receiver<BatchResult>,
+        batch: Nonce,
+        offset: u64,
+        wait: Duration,
+    ) -> Next {
+        let result = combine::wait_for(rx, batch, c.until(wait), |r| self.learn(r)).await;
+        match result {
+            Ok(BatchResult {
+                range: Some(range), ..
+            }) => match member_range(range, offset, c.n) {
+                Some(mine) => {
+                    bump(&self.counters.combined, 1);
+                    Next::Done(Ok(mine))
+                }
+                None => {
+                    tracing::warn!(%batch, ?range, offset, n = c.n, "batch result does not cover this member; joining again");
+                    Next::Rejoin
+                }
+            },
+            // The batch's round failed (the leader retried until its deadline, or met an
+            // error retrying cannot fix): our own rounds report why.
+            Ok(BatchResult { range: None, .. }) | Err(WaitEnd::Closed) => Next::OwnRounds,
+            // The leader vanished: its batch's IDs, if any, stay unused.
+            Err(WaitEnd::TimedOut) => {
+                c.stalls += 1;
+                Next::Rejoin
+            }
+        }
+    }
+
+    /// The leader of the open batch `nonce`: waits for batch `busy` in flight (its lease
+    /// ends in `wait`), then closes its own batch and runs it.
+    async fn lead_open_batch(
+        &self,
+        c: &mut Combining,
+        rx: &mut Receiver<BatchResult>,
+        nonce: Nonce,
+        mut busy: Nonce,
+        mut wait: Duration,
+    ) -> Next {
+        loop {
+            self.wait_in_flight(c, rx, busy, wait).await;
+            let now = Instant::now();
+            if now >= c.deadline {
+                return c.past_deadline();
+            }
+            let lease = self.lease().min(c.deadline - now);
+            let close = self.nodes[c.rv].close(&self.key, nonce, lease);
+            match self.ask(c.rv, "close", c.deadline, c.patience, close).await {
+                // The total comes from the rendezvous node: a batch that cannot hold our
+                // own share is no batch to lead.
+                Ok(Close::Closed { ids }) if ids < c.n => {
+                    let reason = format!("batch closed with {ids} IDs, below our own {}", c.n);
+                    return self.leave(c, "close", reason);
+                }
+                Ok(Close::Closed { ids }) => return Next::Done(self.lead(c, nonce, ids).await),
+                Ok(Close::Busy { busy: b, .. }) if b == busy => {
+                    // Still in flight after its lease: no progress.
+                    c.stalls += 1;
+                    if c.stalls >= MAX_STALLS {
+                        let reason = format!("batch {busy} in flight past its lease");
+                        return self.leave(c, "close", reason);
+                    }
+                    wait = MIN_POLL;
+                }
+                Ok(Close::Busy { busy: b, wait: w }) => (busy, wait) = (b, w),
+                // Our open batch expired while we waited for the one in flight: no
+                // progress either. (Uncounted, a stray mark that outlasts every lease had
+                // leaders join, wait and find their batch expired, over and over until
+                // their deadline.)
+                Ok(Close::Gone) => {
+                    c.stalls += 1;
+                    return Next::Rejoin;
+                }
+                Err(stop) => return c.stopped(stop),
+            }
+        }
+    }
+
+    /// Waits for the result of batch `busy` in flight, at most until its lease `wait`
+    /// ends; polls instead (sleeps) when the results subscription has ended.
+    async fn wait_in_flight(
+        &self,
+        c: &Combining,
+        rx: &mut Receiver<BatchResult>,
+        busy: Nonce,
+        wait: Duration,
+    ) {
+        let result = combine::wait_for(rx, busy, c.until(wait), |r| self.learn(r)).await;
+        if result == Err(WaitEnd::Closed) {
+            tokio::time::sleep(wait.clamp(MIN_POLL, c.longest)).await;
+        }
+    }
+
+    /// A published batch result teaches the register's progress (the next fast guess).
+    fn learn(&self, result: &BatchResult) {
+        if let Some(range) = result.range {
+            self.last_known.fetch_max(range.hi, Ordering::Relaxed);
+        }
+    }
+
+    /// Leaves the rendezvous (marked failed: own rounds for a while) because `op` made
+    /// no progress.
+    fn leave(&self, c: &Combining, op: &str, reason: String) -> Next {
+        let node = self.nodes[c.rv].addr();
+        tracing::debug!(node, op, error = %reason, "rendezvous unavailable");
+        self.rendezvous_failed(c.rv);
+        Next::OwnRounds
+    }
+
+    /// Runs the batch `nonce` of `ids` IDs (the leader's own share first) and publishes
+    /// the outcome to its members. The leader's share is checked like a member's.
+    async fn lead(&self, c: &Combining, nonce: Nonce, ids: u64) -> Result<IdRange, IdError> {
+        bump(&self.counters.batches, 1);
+        let (n, deadline, started) = (c.n, c.deadline, c.started);
+        let result = self.own_rounds(ids, deadline, started, Some(nonce)).await;
+        let message = BatchResult {
+            batch: nonce,
+            range: result.as_ref().ok().copied(),
+        }
+        .message();
+        // The result is ours already: a paused rendezvous must not hold it for a reply
+        // timeout. Unpublished, the members stop waiting at the lease and join again.
+        let patience = self.rendezvous_patience();
+        let finish = self.nodes[c.rv].finish(&self.key, nonce, message);
+        let _ = self.ask(c.rv, "finish", deadline, patience, finish).await;
+        // The leader's share is checked like a member's: offset 0 of the batch's range.
+        match result.map(|range| (range, member_range(range, 0, n))) {
+            Ok((_, Some(mine))) => Ok(mine),
+            Ok((range, None)) => {
+                tracing::error!(
+                    ?range,
+                    n,
+                    "batch range does not hold the leader's share; own round instead"
+                );
+                self.own_rounds(n, deadline, started, None).await
+            }
+            Err(e) => Err(e),
+        }
+    }
+
+    /// One rendezvous call, given `patience` (and the deadline) to answer. A call that
+    /// fails or times out marks the rendezvous failed: own rounds for a while.
+    async fn ask<T>(
+        &self,
+        rv: usize,
+        op: &'static str,
+        deadline: Instant,
+        patience: Duration,
+        call: impl std::future::Future<Output = Result<T, NodeError>>,
+    ) -> Result<T, Stop> {
+        let until = deadline.min(Instant::now() + patience);
+        let error = match tokio::time::timeout_at(until, call).await {
+            Ok(Ok(value)) => return Ok(value),
+            Err(_) if Instant::now() >= deadline => return Err(Stop::Deadline),
+            Err(_) => format!("no reply within {patience:?}"),
+            Ok(Err(e)) => format!("{e:?}"),
+        };
+        tracing::debug!(node = self.nodes[rv].addr(), op, %error, "rendezvous unavailable");
+        self.rendezvous_failed(rv);
+        Err(Stop::Unavailable)
+    }
+}
+
+impl<N: Register + Rendezvous> IdSource for QuorumClient<N> {
     async fn next_ids(&self, n: u64) -> Result<IdRange, IdError> {
         self.next_ids_until(n, Instant::now() + self.deadline).await
     }

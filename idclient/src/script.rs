@@ -128,7 +128,7 @@ return redis.error_reply('ERR unknown rendezvous operation')
 
 /// The longest expiry the rendezvous script leaves on a key it keeps (the `LIMIT` in
 /// [`COMBINE`]): clients never ask for more (their leases are capped by
-/// [`crate::quorum::MAX_LEASE`]), so a key that holds longer was not written by the
+/// `quorum::MAX_LEASE`), so a key that holds longer was not written by the
 /// protocol and is deleted as stray.
 pub const MAX_RENDEZVOUS_TTL_MS: u64 = 60_000;
 
@@ -189,8 +189,7 @@ mod tests {
     fn the_script_and_the_client_agree_on_the_ttl_limit() {
         assert!(COMBINE.contains(&format!("local LIMIT = {MAX_RENDEZVOUS_TTL_MS}\n")));
         assert!(CONDITIONAL_WRITE.contains(&format!("pttl <= {MAX_RENDEZVOUS_TTL_MS} then")));
-        let longest = crate::quorum::MAX_LEASE * 2;
-        assert!(longest.as_millis() <= u128::from(MAX_RENDEZVOUS_TTL_MS));
+        // That client leases fit below it is checked where they are defined (quorum.rs).
     }
 
     proptest! {

@@ -4,9 +4,9 @@
 //! and restarted. Every run is checked with the history checker.
 
 use futures::StreamExt;
-use idclient::combine::{Close, Join, Leases, Nonce};
-use idclient::node::{Node, Register};
 use idclient::{ClientConfig, Combine, IdSource, QuorumClient};
+use idclient::{Close, Join, Leases, Nonce};
+use idclient::{Node, Rendezvous};
 use idtools::bench::{self, BenchConfig, BenchReport};
 use idtools::cluster::LocalQuorum;
 use idtools::history::{check, monotonic_ns, Event};
@@ -142,7 +142,7 @@ async fn rendezvous_hands_out_offsets_one_batch_at_a_time() {
         Join::Lead { .. }
     ));
     assert_eq!(
-        n.join("k", idclient::quorum::MAX_COUNT, Nonce::random(), LEASES)
+        n.join("k", idclient::MAX_COUNT, Nonce::random(), LEASES)
             .await
             .expect("join"),
         Join::Full

@@ -219,7 +219,7 @@ async fn zero_and_huge_counts_are_bad_requests() {
     let c = client(&q, Protocol::Fast).await;
     assert!(matches!(c.next_ids(0).await, Err(IdError::BadRequest(_))));
     assert!(matches!(
-        c.next_ids(idclient::quorum::MAX_COUNT + 1).await,
+        c.next_ids(idclient::MAX_COUNT + 1).await,
         Err(IdError::BadRequest(_))
     ));
 }
@@ -297,7 +297,7 @@ async fn combining_stops_after_a_streak_of_solo_batches() {
     // A batch in flight at the rendezvous (smallest URL) tells the next writer it is not
     // alone, so it starts combining.
     let rendezvous = q.urls().into_iter().min().expect("nodes");
-    let busy = idclient::combine::Nonce::random().to_string();
+    let busy = idclient::Nonce::random().to_string();
     on_all(
         &[rendezvous],
         &["SET", "current:inflight", &busy, "PX", "200"],
@@ -307,12 +307,12 @@ async fn combining_stops_after_a_streak_of_solo_batches() {
     tokio::time::sleep(Duration::from_millis(400)).await;
     // Nobody else is there: every request is a solo batch, and after the streak the
     // client goes back to plain rounds.
-    for _ in 0..3 * idclient::quorum::SOLO_STREAK {
+    for _ in 0..3 * idclient::SOLO_STREAK {
         c.next_id().await.expect("id");
     }
     assert_eq!(
         c.counters().batches,
-        u64::from(idclient::quorum::SOLO_STREAK),
+        u64::from(idclient::SOLO_STREAK),
         "{:?}",
         c.counters()
     );

@@ -3,8 +3,8 @@
 //! differential test holding the simulation's rendezvous model (`idtools::sim`) to
 //! what `script::COMBINE` and `script::CONDITIONAL_WRITE` really answer.
 
-use idclient::combine::{Close, Join, Leases, Nonce};
-use idclient::node::{Node, Register, WriteReply, Written};
+use idclient::{Close, Join, Leases, Nonce};
+use idclient::{Node, Register, Rendezvous, WriteReply, Written};
 use idtools::cluster::LocalQuorum;
 use idtools::sim::{Mutant, SimCluster, SimConfig};
 use proptest::prelude::*;
@@ -143,9 +143,9 @@ fn without_waits(reply: Reply) -> Reply {
 /// Leases long enough that nothing expires during a sequence, and no longer than any
 /// client asks for (a batch lease is at most two leases): the script deletes a key that
 /// holds longer as stray, which the model does not model.
-const LEASE: Duration = Duration::from_secs(2 * idclient::quorum::MAX_LEASE.as_secs());
+const LEASE: Duration = Duration::from_secs(2 * idclient::MAX_LEASE.as_secs());
 
-async fn apply<R: Register>(node: &R, key: &str, nonces: &[Nonce], op: Op) -> Reply {
+async fn apply<R: Register + Rendezvous>(node: &R, key: &str, nonces: &[Nonce], op: Op) -> Reply {
     let leases = Leases {
         round: LEASE,
         batch: LEASE,
@@ -180,7 +180,7 @@ fn random_op(rng: &mut impl Rng) -> Op {
         0..=3 => Op::Join {
             // Now and then a count that cannot fit an open batch.
             n: if rng.gen_bool(0.1) {
-                idclient::quorum::MAX_COUNT
+                idclient::MAX_COUNT
             } else {
                 rng.gen_range(1..=3)
             },

@@ -16,7 +16,7 @@
 //! volatile state with leases on the virtual clock, lost when the node crashes, and batch
 //! results published to subscribers through the same faulty network.
 //!
-//! [`SimNode`] implements [`Register`], so the real [`idclient::QuorumClient`] runs over it
+//! [`SimNode`] implements [`Register`] and [`Rendezvous`], so the real [`idclient::QuorumClient`] runs over it
 //! unchanged. Run it on a tokio `current_thread` runtime with paused time
 //! (`start_paused = true`): delays are then virtual (a simulated second costs
 //! microseconds), and with every random choice drawn from the cluster's seeded RNG (and
@@ -24,8 +24,7 @@
 //! replays the same run exactly.
 
 use futures::stream::BoxStream;
-use idclient::combine::{Close, Join, Leases, Nonce};
-use idclient::node::{NodeError, Register, WriteReply, Written};
+use idclient::{Close, Join, Leases, NodeError, Nonce, Register, Rendezvous, WriteReply, Written};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::collections::BTreeMap;
@@ -136,7 +135,7 @@ struct NodeState {
     last_send: u64,
     /// The rendezvous of combined rounds, per register key: volatile, gone when the node
     /// crashes (as the Redis node's, which never reach its AOF).
-    rendezvous: BTreeMap<String, Rendezvous>,
+    rendezvous: BTreeMap<String, RendezvousState>,
     /// Results subscriptions (key, sender): dropped when the node crashes, which ends
     /// the subscribers' streams as a closed connection would.
     subscribers: Vec<(String, mpsc::UnboundedSender<String>)>,
@@ -144,14 +143,14 @@ struct NodeState {
 
 /// One key's rendezvous state, with the expiry times the Redis keys would have.
 #[derive(Debug, Default)]
-struct Rendezvous {
+struct RendezvousState {
     /// The open batch: nonce, IDs so far, expiry.
     open: Option<(Nonce, u64, Instant)>,
     /// The batch in flight: nonce, expiry.
     inflight: Option<(Nonce, Instant)>,
 }
 
-impl Rendezvous {
+impl RendezvousState {
     /// Drops what has expired by `now`, as Redis would before looking.
     fn expire(&mut self, now: Instant) {
         if self.open.is_some_and(|(_, _, at)| at <= now) {
@@ -386,7 +385,7 @@ impl SimCluster {
                 let rv = s.nodes[i].rendezvous.entry(key.clone()).or_default();
                 rv.expire(now);
                 Outcome::Join(match (&mut rv.open, rv.inflight) {
-                    (Some((_, ids, _)), _) if *ids + n > idclient::quorum::MAX_COUNT => Join::Full,
+                    (Some((_, ids, _)), _) if *ids + n > idclient::MAX_COUNT => Join::Full,
                     (Some((batch, ids, at)), _) => {
                         let offset = match mutant {
                             Some(Mutant::MemberOffset) => ids.saturating_sub(1),
@@ -592,7 +591,9 @@ impl Register for SimNode {
     fn warm_up(&self) -> impl Future<Output = Result<(), NodeError>> + Send {
         std::future::ready(Ok(()))
     }
+}
 
+impl Rendezvous for SimNode {
     fn join(
         &self,
         key: &str,

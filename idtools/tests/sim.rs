@@ -557,7 +557,7 @@ fn simulated_leases_are_bounded_as_in_production() {
         let out = run_quorum_seed_with(seed, Broken::default(), Mix::Combining);
         let lease = out.stats.longest_lease;
         // The batch lease is twice the round lease; neither goes below MIN_LEASE.
-        let bound = 2 * (2 * reply_timeout).max(idclient::quorum::MIN_LEASE);
+        let bound = 2 * (2 * reply_timeout).max(idclient::MIN_LEASE);
         assert!(
             lease <= bound,
             "seed {seed}: a lease of {lease:?} with a {reply_timeout:?} reply timeout"

@@ -119,7 +119,7 @@ struct SourceArgs {
     key: String,
     /// Longest backoff sleep after a lost round, in milliseconds (direct mode). Lower is
     /// fairer between contending clients, higher leaves more of the nodes' time to winners.
-    #[arg(long, default_value_t = idclient::quorum::BACKOFF_CAP.as_millis() as u64)]
+    #[arg(long, default_value_t = idclient::BACKOFF_CAP.as_millis() as u64)]
     backoff_cap_ms: u64,
     /// Direct mode, fast protocol: share rounds with contending clients through the
     /// rendezvous node. auto: after losing a round to another writer; always: from the
@@ -305,9 +305,9 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
 
 async fn check(nodes: Vec<String>, timeout_ms: u64) -> Result<ExitCode> {
     let timeout = Duration::from_millis(timeout_ms);
-    let results = idclient::quorum::check_nodes(&nodes, timeout, timeout).await?;
+    let results = idclient::check_nodes(&nodes, timeout, timeout).await?;
     let mut bad = 0;
-    for idclient::quorum::NodeCheck { addr, verdict } in &results {
+    for idclient::NodeCheck { addr, verdict } in &results {
         match verdict {
             Ok(warnings) => {
                 println!("{addr}: ok (master, appendonly yes, appendfsync always, no-appendfsync-on-rewrite no, noeviction)");
