@@ -646,25 +646,4 @@ impl Node {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::NodeAddr;
-
-    #[test]
-    fn shown_addresses_never_carry_a_password() {
-        for (url, shown) in [
-            ("redis://127.0.0.1:7001", "redis://127.0.0.1:7001"),
-            ("redis://h:1/2", "redis://h:1/2"),
-            ("redis://:hunter2@h:1", "redis://:***@h:1"),
-            ("redis://alice:hunter2@h:1/0", "redis://alice:***@h:1/0"),
-            ("redis://hunter2@h:1", "redis://:***@h:1"),
-            ("redis://:hun/ter@2@h:1", "redis://:***@h:1"),
-            ("redis://h:1/0?password=hunter2", "redis://h:1/0?***"),
-            ("redis://h:1#hunter2", "redis://h:1?***"),
-            ("hunter2@h:1", ":***@h:1"),
-        ] {
-            let addr = NodeAddr::from_url(url);
-            assert_eq!(addr.to_string(), shown, "{url}");
-            assert!(!format!("{addr} {addr:?}").contains("hunter2"), "{url}");
-        }
-    }
-}
+mod tests;
