@@ -349,29 +349,12 @@ impl SimCluster {
             s.stats.reordered += 1;
         }
         s.nodes[i].last_send = s.nodes[i].last_send.max(send);
-        let mutant = self.config.mutant;
         let now = Instant::now();
         match op {
             Op::Read { key } => Outcome::Read(s.nodes[i].values.get(key).copied().unwrap_or(0)),
             Op::Write { key, lo, hi, batch } => {
-                let node = &mut s.nodes[i];
-                let rv = node.rendezvous.entry(key.clone()).or_default();
-                rv.expire(now);
-                let combining = rv.inflight.is_some_and(|(busy, _)| Some(busy) != *batch);
-                let current = node.values.get(key).copied().unwrap_or(0);
-                let accept = match mutant {
-                    Some(Mutant::WriteIfNotAbove) => current <= *lo,
-                    Some(Mutant::CompareWithHi) => current < *hi,
-                    _ => current < *lo,
-                };
-                if accept {
-                    node.before_last.insert(key.clone(), current);
-                    node.values.insert(key.clone(), *hi);
-                    s.stats.accepts += 1;
-                    Outcome::Write(WriteReply::Accepted, combining)
-                } else {
-                    Outcome::Write(WriteReply::Rejected { current }, combining)
-                }
+                let (reply, combining) = self.write(&mut s, i, key, (*lo, *hi), *batch, now);
+                Outcome::Write(reply, combining)
             }
             // The rendezvous script of `script::COMBINE`, operation by operation.
             Op::Join {
@@ -379,92 +362,161 @@ impl SimCluster {
                 n,
                 nonce,
                 leases,
-            } => {
-                let longest = s.stats.longest_lease.max(leases.round).max(leases.batch);
-                s.stats.longest_lease = longest;
-                let rv = s.nodes[i].rendezvous.entry(key.clone()).or_default();
-                rv.expire(now);
-                Outcome::Join(match (&mut rv.open, rv.inflight) {
-                    (Some((_, ids, _)), _) if *ids + n > idclient::MAX_COUNT => Join::Full,
-                    (Some((batch, ids, at)), _) => {
-                        let offset = match mutant {
-                            Some(Mutant::MemberOffset) => ids.saturating_sub(1),
-                            _ => *ids,
-                        };
-                        *ids += n;
-                        Join::Follow {
-                            batch: *batch,
-                            offset,
-                            wait: at.saturating_duration_since(now),
-                        }
-                    }
-                    (None, None) => {
-                        rv.inflight = Some((*nonce, now + leases.round));
-                        Join::Solo
-                    }
-                    (None, Some((busy, at))) => {
-                        rv.open = Some((*nonce, *n, now + leases.batch));
-                        Join::Lead {
-                            busy,
-                            wait: at.saturating_duration_since(now),
-                        }
-                    }
-                })
-            }
+            } => Outcome::Join(self.join(&mut s, i, key, *n, *nonce, *leases, now)),
             Op::Close { key, nonce, lease } => {
-                let rv = s.nodes[i].rendezvous.entry(key.clone()).or_default();
-                rv.expire(now);
-                Outcome::Close(match (rv.open, rv.inflight) {
-                    (Some((open, ..)), _) if open != *nonce => Close::Gone,
-                    (None, _) => Close::Gone,
-                    (Some(_), Some((busy, at))) => Close::Busy {
-                        busy,
-                        wait: at.saturating_duration_since(now),
-                    },
-                    (Some((_, ids, _)), None) => {
-                        rv.open = None;
-                        rv.inflight = Some((*nonce, now + *lease));
-                        s.stats.closes += 1;
-                        let ids = match mutant {
-                            Some(Mutant::ShortClose) => ids - 1,
-                            _ => ids,
-                        };
-                        Close::Closed { ids }
-                    }
-                })
+                Outcome::Close(self.close(&mut s, i, key, *nonce, *lease, now))
             }
             Op::Finish {
                 key,
                 nonce,
                 message,
             } => {
-                let rv = s.nodes[i].rendezvous.entry(key.clone()).or_default();
-                rv.expire(now);
-                if rv.inflight.is_some_and(|(busy, _)| busy == *nonce) {
-                    rv.inflight = None;
-                }
-                // Published to every subscriber of this node, each copy through the
-                // faulty network (lost, delayed, reordered), as the harshest reading of
-                // pub/sub: safety must not depend on it.
-                let subscribers: Vec<_> = s.nodes[i]
-                    .subscribers
-                    .iter()
-                    .filter(|(k, _)| k == key)
-                    .map(|(_, tx)| tx.clone())
-                    .collect();
-                for tx in subscribers {
-                    if s.rng.gen_bool(self.config.loss) {
-                        continue;
-                    }
-                    let delay = self.delay(&mut s.rng);
-                    let message = message.clone();
-                    tokio::spawn(async move {
-                        tokio::time::sleep(delay).await;
-                        let _ = tx.send(message);
-                    });
-                }
+                self.finish(&mut s, i, key, *nonce, message, now);
                 Outcome::Finished
             }
+        }
+    }
+
+    /// The conditional write of `lo..=hi` at node `i`, and whether another batch than
+    /// `batch` is in flight there (`script::CONDITIONAL_WRITE`).
+    fn write(
+        &self,
+        s: &mut State,
+        i: usize,
+        key: &str,
+        (lo, hi): (u64, u64),
+        batch: Option<Nonce>,
+        now: Instant,
+    ) -> (WriteReply, bool) {
+        let node = &mut s.nodes[i];
+        let rv = node.rendezvous.entry(key.to_string()).or_default();
+        rv.expire(now);
+        let combining = rv.inflight.is_some_and(|(busy, _)| Some(busy) != batch);
+        let current = node.values.get(key).copied().unwrap_or(0);
+        let accept = match self.config.mutant {
+            Some(Mutant::WriteIfNotAbove) => current <= lo,
+            Some(Mutant::CompareWithHi) => current < hi,
+            _ => current < lo,
+        };
+        if !accept {
+            return (WriteReply::Rejected { current }, combining);
+        }
+        node.before_last.insert(key.to_string(), current);
+        node.values.insert(key.to_string(), hi);
+        s.stats.accepts += 1;
+        (WriteReply::Accepted, combining)
+    }
+
+    /// The rendezvous' `join` at node `i`.
+    #[allow(clippy::too_many_arguments)]
+    fn join(
+        &self,
+        s: &mut State,
+        i: usize,
+        key: &str,
+        n: u64,
+        nonce: Nonce,
+        leases: Leases,
+        now: Instant,
+    ) -> Join {
+        let longest = s.stats.longest_lease.max(leases.round).max(leases.batch);
+        s.stats.longest_lease = longest;
+        let rv = s.nodes[i].rendezvous.entry(key.to_string()).or_default();
+        rv.expire(now);
+        match (&mut rv.open, rv.inflight) {
+            (Some((_, ids, _)), _) if *ids + n > idclient::MAX_COUNT => Join::Full,
+            (Some((batch, ids, at)), _) => {
+                let offset = match self.config.mutant {
+                    Some(Mutant::MemberOffset) => ids.saturating_sub(1),
+                    _ => *ids,
+                };
+                *ids += n;
+                Join::Follow {
+                    batch: *batch,
+                    offset,
+                    wait: at.saturating_duration_since(now),
+                }
+            }
+            (None, None) => {
+                rv.inflight = Some((nonce, now + leases.round));
+                Join::Solo
+            }
+            (None, Some((busy, at))) => {
+                rv.open = Some((nonce, n, now + leases.batch));
+                Join::Lead {
+                    busy,
+                    wait: at.saturating_duration_since(now),
+                }
+            }
+        }
+    }
+
+    /// The rendezvous' `close` at node `i`.
+    fn close(
+        &self,
+        s: &mut State,
+        i: usize,
+        key: &str,
+        nonce: Nonce,
+        lease: Duration,
+        now: Instant,
+    ) -> Close {
+        let rv = s.nodes[i].rendezvous.entry(key.to_string()).or_default();
+        rv.expire(now);
+        match (rv.open, rv.inflight) {
+            (Some((open, ..)), _) if open != nonce => Close::Gone,
+            (None, _) => Close::Gone,
+            (Some(_), Some((busy, at))) => Close::Busy {
+                busy,
+                wait: at.saturating_duration_since(now),
+            },
+            (Some((_, ids, _)), None) => {
+                rv.open = None;
+                rv.inflight = Some((nonce, now + lease));
+                s.stats.closes += 1;
+                let ids = match self.config.mutant {
+                    Some(Mutant::ShortClose) => ids - 1,
+                    _ => ids,
+                };
+                Close::Closed { ids }
+            }
+        }
+    }
+
+    /// The rendezvous' `finish` at node `i`: clears the in-flight mark if it is this
+    /// batch's and publishes `message` to every subscriber of the node, each copy
+    /// through the faulty network (lost, delayed, reordered), as the harshest reading of
+    /// pub/sub: safety must not depend on it.
+    fn finish(
+        &self,
+        s: &mut State,
+        i: usize,
+        key: &str,
+        nonce: Nonce,
+        message: &str,
+        now: Instant,
+    ) {
+        let rv = s.nodes[i].rendezvous.entry(key.to_string()).or_default();
+        rv.expire(now);
+        if rv.inflight.is_some_and(|(busy, _)| busy == nonce) {
+            rv.inflight = None;
+        }
+        let subscribers: Vec<_> = s.nodes[i]
+            .subscribers
+            .iter()
+            .filter(|(k, _)| k == key)
+            .map(|(_, tx)| tx.clone())
+            .collect();
+        for tx in subscribers {
+            if s.rng.gen_bool(self.config.loss) {
+                continue;
+            }
+            let delay = self.delay(&mut s.rng);
+            let message = message.to_string();
+            tokio::spawn(async move {
+                tokio::time::sleep(delay).await;
+                let _ = tx.send(message);
+            });
         }
     }
 
