@@ -165,6 +165,9 @@ impl BenchReport {
     }
 }
 
+/// What one caller recorded: every request it made, and its first error.
+type CallerLog = (Vec<Event>, Option<String>);
+
 /// Runs `config.clients` callers, caller `i` using `sources[i % sources.len()]`.
 ///
 /// # Panics
@@ -174,57 +177,19 @@ pub async fn run<S: IdSource + 'static>(config: &BenchConfig, sources: &[Arc<S>]
     let stop = Arc::new(AtomicBool::new(false));
     let ids_done = Arc::new(AtomicU64::new(0));
     let started = tokio::time::Instant::now();
-    let mut tasks = Vec::with_capacity(config.clients);
-    for i in 0..config.clients {
-        let source = Arc::clone(&sources[i % sources.len()]);
-        let (stop, ids_done, count) = (Arc::clone(&stop), Arc::clone(&ids_done), config.count);
-        tasks.push(tokio::spawn(async move {
-            let mut events = Vec::new();
-            let mut first_error = None;
-            while !stop.load(Ordering::Relaxed) {
-                let invoke_ns = monotonic_ns();
-                let result = source.next_ids(count).await;
-                let return_ns = monotonic_ns();
-                match result {
-                    Ok(range) => {
-                        if range.holds_exactly(count) {
-                            ids_done.fetch_add(count, Ordering::Relaxed);
-                        }
-                        events.push(Event {
-                            invoke_ns,
-                            return_ns,
-                            outcome: Some(range),
-                        });
-                    }
-                    Err(e) => {
-                        first_error.get_or_insert_with(|| e.to_string());
-                        events.push(Event {
-                            invoke_ns,
-                            return_ns,
-                            outcome: None,
-                        });
-                    }
-                }
-            }
-            (events, first_error)
-        }));
-    }
-    let mut next_tick = started + Duration::from_secs(1);
-    while started.elapsed() < config.duration {
-        let wake = next_tick.min(started + config.duration);
-        tokio::time::sleep_until(wake).await;
-        if config.progress && wake == next_tick {
-            let secs = started.elapsed().as_secs_f64();
-            let ids = ids_done.load(Ordering::Relaxed);
-            eprintln!(
-                "bench: {secs:.0}s, {ids} IDs, {:.0} IDs/s",
-                ids as f64 / secs
+    let tasks: Vec<_> = (0..config.clients)
+        .map(|i| {
+            let source = Arc::clone(&sources[i % sources.len()]);
+            let caller = caller(
+                source,
+                config.count,
+                Arc::clone(&stop),
+                Arc::clone(&ids_done),
             );
-        }
-        if wake == next_tick {
-            next_tick += Duration::from_secs(1);
-        }
-    }
+            tokio::spawn(caller)
+        })
+        .collect();
+    wait_out(config, started, &ids_done).await;
     stop.store(true, Ordering::Relaxed);
     // Rates count what returned within the run; requests still in flight (some may be
     // sleeping in backoff) finish and go into the history and the error count, but not
@@ -260,6 +225,62 @@ pub async fn run<S: IdSource + 'static>(config: &BenchConfig, sources: &[Arc<S>]
     }
     report.latencies_us.sort_unstable();
     report
+}
+
+/// One caller: requests `count` IDs from `source`, one request after another, until
+/// `stop`, recording each; counts the IDs it got in `ids_done` (for progress lines).
+async fn caller<S: IdSource>(
+    source: Arc<S>,
+    count: u64,
+    stop: Arc<AtomicBool>,
+    ids_done: Arc<AtomicU64>,
+) -> CallerLog {
+    let mut events = Vec::new();
+    let mut first_error = None;
+    while !stop.load(Ordering::Relaxed) {
+        let invoke_ns = monotonic_ns();
+        let result = source.next_ids(count).await;
+        let return_ns = monotonic_ns();
+        let outcome = match result {
+            Ok(range) => {
+                if range.holds_exactly(count) {
+                    ids_done.fetch_add(count, Ordering::Relaxed);
+                }
+                Some(range)
+            }
+            Err(e) => {
+                first_error.get_or_insert_with(|| e.to_string());
+                None
+            }
+        };
+        events.push(Event {
+            invoke_ns,
+            return_ns,
+            outcome,
+        });
+    }
+    (events, first_error)
+}
+
+/// Sleeps until the run's duration is over, printing a progress line every second
+/// when asked to.
+async fn wait_out(config: &BenchConfig, started: tokio::time::Instant, ids_done: &AtomicU64) {
+    let mut next_tick = started + Duration::from_secs(1);
+    while started.elapsed() < config.duration {
+        let wake = next_tick.min(started + config.duration);
+        tokio::time::sleep_until(wake).await;
+        if config.progress && wake == next_tick {
+            let secs = started.elapsed().as_secs_f64();
+            let ids = ids_done.load(Ordering::Relaxed);
+            eprintln!(
+                "bench: {secs:.0}s, {ids} IDs, {:.0} IDs/s",
+                ids as f64 / secs
+            );
+        }
+        if wake == next_tick {
+            next_tick += Duration::from_secs(1);
+        }
+    }
 }
 
 #[cfg(test)]
