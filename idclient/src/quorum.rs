@@ -9,6 +9,12 @@
 //! Under contention, fast-protocol clients share rounds ([`crate::combine`]): one client
 //! runs the round for a batch of requests from several clients. docs/idclient.md has the
 //! whole picture.
+//!
+//! The rounds need only a [`Register`] per node (`impl<N: Register>`); requests, which
+//! may combine, need its [`Rendezvous`] too (`impl<N: Register + Rendezvous>`). Combining
+//! is a small state machine: `join_step` joins and hands over to `follow` (a member),
+//! `lead_open_batch` (the leader of an open batch) or `lead` (running the batch), each of
+//! which answers with what comes next ([`Next`]).
 
 use crate::backoff::Backoff;
 use crate::combine::{self, WaitEnd};
@@ -48,7 +54,8 @@ pub enum Protocol {
     Fast,
 }
 
-/// When a fast-protocol client shares rounds with other clients (see [`crate::combine`]).
+/// When a fast-protocol client shares rounds with other clients (docs/idclient.md,
+/// "Contention: combined rounds").
 /// The classic protocol never does: it stays the algorithm as first published.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub enum Combine {
@@ -209,7 +216,7 @@ pub const RENDEZVOUS_PATIENCE_LEASES: u32 = 2;
 pub const MIN_POLL: Duration = Duration::from_millis(1);
 
 /// The longest lease any client asks for, whatever its reply timeout: the rendezvous
-/// script deletes keys that hold longer as stray ([`MAX_RENDEZVOUS_TTL_MS`]).
+/// script deletes keys that hold longer as stray (`script::MAX_RENDEZVOUS_TTL_MS`, 60 s).
 pub const MAX_LEASE: Duration = Duration::from_secs(25);
 
 // The rendezvous script keeps a key for at most MAX_RENDEZVOUS_TTL_MS; a batch lease
@@ -507,7 +514,7 @@ impl<N: Register> QuorumClient<N> {
     }
 
     /// Sets the upper bound of a batch leader's lease (`connect` sets twice the reply
-    /// timeout; [`QuorumClient::with_nodes`] starts at [`DEFAULT_MAX_LEASE`]), so a
+    /// timeout; [`QuorumClient::with_nodes`] starts at 1 s, `DEFAULT_MAX_LEASE`), so a
     /// simulated client leases as a production one does.
     pub fn with_max_lease(mut self, max_lease: Duration) -> QuorumClient<N> {
         self.max_lease = max_lease;

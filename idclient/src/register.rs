@@ -53,7 +53,7 @@ pub struct Written {
 /// simulation. The client's safety rests on exactly these semantics: the register only
 /// grows, and survives restarts.
 pub trait Register: Send + Sync {
-    /// The node's address, for error messages: never a password (see [`NodeAddr`]).
+    /// The node's address, for error messages: never a password (see [`crate::NodeAddr`]).
     fn addr(&self) -> &str;
 
     /// "If current < lo then current = hi": [`WriteReply::Accepted`], else

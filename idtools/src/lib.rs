@@ -5,7 +5,7 @@
 //! - [`history`]: records ID requests and checks a history is linearizable.
 //! - [`sim`]: the deterministic simulation's in-memory node model (message loss, delay,
 //!   reordering, duplication, crashes, amnesia, mutants), driven on tokio's paused clock.
-//! - [`bench`]: the closed-loop load driver behind `idctl bench` and the fault tests.
+//! - [`mod@bench`]: the closed-loop load driver behind `idctl bench` and the fault tests.
 //!
 //! The binary `idctl` (src/bin/idctl.rs) is the command-line face of all four.
 
