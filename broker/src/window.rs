@@ -155,8 +155,9 @@ struct Window {
 }
 
 impl Window {
+    /// Unserved IDs of the window: `next..=top` (`next` is `top + 1` once it is used up).
     fn available(&self) -> u64 {
-        if self.alive {
+        if self.alive && self.next <= self.top {
             self.top - self.next + 1
         } else {
             0
@@ -275,7 +276,10 @@ impl<Q: WindowQuorum> WindowSource<Q> {
             lo: w.next,
             hi: w.next + n - 1,
         };
-        w.next += n;
+        match range.hi.checked_add(1) {
+            Some(next) => w.next = next,
+            None => w.alive = false,
+        }
         w.served += n;
         self.refill(&mut w);
         Ok(range)
@@ -403,5 +407,113 @@ impl<Q: WindowQuorum> RoundSource for WindowSource<Q> {
         deadline: Instant,
     ) -> impl Future<Output = Result<IdRange, IdError>> + Send {
         self.serve(n, deadline)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::Mutex;
+
+    /// A register on one node, with a script of what other writers do.
+    #[derive(Default)]
+    struct Fake {
+        current: Mutex<u64>,
+        /// Added to the register before the next read (another writer).
+        bump_before_read: Mutex<u64>,
+        /// Subtracted from what reads return (a node that lost writes).
+        lose: Mutex<u64>,
+        reads: AtomicU64,
+        reserves: AtomicU64,
+    }
+
+    impl WindowQuorum for Fake {
+        async fn round(&self, n: u64, _: Instant) -> Result<IdRange, IdError> {
+            let mut c = self.current.lock().unwrap();
+            let lo = *c + 1;
+            *c += n;
+            Ok(IdRange { lo, hi: *c })
+        }
+
+        async fn reserve(&self, lo: u64, hi: u64, _: Instant) -> Result<bool, IdError> {
+            self.reserves.fetch_add(1, Relaxed);
+            let mut c = self.current.lock().unwrap();
+            if *c < lo {
+                *c = hi;
+                Ok(true)
+            } else {
+                Ok(false)
+            }
+        }
+
+        async fn read_max(&self, _: Instant) -> Result<u64, IdError> {
+            self.reads.fetch_add(1, Relaxed);
+            let mut c = self.current.lock().unwrap();
+            *c += std::mem::take(&mut *self.bump_before_read.lock().unwrap());
+            Ok(*c - *self.lose.lock().unwrap())
+        }
+    }
+
+    fn later() -> Instant {
+        Instant::now() + Duration::from_secs(5)
+    }
+
+    #[tokio::test]
+    async fn batches_are_served_in_order_from_one_window_confirmed_by_reads() {
+        let fake = Arc::new(Fake::default());
+        let w = WindowSource::new(fake.clone());
+        let first = w.next_ids_until(10, later()).await.unwrap();
+        assert_eq!(first, IdRange { lo: 1, hi: 10 });
+        let mut last = first.hi;
+        // Use the first window up exactly (no underflow), then the next one, reserved
+        // contiguously when half of the first was left: no hole in between.
+        for n in [1, 5, 100, 150, 7] {
+            let r = w.next_ids_until(n, later()).await.unwrap();
+            assert!(r.holds_exactly(n) && r.lo == last + 1, "{r:?} after {last}");
+            last = r.hi;
+        }
+        let s = w.stats();
+        assert_eq!(
+            (s.fresh_windows, s.reservations, s.holes),
+            (1, 1, 0),
+            "{s:?}"
+        );
+        assert_eq!(s.confirmations, 5, "{s:?}");
+        // A batch larger than what is left: a fresh round above, the rest are holes.
+        let r = w.next_ids_until(1000, later()).await.unwrap();
+        assert!(r.holds_exactly(1000) && r.lo > last, "{r:?} after {last}");
+        assert!(w.stats().holes > 0);
+    }
+
+    #[tokio::test]
+    async fn another_writer_above_the_window_kills_it() {
+        let fake = Arc::new(Fake::default());
+        let w = WindowSource::new(fake.clone());
+        let first = w.next_ids_until(1, later()).await.unwrap();
+        *fake.bump_before_read.lock().unwrap() = 1000;
+        let r = w.next_ids_until(1, later()).await.unwrap();
+        // Served by a fresh round above what the other writer reached.
+        assert!(r.lo > first.hi + MIN_WINDOW + 1000 - 1, "{r:?}");
+        let s = w.stats();
+        assert_eq!((s.fresh_windows, s.confirmations_failed), (2, 1), "{s:?}");
+        assert!(s.holes >= MIN_WINDOW, "{s:?}");
+    }
+
+    #[tokio::test]
+    async fn a_read_below_the_top_switches_windows_off() {
+        let fake = Arc::new(Fake::default());
+        let w = WindowSource::new(fake.clone());
+        w.next_ids_until(1, later()).await.unwrap();
+        *fake.lose.lock().unwrap() = 5;
+        let reads = fake.reads.load(Relaxed);
+        let r = w.next_ids_until(1, later()).await.unwrap();
+        assert!(
+            r.lo > MIN_WINDOW,
+            "served by a round, above the window: {r:?}"
+        );
+        let r2 = w.next_ids_until(1, later()).await.unwrap();
+        assert!(r2.lo > r.hi);
+        // Rounds only from now on: no more confirmations.
+        assert_eq!(fake.reads.load(Relaxed), reads + 1);
     }
 }
