@@ -25,10 +25,12 @@
 pub mod batcher;
 mod conn;
 pub mod stats;
+pub mod window;
 
 pub use batcher::RoundSource;
 pub use idproto::wire::BrokerStats;
 pub use stats::Stats;
+pub use window::{WindowMutant, WindowQuorum, WindowSource, WindowStats};
 
 use std::collections::HashMap;
 use std::future::Future;

@@ -551,6 +551,59 @@ impl<N: Register> QuorumClient<N> {
         }
     }
 
+    /// Window serving (DESIGN.md, "Serving from a confirmed window"): the conditional
+    /// write of exactly `lo..=hi`, one round, no retry. `Ok(true)`: a majority accepted,
+    /// the range is the caller's. `Ok(false)`: lost to another writer, or its outcome is
+    /// unknown: the range must never be served (some nodes may hold `hi` now: a hole).
+    ///
+    /// # Errors
+    /// [`IdError::NoQuorum`] when too few nodes answer by `deadline`; bad register
+    /// values as for [`Self::next_ids_until`].
+    pub async fn reserve(&self, lo: u64, hi: u64, deadline: Instant) -> Result<bool, IdError> {
+        if lo == 0 || hi < lo || hi - lo >= MAX_COUNT {
+            return Err(IdError::BadRequest(format!(
+                "a reservation is 1..={MAX_COUNT} IDs above 0, got {lo}..={hi}"
+            )));
+        }
+        match self.write_round(lo, hi, deadline, None).await {
+            Ok(()) => Ok(true),
+            Err(RoundLoss::Contention { .. }) => Ok(false),
+            Err(loss) => Err(self.loss_error(loss)),
+        }
+    }
+
+    /// A majority read of the register: the largest value among the first majority of
+    /// answers, every read sent after this call began (a window confirmation).
+    ///
+    /// # Errors
+    /// [`IdError::NoQuorum`] when too few nodes answer by `deadline`; bad register
+    /// values as for [`Self::next_ids_until`].
+    pub async fn read_max(&self, deadline: Instant) -> Result<u64, IdError> {
+        self.read_round(deadline)
+            .await
+            .map_err(|loss| self.loss_error(loss))
+    }
+
+    /// The error of a round that ended without a decision.
+    fn loss_error(&self, loss: RoundLoss) -> IdError {
+        match loss {
+            RoundLoss::Fatal(e) => e,
+            RoundLoss::Unreachable {
+                reachable,
+                failures,
+            } => IdError::NoQuorum {
+                needed: self.majority(),
+                reachable,
+                total: self.nodes.len(),
+                failures,
+            },
+            RoundLoss::Contention { .. } => IdError::Deadline {
+                deadline: Duration::ZERO,
+                rounds: 1,
+            },
+        }
+    }
+
     /// [`Self::rounds`] to the end: retries every loss until a win or the deadline.
     async fn own_rounds(
         &self,

@@ -1,9 +1,10 @@
-//! idbroker: serves IDs from a Redis quorum to many clients, one group-commit round at a
-//! time. Usage: `idbroker --listen ADDR --nodes URLS`. Prints `listening on ADDR` on
+//! idbroker: serves IDs from a Redis quorum to many clients, in group-commit batches
+//! confirmed by majority reads from a reserved window (`--serve window`, the default) or
+//! one write round per batch (`--serve rounds`). Usage: `idbroker --listen ADDR --nodes URLS`. Prints `listening on ADDR` on
 //! stdout once bound (so scripts and tests can use port 0); logs go to stderr (RUST_LOG).
 
 use anyhow::Context;
-use broker::BrokerConfig;
+use broker::{BrokerConfig, WindowSource, WindowStats};
 use clap::Parser;
 use idclient::{ClientConfig, QuorumClient};
 use std::io::Write;
@@ -68,13 +69,28 @@ struct Flags {
     /// Most IDs one request may ask for.
     #[arg(long, default_value_t = broker::DEFAULT_MAX_COUNT)]
     max_count: u64,
+    /// How batches get their IDs: `window` confirms each batch with a majority read and
+    /// serves it from a window reserved by an earlier write round (no fsync per batch);
+    /// `rounds` runs one write round per batch. Both keep every guarantee (DESIGN.md).
+    #[arg(long, value_enum, default_value_t = Serve::Window)]
+    serve: Serve,
     /// Seconds between two counter log lines.
     #[arg(long, default_value_t = broker::STATS_INTERVAL.as_secs())]
     stats_interval_secs: u64,
 }
 
+/// How the broker serves batches (`--serve`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+enum Serve {
+    /// From a confirmed window (DESIGN.md, "Serving from a confirmed window").
+    Window,
+    /// One quorum write round per batch.
+    Rounds,
+}
+
 struct Config {
     listen: String,
+    serve: Serve,
     quorum: ClientConfig,
     broker: BrokerConfig,
 }
@@ -112,6 +128,7 @@ impl Config {
         broker.validate()?;
         Ok(Config {
             listen: f.listen,
+            serve: f.serve,
             quorum,
             broker,
         })
@@ -164,13 +181,51 @@ async fn run(config: Config) -> anyhow::Result<()> {
     writeln!(out, "listening on {addr}")
         .and_then(|()| out.flush())
         .context("stdout")?;
-    let stats = broker::run(listener, Arc::new(quorum), config.broker, shutdown_signal()).await?;
+    let stats = match config.serve {
+        Serve::Rounds => {
+            broker::run(listener, Arc::new(quorum), config.broker, shutdown_signal()).await?
+        }
+        Serve::Window => {
+            let source = Arc::new(WindowSource::new(Arc::new(quorum)));
+            let every = config.broker.stats_interval;
+            let logger = tokio::spawn(log_window_stats(source.clone(), every));
+            let stats =
+                broker::run(listener, source.clone(), config.broker, shutdown_signal()).await;
+            logger.abort();
+            log_window(&source.stats(), "window serving stopped");
+            stats?
+        }
+    };
     tracing::info!(
         rounds = stats.rounds,
         requests = stats.requests,
         "broker stopped"
     );
     Ok(())
+}
+
+/// Logs the window counters every `every` (never, for zero).
+async fn log_window_stats(source: Arc<WindowSource<QuorumClient>>, every: Duration) {
+    if every.is_zero() {
+        return;
+    }
+    loop {
+        tokio::time::sleep(every).await;
+        log_window(&source.stats(), "window serving");
+    }
+}
+
+fn log_window(s: &WindowStats, what: &str) {
+    tracing::info!(
+        confirmations = s.confirmations,
+        confirmations_failed = s.confirmations_failed,
+        reservations = s.reservations,
+        reservations_lost = s.reservations_lost,
+        fresh_windows = s.fresh_windows,
+        holes = s.holes,
+        window_size = s.window_size,
+        "{what}"
+    );
 }
 
 /// Completes on SIGINT or SIGTERM. If the handlers cannot be installed, logs it and
