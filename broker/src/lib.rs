@@ -30,11 +30,15 @@ pub use batcher::RoundSource;
 pub use idproto::wire::BrokerStats;
 pub use stats::Stats;
 
+use idproto::framed::FrameWriter;
+use idproto::wire::{ServerMsg, WireError};
 use std::collections::HashMap;
 use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::io::AsyncWriteExt;
+use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
@@ -71,7 +75,8 @@ pub const MAX_DEADLINE: Duration = Duration::from_secs(60);
 pub const LONGEST_DEADLINE: Duration = Duration::from_secs(24 * 3600);
 
 /// How long a reply write may block before the client is deemed not to read (dropped).
-pub const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+/// The framed connection's default, which the broker client uses too.
+pub const WRITE_TIMEOUT: Duration = idproto::framed::WRITE_TIMEOUT;
 
 /// How long the handshake (connect to complete `Hello`) may take: a client that connects
 /// and says nothing must not hold a connection slot.
@@ -79,8 +84,8 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How long any frame may take from its first byte (header included) to its last: a
 /// half-sent frame must not hold a connection slot forever. A frame is at most 64 KiB,
-/// so a live client sends one in far less.
-pub const FRAME_TIMEOUT: Duration = Duration::from_secs(5);
+/// so a live client sends one in far less. The framed connection's default.
+pub const FRAME_TIMEOUT: Duration = idproto::framed::FRAME_TIMEOUT;
 
 /// A connection with no request in flight and no partial frame for this long is closed
 /// (its client reconnects when it needs to). Long enough that a client calling every
@@ -373,17 +378,13 @@ async fn make_room(
 /// on to another broker at once instead of waiting in the accept queue.
 fn refuse_at_cap(
     stream: TcpStream,
-    peer: std::net::SocketAddr,
+    peer: SocketAddr,
     refusing: &Arc<Semaphore>,
     config: &BrokerConfig,
     stats: &Arc<Stats>,
 ) {
-    stats
-        .connections_total
-        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    stats
-        .connections_dropped
-        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    stats.connections_total.fetch_add(1, Relaxed);
+    stats.connections_dropped.fetch_add(1, Relaxed);
     let reason = format!(
         "connection cap ({}) reached and no connection idle for {:?}: try another broker or later",
         config.max_connections, config.evict_min_idle
@@ -393,18 +394,14 @@ fn refuse_at_cap(
         return; // too many refusals under way: just close
     };
     tokio::spawn(async move {
-        let mut frame = Vec::new();
-        if idproto::wire::encode(&idproto::wire::ServerMsg::Refused { reason }, &mut frame).is_err()
-        {
-            return;
-        }
-        let (mut rd, mut wr) = stream.into_split();
+        let (mut rd, wr) = stream.into_split();
+        let mut wr = FrameWriter::new(wr, REFUSE_LINGER);
         let linger = async {
-            wr.write_all(&frame).await?;
+            wr.send(&ServerMsg::Refused { reason }).await?;
             wr.shutdown().await?;
             let mut sink = [0u8; 512];
-            while tokio::io::AsyncReadExt::read(&mut rd, &mut sink).await? > 0 {}
-            Ok::<(), std::io::Error>(())
+            while rd.read(&mut sink).await? > 0 {}
+            Ok::<(), WireError>(())
         };
         let _ = tokio::time::timeout(REFUSE_LINGER, linger).await;
         drop(permit);

@@ -2,7 +2,10 @@
 //!
 //! [`BrokerClient`] multiplexes any number of concurrent callers over a few TCP
 //! connections (requests are pipelined, matched to replies by request id, and written in
-//! batches by one writer task per connection). It holds a list of brokers: when a
+//! batches by one writer task per connection). Connections are idproto's framed
+//! connection ([`idproto::framed`]), the one the broker uses: a broker that leaves a
+//! reply half-sent (frame timeout) or stops reading requests (write timeout) breaks the
+//! connection, like a close does. It holds a list of brokers: when a
 //! connection breaks it reconnects to the next broker and resends, within the caller's
 //! deadline. That is the ONLY retry here: quorum trouble is retried by the broker, and
 //! its typed error is returned as is (DESIGN.md: one retrying layer).
@@ -15,13 +18,13 @@
 
 use crate::backoff::Backoff;
 use crate::{IdError, IdRange, IdSource};
-use idproto::wire::{self, BrokerStats, ClientMsg, FrameReader, ServerMsg};
+use idproto::framed::{self, FrameReader, FrameWriter, Timeouts};
+use idproto::wire::{self, BrokerStats, ClientMsg, ServerMsg, WireError};
 use idproto::NodeFailure;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
-use tokio::io::AsyncWriteExt;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot, watch};
@@ -41,9 +44,6 @@ pub const DEFAULT_CONNECTIONS: usize = 2;
 /// Requests waiting for a connection's writer. Callers wait (within their deadline)
 /// when it is full, so a stalled broker cannot make the client queue without bound.
 const WRITE_QUEUE: usize = 4096;
-
-/// The writer sends what it has once this much is buffered.
-const WRITE_BUF: usize = 64 * 1024;
 
 /// A slot whose connection could not be opened while another slot's was usable is not
 /// tried again before this long: meanwhile its callers use the connections there are
@@ -77,6 +77,21 @@ pub struct BrokerClientConfig {
     /// Seeds the jitter of failover and reconnect pauses, so a simulation replays
     /// exactly; `None` (the default) uses the thread RNG.
     pub jitter_seed: Option<u64>,
+    /// How long a reply may take from its first byte to its last before the connection
+    /// counts as broken (default [`framed::FRAME_TIMEOUT`]).
+    pub frame_timeout: Duration,
+    /// How long a write of requests may block before the connection counts as broken
+    /// (default [`framed::WRITE_TIMEOUT`]).
+    pub write_timeout: Duration,
+}
+
+impl BrokerClientConfig {
+    fn timeouts(&self) -> Timeouts {
+        Timeouts {
+            frame: self.frame_timeout,
+            write: self.write_timeout,
+        }
+    }
 }
 
 impl Default for BrokerClientConfig {
@@ -86,6 +101,8 @@ impl Default for BrokerClientConfig {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             connections: DEFAULT_CONNECTIONS,
             jitter_seed: None,
+            frame_timeout: framed::FRAME_TIMEOUT,
+            write_timeout: framed::WRITE_TIMEOUT,
         }
     }
 }
@@ -379,9 +396,6 @@ impl Inner {
         deadline: Instant,
         failures: &mut Vec<NodeFailure>,
     ) -> Result<Arc<Conn>, IdError> {
-        let unavailable = |failures: &Vec<NodeFailure>| IdError::BrokersUnavailable {
-            failures: failures.clone(),
-        };
         let this = &self.slots[slot];
         if let Some(conn) = this.usable() {
             return Ok(conn);
@@ -405,20 +419,41 @@ impl Inner {
                 }
             }
         };
+        if let Some(conn) = self.retire(this) {
+            return Ok(conn);
+        }
+        self.reconnect(slot, deadline, failures).await
+    }
+
+    /// With the slot's connecting lock held: the connection someone else opened
+    /// meanwhile, or `None` after dropping the slot's broken one (moving on from its
+    /// broker unless it closed quietly, like at the broker's idle timeout).
+    fn retire(&self, this: &Slot) -> Option<Arc<Conn>> {
         let old = {
             let mut state = this.state();
             if let Some(conn) = state.conn.as_ref().filter(|c| c.shared.usable()) {
-                return Ok(conn.clone());
+                return Some(conn.clone());
             }
             state.conn.take()
         };
         if let Some(old) = old {
-            // Someone else's failure on this connection: make sure we move on as well
-            // (not after a quiet close such as the broker's idle timeout).
             if !old.shared.closed_quietly() {
                 self.move_on_from(old.broker);
             }
         }
+        None
+    }
+
+    /// Opens a connection for `slot`, pass after pass over the brokers with backoff
+    /// between passes, until `deadline`; meanwhile another slot's usable connection
+    /// will do (and the slot is retried at most every [`SLOT_RETRY`]).
+    async fn reconnect(
+        &self,
+        slot: usize,
+        deadline: Instant,
+        failures: &mut Vec<NodeFailure>,
+    ) -> Result<Arc<Conn>, IdError> {
+        let this = &self.slots[slot];
         let mut passes = 0;
         loop {
             if let Some(conn) = self.open_any(deadline, failures).await {
@@ -458,7 +493,7 @@ impl Inner {
             }
             let until = deadline.min(now + self.config.connect_timeout);
             let addr = &self.addrs[b];
-            let reason = match timeout_at(until, open(b, addr)).await {
+            let reason = match timeout_at(until, open(b, addr, self.config.timeouts())).await {
                 Ok(Ok(conn)) => {
                     self.preferred.store(b, Relaxed);
                     return Some(Arc::new(conn));
@@ -479,79 +514,107 @@ impl Inner {
 
     /// Sends one request on `conn` and waits for its reply until `deadline`.
     async fn attempt(&self, conn: &Conn, n: u64, deadline: Instant) -> Attempt {
-        let shared = &conn.shared;
-        let lost = |reason: String| {
-            Attempt::Failover(NodeFailure {
+        let id = self.next_request.fetch_add(1, Relaxed);
+        match exchange(conn, id, n, deadline).await {
+            Ok(reply) => judge(&conn.shared, n, reply),
+            Err(attempt) => attempt,
+        }
+    }
+}
+
+/// Every broker failed: the error, with what each one did.
+fn unavailable(failures: &[NodeFailure]) -> IdError {
+    IdError::BrokersUnavailable {
+        failures: failures.to_vec(),
+    }
+}
+
+/// The request's outcome is unknown but no ID of it was returned: send it elsewhere.
+fn lost(shared: &Shared, reason: String) -> Attempt {
+    Attempt::Failover(NodeFailure {
+        addr: shared.addr.clone(),
+        reason,
+    })
+}
+
+/// The deadline sent to the broker when `remaining` is left: a little less (see
+/// [`MARGIN_DIVISOR`]), and at least 1 ms (0 would mean the broker's default).
+fn broker_deadline_ms(remaining: Duration) -> u64 {
+    let margin = (remaining / MARGIN_DIVISOR).min(MAX_MARGIN);
+    u64::try_from((remaining - margin).as_millis())
+        .unwrap_or(u64::MAX)
+        .max(1)
+}
+
+/// Sends request `id` for `n` IDs on `conn` and waits for its reply until `deadline`.
+/// `Err` is the attempt's end without a reply (lost, or timed out).
+async fn exchange(conn: &Conn, id: u64, n: u64, deadline: Instant) -> Result<ServerMsg, Attempt> {
+    let shared = &conn.shared;
+    let (tx, rx) = oneshot::channel();
+    {
+        let mut table = shared.table();
+        if let Some(reason) = &table.broken {
+            return Err(lost(shared, reason.clone()));
+        }
+        table.waiting.insert(id, tx);
+    }
+    let remaining = deadline.saturating_duration_since(Instant::now());
+    let msg = ClientMsg::NextIds {
+        id,
+        count: n,
+        deadline_ms: broker_deadline_ms(remaining),
+    };
+    let timed_out = || {
+        // Removed first: a late reply finds no taker (its IDs are burned).
+        shared.table().waiting.remove(&id);
+        Attempt::Done(Err(IdError::BrokersUnavailable {
+            failures: vec![NodeFailure {
+                addr: shared.addr.clone(),
+                reason: format!("no reply within the deadline ({remaining:?})"),
+            }],
+        }))
+    };
+    match timeout_at(deadline, conn.tx.send(msg)).await {
+        Err(_) => return Err(timed_out()),
+        Ok(Err(_)) => {
+            shared.table().waiting.remove(&id);
+            return Err(lost(shared, "connection writer stopped".into()));
+        }
+        Ok(Ok(())) => {}
+    }
+    match timeout_at(deadline, rx).await {
+        Err(_) => Err(timed_out()),
+        Ok(Err(_)) => Err(lost(shared, "connection dropped the request".into())),
+        Ok(Ok(Reply::Lost(reason))) => Err(lost(shared, reason)),
+        Ok(Ok(Reply::Msg(msg))) => Ok(msg),
+    }
+}
+
+/// What the broker's reply to a request for `n` IDs comes to.
+fn judge(shared: &Shared, n: u64, reply: ServerMsg) -> Attempt {
+    match reply {
+        ServerMsg::Ids { lo, hi, .. } if (IdRange { lo, hi }).holds_exactly(n) => {
+            Attempt::Done(Ok(IdRange { lo, hi }))
+        }
+        ServerMsg::Failed {
+            error: IdError::BrokersUnavailable { failures },
+            ..
+        } => {
+            // The broker is shutting down and never started this request.
+            shared.draining.store(true, Relaxed);
+            let reason = failures
+                .first()
+                .map_or_else(|| "broker unavailable".to_string(), |f| f.reason.clone());
+            lost(shared, reason)
+        }
+        ServerMsg::Failed { error, .. } => Attempt::Done(Err(error)),
+        other => {
+            let reason = format!("unexpected reply to a request for {n} IDs: {other:?}");
+            shared.fail(reason.clone());
+            Attempt::Done(Err(IdError::Protocol {
                 addr: shared.addr.clone(),
                 reason,
-            })
-        };
-        let id = self.next_request.fetch_add(1, Relaxed);
-        let (tx, rx) = oneshot::channel();
-        {
-            let mut table = shared.table();
-            if let Some(reason) = &table.broken {
-                return lost(reason.clone());
-            }
-            table.waiting.insert(id, tx);
-        }
-        let remaining = deadline.saturating_duration_since(Instant::now());
-        let margin = (remaining / MARGIN_DIVISOR).min(MAX_MARGIN);
-        let deadline_ms = u64::try_from((remaining - margin).as_millis())
-            .unwrap_or(u64::MAX)
-            .max(1);
-        let msg = ClientMsg::NextIds {
-            id,
-            count: n,
-            deadline_ms,
-        };
-        let timed_out = || {
-            shared.table().waiting.remove(&id);
-            Attempt::Done(Err(IdError::BrokersUnavailable {
-                failures: vec![NodeFailure {
-                    addr: shared.addr.clone(),
-                    reason: format!("no reply within the deadline ({remaining:?})"),
-                }],
             }))
-        };
-        match timeout_at(deadline, conn.tx.send(msg)).await {
-            Err(_) => return timed_out(),
-            Ok(Err(_)) => {
-                shared.table().waiting.remove(&id);
-                return lost("connection writer stopped".into());
-            }
-            Ok(Ok(())) => {}
-        }
-        let reply = match timeout_at(deadline, rx).await {
-            Err(_) => return timed_out(),
-            Ok(Err(_)) => return lost("connection dropped the request".into()),
-            Ok(Ok(Reply::Lost(reason))) => return lost(reason),
-            Ok(Ok(Reply::Msg(msg))) => msg,
-        };
-        match reply {
-            ServerMsg::Ids { lo, hi, .. } if (IdRange { lo, hi }).holds_exactly(n) => {
-                Attempt::Done(Ok(IdRange { lo, hi }))
-            }
-            ServerMsg::Failed {
-                error: IdError::BrokersUnavailable { failures },
-                ..
-            } => {
-                // The broker is shutting down and never started this request.
-                shared.draining.store(true, Relaxed);
-                let reason = failures
-                    .first()
-                    .map_or_else(|| "broker unavailable".to_string(), |f| f.reason.clone());
-                lost(reason)
-            }
-            ServerMsg::Failed { error, .. } => Attempt::Done(Err(error)),
-            other => {
-                let reason = format!("unexpected reply to a request for {n} IDs: {other:?}");
-                shared.fail(reason.clone());
-                Attempt::Done(Err(IdError::Protocol {
-                    addr: shared.addr.clone(),
-                    reason,
-                }))
-            }
         }
     }
 }
@@ -563,34 +626,42 @@ impl IdSource for BrokerClient {
     }
 }
 
-/// Connects and handshakes; returns the stream halves and the broker's Welcome values.
-async fn handshake(
-    addr: &str,
-) -> Result<(FrameReader<OwnedReadHalf>, OwnedWriteHalf, u64), IdError> {
-    let io = |e: std::io::Error| IdError::BrokersUnavailable {
+/// What a [`WireError`] on the connection to `addr` means to a caller: the broker is
+/// unreachable (I/O, timeouts), or it broke the protocol (anything else).
+fn wire_error(addr: &str, e: WireError) -> IdError {
+    let unreachable = |reason: String| IdError::BrokersUnavailable {
         failures: vec![NodeFailure {
             addr: addr.to_string(),
-            reason: e.to_string(),
+            reason,
         }],
     };
+    match e {
+        WireError::Io(e) => unreachable(e.to_string()),
+        e @ (WireError::FrameTimeout(_) | WireError::WriteTimeout(_)) => unreachable(e.to_string()),
+        e => IdError::Protocol {
+            addr: addr.to_string(),
+            reason: e.to_string(),
+        },
+    }
+}
+
+/// A framed connection to `addr` after the handshake, and the broker's `max_count`.
+type Handshaken = (FrameReader<OwnedReadHalf>, FrameWriter<OwnedWriteHalf>, u64);
+
+/// Connects and handshakes; returns the framed connection and the broker's `max_count`.
+async fn handshake(addr: &str, timeouts: Timeouts) -> Result<Handshaken, IdError> {
+    let io = |e: std::io::Error| wire_error(addr, WireError::Io(e));
     let protocol = |reason: String| IdError::Protocol {
         addr: addr.to_string(),
         reason,
     };
     let stream = TcpStream::connect(addr).await.map_err(io)?;
-    stream.set_nodelay(true).map_err(io)?;
-    let (rd, mut wr) = stream.into_split();
-    let mut rd = FrameReader::new(rd);
-    let mut buf = Vec::new();
-    wire::encode(
-        &ClientMsg::Hello {
-            magic: wire::MAGIC,
-            version: wire::VERSION,
-        },
-        &mut buf,
-    )
-    .map_err(|e| protocol(e.to_string()))?;
-    wr.write_all(&buf).await.map_err(io)?;
+    let (mut rd, mut wr) = framed::split(stream, timeouts).map_err(io)?;
+    let hello = ClientMsg::Hello {
+        magic: wire::MAGIC,
+        version: wire::VERSION,
+    };
+    wr.send(&hello).await.map_err(|e| wire_error(addr, e))?;
     match rd.read_msg::<ServerMsg>().await {
         Ok(Some(ServerMsg::Welcome {
             version, max_count, ..
@@ -603,14 +674,13 @@ async fn handshake(
             std::io::ErrorKind::UnexpectedEof,
             "closed during the handshake",
         ))),
-        Err(wire::WireError::Io(e)) => Err(io(e)),
-        Err(e) => Err(protocol(e.to_string())),
+        Err(e) => Err(wire_error(addr, e)),
     }
 }
 
 /// Opens a connection to broker `broker` at `addr` and starts its reader and writer.
-async fn open(broker: usize, addr: &str) -> Result<Conn, IdError> {
-    let (rd, wr, max_count) = handshake(addr).await?;
+async fn open(broker: usize, addr: &str, timeouts: Timeouts) -> Result<Conn, IdError> {
+    let (rd, wr, max_count) = handshake(addr, timeouts).await?;
     let (dead, _) = watch::channel(false);
     let shared = Arc::new(Shared {
         addr: addr.to_string(),
@@ -664,45 +734,26 @@ async fn read_loop(mut rd: FrameReader<OwnedReadHalf>, shared: Arc<Shared>) {
 
 /// Writes queued requests, as many per system call as are waiting.
 async fn write_loop(
-    mut wr: OwnedWriteHalf,
+    mut wr: FrameWriter<OwnedWriteHalf>,
     mut rx: mpsc::Receiver<ClientMsg>,
     shared: Arc<Shared>,
 ) {
     let mut dead = shared.dead.subscribe();
-    let mut buf = Vec::with_capacity(WRITE_BUF);
     let reason = loop {
-        let first = tokio::select! {
+        // A batch dropped mid-write when `dead` wins is moot: the connection is gone.
+        let written = tokio::select! {
             biased;
             _ = dead.wait_for(|d| *d) => return,
-            m = rx.recv() => match m {
-                Some(m) => m,
-                None => break "connection closed by the client".to_string(),
-            },
+            w = wr.write_batch(&mut rx, |w, msg| w.push(&msg)) => w,
         };
-        let mut next = Some(first);
-        let mut bad = None;
-        while let Some(msg) = next.take() {
-            if let Err(e) = wire::encode(&msg, &mut buf) {
-                bad = Some(format!("cannot encode a request: {e}"));
-                break;
+        match written {
+            Ok(0) => break "connection closed by the client".to_string(),
+            Ok(_) => {}
+            Err(e @ (WireError::Encode(_) | WireError::TooLarge { .. })) => {
+                break format!("cannot encode a request: {e}")
             }
-            if buf.len() >= WRITE_BUF {
-                break;
-            }
-            next = rx.try_recv().ok();
+            Err(e) => break format!("writing: {e}"),
         }
-        if let Some(reason) = bad {
-            break reason;
-        }
-        let write = tokio::select! {
-            biased;
-            _ = dead.wait_for(|d| *d) => return,
-            r = wr.write_all(&buf) => r,
-        };
-        if let Err(e) = write {
-            break format!("writing: {e}");
-        }
-        buf.clear();
     };
     shared.fail(reason);
 }
@@ -720,15 +771,10 @@ pub async fn fetch_stats(addr: &str) -> Result<BrokerStats, IdError> {
         }],
     };
     let work = async {
-        let (mut rd, mut wr, _) = handshake(addr).await?;
-        let mut buf = Vec::new();
-        wire::encode(&ClientMsg::Stats { id: 1 }, &mut buf).map_err(|e| IdError::Protocol {
-            addr: addr.to_string(),
-            reason: e.to_string(),
-        })?;
-        wr.write_all(&buf)
+        let (mut rd, mut wr, _) = handshake(addr, Timeouts::default()).await?;
+        wr.send(&ClientMsg::Stats { id: 1 })
             .await
-            .map_err(|e| unavailable(e.to_string()))?;
+            .map_err(|e| wire_error(addr, e))?;
         match rd.read_msg::<ServerMsg>().await {
             Ok(Some(ServerMsg::Stats { stats, .. })) => Ok(stats),
             Ok(Some(other)) => Err(IdError::Protocol {
