@@ -790,3 +790,364 @@ pub async fn fetch_stats(addr: &str) -> Result<BrokerStats, IdError> {
         Err(_) => Err(unavailable(format!("no stats within {STATS_TIMEOUT:?}"))),
     }
 }
+
+/// The client against a scripted fake broker: a loopback listener in the test that
+/// speaks the wire protocol and answers every request as its [`Script`] says.
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+    use tokio::io::AsyncWriteExt;
+    use tokio::net::TcpListener;
+
+    /// How a fake broker answers.
+    #[derive(Debug, Clone)]
+    enum Script {
+        /// Welcome, then the right IDs for every request.
+        Normal,
+        /// Refused instead of Welcome.
+        RefuseHello,
+        /// A reply for a request id never sent, then the right reply.
+        UnknownIdFirst,
+        /// An undecodable frame in reply to a request.
+        Garbage,
+        /// The first bytes of a reply, then silence (the connection stays open).
+        HalfFrame,
+        /// Closes the connection when a request arrives.
+        CloseOnRequest,
+        /// Answers every request with this error.
+        Fail(IdError),
+        /// Answers with one ID too many.
+        WrongCount,
+    }
+
+    struct FakeBroker {
+        addr: String,
+        /// Connections accepted, and requests read (over all of them).
+        conns: Arc<AtomicUsize>,
+        requests: Arc<AtomicUsize>,
+        task: tokio::task::JoinHandle<()>,
+    }
+
+    impl Drop for FakeBroker {
+        fn drop(&mut self) {
+            self.task.abort();
+        }
+    }
+
+    impl FakeBroker {
+        async fn start(script: Script) -> FakeBroker {
+            let listener = TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind a loopback port for the fake broker");
+            let addr = listener.local_addr().expect("local addr").to_string();
+            let conns = Arc::new(AtomicUsize::new(0));
+            let requests = Arc::new(AtomicUsize::new(0));
+            let (c, r) = (conns.clone(), requests.clone());
+            let task = tokio::spawn(async move {
+                // IDs are handed out from one counter per fake broker.
+                let next = Arc::new(AtomicU64::new(1));
+                let mut serving = tokio::task::JoinSet::new();
+                while let Ok((stream, _)) = listener.accept().await {
+                    c.fetch_add(1, Relaxed);
+                    serving.spawn(serve(stream, script.clone(), r.clone(), next.clone()));
+                }
+            });
+            FakeBroker {
+                addr,
+                conns,
+                requests,
+                task,
+            }
+        }
+
+        fn conns(&self) -> usize {
+            self.conns.load(Relaxed)
+        }
+
+        fn requests(&self) -> usize {
+            self.requests.load(Relaxed)
+        }
+    }
+
+    async fn write(wr: &mut OwnedWriteHalf, msg: &ServerMsg) {
+        let mut buf = Vec::new();
+        wire::encode(msg, &mut buf).expect("encode");
+        wr.write_all(&buf).await.expect("fake broker write");
+    }
+
+    /// One connection of a fake broker.
+    async fn serve(
+        stream: TcpStream,
+        script: Script,
+        requests: Arc<AtomicUsize>,
+        next: Arc<AtomicU64>,
+    ) {
+        let (rd, mut wr) = stream.into_split();
+        let mut rd = FrameReader::new(rd, framed::FRAME_TIMEOUT);
+        let Ok(Some(ClientMsg::Hello { .. })) = rd.read_msg::<ClientMsg>().await else {
+            return;
+        };
+        if let Script::RefuseHello = script {
+            let reason = "go away".to_string();
+            return write(&mut wr, &ServerMsg::Refused { reason }).await;
+        }
+        let welcome = ServerMsg::Welcome {
+            version: wire::VERSION,
+            max_count: 1000,
+            max_in_flight: 64,
+        };
+        write(&mut wr, &welcome).await;
+        while let Ok(Some(msg)) = rd.read_msg::<ClientMsg>().await {
+            let ClientMsg::NextIds { id, count, .. } = msg else {
+                continue;
+            };
+            requests.fetch_add(1, Relaxed);
+            let lo = next.fetch_add(count, Relaxed);
+            let ids = ServerMsg::ids(
+                id,
+                IdRange {
+                    lo,
+                    hi: lo + count - 1,
+                },
+            );
+            match &script {
+                Script::Normal | Script::RefuseHello => write(&mut wr, &ids).await,
+                Script::UnknownIdFirst => {
+                    let stray = ServerMsg::ids(id + 1000, IdRange { lo: 1, hi: 1 });
+                    write(&mut wr, &stray).await;
+                    write(&mut wr, &ids).await;
+                }
+                Script::Garbage => {
+                    let _ = wr.write_all(&[3, 0, 0, 0, 0xde, 0xad, 0xbe]).await;
+                }
+                Script::HalfFrame => {
+                    let mut frame = Vec::new();
+                    wire::encode(&ids, &mut frame).expect("encode");
+                    wr.write_all(&frame[..6]).await.expect("fake broker write");
+                    // Silence, with the connection open, until the test ends.
+                    std::future::pending::<()>().await;
+                }
+                Script::CloseOnRequest => return,
+                Script::Fail(error) => {
+                    let error = error.clone();
+                    write(&mut wr, &ServerMsg::Failed { id, error }).await;
+                }
+                Script::WrongCount => {
+                    let wrong = ServerMsg::ids(id, IdRange { lo, hi: lo + count });
+                    write(&mut wr, &wrong).await;
+                }
+            }
+        }
+    }
+
+    fn config(deadline: Duration) -> BrokerClientConfig {
+        BrokerClientConfig {
+            deadline,
+            connections: 1,
+            jitter_seed: Some(7),
+            ..Default::default()
+        }
+    }
+
+    async fn client(brokers: &[&FakeBroker], config: BrokerClientConfig) -> BrokerClient {
+        let addrs = brokers.iter().map(|b| b.addr.clone()).collect();
+        BrokerClient::connect(addrs, config)
+            .await
+            .expect("connect to the fake broker")
+    }
+
+    /// The reasons of a `BrokersUnavailable`, or a panic naming what came instead.
+    #[track_caller]
+    fn unavailable_reasons<T: std::fmt::Debug>(r: Result<T, IdError>) -> Vec<String> {
+        match r {
+            Err(IdError::BrokersUnavailable { failures }) => {
+                failures.into_iter().map(|f| f.reason).collect()
+            }
+            other => panic!("expected BrokersUnavailable, got {other:?}"),
+        }
+    }
+
+    /// Plenty: failover tests must not depend on how fast the machine is.
+    const LONG: Duration = Duration::from_secs(20);
+
+    #[tokio::test]
+    async fn normal_replies_are_returned_in_order() {
+        let b = FakeBroker::start(Script::Normal).await;
+        let c = client(&[&b], config(LONG)).await;
+        assert_eq!(c.next_ids(3).await.expect("ids"), IdRange { lo: 1, hi: 3 });
+        assert_eq!(c.next_id().await.expect("id"), 4);
+        assert!(matches!(c.next_ids(0).await, Err(IdError::BadRequest(_))));
+        // Above the broker's max_count (from its Welcome): refused without asking it.
+        assert!(matches!(
+            c.next_ids(1001).await,
+            Err(IdError::BadRequest(_))
+        ));
+        assert_eq!((b.conns(), b.requests()), (1, 2));
+    }
+
+    #[tokio::test]
+    async fn refused_handshake_is_unavailable_and_the_next_broker_is_used() {
+        let refuser = FakeBroker::start(Script::RefuseHello).await;
+        let addrs = vec![refuser.addr.clone()];
+        let r = BrokerClient::connect(addrs, config(Duration::from_millis(300))).await;
+        let reasons = unavailable_reasons(r);
+        // The last pass's reason (or, if the deadline cut a pass short, that).
+        assert!(
+            reasons
+                .iter()
+                .all(|r| r.contains("handshake refused: go away") || r.contains("no handshake")),
+            "{reasons:?}"
+        );
+        assert!(refuser.conns() >= 1);
+        let good = FakeBroker::start(Script::Normal).await;
+        let c = client(&[&refuser, &good], config(LONG)).await;
+        assert_eq!(c.next_ids(2).await.expect("ids"), IdRange { lo: 1, hi: 2 });
+        assert_eq!(good.requests(), 1);
+    }
+
+    /// A reply nobody waits for (its caller gave up, or a confused broker) is dropped;
+    /// the connection stays and the real reply reaches its caller.
+    #[tokio::test]
+    async fn a_reply_for_an_unknown_request_is_dropped() {
+        let b = FakeBroker::start(Script::UnknownIdFirst).await;
+        let c = client(&[&b], config(LONG)).await;
+        assert_eq!(c.next_ids(2).await.expect("ids"), IdRange { lo: 1, hi: 2 });
+        assert_eq!(c.next_ids(1).await.expect("ids"), IdRange { lo: 3, hi: 3 });
+        assert_eq!(
+            b.conns(),
+            1,
+            "the stray reply must not break the connection"
+        );
+    }
+
+    /// An undecodable frame breaks the connection; the request is resent on a new one
+    /// (to the second broker), never answered from the garbage.
+    #[tokio::test]
+    async fn a_garbage_frame_breaks_the_connection_and_fails_over() {
+        let bad = FakeBroker::start(Script::Garbage).await;
+        let good = FakeBroker::start(Script::Normal).await;
+        let c = client(&[&bad, &good], config(LONG)).await;
+        assert_eq!(c.next_ids(4).await.expect("ids"), IdRange { lo: 1, hi: 4 });
+        assert_eq!((bad.requests(), good.requests()), (1, 1));
+
+        // With nowhere else to go: resent on new connections, then unavailable at the
+        // deadline, saying what was read (or, if the deadline fell while a resent
+        // request was out, that no reply came).
+        let before = bad.requests();
+        let c = client(&[&bad], config(Duration::from_secs(2))).await;
+        let reasons = unavailable_reasons(c.next_ids(1).await);
+        assert!(bad.requests() - before >= 2, "{}", bad.requests());
+        assert!(
+            reasons
+                .iter()
+                .any(|r| r.contains("undecodable") || r.contains("no reply within")),
+            "{reasons:?}"
+        );
+    }
+
+    /// A reply that stops halfway breaks the connection at the frame timeout, and the
+    /// request goes to the second broker well within its deadline.
+    #[tokio::test]
+    async fn a_half_sent_reply_times_out_and_fails_over() {
+        let stuck = FakeBroker::start(Script::HalfFrame).await;
+        let good = FakeBroker::start(Script::Normal).await;
+        let config = BrokerClientConfig {
+            frame_timeout: Duration::from_millis(200),
+            ..config(LONG)
+        };
+        let c = client(&[&stuck, &good], config.clone()).await;
+        assert_eq!(c.next_ids(1).await.expect("ids"), IdRange { lo: 1, hi: 1 });
+        assert_eq!((stuck.requests(), good.requests()), (1, 1));
+
+        // Alone, the stuck broker costs the caller its deadline; meanwhile every frame
+        // timeout breaks the connection and the request is resent on a new one
+        // (without the frame timeout it would wait on the first one: 1 request).
+        let config = BrokerClientConfig {
+            deadline: Duration::from_secs(3),
+            ..config
+        };
+        let before = stuck.requests();
+        let c = client(&[&stuck], config).await;
+        unavailable_reasons(c.next_ids(1).await);
+        assert!(stuck.requests() - before >= 2, "{}", stuck.requests());
+    }
+
+    /// A connection closed with the request unanswered: outcome unknown, so the request
+    /// is resent as a new one elsewhere; with no other broker, the error says so.
+    #[tokio::test]
+    async fn a_close_mid_request_fails_over_to_the_second_broker() {
+        let closer = FakeBroker::start(Script::CloseOnRequest).await;
+        let good = FakeBroker::start(Script::Normal).await;
+        let c = client(&[&closer, &good], config(LONG)).await;
+        assert_eq!(c.next_ids(5).await.expect("ids"), IdRange { lo: 1, hi: 5 });
+        assert_eq!((closer.requests(), good.requests()), (1, 1));
+        // The next call starts at the broker that worked.
+        assert_eq!(c.next_ids(1).await.expect("ids"), IdRange { lo: 6, hi: 6 });
+        assert_eq!(closer.requests(), 1);
+
+        let before = closer.requests();
+        let c = client(&[&closer], config(Duration::from_secs(2))).await;
+        let reasons = unavailable_reasons(c.next_ids(1).await);
+        assert!(closer.requests() - before >= 2, "{}", closer.requests());
+        assert!(
+            reasons.iter().any(
+                |r| r.contains("broker closed the connection") || r.contains("no reply within")
+            ),
+            "{reasons:?}"
+        );
+    }
+
+    /// A broker's typed error is final (it already retried): returned as is, not
+    /// resent. Only `BrokersUnavailable` (shutting down, never started) fails over.
+    #[tokio::test]
+    async fn typed_errors_are_returned_and_only_shutdown_fails_over() {
+        let no_quorum = IdError::NoQuorum {
+            needed: 3,
+            reachable: 1,
+            total: 5,
+            failures: Vec::new(),
+        };
+        let b = FakeBroker::start(Script::Fail(no_quorum.clone())).await;
+        let good = FakeBroker::start(Script::Normal).await;
+        let c = client(&[&b, &good], config(LONG)).await;
+        assert_eq!(c.next_ids(1).await, Err(no_quorum));
+        assert_eq!((b.requests(), good.requests()), (1, 0));
+
+        let draining = IdError::BrokersUnavailable {
+            failures: vec![NodeFailure {
+                addr: "broker".into(),
+                reason: "shutting down".into(),
+            }],
+        };
+        let b = FakeBroker::start(Script::Fail(draining)).await;
+        let c = client(&[&b, &good], config(LONG)).await;
+        assert_eq!(c.next_ids(2).await.expect("ids"), IdRange { lo: 1, hi: 2 });
+        assert_eq!((b.requests(), good.requests()), (1, 1));
+    }
+
+    /// A reply with the wrong number of IDs is a protocol error, never a range.
+    #[tokio::test]
+    async fn a_wrong_count_is_a_protocol_error() {
+        let b = FakeBroker::start(Script::WrongCount).await;
+        let c = client(&[&b], config(LONG)).await;
+        match c.next_ids(3).await {
+            Err(IdError::Protocol { addr, reason }) => {
+                assert_eq!(addr, b.addr);
+                assert!(reason.contains("unexpected reply"), "{reason}");
+            }
+            other => panic!("expected a protocol error, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn stats_are_fetched_and_a_refusal_is_an_error() {
+        let refuser = FakeBroker::start(Script::RefuseHello).await;
+        match fetch_stats(&refuser.addr).await {
+            Err(IdError::Protocol { reason, .. }) => {
+                assert!(reason.contains("go away"), "{reason}")
+            }
+            other => panic!("expected a protocol error, got {other:?}"),
+        }
+    }
+}
