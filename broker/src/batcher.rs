@@ -209,26 +209,7 @@ async fn round<S: RoundSource>(
     };
     let started = Instant::now();
     let fut = source.next_ids_until(total, round_deadline);
-    tokio::pin!(fut);
-    let outcome = loop {
-        let Some(next_expiry) = batch.iter().flatten().map(|p| p.deadline).min() else {
-            break None; // everyone has been answered: abandon the round
-        };
-        tokio::select! {
-            biased;
-            result = &mut fut => break Some(result),
-            () = tokio::time::sleep_until(next_expiry) => {
-                let now = Instant::now();
-                for slot in batch.iter_mut() {
-                    if slot.as_ref().is_some_and(|p| p.deadline <= now) {
-                        if let Some(p) = slot.take() {
-                            p.expired(stats);
-                        }
-                    }
-                }
-            }
-        }
-    };
+    let outcome = run_until_answered(fut, batch, stats).await;
     let took = started.elapsed();
     match outcome {
         None => {
@@ -242,41 +223,80 @@ async fn round<S: RoundSource>(
         Some(Ok(range)) if range.holds_exactly(total) => {
             stats.round(size, took, true);
             tracing::trace!(batch = size, lo = range.lo, hi = range.hi, ?took, "round");
-            let mut lo = range.lo;
-            for (slot, count) in batch.iter_mut().zip(counts) {
-                let hi = lo + (count - 1);
-                if let Some(p) = slot.take() {
-                    p.answer(Ok(IdRange { lo, hi }), stats);
-                }
-                // An expired request's share is skipped, never reused: a hole.
-                lo = hi.wrapping_add(1);
-            }
+            split(range, batch, &counts, stats);
         }
         Some(result) => {
             stats.round(size, took, false);
-            let error = match result {
-                Ok(range) => {
-                    tracing::error!(
-                        ?range,
-                        total,
-                        "quorum round returned the wrong number of IDs; failing the batch"
-                    );
-                    IdError::Protocol {
-                        addr: "quorum".to_string(),
-                        reason: format!(
-                            "a round for {total} IDs returned {}..={}",
-                            range.lo, range.hi
-                        ),
-                    }
-                }
-                Err(e) => {
-                    tracing::warn!(batch = size, ?took, "round failed: {e}");
-                    e
-                }
-            };
+            let error = round_error(result, total, size, took);
             for p in batch.iter_mut().filter_map(Option::take) {
                 p.answer(Err(error.clone()), stats);
             }
+        }
+    }
+}
+
+/// Drives the round `fut`, answering each request of `batch` with `Deadline` at its
+/// own deadline meanwhile: the round's result, or `None` once every request has been
+/// answered (the round is then abandoned).
+async fn run_until_answered(
+    fut: impl Future<Output = Result<IdRange, IdError>>,
+    batch: &mut [Option<Pending>],
+    stats: &Stats,
+) -> Option<Result<IdRange, IdError>> {
+    tokio::pin!(fut);
+    loop {
+        let next_expiry = batch.iter().flatten().map(|p| p.deadline).min()?;
+        tokio::select! {
+            biased;
+            result = &mut fut => return Some(result),
+            () = tokio::time::sleep_until(next_expiry) => {
+                let now = Instant::now();
+                for slot in batch.iter_mut() {
+                    if slot.as_ref().is_some_and(|p| p.deadline <= now) {
+                        if let Some(p) = slot.take() {
+                            p.expired(stats);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Splits `range` over the batch in arrival order (`counts[i]` IDs for request `i`).
+fn split(range: IdRange, batch: &mut [Option<Pending>], counts: &[u64], stats: &Stats) {
+    let mut lo = range.lo;
+    for (slot, &count) in batch.iter_mut().zip(counts) {
+        let hi = lo + (count - 1);
+        if let Some(p) = slot.take() {
+            p.answer(Ok(IdRange { lo, hi }), stats);
+        }
+        // An expired request's share is skipped, never reused: a hole.
+        lo = hi.wrapping_add(1);
+    }
+}
+
+/// The error every request of a failed round gets: the round's own, or a protocol error
+/// for a round that returned the wrong number of IDs.
+fn round_error(result: Result<IdRange, IdError>, total: u64, size: u64, took: Duration) -> IdError {
+    match result {
+        Ok(range) => {
+            tracing::error!(
+                ?range,
+                total,
+                "quorum round returned the wrong number of IDs; failing the batch"
+            );
+            IdError::Protocol {
+                addr: "quorum".to_string(),
+                reason: format!(
+                    "a round for {total} IDs returned {}..={}",
+                    range.lo, range.hi
+                ),
+            }
+        }
+        Err(e) => {
+            tracing::warn!(batch = size, ?took, "round failed: {e}");
+            e
         }
     }
 }

@@ -1,5 +1,6 @@
 //! One client connection: a reader (handshake, frames, timeouts, backpressure) and a
-//! writer task (batches replies into few writes, bounded by a write timeout).
+//! writer task (batches replies into few writes, bounded by a write timeout), both over
+//! idproto's framed connection ([`idproto::framed`]), the one the broker client uses too.
 //!
 //! Every wait of the reader is bounded: the handshake by the handshake timeout, every
 //! partial frame (header included) by the frame timeout, a connection with nothing in
@@ -10,21 +11,17 @@ use crate::batcher::{Outgoing, Pending};
 use crate::stats::Stats;
 use crate::BrokerConfig;
 use idclient::IdError;
-use idproto::wire::{self, ClientMsg, FrameReader, ServerMsg, WireError};
+use idproto::framed::{self, FrameReader, FrameWriter, Timeouts};
+use idproto::wire::{self, ClientMsg, ServerMsg, WireError};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::AsyncWriteExt;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, watch, Notify, Semaphore};
-use tokio::time::{sleep_until, timeout, Instant};
-
-/// The writer flushes once this much is buffered even if more replies are waiting, so
-/// one slow burst cannot grow the buffer without bound.
-const WRITE_BUF: usize = 64 * 1024;
+use tokio::sync::{mpsc, watch, Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::time::{sleep_until, Instant};
 
 /// Replies sent without an in-flight permit (Welcome, Refused): room for them in the
 /// outbound queue on top of the permits.
@@ -33,8 +30,9 @@ const CONTROL_SLOTS: usize = 2;
 /// Why a connection was closed by the broker.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum ConnError {
+    /// Its message is the whole story (no `source()`, so a chain prints it once).
     #[error("{0}")]
-    Wire(#[from] WireError),
+    Wire(WireError),
     #[error("no complete handshake within {0:?}")]
     HandshakeTimeout(Duration),
     #[error("frame not completed within {0:?} of its first byte")]
@@ -53,6 +51,16 @@ pub(crate) enum ConnError {
     WriterGone,
     #[error("batcher stopped")]
     BatcherGone,
+}
+
+impl From<WireError> for ConnError {
+    fn from(e: WireError) -> ConnError {
+        match e {
+            WireError::FrameTimeout(d) => ConnError::FrameTimeout(d),
+            WireError::WriteTimeout(d) => ConnError::WriteTimeout(d),
+            other => ConnError::Wire(other),
+        }
+    }
 }
 
 impl ConnError {
@@ -145,18 +153,14 @@ pub(crate) async fn serve(stream: TcpStream, peer: SocketAddr, ctx: Ctx, state: 
 }
 
 async fn handle(stream: TcpStream, ctx: Ctx, state: Arc<ConnState>) -> Result<(), ConnError> {
-    // Replies are small and latency-bound: do not let Nagle hold them back.
-    stream.set_nodelay(true).map_err(WireError::from)?;
-    let (rd, wr) = stream.into_split();
-    let mut rd = FrameReader::new(rd);
+    let timeouts = Timeouts {
+        frame: ctx.config.frame_timeout,
+        write: ctx.config.write_timeout,
+    };
+    let (mut rd, wr) = framed::split(stream, timeouts).map_err(WireError::from)?;
     let max_in_flight = ctx.config.max_in_flight_per_conn;
     let (out_tx, out_rx) = mpsc::channel(max_in_flight + CONTROL_SLOTS);
-    let writer = tokio::spawn(write_loop(
-        wr,
-        out_rx,
-        ctx.config.write_timeout,
-        state.clone(),
-    ));
+    let writer = tokio::spawn(write_loop(wr, out_rx, state.clone()));
     let read = read_loop(&mut rd, &out_tx, &ctx, &state).await;
     if let Err(e) = &read {
         if e.tell_peer() {
@@ -216,7 +220,6 @@ async fn next_msg(
 ) -> Result<Option<ClientMsg>, ConnError> {
     let config = &ctx.config;
     let mut stopping = ctx.stopping.clone();
-    let mut frame_until: Option<Instant> = None;
     loop {
         if let Some(msg) = rd.next_msg()? {
             state.partial.store(false, Relaxed);
@@ -227,8 +230,8 @@ async fn next_msg(
         let now = Instant::now();
         let wait = if let Some(until) = handshake {
             Wait::Handshake(until)
-        } else if rd.partial() {
-            Wait::Frame(*frame_until.get_or_insert(now + config.frame_timeout))
+        } else if let Some(until) = rd.frame_deadline() {
+            Wait::Frame(until)
         } else if state.idle_for(now).is_some() {
             Wait::Idle(state.last_active() + config.idle_timeout)
         } else {
@@ -301,130 +304,128 @@ async fn handshake(
         max_count: config.max_count,
         max_in_flight: u32::try_from(config.max_in_flight_per_conn).unwrap_or(u32::MAX),
     };
-    out_tx
-        .send(Outgoing {
-            msg: welcome,
-            permit: None,
-        })
-        .await
-        .map_err(|_| ConnError::WriterGone)?;
+    reply(out_tx, welcome, None).await?;
     Ok(true)
 }
 
+/// Handshake, then requests until the peer leaves or the broker stops.
 async fn read_loop(
     rd: &mut FrameReader<OwnedReadHalf>,
     out_tx: &mpsc::Sender<Outgoing>,
     ctx: &Ctx,
     state: &ConnState,
 ) -> Result<(), ConnError> {
-    let config = &ctx.config;
     if !handshake(rd, out_tx, ctx, state).await? {
         return Ok(());
     }
-    loop {
-        let Some(msg) = next_msg(rd, out_tx, ctx, state, None).await? else {
-            return Ok(());
-        };
-        // Backpressure: with max_in_flight replies owed, stop reading until one is written.
-        let permit = tokio::select! {
-            biased;
-            () = out_tx.closed() => return Err(ConnError::WriterGone),
-            p = state.in_flight.clone().acquire_owned() => p.map_err(|_| ConnError::WriterGone)?,
-        };
+    while let Some(msg) = next_msg(rd, out_tx, ctx, state, None).await? {
+        let permit = in_flight_permit(out_tx, state).await?;
         match msg {
             ClientMsg::NextIds {
                 id,
                 count,
                 deadline_ms,
-            } => {
-                ctx.stats.requests.fetch_add(1, Relaxed);
-                if count == 0 || count > config.max_count {
-                    ctx.stats.requests_failed.fetch_add(1, Relaxed);
-                    let error = IdError::BadRequest(format!(
-                        "count {count} is outside 1..={}",
-                        config.max_count
-                    ));
-                    let msg = ServerMsg::Failed { id, error };
-                    out_tx
-                        .send(Outgoing {
-                            msg,
-                            permit: Some(permit),
-                        })
-                        .await
-                        .map_err(|_| ConnError::WriterGone)?;
-                    continue;
-                }
-                let requested = match deadline_ms {
-                    0 => config.default_deadline,
-                    ms => Duration::from_millis(ms).min(config.max_deadline),
-                };
-                let pending = Pending {
-                    id,
-                    count,
-                    deadline: Instant::now() + requested,
-                    requested,
-                    reply: out_tx.clone(),
-                    permit: Some(permit),
-                };
-                ctx.batch_tx
-                    .send(pending)
-                    .await
-                    .map_err(|_| ConnError::BatcherGone)?;
-            }
+            } => next_ids(out_tx, ctx, (id, count, deadline_ms), permit).await?,
             ClientMsg::Stats { id } => {
-                let msg = ServerMsg::Stats {
-                    id,
-                    stats: ctx.stats.snapshot(),
-                };
-                out_tx
-                    .send(Outgoing {
-                        msg,
-                        permit: Some(permit),
-                    })
-                    .await
-                    .map_err(|_| ConnError::WriterGone)?;
+                let stats = ctx.stats.snapshot();
+                reply(out_tx, ServerMsg::Stats { id, stats }, Some(permit)).await?;
             }
             ClientMsg::Hello { .. } => return Err(ConnError::Unexpected("a second Hello")),
         }
     }
+    Ok(())
 }
 
+/// Backpressure: with max_in_flight replies owed, stop reading until one is written.
+async fn in_flight_permit(
+    out_tx: &mpsc::Sender<Outgoing>,
+    state: &ConnState,
+) -> Result<OwnedSemaphorePermit, ConnError> {
+    tokio::select! {
+        biased;
+        () = out_tx.closed() => Err(ConnError::WriterGone),
+        p = state.in_flight.clone().acquire_owned() => p.map_err(|_| ConnError::WriterGone),
+    }
+}
+
+/// Checks a `NextIds` request `(id, count, deadline_ms)` and queues it for the batcher
+/// (or answers a bad count at once).
+async fn next_ids(
+    out_tx: &mpsc::Sender<Outgoing>,
+    ctx: &Ctx,
+    (id, count, deadline_ms): (u64, u64, u64),
+    permit: OwnedSemaphorePermit,
+) -> Result<(), ConnError> {
+    let config = &ctx.config;
+    ctx.stats.requests.fetch_add(1, Relaxed);
+    if count == 0 || count > config.max_count {
+        ctx.stats.requests_failed.fetch_add(1, Relaxed);
+        let error =
+            IdError::BadRequest(format!("count {count} is outside 1..={}", config.max_count));
+        return reply(out_tx, ServerMsg::Failed { id, error }, Some(permit)).await;
+    }
+    let requested = match deadline_ms {
+        0 => config.default_deadline,
+        ms => Duration::from_millis(ms).min(config.max_deadline),
+    };
+    let pending = Pending {
+        id,
+        count,
+        deadline: Instant::now() + requested,
+        requested,
+        reply: out_tx.clone(),
+        permit: Some(permit),
+    };
+    ctx.batch_tx
+        .send(pending)
+        .await
+        .map_err(|_| ConnError::BatcherGone)
+}
+
+/// Queues `msg` for the writer; `permit` is released once it is written.
+async fn reply(
+    out_tx: &mpsc::Sender<Outgoing>,
+    msg: ServerMsg,
+    permit: Option<OwnedSemaphorePermit>,
+) -> Result<(), ConnError> {
+    out_tx
+        .send(Outgoing { msg, permit })
+        .await
+        .map_err(|_| ConnError::WriterGone)
+}
+
+/// Writes replies as they come, as many per write as are queued, until every sender is
+/// gone; then shuts the write side down.
 async fn write_loop(
-    mut wr: OwnedWriteHalf,
+    mut wr: FrameWriter<OwnedWriteHalf>,
     mut rx: mpsc::Receiver<Outgoing>,
-    write_timeout: Duration,
     state: Arc<ConnState>,
 ) -> Result<(), ConnError> {
-    let mut buf = Vec::with_capacity(WRITE_BUF);
     // Held until their replies are on the wire: that is what bounds a slow reader.
     let mut permits = Vec::new();
-    while let Some(first) = rx.recv().await {
-        let mut next = Some(first);
-        while let Some(out) = next.take() {
-            push(&mut buf, &out.msg);
-            permits.push(out.permit);
-            if buf.len() >= WRITE_BUF {
-                break;
-            }
-            next = rx.try_recv().ok();
-        }
-        match timeout(write_timeout, wr.write_all(&buf)).await {
-            Err(_) => return Err(ConnError::WriteTimeout(write_timeout)),
-            Ok(r) => r.map_err(WireError::from)?,
+    loop {
+        let written = wr
+            .write_batch(&mut rx, |w, out| {
+                push(w, &out.msg);
+                permits.push(out.permit);
+                Ok(())
+            })
+            .await?;
+        if written == 0 {
+            break;
         }
         // Active before the permits are released, so it is never seen idle in between.
         state.touch();
-        buf.clear();
         permits.clear();
     }
-    let _ = timeout(write_timeout, wr.shutdown()).await;
+    let _ = wr.shutdown().await;
     Ok(())
 }
 
 /// Encodes `msg`; a reply too large for a frame (an error listing absurdly many nodes)
 /// is replaced by a short error so the request still gets its answer.
-fn push(buf: &mut Vec<u8>, msg: &ServerMsg) {
-    if let Err(e) = wire::encode(msg, buf) {
+fn push(w: &mut FrameWriter<OwnedWriteHalf>, msg: &ServerMsg) {
+    if let Err(e) = w.push(msg) {
         tracing::error!("reply not encodable ({e}): sending a short error instead");
         let reason = format!("reply not encodable: {e}");
         let fallback = match msg.request_id() {
@@ -437,7 +438,7 @@ fn push(buf: &mut Vec<u8>, msg: &ServerMsg) {
             },
             None => ServerMsg::Refused { reason },
         };
-        if let Err(e) = wire::encode(&fallback, buf) {
+        if let Err(e) = w.push(&fallback) {
             tracing::error!("fallback reply not encodable either: {e}");
         }
     }

@@ -32,11 +32,15 @@ pub use idproto::wire::BrokerStats;
 pub use stats::Stats;
 pub use window::{WindowMutant, WindowQuorum, WindowSource, WindowStats};
 
+use idproto::framed::FrameWriter;
+use idproto::wire::{ServerMsg, WireError};
 use std::collections::HashMap;
 use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::Ordering::Relaxed;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::io::AsyncWriteExt;
+use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
@@ -73,7 +77,8 @@ pub const MAX_DEADLINE: Duration = Duration::from_secs(60);
 pub const LONGEST_DEADLINE: Duration = Duration::from_secs(24 * 3600);
 
 /// How long a reply write may block before the client is deemed not to read (dropped).
-pub const WRITE_TIMEOUT: Duration = Duration::from_secs(5);
+/// The framed connection's default, which the broker client uses too.
+pub const WRITE_TIMEOUT: Duration = idproto::framed::WRITE_TIMEOUT;
 
 /// How long the handshake (connect to complete `Hello`) may take: a client that connects
 /// and says nothing must not hold a connection slot.
@@ -81,8 +86,8 @@ pub const HANDSHAKE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// How long any frame may take from its first byte (header included) to its last: a
 /// half-sent frame must not hold a connection slot forever. A frame is at most 64 KiB,
-/// so a live client sends one in far less.
-pub const FRAME_TIMEOUT: Duration = Duration::from_secs(5);
+/// so a live client sends one in far less. The framed connection's default.
+pub const FRAME_TIMEOUT: Duration = idproto::framed::FRAME_TIMEOUT;
 
 /// A connection with no request in flight and no partial frame for this long is closed
 /// (its client reconnects when it needs to). Long enough that a client calling every
@@ -256,74 +261,17 @@ pub async fn run<S: RoundSource>(
         stopping.clone(),
     ));
     let logger = tokio::spawn(log_stats(stats.clone(), config.stats_interval));
-    // Every connection task holds a clone; recv() returning None means all are done.
     let (done_tx, mut done_rx) = mpsc::channel::<()>(1);
-    let limit = Arc::new(Semaphore::new(config.max_connections));
-    let refusing = Arc::new(Semaphore::new(MAX_REFUSING));
-    let conns: Conns = Arc::default();
-    let mut next_conn: u64 = 0;
+    let mut acceptor = Acceptor::new(config, stats.clone(), batch_tx, stopping, done_tx);
     tracing::info!(listen = %name, "broker serving");
-
-    tokio::pin!(shutdown);
-    loop {
-        // Taken before accept when a slot is free; at the cap, room is made after.
-        let free = limit.clone().try_acquire_owned().ok();
-        let accepted = tokio::select! {
-            biased;
-            _ = &mut shutdown => break,
-            accepted = listener.accept() => accepted,
-        };
-        let (stream, peer) = match accepted {
-            Ok(a) => a,
-            Err(e) => {
-                // Typically EMFILE: pausing lets connections close instead of spinning.
-                tracing::warn!("accept failed: {e}; pausing 100 ms");
-                tokio::time::sleep(Duration::from_millis(100)).await;
-                continue;
-            }
-        };
-        let permit = match free {
-            Some(p) => p,
-            None => {
-                let room = tokio::select! {
-                    biased;
-                    _ = &mut shutdown => break,
-                    room = make_room(&limit, &conns, config.evict_min_idle) => room,
-                };
-                match room {
-                    Some(p) => p,
-                    None => {
-                        refuse_at_cap(stream, peer, &refusing, &config, &stats);
-                        continue;
-                    }
-                }
-            }
-        };
-        let ctx = conn::Ctx {
-            config: config.clone(),
-            stats: stats.clone(),
-            batch_tx: batch_tx.clone(),
-            stopping: stopping.clone(),
-        };
-        let state = Arc::new(conn::ConnState::new(config.max_in_flight_per_conn));
-        next_conn += 1;
-        let key = next_conn;
-        lock(&conns).insert(key, state.clone());
-        let conns = conns.clone();
-        let done = done_tx.clone();
-        tokio::spawn(async move {
-            conn::serve(stream, peer, ctx, state).await;
-            lock(&conns).remove(&key);
-            drop(permit);
-            drop(done);
-        });
-    }
+    acceptor.serve(&listener, shutdown).await;
 
     tracing::info!("shutting down: no new connections; finishing the round in flight");
     drop(listener);
     let _ = stop_tx.send(true);
-    drop(batch_tx);
-    drop(done_tx);
+    // Drops the batcher's queue sender and our clone of `done_tx`: `done_rx` sees the
+    // end once the last connection task has finished.
+    drop(acceptor);
     let _ = done_rx.recv().await;
     if let Err(e) = batcher.await {
         tracing::error!("batcher task failed: {e}");
@@ -332,6 +280,105 @@ pub async fn run<S: RoundSource>(
     let final_stats = stats.snapshot();
     log_line(&final_stats);
     Ok(final_stats)
+}
+
+/// The accept loop's state: what every connection shares, and the connection slots.
+struct Acceptor {
+    config: Arc<BrokerConfig>,
+    stats: Arc<Stats>,
+    batch_tx: mpsc::Sender<batcher::Pending>,
+    stopping: watch::Receiver<bool>,
+    /// Every connection task holds a clone; the receiver's `recv()` returning `None`
+    /// means all of them are done.
+    done: mpsc::Sender<()>,
+    /// One permit per connection slot.
+    limit: Arc<Semaphore>,
+    /// One permit per connection being told it was refused at the cap.
+    refusing: Arc<Semaphore>,
+    conns: Conns,
+    next_conn: u64,
+}
+
+impl Acceptor {
+    fn new(
+        config: Arc<BrokerConfig>,
+        stats: Arc<Stats>,
+        batch_tx: mpsc::Sender<batcher::Pending>,
+        stopping: watch::Receiver<bool>,
+        done: mpsc::Sender<()>,
+    ) -> Acceptor {
+        Acceptor {
+            limit: Arc::new(Semaphore::new(config.max_connections)),
+            refusing: Arc::new(Semaphore::new(MAX_REFUSING)),
+            conns: Arc::default(),
+            next_conn: 0,
+            config,
+            stats,
+            batch_tx,
+            stopping,
+            done,
+        }
+    }
+
+    /// Accepts connections until `shutdown` completes.
+    async fn serve(&mut self, listener: &TcpListener, shutdown: impl Future) {
+        tokio::pin!(shutdown);
+        loop {
+            // Taken before accept when a slot is free; at the cap, room is made after.
+            let free = self.limit.clone().try_acquire_owned().ok();
+            let accepted = tokio::select! {
+                biased;
+                _ = &mut shutdown => return,
+                accepted = listener.accept() => accepted,
+            };
+            let (stream, peer) = match accepted {
+                Ok(a) => a,
+                Err(e) => {
+                    // Typically EMFILE: pausing lets connections close instead of spinning.
+                    tracing::warn!("accept failed: {e}; pausing 100 ms");
+                    tokio::time::sleep(Duration::from_millis(100)).await;
+                    continue;
+                }
+            };
+            let permit = match free {
+                Some(p) => p,
+                None => tokio::select! {
+                    biased;
+                    _ = &mut shutdown => return,
+                    room = make_room(&self.limit, &self.conns, self.config.evict_min_idle) => match room {
+                        Some(p) => p,
+                        None => {
+                            refuse_at_cap(stream, peer, &self.refusing, &self.config, &self.stats);
+                            continue;
+                        }
+                    },
+                },
+            };
+            self.spawn_conn(stream, peer, permit);
+        }
+    }
+
+    /// Serves `stream` in its own task, which holds the slot `permit` until it ends.
+    fn spawn_conn(&mut self, stream: TcpStream, peer: SocketAddr, permit: OwnedSemaphorePermit) {
+        let ctx = conn::Ctx {
+            config: self.config.clone(),
+            stats: self.stats.clone(),
+            batch_tx: self.batch_tx.clone(),
+            stopping: self.stopping.clone(),
+        };
+        let state = Arc::new(conn::ConnState::new(self.config.max_in_flight_per_conn));
+        self.next_conn += 1;
+        let key = self.next_conn;
+        lock(&self.conns).insert(key, state.clone());
+        let conns = self.conns.clone();
+        let done = self.done.clone();
+        tokio::spawn(async move {
+            conn::serve(stream, peer, ctx, state).await;
+            lock(&conns).remove(&key);
+            drop(permit);
+            drop(done);
+        });
+    }
 }
 
 /// The open connections, by a broker-local key, for eviction at the cap.
@@ -375,17 +422,13 @@ async fn make_room(
 /// on to another broker at once instead of waiting in the accept queue.
 fn refuse_at_cap(
     stream: TcpStream,
-    peer: std::net::SocketAddr,
+    peer: SocketAddr,
     refusing: &Arc<Semaphore>,
     config: &BrokerConfig,
     stats: &Arc<Stats>,
 ) {
-    stats
-        .connections_total
-        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-    stats
-        .connections_dropped
-        .fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+    stats.connections_total.fetch_add(1, Relaxed);
+    stats.connections_dropped.fetch_add(1, Relaxed);
     let reason = format!(
         "connection cap ({}) reached and no connection idle for {:?}: try another broker or later",
         config.max_connections, config.evict_min_idle
@@ -395,18 +438,14 @@ fn refuse_at_cap(
         return; // too many refusals under way: just close
     };
     tokio::spawn(async move {
-        let mut frame = Vec::new();
-        if idproto::wire::encode(&idproto::wire::ServerMsg::Refused { reason }, &mut frame).is_err()
-        {
-            return;
-        }
-        let (mut rd, mut wr) = stream.into_split();
+        let (mut rd, wr) = stream.into_split();
+        let mut wr = FrameWriter::new(wr, REFUSE_LINGER);
         let linger = async {
-            wr.write_all(&frame).await?;
+            wr.send(&ServerMsg::Refused { reason }).await?;
             wr.shutdown().await?;
             let mut sink = [0u8; 512];
-            while tokio::io::AsyncReadExt::read(&mut rd, &mut sink).await? > 0 {}
-            Ok::<(), std::io::Error>(())
+            while rd.read(&mut sink).await? > 0 {}
+            Ok::<(), WireError>(())
         };
         let _ = tokio::time::timeout(REFUSE_LINGER, linger).await;
         drop(permit);

@@ -6,6 +6,7 @@
 use broker::{BrokerConfig, RoundSource};
 use idclient::broker_client::{fetch_stats, BrokerClient, BrokerClientConfig};
 use idclient::{IdError, IdRange, IdSource};
+use idproto::framed::FrameReader;
 use idproto::wire::{self, ClientMsg, ServerMsg};
 use idtools::history::{check, monotonic_ns, Event};
 use std::future::Future;
@@ -290,13 +291,17 @@ async fn send(s: &mut TcpStream, msg: &ClientMsg) {
     s.write_all(&buf).await.expect("write");
 }
 
+/// The next reply. Reads through a reader of its own, which must not have buffered more
+/// than that one frame (the tests expect one reply at a time).
 async fn recv(s: &mut TcpStream) -> Option<ServerMsg> {
-    let mut buf = Vec::new();
-    tokio::time::timeout(Duration::from_secs(5), wire::read_msg(s, &mut buf))
+    let mut rd = FrameReader::new(&mut *s, Duration::from_secs(5));
+    let msg = tokio::time::timeout(Duration::from_secs(5), rd.read_msg())
         .await
         .expect("reply in time")
         .ok()
-        .flatten()
+        .flatten();
+    assert_eq!(rd.buffered(), 0, "more than one reply arrived at once");
+    msg
 }
 
 /// Reads until the broker closes; returns what it said last (a Refused reason).

@@ -3,6 +3,7 @@
 
 use idclient::broker_client::{fetch_stats, BrokerClient, BrokerClientConfig};
 use idclient::{IdError, IdSource};
+use idproto::framed::FrameReader;
 use idproto::wire::{self, ClientMsg, ServerMsg};
 use idtools::cluster::LocalQuorum;
 use idtools::history::{check, monotonic_ns, Event};
@@ -354,16 +355,13 @@ async fn raw_connect(addr: &str) -> TcpStream {
         },
     )
     .await;
-    let mut buf = Vec::new();
-    let welcome = tokio::time::timeout(
-        Duration::from_secs(5),
-        wire::read_msg::<ServerMsg, _>(&mut s, &mut buf),
-    )
-    .await;
+    let mut rd = FrameReader::new(&mut s, Duration::from_secs(5));
+    let welcome = tokio::time::timeout(Duration::from_secs(5), rd.read_msg::<ServerMsg>()).await;
     assert!(
         matches!(welcome, Ok(Ok(Some(ServerMsg::Welcome { .. })))),
         "{welcome:?}"
     );
+    assert_eq!(rd.buffered(), 0, "nothing may follow the Welcome unasked");
     s
 }
 

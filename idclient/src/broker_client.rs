@@ -2,7 +2,10 @@
 //!
 //! [`BrokerClient`] multiplexes any number of concurrent callers over a few TCP
 //! connections (requests are pipelined, matched to replies by request id, and written in
-//! batches by one writer task per connection). It holds a list of brokers: when a
+//! batches by one writer task per connection). Connections are idproto's framed
+//! connection ([`idproto::framed`]), the one the broker uses: a broker that leaves a
+//! reply half-sent (frame timeout) or stops reading requests (write timeout) breaks the
+//! connection, like a close does. It holds a list of brokers: when a
 //! connection breaks it reconnects to the next broker and resends, within the caller's
 //! deadline. That is the ONLY retry here: quorum trouble is retried by the broker, and
 //! its typed error is returned as is (DESIGN.md: one retrying layer).
@@ -15,13 +18,13 @@
 
 use crate::backoff::Backoff;
 use crate::{IdError, IdRange, IdSource};
-use idproto::wire::{self, BrokerStats, ClientMsg, FrameReader, ServerMsg};
+use idproto::framed::{self, FrameReader, FrameWriter, Timeouts};
+use idproto::wire::{self, BrokerStats, ClientMsg, ServerMsg, WireError};
 use idproto::NodeFailure;
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
-use tokio::io::AsyncWriteExt;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot, watch};
@@ -41,9 +44,6 @@ pub const DEFAULT_CONNECTIONS: usize = 2;
 /// Requests waiting for a connection's writer. Callers wait (within their deadline)
 /// when it is full, so a stalled broker cannot make the client queue without bound.
 const WRITE_QUEUE: usize = 4096;
-
-/// The writer sends what it has once this much is buffered.
-const WRITE_BUF: usize = 64 * 1024;
 
 /// A slot whose connection could not be opened while another slot's was usable is not
 /// tried again before this long: meanwhile its callers use the connections there are
@@ -77,6 +77,21 @@ pub struct BrokerClientConfig {
     /// Seeds the jitter of failover and reconnect pauses, so a simulation replays
     /// exactly; `None` (the default) uses the thread RNG.
     pub jitter_seed: Option<u64>,
+    /// How long a reply may take from its first byte to its last before the connection
+    /// counts as broken (default [`framed::FRAME_TIMEOUT`]).
+    pub frame_timeout: Duration,
+    /// How long a write of requests may block before the connection counts as broken
+    /// (default [`framed::WRITE_TIMEOUT`]).
+    pub write_timeout: Duration,
+}
+
+impl BrokerClientConfig {
+    fn timeouts(&self) -> Timeouts {
+        Timeouts {
+            frame: self.frame_timeout,
+            write: self.write_timeout,
+        }
+    }
 }
 
 impl Default for BrokerClientConfig {
@@ -86,6 +101,8 @@ impl Default for BrokerClientConfig {
             connect_timeout: DEFAULT_CONNECT_TIMEOUT,
             connections: DEFAULT_CONNECTIONS,
             jitter_seed: None,
+            frame_timeout: framed::FRAME_TIMEOUT,
+            write_timeout: framed::WRITE_TIMEOUT,
         }
     }
 }
@@ -379,9 +396,6 @@ impl Inner {
         deadline: Instant,
         failures: &mut Vec<NodeFailure>,
     ) -> Result<Arc<Conn>, IdError> {
-        let unavailable = |failures: &Vec<NodeFailure>| IdError::BrokersUnavailable {
-            failures: failures.clone(),
-        };
         let this = &self.slots[slot];
         if let Some(conn) = this.usable() {
             return Ok(conn);
@@ -405,20 +419,41 @@ impl Inner {
                 }
             }
         };
+        if let Some(conn) = self.retire(this) {
+            return Ok(conn);
+        }
+        self.reconnect(slot, deadline, failures).await
+    }
+
+    /// With the slot's connecting lock held: the connection someone else opened
+    /// meanwhile, or `None` after dropping the slot's broken one (moving on from its
+    /// broker unless it closed quietly, like at the broker's idle timeout).
+    fn retire(&self, this: &Slot) -> Option<Arc<Conn>> {
         let old = {
             let mut state = this.state();
             if let Some(conn) = state.conn.as_ref().filter(|c| c.shared.usable()) {
-                return Ok(conn.clone());
+                return Some(conn.clone());
             }
             state.conn.take()
         };
         if let Some(old) = old {
-            // Someone else's failure on this connection: make sure we move on as well
-            // (not after a quiet close such as the broker's idle timeout).
             if !old.shared.closed_quietly() {
                 self.move_on_from(old.broker);
             }
         }
+        None
+    }
+
+    /// Opens a connection for `slot`, pass after pass over the brokers with backoff
+    /// between passes, until `deadline`; meanwhile another slot's usable connection
+    /// will do (and the slot is retried at most every [`SLOT_RETRY`]).
+    async fn reconnect(
+        &self,
+        slot: usize,
+        deadline: Instant,
+        failures: &mut Vec<NodeFailure>,
+    ) -> Result<Arc<Conn>, IdError> {
+        let this = &self.slots[slot];
         let mut passes = 0;
         loop {
             if let Some(conn) = self.open_any(deadline, failures).await {
@@ -458,7 +493,7 @@ impl Inner {
             }
             let until = deadline.min(now + self.config.connect_timeout);
             let addr = &self.addrs[b];
-            let reason = match timeout_at(until, open(b, addr)).await {
+            let reason = match timeout_at(until, open(b, addr, self.config.timeouts())).await {
                 Ok(Ok(conn)) => {
                     self.preferred.store(b, Relaxed);
                     return Some(Arc::new(conn));
@@ -479,79 +514,107 @@ impl Inner {
 
     /// Sends one request on `conn` and waits for its reply until `deadline`.
     async fn attempt(&self, conn: &Conn, n: u64, deadline: Instant) -> Attempt {
-        let shared = &conn.shared;
-        let lost = |reason: String| {
-            Attempt::Failover(NodeFailure {
+        let id = self.next_request.fetch_add(1, Relaxed);
+        match exchange(conn, id, n, deadline).await {
+            Ok(reply) => judge(&conn.shared, n, reply),
+            Err(attempt) => attempt,
+        }
+    }
+}
+
+/// Every broker failed: the error, with what each one did.
+fn unavailable(failures: &[NodeFailure]) -> IdError {
+    IdError::BrokersUnavailable {
+        failures: failures.to_vec(),
+    }
+}
+
+/// The request's outcome is unknown but no ID of it was returned: send it elsewhere.
+fn lost(shared: &Shared, reason: String) -> Attempt {
+    Attempt::Failover(NodeFailure {
+        addr: shared.addr.clone(),
+        reason,
+    })
+}
+
+/// The deadline sent to the broker when `remaining` is left: a little less (see
+/// [`MARGIN_DIVISOR`]), and at least 1 ms (0 would mean the broker's default).
+fn broker_deadline_ms(remaining: Duration) -> u64 {
+    let margin = (remaining / MARGIN_DIVISOR).min(MAX_MARGIN);
+    u64::try_from((remaining - margin).as_millis())
+        .unwrap_or(u64::MAX)
+        .max(1)
+}
+
+/// Sends request `id` for `n` IDs on `conn` and waits for its reply until `deadline`.
+/// `Err` is the attempt's end without a reply (lost, or timed out).
+async fn exchange(conn: &Conn, id: u64, n: u64, deadline: Instant) -> Result<ServerMsg, Attempt> {
+    let shared = &conn.shared;
+    let (tx, rx) = oneshot::channel();
+    {
+        let mut table = shared.table();
+        if let Some(reason) = &table.broken {
+            return Err(lost(shared, reason.clone()));
+        }
+        table.waiting.insert(id, tx);
+    }
+    let remaining = deadline.saturating_duration_since(Instant::now());
+    let msg = ClientMsg::NextIds {
+        id,
+        count: n,
+        deadline_ms: broker_deadline_ms(remaining),
+    };
+    let timed_out = || {
+        // Removed first: a late reply finds no taker (its IDs are burned).
+        shared.table().waiting.remove(&id);
+        Attempt::Done(Err(IdError::BrokersUnavailable {
+            failures: vec![NodeFailure {
+                addr: shared.addr.clone(),
+                reason: format!("no reply within the deadline ({remaining:?})"),
+            }],
+        }))
+    };
+    match timeout_at(deadline, conn.tx.send(msg)).await {
+        Err(_) => return Err(timed_out()),
+        Ok(Err(_)) => {
+            shared.table().waiting.remove(&id);
+            return Err(lost(shared, "connection writer stopped".into()));
+        }
+        Ok(Ok(())) => {}
+    }
+    match timeout_at(deadline, rx).await {
+        Err(_) => Err(timed_out()),
+        Ok(Err(_)) => Err(lost(shared, "connection dropped the request".into())),
+        Ok(Ok(Reply::Lost(reason))) => Err(lost(shared, reason)),
+        Ok(Ok(Reply::Msg(msg))) => Ok(msg),
+    }
+}
+
+/// What the broker's reply to a request for `n` IDs comes to.
+fn judge(shared: &Shared, n: u64, reply: ServerMsg) -> Attempt {
+    match reply {
+        ServerMsg::Ids { lo, hi, .. } if (IdRange { lo, hi }).holds_exactly(n) => {
+            Attempt::Done(Ok(IdRange { lo, hi }))
+        }
+        ServerMsg::Failed {
+            error: IdError::BrokersUnavailable { failures },
+            ..
+        } => {
+            // The broker is shutting down and never started this request.
+            shared.draining.store(true, Relaxed);
+            let reason = failures
+                .first()
+                .map_or_else(|| "broker unavailable".to_string(), |f| f.reason.clone());
+            lost(shared, reason)
+        }
+        ServerMsg::Failed { error, .. } => Attempt::Done(Err(error)),
+        other => {
+            let reason = format!("unexpected reply to a request for {n} IDs: {other:?}");
+            shared.fail(reason.clone());
+            Attempt::Done(Err(IdError::Protocol {
                 addr: shared.addr.clone(),
                 reason,
-            })
-        };
-        let id = self.next_request.fetch_add(1, Relaxed);
-        let (tx, rx) = oneshot::channel();
-        {
-            let mut table = shared.table();
-            if let Some(reason) = &table.broken {
-                return lost(reason.clone());
-            }
-            table.waiting.insert(id, tx);
-        }
-        let remaining = deadline.saturating_duration_since(Instant::now());
-        let margin = (remaining / MARGIN_DIVISOR).min(MAX_MARGIN);
-        let deadline_ms = u64::try_from((remaining - margin).as_millis())
-            .unwrap_or(u64::MAX)
-            .max(1);
-        let msg = ClientMsg::NextIds {
-            id,
-            count: n,
-            deadline_ms,
-        };
-        let timed_out = || {
-            shared.table().waiting.remove(&id);
-            Attempt::Done(Err(IdError::BrokersUnavailable {
-                failures: vec![NodeFailure {
-                    addr: shared.addr.clone(),
-                    reason: format!("no reply within the deadline ({remaining:?})"),
-                }],
             }))
-        };
-        match timeout_at(deadline, conn.tx.send(msg)).await {
-            Err(_) => return timed_out(),
-            Ok(Err(_)) => {
-                shared.table().waiting.remove(&id);
-                return lost("connection writer stopped".into());
-            }
-            Ok(Ok(())) => {}
-        }
-        let reply = match timeout_at(deadline, rx).await {
-            Err(_) => return timed_out(),
-            Ok(Err(_)) => return lost("connection dropped the request".into()),
-            Ok(Ok(Reply::Lost(reason))) => return lost(reason),
-            Ok(Ok(Reply::Msg(msg))) => msg,
-        };
-        match reply {
-            ServerMsg::Ids { lo, hi, .. } if (IdRange { lo, hi }).holds_exactly(n) => {
-                Attempt::Done(Ok(IdRange { lo, hi }))
-            }
-            ServerMsg::Failed {
-                error: IdError::BrokersUnavailable { failures },
-                ..
-            } => {
-                // The broker is shutting down and never started this request.
-                shared.draining.store(true, Relaxed);
-                let reason = failures
-                    .first()
-                    .map_or_else(|| "broker unavailable".to_string(), |f| f.reason.clone());
-                lost(reason)
-            }
-            ServerMsg::Failed { error, .. } => Attempt::Done(Err(error)),
-            other => {
-                let reason = format!("unexpected reply to a request for {n} IDs: {other:?}");
-                shared.fail(reason.clone());
-                Attempt::Done(Err(IdError::Protocol {
-                    addr: shared.addr.clone(),
-                    reason,
-                }))
-            }
         }
     }
 }
@@ -563,34 +626,42 @@ impl IdSource for BrokerClient {
     }
 }
 
-/// Connects and handshakes; returns the stream halves and the broker's Welcome values.
-async fn handshake(
-    addr: &str,
-) -> Result<(FrameReader<OwnedReadHalf>, OwnedWriteHalf, u64), IdError> {
-    let io = |e: std::io::Error| IdError::BrokersUnavailable {
+/// What a [`WireError`] on the connection to `addr` means to a caller: the broker is
+/// unreachable (I/O, timeouts), or it broke the protocol (anything else).
+fn wire_error(addr: &str, e: WireError) -> IdError {
+    let unreachable = |reason: String| IdError::BrokersUnavailable {
         failures: vec![NodeFailure {
             addr: addr.to_string(),
-            reason: e.to_string(),
+            reason,
         }],
     };
+    match e {
+        WireError::Io(e) => unreachable(e.to_string()),
+        e @ (WireError::FrameTimeout(_) | WireError::WriteTimeout(_)) => unreachable(e.to_string()),
+        e => IdError::Protocol {
+            addr: addr.to_string(),
+            reason: e.to_string(),
+        },
+    }
+}
+
+/// A framed connection to `addr` after the handshake, and the broker's `max_count`.
+type Handshaken = (FrameReader<OwnedReadHalf>, FrameWriter<OwnedWriteHalf>, u64);
+
+/// Connects and handshakes; returns the framed connection and the broker's `max_count`.
+async fn handshake(addr: &str, timeouts: Timeouts) -> Result<Handshaken, IdError> {
+    let io = |e: std::io::Error| wire_error(addr, WireError::Io(e));
     let protocol = |reason: String| IdError::Protocol {
         addr: addr.to_string(),
         reason,
     };
     let stream = TcpStream::connect(addr).await.map_err(io)?;
-    stream.set_nodelay(true).map_err(io)?;
-    let (rd, mut wr) = stream.into_split();
-    let mut rd = FrameReader::new(rd);
-    let mut buf = Vec::new();
-    wire::encode(
-        &ClientMsg::Hello {
-            magic: wire::MAGIC,
-            version: wire::VERSION,
-        },
-        &mut buf,
-    )
-    .map_err(|e| protocol(e.to_string()))?;
-    wr.write_all(&buf).await.map_err(io)?;
+    let (mut rd, mut wr) = framed::split(stream, timeouts).map_err(io)?;
+    let hello = ClientMsg::Hello {
+        magic: wire::MAGIC,
+        version: wire::VERSION,
+    };
+    wr.send(&hello).await.map_err(|e| wire_error(addr, e))?;
     match rd.read_msg::<ServerMsg>().await {
         Ok(Some(ServerMsg::Welcome {
             version, max_count, ..
@@ -603,14 +674,13 @@ async fn handshake(
             std::io::ErrorKind::UnexpectedEof,
             "closed during the handshake",
         ))),
-        Err(wire::WireError::Io(e)) => Err(io(e)),
-        Err(e) => Err(protocol(e.to_string())),
+        Err(e) => Err(wire_error(addr, e)),
     }
 }
 
 /// Opens a connection to broker `broker` at `addr` and starts its reader and writer.
-async fn open(broker: usize, addr: &str) -> Result<Conn, IdError> {
-    let (rd, wr, max_count) = handshake(addr).await?;
+async fn open(broker: usize, addr: &str, timeouts: Timeouts) -> Result<Conn, IdError> {
+    let (rd, wr, max_count) = handshake(addr, timeouts).await?;
     let (dead, _) = watch::channel(false);
     let shared = Arc::new(Shared {
         addr: addr.to_string(),
@@ -664,45 +734,26 @@ async fn read_loop(mut rd: FrameReader<OwnedReadHalf>, shared: Arc<Shared>) {
 
 /// Writes queued requests, as many per system call as are waiting.
 async fn write_loop(
-    mut wr: OwnedWriteHalf,
+    mut wr: FrameWriter<OwnedWriteHalf>,
     mut rx: mpsc::Receiver<ClientMsg>,
     shared: Arc<Shared>,
 ) {
     let mut dead = shared.dead.subscribe();
-    let mut buf = Vec::with_capacity(WRITE_BUF);
     let reason = loop {
-        let first = tokio::select! {
+        // A batch dropped mid-write when `dead` wins is moot: the connection is gone.
+        let written = tokio::select! {
             biased;
             _ = dead.wait_for(|d| *d) => return,
-            m = rx.recv() => match m {
-                Some(m) => m,
-                None => break "connection closed by the client".to_string(),
-            },
+            w = wr.write_batch(&mut rx, |w, msg| w.push(&msg)) => w,
         };
-        let mut next = Some(first);
-        let mut bad = None;
-        while let Some(msg) = next.take() {
-            if let Err(e) = wire::encode(&msg, &mut buf) {
-                bad = Some(format!("cannot encode a request: {e}"));
-                break;
+        match written {
+            Ok(0) => break "connection closed by the client".to_string(),
+            Ok(_) => {}
+            Err(e @ (WireError::Encode(_) | WireError::TooLarge { .. })) => {
+                break format!("cannot encode a request: {e}")
             }
-            if buf.len() >= WRITE_BUF {
-                break;
-            }
-            next = rx.try_recv().ok();
+            Err(e) => break format!("writing: {e}"),
         }
-        if let Some(reason) = bad {
-            break reason;
-        }
-        let write = tokio::select! {
-            biased;
-            _ = dead.wait_for(|d| *d) => return,
-            r = wr.write_all(&buf) => r,
-        };
-        if let Err(e) = write {
-            break format!("writing: {e}");
-        }
-        buf.clear();
     };
     shared.fail(reason);
 }
@@ -720,15 +771,10 @@ pub async fn fetch_stats(addr: &str) -> Result<BrokerStats, IdError> {
         }],
     };
     let work = async {
-        let (mut rd, mut wr, _) = handshake(addr).await?;
-        let mut buf = Vec::new();
-        wire::encode(&ClientMsg::Stats { id: 1 }, &mut buf).map_err(|e| IdError::Protocol {
-            addr: addr.to_string(),
-            reason: e.to_string(),
-        })?;
-        wr.write_all(&buf)
+        let (mut rd, mut wr, _) = handshake(addr, Timeouts::default()).await?;
+        wr.send(&ClientMsg::Stats { id: 1 })
             .await
-            .map_err(|e| unavailable(e.to_string()))?;
+            .map_err(|e| wire_error(addr, e))?;
         match rd.read_msg::<ServerMsg>().await {
             Ok(Some(ServerMsg::Stats { stats, .. })) => Ok(stats),
             Ok(Some(other)) => Err(IdError::Protocol {
@@ -742,5 +788,366 @@ pub async fn fetch_stats(addr: &str) -> Result<BrokerStats, IdError> {
     match tokio::time::timeout(STATS_TIMEOUT, work).await {
         Ok(r) => r,
         Err(_) => Err(unavailable(format!("no stats within {STATS_TIMEOUT:?}"))),
+    }
+}
+
+/// The client against a scripted fake broker: a loopback listener in the test that
+/// speaks the wire protocol and answers every request as its [`Script`] says.
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::sync::atomic::AtomicUsize;
+    use tokio::io::AsyncWriteExt;
+    use tokio::net::TcpListener;
+
+    /// How a fake broker answers.
+    #[derive(Debug, Clone)]
+    enum Script {
+        /// Welcome, then the right IDs for every request.
+        Normal,
+        /// Refused instead of Welcome.
+        RefuseHello,
+        /// A reply for a request id never sent, then the right reply.
+        UnknownIdFirst,
+        /// An undecodable frame in reply to a request.
+        Garbage,
+        /// The first bytes of a reply, then silence (the connection stays open).
+        HalfFrame,
+        /// Closes the connection when a request arrives.
+        CloseOnRequest,
+        /// Answers every request with this error.
+        Fail(IdError),
+        /// Answers with one ID too many.
+        WrongCount,
+    }
+
+    struct FakeBroker {
+        addr: String,
+        /// Connections accepted, and requests read (over all of them).
+        conns: Arc<AtomicUsize>,
+        requests: Arc<AtomicUsize>,
+        task: tokio::task::JoinHandle<()>,
+    }
+
+    impl Drop for FakeBroker {
+        fn drop(&mut self) {
+            self.task.abort();
+        }
+    }
+
+    impl FakeBroker {
+        async fn start(script: Script) -> FakeBroker {
+            let listener = TcpListener::bind("127.0.0.1:0")
+                .await
+                .expect("bind a loopback port for the fake broker");
+            let addr = listener.local_addr().expect("local addr").to_string();
+            let conns = Arc::new(AtomicUsize::new(0));
+            let requests = Arc::new(AtomicUsize::new(0));
+            let (c, r) = (conns.clone(), requests.clone());
+            let task = tokio::spawn(async move {
+                // IDs are handed out from one counter per fake broker.
+                let next = Arc::new(AtomicU64::new(1));
+                let mut serving = tokio::task::JoinSet::new();
+                while let Ok((stream, _)) = listener.accept().await {
+                    c.fetch_add(1, Relaxed);
+                    serving.spawn(serve(stream, script.clone(), r.clone(), next.clone()));
+                }
+            });
+            FakeBroker {
+                addr,
+                conns,
+                requests,
+                task,
+            }
+        }
+
+        fn conns(&self) -> usize {
+            self.conns.load(Relaxed)
+        }
+
+        fn requests(&self) -> usize {
+            self.requests.load(Relaxed)
+        }
+    }
+
+    async fn write(wr: &mut OwnedWriteHalf, msg: &ServerMsg) {
+        let mut buf = Vec::new();
+        wire::encode(msg, &mut buf).expect("encode");
+        wr.write_all(&buf).await.expect("fake broker write");
+    }
+
+    /// One connection of a fake broker.
+    async fn serve(
+        stream: TcpStream,
+        script: Script,
+        requests: Arc<AtomicUsize>,
+        next: Arc<AtomicU64>,
+    ) {
+        let (rd, mut wr) = stream.into_split();
+        let mut rd = FrameReader::new(rd, framed::FRAME_TIMEOUT);
+        let Ok(Some(ClientMsg::Hello { .. })) = rd.read_msg::<ClientMsg>().await else {
+            return;
+        };
+        if let Script::RefuseHello = script {
+            let reason = "go away".to_string();
+            return write(&mut wr, &ServerMsg::Refused { reason }).await;
+        }
+        let welcome = ServerMsg::Welcome {
+            version: wire::VERSION,
+            max_count: 1000,
+            max_in_flight: 64,
+        };
+        write(&mut wr, &welcome).await;
+        while let Ok(Some(msg)) = rd.read_msg::<ClientMsg>().await {
+            let ClientMsg::NextIds { id, count, .. } = msg else {
+                continue;
+            };
+            requests.fetch_add(1, Relaxed);
+            let lo = next.fetch_add(count, Relaxed);
+            let ids = ServerMsg::ids(
+                id,
+                IdRange {
+                    lo,
+                    hi: lo + count - 1,
+                },
+            );
+            match &script {
+                Script::Normal | Script::RefuseHello => write(&mut wr, &ids).await,
+                Script::UnknownIdFirst => {
+                    let stray = ServerMsg::ids(id + 1000, IdRange { lo: 1, hi: 1 });
+                    write(&mut wr, &stray).await;
+                    write(&mut wr, &ids).await;
+                }
+                Script::Garbage => {
+                    let _ = wr.write_all(&[3, 0, 0, 0, 0xde, 0xad, 0xbe]).await;
+                }
+                Script::HalfFrame => {
+                    let mut frame = Vec::new();
+                    wire::encode(&ids, &mut frame).expect("encode");
+                    wr.write_all(&frame[..6]).await.expect("fake broker write");
+                    // Silence, with the connection open, until the test ends.
+                    std::future::pending::<()>().await;
+                }
+                Script::CloseOnRequest => return,
+                Script::Fail(error) => {
+                    let error = error.clone();
+                    write(&mut wr, &ServerMsg::Failed { id, error }).await;
+                }
+                Script::WrongCount => {
+                    let wrong = ServerMsg::ids(id, IdRange { lo, hi: lo + count });
+                    write(&mut wr, &wrong).await;
+                }
+            }
+        }
+    }
+
+    fn config(deadline: Duration) -> BrokerClientConfig {
+        BrokerClientConfig {
+            deadline,
+            connections: 1,
+            jitter_seed: Some(7),
+            ..Default::default()
+        }
+    }
+
+    async fn client(brokers: &[&FakeBroker], config: BrokerClientConfig) -> BrokerClient {
+        let addrs = brokers.iter().map(|b| b.addr.clone()).collect();
+        BrokerClient::connect(addrs, config)
+            .await
+            .expect("connect to the fake broker")
+    }
+
+    /// The reasons of a `BrokersUnavailable`, or a panic naming what came instead.
+    #[track_caller]
+    fn unavailable_reasons<T: std::fmt::Debug>(r: Result<T, IdError>) -> Vec<String> {
+        match r {
+            Err(IdError::BrokersUnavailable { failures }) => {
+                failures.into_iter().map(|f| f.reason).collect()
+            }
+            other => panic!("expected BrokersUnavailable, got {other:?}"),
+        }
+    }
+
+    /// Plenty: failover tests must not depend on how fast the machine is.
+    const LONG: Duration = Duration::from_secs(20);
+
+    #[tokio::test]
+    async fn normal_replies_are_returned_in_order() {
+        let b = FakeBroker::start(Script::Normal).await;
+        let c = client(&[&b], config(LONG)).await;
+        assert_eq!(c.next_ids(3).await.expect("ids"), IdRange { lo: 1, hi: 3 });
+        assert_eq!(c.next_id().await.expect("id"), 4);
+        assert!(matches!(c.next_ids(0).await, Err(IdError::BadRequest(_))));
+        // Above the broker's max_count (from its Welcome): refused without asking it.
+        assert!(matches!(
+            c.next_ids(1001).await,
+            Err(IdError::BadRequest(_))
+        ));
+        assert_eq!((b.conns(), b.requests()), (1, 2));
+    }
+
+    #[tokio::test]
+    async fn refused_handshake_is_unavailable_and_the_next_broker_is_used() {
+        let refuser = FakeBroker::start(Script::RefuseHello).await;
+        let addrs = vec![refuser.addr.clone()];
+        let r = BrokerClient::connect(addrs, config(Duration::from_millis(300))).await;
+        let reasons = unavailable_reasons(r);
+        // The last pass's reason (or, if the deadline cut a pass short, that).
+        assert!(
+            reasons
+                .iter()
+                .all(|r| r.contains("handshake refused: go away") || r.contains("no handshake")),
+            "{reasons:?}"
+        );
+        assert!(refuser.conns() >= 1);
+        let good = FakeBroker::start(Script::Normal).await;
+        let c = client(&[&refuser, &good], config(LONG)).await;
+        assert_eq!(c.next_ids(2).await.expect("ids"), IdRange { lo: 1, hi: 2 });
+        assert_eq!(good.requests(), 1);
+    }
+
+    /// A reply nobody waits for (its caller gave up, or a confused broker) is dropped;
+    /// the connection stays and the real reply reaches its caller.
+    #[tokio::test]
+    async fn a_reply_for_an_unknown_request_is_dropped() {
+        let b = FakeBroker::start(Script::UnknownIdFirst).await;
+        let c = client(&[&b], config(LONG)).await;
+        assert_eq!(c.next_ids(2).await.expect("ids"), IdRange { lo: 1, hi: 2 });
+        assert_eq!(c.next_ids(1).await.expect("ids"), IdRange { lo: 3, hi: 3 });
+        assert_eq!(
+            b.conns(),
+            1,
+            "the stray reply must not break the connection"
+        );
+    }
+
+    /// An undecodable frame breaks the connection; the request is resent on a new one
+    /// (to the second broker), never answered from the garbage.
+    #[tokio::test]
+    async fn a_garbage_frame_breaks_the_connection_and_fails_over() {
+        let bad = FakeBroker::start(Script::Garbage).await;
+        let good = FakeBroker::start(Script::Normal).await;
+        let c = client(&[&bad, &good], config(LONG)).await;
+        assert_eq!(c.next_ids(4).await.expect("ids"), IdRange { lo: 1, hi: 4 });
+        assert_eq!((bad.requests(), good.requests()), (1, 1));
+
+        // With nowhere else to go: resent on new connections, then unavailable at the
+        // deadline, saying what was read (or, if the deadline fell while a resent
+        // request was out, that no reply came).
+        let before = bad.requests();
+        let c = client(&[&bad], config(Duration::from_secs(2))).await;
+        let reasons = unavailable_reasons(c.next_ids(1).await);
+        assert!(bad.requests() - before >= 2, "{}", bad.requests());
+        assert!(
+            reasons
+                .iter()
+                .any(|r| r.contains("undecodable") || r.contains("no reply within")),
+            "{reasons:?}"
+        );
+    }
+
+    /// A reply that stops halfway breaks the connection at the frame timeout, and the
+    /// request goes to the second broker well within its deadline.
+    #[tokio::test]
+    async fn a_half_sent_reply_times_out_and_fails_over() {
+        let stuck = FakeBroker::start(Script::HalfFrame).await;
+        let good = FakeBroker::start(Script::Normal).await;
+        let config = BrokerClientConfig {
+            frame_timeout: Duration::from_millis(200),
+            ..config(LONG)
+        };
+        let c = client(&[&stuck, &good], config.clone()).await;
+        assert_eq!(c.next_ids(1).await.expect("ids"), IdRange { lo: 1, hi: 1 });
+        assert_eq!((stuck.requests(), good.requests()), (1, 1));
+
+        // Alone, the stuck broker costs the caller its deadline; meanwhile every frame
+        // timeout breaks the connection and the request is resent on a new one
+        // (without the frame timeout it would wait on the first one: 1 request).
+        let config = BrokerClientConfig {
+            deadline: Duration::from_secs(3),
+            ..config
+        };
+        let before = stuck.requests();
+        let c = client(&[&stuck], config).await;
+        unavailable_reasons(c.next_ids(1).await);
+        assert!(stuck.requests() - before >= 2, "{}", stuck.requests());
+    }
+
+    /// A connection closed with the request unanswered: outcome unknown, so the request
+    /// is resent as a new one elsewhere; with no other broker, the error says so.
+    #[tokio::test]
+    async fn a_close_mid_request_fails_over_to_the_second_broker() {
+        let closer = FakeBroker::start(Script::CloseOnRequest).await;
+        let good = FakeBroker::start(Script::Normal).await;
+        let c = client(&[&closer, &good], config(LONG)).await;
+        assert_eq!(c.next_ids(5).await.expect("ids"), IdRange { lo: 1, hi: 5 });
+        assert_eq!((closer.requests(), good.requests()), (1, 1));
+        // The next call starts at the broker that worked.
+        assert_eq!(c.next_ids(1).await.expect("ids"), IdRange { lo: 6, hi: 6 });
+        assert_eq!(closer.requests(), 1);
+
+        let before = closer.requests();
+        let c = client(&[&closer], config(Duration::from_secs(2))).await;
+        let reasons = unavailable_reasons(c.next_ids(1).await);
+        assert!(closer.requests() - before >= 2, "{}", closer.requests());
+        assert!(
+            reasons.iter().any(
+                |r| r.contains("broker closed the connection") || r.contains("no reply within")
+            ),
+            "{reasons:?}"
+        );
+    }
+
+    /// A broker's typed error is final (it already retried): returned as is, not
+    /// resent. Only `BrokersUnavailable` (shutting down, never started) fails over.
+    #[tokio::test]
+    async fn typed_errors_are_returned_and_only_shutdown_fails_over() {
+        let no_quorum = IdError::NoQuorum {
+            needed: 3,
+            reachable: 1,
+            total: 5,
+            failures: Vec::new(),
+        };
+        let b = FakeBroker::start(Script::Fail(no_quorum.clone())).await;
+        let good = FakeBroker::start(Script::Normal).await;
+        let c = client(&[&b, &good], config(LONG)).await;
+        assert_eq!(c.next_ids(1).await, Err(no_quorum));
+        assert_eq!((b.requests(), good.requests()), (1, 0));
+
+        let draining = IdError::BrokersUnavailable {
+            failures: vec![NodeFailure {
+                addr: "broker".into(),
+                reason: "shutting down".into(),
+            }],
+        };
+        let b = FakeBroker::start(Script::Fail(draining)).await;
+        let c = client(&[&b, &good], config(LONG)).await;
+        assert_eq!(c.next_ids(2).await.expect("ids"), IdRange { lo: 1, hi: 2 });
+        assert_eq!((b.requests(), good.requests()), (1, 1));
+    }
+
+    /// A reply with the wrong number of IDs is a protocol error, never a range.
+    #[tokio::test]
+    async fn a_wrong_count_is_a_protocol_error() {
+        let b = FakeBroker::start(Script::WrongCount).await;
+        let c = client(&[&b], config(LONG)).await;
+        match c.next_ids(3).await {
+            Err(IdError::Protocol { addr, reason }) => {
+                assert_eq!(addr, b.addr);
+                assert!(reason.contains("unexpected reply"), "{reason}");
+            }
+            other => panic!("expected a protocol error, got {other:?}"),
+        }
+    }
+
+    #[tokio::test]
+    async fn stats_are_fetched_and_a_refusal_is_an_error() {
+        let refuser = FakeBroker::start(Script::RefuseHello).await;
+        match fetch_stats(&refuser.addr).await {
+            Err(IdError::Protocol { reason, .. }) => {
+                assert!(reason.contains("go away"), "{reason}")
+            }
+            other => panic!("expected a protocol error, got {other:?}"),
+        }
     }
 }

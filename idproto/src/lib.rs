@@ -3,10 +3,14 @@
 //! - [`IdRange`] and [`IdSource`]: an inclusive range of IDs and anything that hands them
 //!   out (the direct quorum client and the broker client both implement it).
 //! - [`IdError`] with its constructors: every way a request for IDs can fail.
-//! - [`wire`]: the broker's binary protocol (messages, framing, limits), spoken by both
-//!   the `broker` crate and `idclient`'s broker client.
+//! - [`wire`]: the broker's binary protocol (messages, their encoding, limits), spoken by
+//!   both the `broker` crate and `idclient`'s broker client.
+//! - [`framed`]: the one framed connection both of them use: a cancel-safe
+//!   [`framed::FrameReader`] with a frame timeout and a batching [`framed::FrameWriter`]
+//!   with a write timeout.
 
 pub mod error;
+pub mod framed;
 pub mod wire;
 
 pub use error::{IdError, NodeFailure};

@@ -8,12 +8,15 @@
 //! [`ServerMsg::Refused`]. After that requests carry a client-chosen id, replies carry
 //! the id of their request, and replies may come in any order (pipelining).
 //! `docs/wire-protocol.md` gives the byte layout of every message with hex examples.
+//!
+//! This module says what the bytes are ([`encode`], [`decode`]); reading and writing
+//! them on a connection is [`crate::framed`]'s.
 
 use crate::{IdError, IdRange};
 use bincode::Options;
 use serde::de::DeserializeOwned;
 use serde::{Deserialize, Serialize};
-use tokio::io::{AsyncRead, AsyncReadExt};
+use std::time::Duration;
 
 /// The four bytes that open every [`ClientMsg::Hello`]: they let the broker drop a
 /// connection that speaks something else (HTTP, RESP, random bytes) after one frame.
@@ -147,10 +150,13 @@ impl BrokerStats {
 }
 
 /// What can go wrong reading or writing frames.
+///
+/// No variant has a `source()`: each message already says everything (so an error chain
+/// printed with `{:#}` shows the cause once).
 #[derive(Debug, thiserror::Error)]
 pub enum WireError {
     #[error("i/o: {0}")]
-    Io(#[from] std::io::Error),
+    Io(std::io::Error),
     #[error("frame length {len} exceeds the maximum of {MAX_FRAME_LEN} bytes")]
     TooLarge { len: u64 },
     #[error("connection closed in the middle of a frame")]
@@ -159,6 +165,16 @@ pub enum WireError {
     Decode(String),
     #[error("unencodable message: {0}")]
     Encode(String),
+    #[error("frame not completed within {0:?} of its first byte")]
+    FrameTimeout(Duration),
+    #[error("peer did not take our bytes within {0:?}")]
+    WriteTimeout(Duration),
+}
+
+impl From<std::io::Error> for WireError {
+    fn from(e: std::io::Error) -> WireError {
+        WireError::Io(e)
+    }
 }
 
 /// The bincode options of the protocol: fixed-width little-endian integers (so every
@@ -207,193 +223,10 @@ pub fn decode<T: DeserializeOwned>(payload: &[u8]) -> Result<T, WireError> {
         .map_err(|e| WireError::Decode(e.to_string()))
 }
 
-/// Initial read buffer of a [`FrameReader`]: a few hundred pipelined requests per read
-/// system call. It grows only to hold one larger frame, never beyond
-/// [`HEADER_LEN`] + [`MAX_FRAME_LEN`].
-pub const READ_BUF: usize = 16 * 1024;
-
-/// Reads frames from a byte stream through its own buffer, so that reading is cancel
-/// safe: every `.await` is one `read` into the buffer, and a frame is taken out only once
-/// it is whole. Dropping a [`FrameReader::read_msg`] or [`FrameReader::fill`] future (a
-/// lost `select!` branch, a timeout) loses nothing; the next call goes on where it
-/// stopped. A partial frame is normal, not an error: [`FrameReader::partial`] says one
-/// is buffered, so the caller can put a deadline on it (the broker does).
-///
-/// The length is checked as soon as the 4 header bytes are in, before any payload is
-/// read, and the buffer never grows beyond one maximal frame.
-#[derive(Debug)]
-pub struct FrameReader<R> {
-    rd: R,
-    /// Buffered bytes are `buf[start..end]`; `buf.len()` is the current capacity.
-    buf: Vec<u8>,
-    start: usize,
-    end: usize,
-}
-
-impl<R: AsyncRead + Unpin> FrameReader<R> {
-    /// A reader over `rd` with a [`READ_BUF`] buffer.
-    pub fn new(rd: R) -> FrameReader<R> {
-        FrameReader {
-            rd,
-            buf: vec![0; READ_BUF],
-            start: 0,
-            end: 0,
-        }
-    }
-
-    /// Bytes buffered that are not part of a message already returned.
-    pub fn buffered(&self) -> usize {
-        self.end - self.start
-    }
-
-    /// True if part of a frame (header included) is buffered, waiting for the rest.
-    /// (Whole buffered frames are taken first by [`FrameReader::next_msg`].)
-    pub fn partial(&self) -> bool {
-        self.buffered() > 0
-    }
-
-    /// The payload length of the frame at the head of the buffer, once its header is in.
-    fn head_len(&self) -> Result<Option<usize>, WireError> {
-        if self.buffered() < HEADER_LEN {
-            return Ok(None);
-        }
-        let mut header = [0u8; HEADER_LEN];
-        header.copy_from_slice(&self.buf[self.start..self.start + HEADER_LEN]);
-        let len = u32::from_le_bytes(header);
-        if len > MAX_FRAME_LEN {
-            return Err(WireError::TooLarge {
-                len: u64::from(len),
-            });
-        }
-        Ok(Some(len as usize))
-    }
-
-    /// Decodes the next message if a whole frame is buffered; never reads.
-    ///
-    /// # Errors
-    /// [`WireError::TooLarge`] for a header above [`MAX_FRAME_LEN`] (as soon as the
-    /// header is buffered), [`WireError::Decode`] for a bad payload (the frame is
-    /// consumed either way).
-    pub fn next_msg<T: DeserializeOwned>(&mut self) -> Result<Option<T>, WireError> {
-        let Some(len) = self.head_len()? else {
-            return Ok(None);
-        };
-        if self.buffered() < HEADER_LEN + len {
-            return Ok(None);
-        }
-        let payload = self.start + HEADER_LEN..self.start + HEADER_LEN + len;
-        self.start = payload.end;
-        if self.start == self.end {
-            self.start = 0;
-            self.end = 0;
-        }
-        decode(&self.buf[payload]).map(Some)
-    }
-
-    /// One `read` into the buffer: the number of bytes read, 0 at end of stream.
-    /// Cancel safe. Reads at most up to the end of the buffer, which is first made large
-    /// enough for the frame being read (so a call always makes room to progress).
-    ///
-    /// # Errors
-    /// I/O errors; [`WireError::TooLarge`] for a header above [`MAX_FRAME_LEN`].
-    pub async fn fill(&mut self) -> Result<usize, WireError> {
-        let need = HEADER_LEN + self.head_len()?.unwrap_or(0);
-        if self.buf.len() - self.start < need {
-            // The frame does not fit where it starts: move it to the front, grow if needed.
-            self.buf.copy_within(self.start..self.end, 0);
-            self.end -= self.start;
-            self.start = 0;
-            if self.buf.len() < need {
-                self.buf.resize(need, 0);
-            }
-        } else if self.end == self.buf.len() {
-            // Whole frames were taken and the partial one at the end still fits: make
-            // room after it by moving it to the front.
-            self.buf.copy_within(self.start..self.end, 0);
-            self.end -= self.start;
-            self.start = 0;
-        }
-        if self.end == self.buf.len() {
-            // Only when whole frames were left unread (callers take them with next_msg
-            // first): room for one more read rather than a false end of stream.
-            debug_assert!(false, "fill called with whole frames buffered");
-            self.buf.resize(self.end + READ_BUF, 0);
-        }
-        let n = self.rd.read(&mut self.buf[self.end..]).await?;
-        self.end += n;
-        Ok(n)
-    }
-
-    /// Reads until one whole message is buffered and decodes it. `Ok(None)` is a clean
-    /// end of stream (at a frame boundary). Cancel safe (see [`FrameReader`]).
-    ///
-    /// # Errors
-    /// I/O errors, [`WireError::Truncated`] on end of stream inside a frame, and as
-    /// [`FrameReader::next_msg`].
-    pub async fn read_msg<T: DeserializeOwned>(&mut self) -> Result<Option<T>, WireError> {
-        loop {
-            if let Some(msg) = self.next_msg()? {
-                return Ok(Some(msg));
-            }
-            if self.fill().await? == 0 {
-                return if self.partial() {
-                    Err(WireError::Truncated)
-                } else {
-                    Ok(None)
-                };
-            }
-        }
-    }
-}
-
-/// Reads one whole frame and decodes it, unbuffered (reads exactly the frame's bytes,
-/// nothing after it). `Ok(None)` is a clean end of stream. NOT cancel safe (a frame
-/// half-read when the future is dropped is lost): for one-shot exchanges and tests;
-/// anything that races reads in `select!` uses a [`FrameReader`].
-///
-/// # Errors
-/// I/O errors, [`WireError::Truncated`] on end of stream inside a frame,
-/// [`WireError::TooLarge`] for a length above [`MAX_FRAME_LEN`], [`WireError::Decode`].
-pub async fn read_msg<T: DeserializeOwned, R: AsyncRead + Unpin>(
-    r: &mut R,
-    buf: &mut Vec<u8>,
-) -> Result<Option<T>, WireError> {
-    let mut header = [0u8; HEADER_LEN];
-    let mut filled = 0;
-    while filled < HEADER_LEN {
-        let n = r.read(&mut header[filled..]).await?;
-        if n == 0 {
-            return if filled == 0 {
-                Ok(None)
-            } else {
-                Err(WireError::Truncated)
-            };
-        }
-        filled += n;
-    }
-    let len = u32::from_le_bytes(header);
-    if len > MAX_FRAME_LEN {
-        return Err(WireError::TooLarge {
-            len: u64::from(len),
-        });
-    }
-    buf.clear();
-    buf.resize(len as usize, 0);
-    match r.read_exact(buf).await {
-        Ok(_) => {}
-        Err(e) if e.kind() == std::io::ErrorKind::UnexpectedEof => {
-            return Err(WireError::Truncated)
-        }
-        Err(e) => return Err(e.into()),
-    }
-    decode(buf).map(Some)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
     use crate::error::NodeFailure;
-    use tokio::io::AsyncWriteExt;
 
     fn frame<T: Serialize>(msg: &T) -> Vec<u8> {
         let mut out = Vec::new();
@@ -558,160 +391,5 @@ mod tests {
             Err(WireError::TooLarge { .. })
         ));
         assert_eq!(out, [1, 2, 3]);
-    }
-
-    #[tokio::test]
-    async fn frames_read_back_and_truncation_is_detected() {
-        let mut bytes = frame(&ClientMsg::Stats { id: 1 });
-        bytes.extend(frame(&ClientMsg::NextIds {
-            id: 2,
-            count: 1,
-            deadline_ms: 0,
-        }));
-        let mut r = &bytes[..];
-        let mut buf = Vec::new();
-        assert_eq!(
-            read_msg::<ClientMsg, _>(&mut r, &mut buf).await.expect("1"),
-            Some(ClientMsg::Stats { id: 1 })
-        );
-        assert!(read_msg::<ClientMsg, _>(&mut r, &mut buf)
-            .await
-            .expect("2")
-            .is_some());
-        assert_eq!(
-            read_msg::<ClientMsg, _>(&mut r, &mut buf)
-                .await
-                .expect("eof"),
-            None
-        );
-
-        let mut half = &bytes[..2];
-        assert!(matches!(
-            read_msg::<ClientMsg, _>(&mut half, &mut buf).await,
-            Err(WireError::Truncated)
-        ));
-        let mut half = &bytes[..10];
-        assert!(matches!(
-            read_msg::<ClientMsg, _>(&mut half, &mut buf).await,
-            Err(WireError::Truncated)
-        ));
-        let big = (MAX_FRAME_LEN + 1).to_le_bytes();
-        let mut r = &big[..];
-        assert!(matches!(
-            read_msg::<ClientMsg, _>(&mut r, &mut buf).await,
-            Err(WireError::TooLarge { .. })
-        ));
-    }
-
-    fn next_ids(id: u64) -> ClientMsg {
-        ClientMsg::NextIds {
-            id,
-            count: 1,
-            deadline_ms: 0,
-        }
-    }
-
-    /// A `read_msg` dropped mid-frame (the lost branch of a `select!`) loses nothing: the
-    /// header and payload bytes it had read are kept and the next call returns the frame.
-    #[tokio::test]
-    async fn frame_reader_is_cancel_safe() {
-        let (mut tx, rx) = tokio::io::duplex(1024);
-        let mut reader = FrameReader::new(rx);
-        let bytes = frame(&next_ids(9));
-        // Every split point: 1 byte of the header, the whole header, part of the payload.
-        for cut in [1, HEADER_LEN, HEADER_LEN + 3] {
-            tx.write_all(&bytes[..cut]).await.expect("write");
-            let cancelled = tokio::time::timeout(
-                std::time::Duration::from_millis(20),
-                reader.read_msg::<ClientMsg>(),
-            )
-            .await;
-            assert!(cancelled.is_err(), "a partial frame is not a message");
-            assert!(reader.partial());
-            tx.write_all(&bytes[cut..]).await.expect("write");
-            assert_eq!(
-                reader.read_msg::<ClientMsg>().await.expect("read"),
-                Some(next_ids(9)),
-                "cut at {cut}"
-            );
-            assert!(!reader.partial());
-        }
-        drop(tx);
-        assert_eq!(reader.read_msg::<ClientMsg>().await.expect("eof"), None);
-    }
-
-    #[tokio::test]
-    async fn frame_reader_reads_pipelined_frames_and_big_ones() {
-        let mut bytes = Vec::new();
-        // Enough small frames to wrap the buffer several times, then a maximal one.
-        let n = 3 * READ_BUF as u64 / 28;
-        for id in 0..n {
-            encode(&next_ids(id), &mut bytes).expect("encode");
-        }
-        let big = ServerMsg::Refused {
-            reason: "x".repeat(MAX_FRAME_LEN as usize - 12),
-        };
-        encode(&big, &mut bytes).expect("encode the largest frame");
-        encode(&ServerMsg::ids(1, IdRange { lo: 1, hi: 1 }), &mut bytes).expect("encode");
-        // Odd-sized chunks so frames straddle reads.
-        let mut r = FrameReader::new(ChunkedReader::new(&bytes, 1000));
-        for id in 0..n {
-            let msg: ClientMsg = r.read_msg().await.expect("read").expect("a frame");
-            assert_eq!(msg, next_ids(id));
-        }
-        match r.read_msg::<ServerMsg>().await {
-            Ok(Some(ServerMsg::Refused { reason })) => assert_eq!(reason.len(), 65524),
-            other => panic!("expected the big frame, got {other:?}"),
-        }
-        assert!(r.buf.len() <= HEADER_LEN + MAX_FRAME_LEN as usize);
-        assert!(matches!(
-            r.read_msg::<ServerMsg>().await,
-            Ok(Some(ServerMsg::Ids { id: 1, .. }))
-        ));
-        assert!(matches!(r.read_msg::<ServerMsg>().await, Ok(None)));
-    }
-
-    #[tokio::test]
-    async fn frame_reader_rejects_a_long_header_at_once_and_truncation() {
-        // Only the header: the reader must not wait for a payload it will never accept.
-        let big = (MAX_FRAME_LEN + 1).to_le_bytes();
-        let mut r = FrameReader::new(&big[..]);
-        assert!(matches!(
-            r.read_msg::<ClientMsg>().await,
-            Err(WireError::TooLarge { .. })
-        ));
-        let bytes = frame(&next_ids(1));
-        for cut in [1, HEADER_LEN, bytes.len() - 1] {
-            let mut r = FrameReader::new(&bytes[..cut]);
-            assert!(matches!(
-                r.read_msg::<ClientMsg>().await,
-                Err(WireError::Truncated)
-            ));
-        }
-    }
-
-    /// Hands out at most `chunk` bytes per read.
-    struct ChunkedReader<'a> {
-        bytes: &'a [u8],
-        chunk: usize,
-    }
-
-    impl<'a> ChunkedReader<'a> {
-        fn new(bytes: &'a [u8], chunk: usize) -> ChunkedReader<'a> {
-            ChunkedReader { bytes, chunk }
-        }
-    }
-
-    impl AsyncRead for ChunkedReader<'_> {
-        fn poll_read(
-            mut self: std::pin::Pin<&mut Self>,
-            _cx: &mut std::task::Context<'_>,
-            buf: &mut tokio::io::ReadBuf<'_>,
-        ) -> std::task::Poll<std::io::Result<()>> {
-            let n = self.chunk.min(buf.remaining()).min(self.bytes.len());
-            buf.put_slice(&self.bytes[..n]);
-            self.bytes = &self.bytes[n..];
-            std::task::Poll::Ready(Ok(()))
-        }
     }
 }
