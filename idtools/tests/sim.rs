@@ -511,9 +511,10 @@ fn assert_faults_happened(t: &Totals) {
 fn quorum_protocol_is_safe_under_simulated_faults() {
     let t = check_seeds("quorum", "quorum_protocol", 1, run_quorum_seed);
     let (ok, total) = (t.ok, t.total);
-    // Not vacuous: most requests get IDs despite the faults.
+    // Not vacuous: most requests get IDs despite the faults (over many seeds: one
+    // replayed hostile seed may fail most of them).
     assert!(
-        ok * 2 > total,
+        t.seeds < 100 || ok * 2 > total,
         "only {ok} of {total} requests succeeded: the model is too hostile to test anything"
     );
     assert_faults_happened(&t);
@@ -824,8 +825,9 @@ fn broker_batcher_is_safe_under_simulated_faults() {
         seeds.len(),
         started.elapsed()
     );
+    // Not vacuous over many seeds (one replayed hostile seed may fail most requests).
     assert!(
-        ok * 2 > total,
+        seeds.len() < 100 || ok * 2 > total,
         "only {ok} of {total} requests succeeded: the model is too hostile to test anything"
     );
 }
@@ -1016,8 +1018,8 @@ fn window_serving_is_safe_under_simulated_faults() {
         out
     });
     eprintln!("window: {totals:?}");
-    assert!(t.ok * 2 > t.total, "only {} of {} succeeded", t.ok, t.total);
     if t.seeds >= 100 {
+        assert!(t.ok * 2 > t.total, "only {} of {} succeeded", t.ok, t.total);
         assert!(totals.confirmations > totals.fresh_windows, "{totals:?}");
         assert!(
             totals.reservations > 0,
