@@ -55,21 +55,34 @@ Exit codes: 0 ok; 1 other failure; 2 usage (bad flag or value); 3 bad, unreadabl
 changed input; 4 output refused or not writable; 5 ID generator unavailable or unsafe
 (no quorum or broker before the deadline, unsafe node).";
 
-/// A command-line value that parsed but makes no sense (exit code 2).
+/// An error a binary raises itself, with its cause: a value that parsed but makes no
+/// sense ([`usage`]), nodes that `idctl check` found unusable, ...
 #[derive(Debug)]
-pub struct UsageError(pub String);
+pub struct Failure {
+    pub cause: Cause,
+    pub message: String,
+}
 
-impl std::fmt::Display for UsageError {
+impl std::fmt::Display for Failure {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.write_str(&self.0)
+        f.write_str(&self.message)
     }
 }
 
-impl Error for UsageError {}
+impl Error for Failure {}
 
-/// A [`UsageError`] as an `anyhow::Error`, for `bail!`-like use in binaries.
-pub fn usage(msg: impl Into<String>) -> anyhow::Error {
-    anyhow::Error::new(UsageError(msg.into()))
+/// A [`Failure`] as an `anyhow::Error`, for `bail!`-like use in binaries.
+pub fn fail(cause: Cause, message: impl Into<String>) -> anyhow::Error {
+    anyhow::Error::new(Failure {
+        cause,
+        message: message.into(),
+    })
+}
+
+/// A command-line value that parsed but makes no sense: a [`Failure`] with
+/// [`Cause::Usage`] (exit code 2).
+pub fn usage(message: impl Into<String>) -> anyhow::Error {
+    fail(Cause::Usage, message)
 }
 
 /// The cause of an ID-generator error: a bad configuration or request is the user's
@@ -88,7 +101,7 @@ pub fn id_error_cause(e: &IdError) -> Cause {
 }
 
 /// The cause of `err`: the outermost error in its chain that `classify` or the shared
-/// rules ([`UsageError`], [`IdError`], clap's errors) recognise; [`Cause::Other`] if none.
+/// rules ([`Failure`], [`IdError`], clap's errors) recognise; [`Cause::Other`] if none.
 pub fn cause_of(
     err: &anyhow::Error,
     classify: impl Fn(&(dyn Error + 'static)) -> Option<Cause>,
@@ -99,7 +112,9 @@ pub fn cause_of(
 }
 
 fn shared_cause(e: &(dyn Error + 'static)) -> Option<Cause> {
-    if e.is::<UsageError>() || e.is::<clap::Error>() {
+    if let Some(f) = e.downcast_ref::<Failure>() {
+        Some(f.cause)
+    } else if e.is::<clap::Error>() {
         Some(Cause::Usage)
     } else {
         e.downcast_ref::<IdError>().map(id_error_cause)
@@ -165,6 +180,8 @@ mod tests {
         assert_eq!(cause_of(&e, none), Cause::Usage);
         let e = usage("--clients must be at least 1").context("bench");
         assert_eq!(cause_of(&e, none), Cause::Usage);
+        let e = fail(Cause::Input, "input x: gone").context("reading");
+        assert_eq!(cause_of(&e, none), Cause::Input);
         let e = anyhow::anyhow!("something else");
         assert_eq!(cause_of(&e, none), Cause::Other);
     }

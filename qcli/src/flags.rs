@@ -15,7 +15,7 @@ use std::time::Duration;
 pub fn parse<T: CommandFactory + FromArgMatches>(
     tweak: impl FnOnce(clap::Command) -> clap::Command,
 ) -> T {
-    let mut command = tweak(T::command().after_long_help(EXIT_CODES_HELP));
+    let mut command = tweak(with_exit_codes(T::command()));
     let parsed = command
         .try_get_matches_from_mut(std::env::args_os())
         .and_then(|mut matches| T::from_arg_matches_mut(&mut matches));
@@ -23,6 +23,19 @@ pub fn parse<T: CommandFactory + FromArgMatches>(
         Ok(t) => t,
         Err(e) => e.format(&mut command).exit(),
     }
+}
+
+/// `cmd` and each of its subcommands, with the exit-code table after their help.
+fn with_exit_codes(cmd: clap::Command) -> clap::Command {
+    let names: Vec<String> = cmd
+        .get_subcommands()
+        .map(|s| s.get_name().to_string())
+        .collect();
+    names
+        .iter()
+        .fold(cmd.after_help(EXIT_CODES_HELP), |cmd, name| {
+            cmd.mut_subcommand(name, with_exit_codes)
+        })
 }
 
 /// A comma-separated list, trimmed, without empty entries.
@@ -54,7 +67,7 @@ impl NodeList {
     /// The node URLs, trimmed; a usage error if there is none.
     ///
     /// # Errors
-    /// [`UsageError`](crate::UsageError) when `--nodes` names no URL.
+    /// a usage error ([`crate::usage`]) when `--nodes` names no URL.
     pub fn urls(&self) -> anyhow::Result<Vec<String>> {
         let urls = clean(&self.nodes);
         if urls.is_empty() {
@@ -88,7 +101,7 @@ impl NodeTimeouts {
     /// The connect timeout.
     ///
     /// # Errors
-    /// [`UsageError`](crate::UsageError) for 0.
+    /// a usage error ([`crate::usage`]) for 0.
     pub fn connect(&self) -> anyhow::Result<Duration> {
         match self.timeout_ms {
             Some(ms) => millis("timeout-ms", ms),
@@ -99,7 +112,7 @@ impl NodeTimeouts {
     /// The reply timeout.
     ///
     /// # Errors
-    /// [`UsageError`](crate::UsageError) for 0.
+    /// a usage error ([`crate::usage`]) for 0.
     pub fn reply(&self) -> anyhow::Result<Duration> {
         match self.timeout_ms {
             Some(ms) => millis("timeout-ms", ms),
@@ -142,9 +155,8 @@ pub struct QuorumArgs {
     /// Use the classic protocol (read a majority, then write max+1) instead of the fast one.
     #[arg(long)]
     pub classic: bool,
-    /// Fast protocol: share rounds with contending clients through the rendezvous node.
-    /// auto: after losing a round to another writer; always: from the first request;
-    /// never: each request runs its own rounds with backoff.
+    /// Fast protocol: when to share rounds with contending clients through the
+    /// rendezvous node (docs/idclient.md).
     #[arg(long, value_enum, default_value_t = CombineArg::Auto)]
     pub combine: CombineArg,
     /// Longest backoff sleep after a lost round, milliseconds. Lower is fairer between
@@ -161,7 +173,7 @@ impl QuorumArgs {
     /// The client configuration these flags describe, with `deadline` per request.
     ///
     /// # Errors
-    /// [`UsageError`](crate::UsageError) for no node or a zero timeout.
+    /// a usage error ([`crate::usage`]) for no node or a zero timeout.
     pub fn client_config(&self, deadline: Duration) -> anyhow::Result<ClientConfig> {
         let mut config = ClientConfig::new(self.nodes.urls()?);
         config.key = self.key.clone();
@@ -193,7 +205,7 @@ impl DeadlineArgs {
     /// The deadline.
     ///
     /// # Errors
-    /// [`UsageError`](crate::UsageError) for 0.
+    /// a usage error ([`crate::usage`]) for 0.
     pub fn deadline(&self) -> anyhow::Result<Duration> {
         millis("deadline-ms", self.deadline_ms)
     }
@@ -220,7 +232,7 @@ impl BrokerArgs {
     /// The broker client's configuration.
     ///
     /// # Errors
-    /// [`UsageError`](crate::UsageError) for `--connections 0`.
+    /// a usage error ([`crate::usage`]) for `--connections 0`.
     pub fn client_config(
         &self,
         deadline: Duration,
@@ -267,7 +279,7 @@ impl SourceArgs {
     /// The ID source these flags describe.
     ///
     /// # Errors
-    /// [`UsageError`](crate::UsageError) for an empty list, a zero timeout or deadline,
+    /// a usage error ([`crate::usage`]) for an empty list, a zero timeout or deadline,
     /// or `--connections 0`.
     pub fn source(&self) -> anyhow::Result<Source> {
         let deadline = self.deadline.deadline()?;

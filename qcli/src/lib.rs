@@ -18,7 +18,7 @@ mod exit;
 mod flags;
 mod logging;
 
-pub use exit::{exit, id_error_cause, usage, Cause, UsageError, EXIT_CODES_HELP};
+pub use exit::{cause_of, exit, fail, id_error_cause, usage, Cause, Failure, EXIT_CODES_HELP};
 pub use flags::{
     parse, BrokerArgs, CombineArg, DeadlineArgs, NodeList, NodeTimeouts, QuorumArgs, Source,
     SourceArgs,
