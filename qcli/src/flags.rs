@@ -57,8 +57,8 @@ fn millis(flag: &str, ms: u64) -> anyhow::Result<Duration> {
 /// `--nodes URLS`: the quorum's Redis nodes.
 #[derive(Debug, Clone, Args)]
 pub struct NodeList {
-    /// Redis quorum nodes, comma-separated redis://[:PASSWORD@]host:port URLs (an odd
-    /// number, 3 or more in production).
+    /// Redis quorum nodes, comma-separated redis://host:port URLs (redis://:PASSWORD@host:port
+    /// with a password; an odd number, 3 or more in production).
     #[arg(long, value_name = "URLS", value_delimiter = ',')]
     pub nodes: Vec<String>,
 }
