@@ -246,12 +246,7 @@ async fn quorum_minority_down_continues_majority_down_fails_in_time_then_resumes
     let mut q = quorum();
     let b = Broker::start(
         &q,
-        &[
-            "--node-connect-timeout-ms",
-            "200",
-            "--node-reply-timeout-ms",
-            "200",
-        ],
+        &["--connect-timeout-ms", "200", "--reply-timeout-ms", "200"],
     );
     let deadline = Duration::from_millis(1500);
     let c = client(&[&b.addr], deadline).await;

@@ -280,7 +280,7 @@ fn check_refuses_an_unsafe_node() {
 #[test]
 fn bad_arguments_are_clear_errors() {
     let port = free_port().expect("port");
-    let cases: Vec<(Vec<String>, &str)> = vec![
+    let cases: Vec<(Vec<String>, &str, i32)> = vec![
         (
             vec![
                 "next".into(),
@@ -290,10 +290,12 @@ fn bad_arguments_are_clear_errors() {
                 "200".into(),
             ],
             "no quorum",
+            5,
         ),
         (
             vec!["next".into(), "--nodes".into(), "localhost:6379".into()],
             "not a redis:// URL",
+            2,
         ),
         (
             vec![
@@ -304,8 +306,9 @@ fn bad_arguments_are_clear_errors() {
                 "x".into(),
             ],
             "invalid value 'x'",
+            2,
         ),
-        (vec!["next".into()], "required"),
+        (vec!["next".into()], "required", 2),
         (
             vec![
                 "bench".into(),
@@ -315,6 +318,7 @@ fn bad_arguments_are_clear_errors() {
                 "0".into(),
             ],
             "--clients must be at least 1",
+            2,
         ),
         (
             vec![
@@ -323,12 +327,15 @@ fn bad_arguments_are_clear_errors() {
                 format!("redis://127.0.0.1:{port}"),
             ],
             "UNREACHABLE",
+            5,
         ),
     ];
-    for (args, want) in cases {
+    for (args, want, code) in cases {
         let args: Vec<&str> = args.iter().map(String::as_str).collect();
         let out = idctl(&args);
         assert!(!out.status.success(), "{args:?} should fail");
+        // The exit-code convention (README, "Command-line conventions").
+        assert_eq!(out.status.code(), Some(code), "{args:?}: {}", text(&out));
         assert!(
             text(&out).contains(want),
             "{args:?}: want {want:?} in {}",

@@ -103,7 +103,15 @@ async fn no_output_of_a_failing_run_carries_a_node_password() {
     // Two of three nodes gone: no quorum, everywhere.
     q.kill(1);
     q.kill(2);
-    let check = idctl(&["check", "--nodes", &urls, "--timeout-ms", "300"]);
+    let check = idctl(&[
+        "check",
+        "--nodes",
+        &urls,
+        "--connect-timeout-ms",
+        "300",
+        "--reply-timeout-ms",
+        "300",
+    ]);
     assert!(!check.status.success());
     assert!(text(&check).contains("UNREACHABLE"), "{}", text(&check));
     assert_no_password("idctl check (nodes down)", &text(&check));

@@ -81,14 +81,18 @@ fn s(p: &Path) -> &str {
     p.to_str().expect("utf-8 temp path")
 }
 
+/// Exit codes (README, "Command-line conventions").
+const USAGE: i32 = 2;
+const INPUT: i32 = 3;
+
 #[track_caller]
-fn assert_fails_with(out: &Output, needle: &str) {
+fn assert_fails_with(out: &Output, code: i32, needle: &str) {
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
         !out.status.success(),
         "expected failure, got success; stderr: {stderr}"
     );
-    assert_eq!(out.status.code(), Some(1), "exit code; stderr: {stderr}");
+    assert_eq!(out.status.code(), Some(code), "exit code; stderr: {stderr}");
     assert!(stderr.contains(needle), "stderr lacks {needle:?}: {stderr}");
     assert!(!stderr.contains("panicked"), "panic: {stderr}");
 }
@@ -219,6 +223,7 @@ fn no_shards_found() {
     let list = tmp.path().join("list.bin");
     assert_fails_with(
         &run(&["--out", s(&list), "--data-dir", s(tmp.path())]),
+        INPUT,
         "no sublists found",
     );
     assert_fails_with(
@@ -228,6 +233,7 @@ fn no_shards_found() {
             "--data-dir",
             s(&tmp.path().join("missing")),
         ]),
+        INPUT,
         "cannot list data dir",
     );
     assert!(!list.exists());
@@ -241,15 +247,17 @@ fn shard_dir_that_is_not_rocksdb() {
     std::fs::write(bogus.join("notes.txt"), "hello").expect("write");
     let list = tmp.path().join("list.bin");
     let out = run(&["--out", s(&list), "--data-dir", s(tmp.path())]);
-    assert_fails_with(&out, "not a sublist database");
-    assert_fails_with(&out, "shard-0");
+    assert_fails_with(&out, INPUT, "not a sublist database");
+    assert_fails_with(&out, INPUT, "shard-0");
     assert_fails_with(
         &run(&["--out", s(&list), s(&tmp.path().join("nope"))]),
+        INPUT,
         "no such sublist database",
     );
     std::fs::create_dir(tmp.path().join("shard-3.bak")).expect("mkdir");
     assert_fails_with(
         &run(&["--out", s(&list), "--data-dir", s(tmp.path())]),
+        INPUT,
         "not shard-<number>",
     );
     assert!(!list.exists());
@@ -263,6 +271,7 @@ fn out_in_missing_directory() {
     let list = tmp.path().join("no/such/dir/list.bin");
     assert_fails_with(
         &run(&["--out", s(&list), "--data-dir", s(&data)]),
+        USAGE,
         "does not exist",
     );
 }
@@ -270,9 +279,9 @@ fn out_in_missing_directory() {
 #[test]
 fn usage_errors_exit_2() {
     let out = run(&["--out", "x.bin"]);
-    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(out.status.code(), Some(USAGE));
     let out = run(&["--out", "x.bin", "--data-dir", "d", "extra"]);
-    assert_eq!(out.status.code(), Some(2));
+    assert_eq!(out.status.code(), Some(USAGE));
 }
 
 #[test]
@@ -285,9 +294,9 @@ fn duplicate_id_across_shards_leaves_no_list() {
     std::fs::create_dir(&out_dir).expect("mkdir");
     let list = out_dir.join("list.bin");
     let out = run(&["--out", s(&list), "--data-dir", s(&data)]);
-    assert_fails_with(&out, "duplicate id 5");
-    assert_fails_with(&out, "shard-0");
-    assert_fails_with(&out, "shard-1");
+    assert_fails_with(&out, INPUT, "duplicate id 5");
+    assert_fails_with(&out, INPUT, "shard-0");
+    assert_fails_with(&out, INPUT, "shard-1");
     assert_eq!(
         dir_names(&out_dir),
         Vec::<String>::new(),
@@ -301,9 +310,17 @@ fn same_shard_twice_and_unfinished() {
     let a = make_shard(&tmp.path().join("a"), 0, &[1, 2], text_payload, true);
     let b = make_shard(&tmp.path().join("b"), 0, &[3], text_payload, true);
     let list = tmp.path().join("list.bin");
-    assert_fails_with(&run(&["--out", s(&list), s(&a), s(&b)]), "are both shard 0");
+    assert_fails_with(
+        &run(&["--out", s(&list), s(&a), s(&b)]),
+        INPUT,
+        "are both shard 0",
+    );
     let c = make_shard(&tmp.path().join("c"), 1, &[4, 7], text_payload, false);
-    assert_fails_with(&run(&["--out", s(&list), s(&a), s(&c)]), "is not finished");
+    assert_fails_with(
+        &run(&["--out", s(&list), s(&a), s(&c)]),
+        INPUT,
+        "is not finished",
+    );
     assert!(!list.exists());
     let out = run(&["--out", s(&list), "--allow-unfinished", s(&a), s(&c)]);
     assert!(
@@ -382,7 +399,7 @@ fn verify_rejects_corrupt_files() {
         std::fs::write(&bad, &bytes).expect("write");
         let out = run(&["verify", s(&bad)]);
         let stderr = String::from_utf8_lossy(&out.stderr);
-        assert_eq!(out.status.code(), Some(1), "{name}: {stderr}");
+        assert_eq!(out.status.code(), Some(INPUT), "{name}: {stderr}");
         assert!(
             stderr.contains(needle),
             "{name}: stderr lacks {needle:?}: {stderr}"
@@ -393,10 +410,15 @@ fn verify_rejects_corrupt_files() {
         );
         assert!(verify(&bad).is_err(), "{name}: library verify accepted it");
         // `cat` must not print a corrupt file as if it were fine.
-        assert_eq!(run(&["cat", s(&bad)]).status.code(), Some(1), "{name}: cat");
+        assert_eq!(
+            run(&["cat", s(&bad)]).status.code(),
+            Some(INPUT),
+            "{name}: cat"
+        );
     }
     assert_fails_with(
         &run(&["verify", s(&tmp.path().join("absent.bin"))]),
+        INPUT,
         "absent.bin",
     );
 }
@@ -535,8 +557,8 @@ fn out_that_would_destroy_an_input_is_refused() {
         let mut all = vec!["--out", s(&out)];
         all.extend(args);
         let res = run(&all);
-        assert_fails_with(&res, needle);
-        assert_fails_with(&res, "refusing --out");
+        assert_fails_with(&res, USAGE, needle);
+        assert_fails_with(&res, USAGE, "refusing --out");
     }
     assert_eq!(
         std::fs::read(data.join("shard-0/CURRENT")).expect("read CURRENT"),
@@ -588,7 +610,7 @@ fn a_sublist_that_was_never_created_is_refused() {
         "run the producer of shard 1 again",
         "--allow-unfinished",
     ] {
-        assert_fails_with(&out, needle);
+        assert_fails_with(&out, INPUT, needle);
     }
     assert!(!list.exists(), "list.bin written without shard 1");
 

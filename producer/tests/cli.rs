@@ -661,8 +661,8 @@ fn bad_inputs_get_clear_errors_and_exit_codes() {
             "not-a-url",
             "--generate",
             "5",
-            "--deadline",
-            "1",
+            "--deadline-ms",
+            "1000",
         ]),
         2,
         "",
@@ -677,8 +677,8 @@ fn bad_inputs_get_clear_errors_and_exit_codes() {
             "127.0.0.1:1",
             "--generate",
             "5",
-            "--deadline",
-            "1",
+            "--deadline-ms",
+            "1000",
         ]),
         5,
         "",
@@ -696,8 +696,8 @@ fn bad_inputs_get_clear_errors_and_exit_codes() {
         &nodes,
         "--generate",
         "5",
-        "--deadline",
-        "1",
+        "--deadline-ms",
+        "1000",
     ]);
     assert_exit(&out, 5, "quorum");
     if let Ok(r) = ShardReader::open(&shard_db_path(&data, 12)) {
@@ -790,8 +790,8 @@ fn losing_the_quorum_mid_run_stops_cleanly_and_resumes() {
         "8",
         "--batch",
         "10",
-        "--deadline",
-        "1",
+        "--deadline-ms",
+        "1000",
     ];
     let child = producer_cmd(&args).spawn().expect("spawn");
     // Wait until some batches are durable, then freeze a majority.
@@ -943,8 +943,8 @@ fn ids_going_backwards_after_a_wiped_quorum_are_refused_clearly() {
         "5000",
         "--batch",
         "50",
-        "--deadline",
-        "5",
+        "--deadline-ms",
+        "5000",
     ];
     let mut child = spawn_stalled(&args, 500);
     child.kill().expect("kill -9");
@@ -1151,8 +1151,8 @@ fn nothing_to_do_with_every_node_down() {
         &q.urls_arg(),
         "--generate",
         "30",
-        "--deadline",
-        "1",
+        "--deadline-ms",
+        "1000",
     ];
     assert_exit(&run(&args), 0, "");
     for i in 0..3 {
@@ -1182,8 +1182,8 @@ fn an_unsafe_node_exits_5() {
         &q.urls_arg(),
         "--generate",
         "10",
-        "--deadline",
-        "2",
+        "--deadline-ms",
+        "2000",
     ]);
     assert_exit(&out, 5, "is unsafe");
     assert_exit(&out, 5, "appendfsync");

@@ -7,6 +7,7 @@ use anyhow::Context;
 use broker::{BrokerConfig, WindowSource, WindowStats};
 use clap::Parser;
 use idclient::{ClientConfig, QuorumClient};
+use qcli::{DeadlineArgs, QuorumArgs};
 use std::io::Write;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -23,27 +24,15 @@ struct Flags {
     /// Address to listen on (host:port; port 0 picks a free one).
     #[arg(long)]
     listen: String,
-    /// Comma-separated redis://host:port URLs of the quorum nodes.
-    #[arg(long)]
-    nodes: String,
-    /// The register key on every node.
-    #[arg(long, default_value = "current")]
-    key: String,
-    /// Accept nodes that do not fsync every write. CAN REPEAT IDS after a node crash.
-    #[arg(long)]
-    unsafe_skip_durability_check: bool,
-    /// Deadline for requests that do not send one, milliseconds.
-    #[arg(long, default_value_t = broker::DEFAULT_DEADLINE.as_millis() as u64)]
-    default_deadline_ms: u64,
+    /// The quorum (`--nodes` required).
+    #[command(flatten)]
+    quorum: QuorumArgs,
+    /// The deadline of requests that do not send one.
+    #[command(flatten)]
+    deadline: DeadlineArgs,
     /// Longest deadline a client may ask for, milliseconds.
     #[arg(long, default_value_t = broker::MAX_DEADLINE.as_millis() as u64)]
     max_deadline_ms: u64,
-    /// Per-node connect timeout, milliseconds.
-    #[arg(long, default_value_t = 500)]
-    node_connect_timeout_ms: u64,
-    /// Per-node reply timeout, milliseconds.
-    #[arg(long, default_value_t = 500)]
-    node_reply_timeout_ms: u64,
     /// Drop a client whose replies cannot be written for this long, milliseconds.
     #[arg(long, default_value_t = broker::WRITE_TIMEOUT.as_millis() as u64)]
     write_timeout_ms: u64,
@@ -96,23 +85,15 @@ struct Config {
 }
 
 impl Config {
+    /// The configuration the flags describe.
+    ///
+    /// # Errors
+    /// A usage error (exit code 2) for flags that make no sense.
     fn from_flags(f: Flags) -> anyhow::Result<Config> {
-        let nodes: Vec<String> = f
-            .nodes
-            .split(',')
-            .map(str::trim)
-            .filter(|s| !s.is_empty())
-            .map(String::from)
-            .collect();
-        anyhow::ensure!(!nodes.is_empty(), "--nodes: no node URL given");
-        let mut quorum = ClientConfig::new(nodes);
-        quorum.key = f.key;
-        quorum.unsafe_skip_durability_check = f.unsafe_skip_durability_check;
-        quorum.connect_timeout = Duration::from_millis(f.node_connect_timeout_ms);
-        quorum.reply_timeout = Duration::from_millis(f.node_reply_timeout_ms);
-        quorum.deadline = Duration::from_millis(f.default_deadline_ms);
+        let default_deadline = f.deadline.deadline()?;
+        let quorum = f.quorum.client_config(default_deadline)?;
         let broker = BrokerConfig {
-            default_deadline: Duration::from_millis(f.default_deadline_ms),
+            default_deadline,
             max_deadline: Duration::from_millis(f.max_deadline_ms),
             write_timeout: Duration::from_millis(f.write_timeout_ms),
             handshake_timeout: Duration::from_millis(f.handshake_timeout_ms),
@@ -125,7 +106,7 @@ impl Config {
             stats_interval: Duration::from_secs(f.stats_interval_secs),
             ..BrokerConfig::default()
         };
-        broker.validate()?;
+        broker.validate().map_err(|e| qcli::usage(e.to_string()))?;
         Ok(Config {
             listen: f.listen,
             serve: f.serve,
@@ -136,34 +117,33 @@ impl Config {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .init();
-    let config = match Config::from_flags(Flags::parse()) {
-        Ok(c) => c,
-        Err(e) => {
-            eprintln!("idbroker: {e:#}");
-            return ExitCode::from(2);
-        }
-    };
-    let runtime = match tokio::runtime::Runtime::new() {
-        Ok(r) => r,
-        Err(e) => {
-            eprintln!("idbroker: cannot start the async runtime: {e}");
-            return ExitCode::FAILURE;
-        }
-    };
-    match runtime.block_on(run(config)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("idbroker: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    qcli::init_logging("info");
+    // clap keeps defaults as &'static str; leaking this one short string once is the
+    // price of deriving it from broker::DEFAULT_DEADLINE rather than repeating it.
+    let default_deadline: &'static str =
+        Box::leak(DEFAULT_DEADLINE_MS.to_string().into_boxed_str());
+    let flags: Flags = qcli::parse(|cmd| {
+        // Before the flags were shared: idbroker's own names, same units.
+        cmd.mut_arg("nodes", |a| a.required(true))
+            .mut_arg("deadline_ms", |a| {
+                a.alias("default-deadline-ms")
+                    .help("Deadline of requests that do not send one, milliseconds (a client may ask for up to --max-deadline-ms)")
+                    .default_value(default_deadline)
+            })
+            .mut_arg("connect_timeout_ms", |a| a.alias("node-connect-timeout-ms"))
+            .mut_arg("reply_timeout_ms", |a| a.alias("node-reply-timeout-ms"))
+    });
+    qcli::exit("idbroker", start(flags), |_| None)
+}
+
+/// [`broker::DEFAULT_DEADLINE`], the `--deadline-ms` default.
+const DEFAULT_DEADLINE_MS: u64 = broker::DEFAULT_DEADLINE.as_millis() as u64;
+
+fn start(flags: Flags) -> anyhow::Result<()> {
+    let config = Config::from_flags(flags)?;
+    tokio::runtime::Runtime::new()
+        .context("cannot start the async runtime")?
+        .block_on(run(config))
 }
 
 async fn run(config: Config) -> anyhow::Result<()> {

@@ -1,8 +1,8 @@
 //! idctl: start a local quorum, check nodes, get IDs, benchmark.
 
-use anyhow::{bail, Context, Result};
-use clap::{Args, Parser, Subcommand};
-use idclient::{ClientConfig, Combine, IdSource, Protocol, QuorumClient};
+use anyhow::{Context, Result};
+use clap::{Parser, Subcommand};
+use idclient::{IdSource, QuorumClient};
 use idtools::bench::{self, BenchConfig};
 use idtools::cluster::{self, LocalQuorum};
 use std::path::PathBuf;
@@ -28,17 +28,15 @@ enum Command {
     /// Check every node's durability configuration; exits non-zero if any node is unsafe
     /// or unreachable.
     Check {
-        /// Comma-separated redis://host:port URLs.
-        #[arg(long, value_delimiter = ',', required = true)]
-        nodes: Vec<String>,
-        /// Connect and reply timeout per node, in milliseconds.
-        #[arg(long, default_value_t = 1000)]
-        timeout_ms: u64,
+        #[command(flatten)]
+        nodes: qcli::NodeList,
+        #[command(flatten)]
+        timeouts: qcli::NodeTimeouts,
     },
     /// Reserve IDs and print "LO HI" (HI = LO + COUNT - 1).
     Next {
         #[command(flatten)]
-        source: SourceArgs,
+        source: qcli::SourceArgs,
         /// How many consecutive IDs to reserve in one round.
         #[arg(long, default_value_t = 1)]
         count: u64,
@@ -47,7 +45,7 @@ enum Command {
     /// is one JSON object: ids_per_sec, requests_per_sec, p50_us, p99_us, holes_pct, errors.
     Bench {
         #[command(flatten)]
-        source: SourceArgs,
+        source: qcli::SourceArgs,
         /// Concurrent clients. Direct mode: each its own client (own connections), like
         /// separate processes. Broker mode: concurrent callers of one broker client.
         #[arg(long, default_value_t = 16)]
@@ -90,96 +88,23 @@ enum ClusterCmd {
     },
 }
 
-#[derive(Args)]
-#[group(required = true, multiple = false, id = "where")]
-struct Where {
-    /// Comma-separated redis://host:port URLs of the quorum (direct mode).
-    #[arg(long, value_delimiter = ',')]
-    nodes: Vec<String>,
-    /// Comma-separated host:port addresses of idbrokers (broker mode, with failover).
-    #[arg(long, value_delimiter = ',')]
-    broker: Vec<String>,
-}
-
-#[derive(Args)]
-struct SourceArgs {
-    #[command(flatten)]
-    r#where: Where,
-    /// Use the classic protocol (read a majority, then write max+1) instead of the fast one.
-    #[arg(long)]
-    classic: bool,
-    /// Give up on a request after this many milliseconds (all retries included).
-    #[arg(long, default_value_t = 5000)]
-    deadline_ms: u64,
-    /// Connect and reply timeout per node, in milliseconds.
-    #[arg(long, default_value_t = 500)]
-    timeout_ms: u64,
-    /// The register key on every node.
-    #[arg(long, default_value = "current")]
-    key: String,
-    /// Longest backoff sleep after a lost round, in milliseconds (direct mode). Lower is
-    /// fairer between contending clients, higher leaves more of the nodes' time to winners.
-    #[arg(long, default_value_t = idclient::BACKOFF_CAP.as_millis() as u64)]
-    backoff_cap_ms: u64,
-    /// Direct mode, fast protocol: share rounds with contending clients through the
-    /// rendezvous node. auto: after losing a round to another writer; always: from the
-    /// first request; never: each request runs its own rounds with backoff.
-    #[arg(long, value_enum, default_value_t = CombineArg::Auto)]
-    combine: CombineArg,
-    /// Use nodes that do not fsync every write. DANGEROUS: a node crash can then repeat IDs.
-    #[arg(long)]
-    unsafe_skip_durability_check: bool,
-}
-
-impl SourceArgs {
-    fn client_config(&self) -> ClientConfig {
-        let mut config = ClientConfig::new(self.r#where.nodes.clone());
-        config.key = self.key.clone();
-        config.protocol = if self.classic {
-            Protocol::Classic
-        } else {
-            Protocol::Fast
-        };
-        config.deadline = Duration::from_millis(self.deadline_ms);
-        config.connect_timeout = Duration::from_millis(self.timeout_ms);
-        config.reply_timeout = Duration::from_millis(self.timeout_ms);
-        config.unsafe_skip_durability_check = self.unsafe_skip_durability_check;
-        config.backoff_cap = Duration::from_millis(self.backoff_cap_ms);
-        config.combine = match self.combine {
-            CombineArg::Auto => Combine::Auto,
-            CombineArg::Always => Combine::Always,
-            CombineArg::Never => Combine::Never,
-        };
-        config
-    }
-}
-
-#[derive(Debug, Clone, Copy, clap::ValueEnum)]
-enum CombineArg {
-    Auto,
-    Always,
-    Never,
-}
+/// `idctl check` gives slow nodes more time than a request does: it reports, it does not serve.
+const CHECK_TIMEOUT_MS: &str = "1000";
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::IsTerminal::is_terminal(&std::io::stderr()))
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "warn".into()),
-        )
-        .init();
-    let cli = Cli::parse();
-    match run(cli) {
-        Ok(code) => code,
-        Err(e) => {
-            eprintln!("idctl: error: {e:#}");
-            ExitCode::FAILURE
-        }
-    }
+    qcli::init_logging("warn");
+    let cli: Cli = qcli::parse(|cmd| {
+        cmd.mut_subcommand("check", |check| {
+            check
+                .mut_arg("nodes", |a| a.required(true))
+                .mut_arg("connect_timeout_ms", |a| a.default_value(CHECK_TIMEOUT_MS))
+                .mut_arg("reply_timeout_ms", |a| a.default_value(CHECK_TIMEOUT_MS))
+        })
+    });
+    qcli::exit("idctl", run(cli), |_| None)
 }
 
-fn run(cli: Cli) -> Result<ExitCode> {
+fn run(cli: Cli) -> Result<()> {
     match cli.command {
         Command::Cluster(ClusterCmd::Up {
             dir,
@@ -203,27 +128,21 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 dir.display()
             );
             println!("{urls}");
-            Ok(ExitCode::SUCCESS)
+            Ok(())
         }
         Command::Cluster(ClusterCmd::Down { dir }) => {
             let stopped = cluster::down(&dir)?;
             eprintln!("stopped {stopped} node(s) of {}", dir.display());
-            Ok(ExitCode::SUCCESS)
+            Ok(())
         }
-        Command::Check { nodes, timeout_ms } => runtime()?.block_on(check(nodes, timeout_ms)),
+        Command::Check { nodes, timeouts } => {
+            runtime()?.block_on(check(nodes.urls()?, timeouts.connect()?, timeouts.reply()?))
+        }
         Command::BrokerStats { addr } => runtime()?.block_on(broker_stats(addr)),
-        Command::Next { source, count } => runtime()?.block_on(async {
-            let range = if source.r#where.broker.is_empty() {
-                QuorumClient::connect(source.client_config())
-                    .await?
-                    .next_ids(count)
-                    .await?
-            } else {
-                broker_source(&source).await?.next_ids(count).await?
-            };
-            println!("{} {}", range.lo, range.hi);
-            Ok(ExitCode::SUCCESS)
-        }),
+        Command::Next { source, count } => {
+            let source = source.source()?;
+            runtime()?.block_on(next(source, count))
+        }
         Command::Bench {
             source,
             clients,
@@ -232,11 +151,14 @@ fn run(cli: Cli) -> Result<ExitCode> {
             history,
         } => {
             if clients == 0 {
-                bail!("--clients must be at least 1");
+                return Err(qcli::usage("--clients must be at least 1"));
             }
             if !(seconds > 0.0 && seconds.is_finite()) {
-                bail!("--seconds must be a positive number, got {seconds}");
+                return Err(qcli::usage(format!(
+                    "--seconds must be a positive number, got {seconds}"
+                )));
             }
+            let source = source.source()?;
             let config = BenchConfig {
                 clients,
                 duration: Duration::from_secs_f64(seconds),
@@ -244,20 +166,26 @@ fn run(cli: Cli) -> Result<ExitCode> {
                 progress: true,
             };
             let (report, counters) = runtime()?.block_on(async {
-                if source.r#where.broker.is_empty() {
-                    let client_config = source.client_config();
-                    let mut sources = Vec::with_capacity(clients);
-                    for _ in 0..clients {
-                        sources.push(std::sync::Arc::new(
-                            QuorumClient::connect(client_config.clone()).await?,
-                        ));
+                match source {
+                    qcli::Source::Nodes(client_config) => {
+                        let mut sources = Vec::with_capacity(clients);
+                        for _ in 0..clients {
+                            sources.push(std::sync::Arc::new(
+                                QuorumClient::connect(client_config.clone()).await?,
+                            ));
+                        }
+                        let report = bench::run(&config, &sources).await;
+                        Ok::<_, anyhow::Error>((report, Some(sum_counters(&sources))))
                     }
-                    let report = bench::run(&config, &sources).await;
-                    Ok::<_, anyhow::Error>((report, Some(sum_counters(&sources))))
-                } else {
-                    let shared = std::sync::Arc::new(broker_source(&source).await?);
-                    let sources = vec![shared; clients];
-                    Ok((bench::run(&config, &sources).await, None))
+                    qcli::Source::Brokers {
+                        addrs,
+                        config: broker_config,
+                    } => {
+                        let shared =
+                            std::sync::Arc::new(broker_client(addrs, broker_config).await?);
+                        let sources = vec![shared; clients];
+                        Ok((bench::run(&config, &sources).await, None))
+                    }
                 }
             })?;
             if let Some(path) = history {
@@ -274,7 +202,7 @@ fn run(cli: Cli) -> Result<ExitCode> {
             }
             eprintln!("{}", report.summary_line());
             println!("{}", report.json());
-            Ok(ExitCode::SUCCESS)
+            Ok(())
         }
     }
 }
@@ -303,9 +231,25 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
         .context("cannot start the tokio runtime")
 }
 
-async fn check(nodes: Vec<String>, timeout_ms: u64) -> Result<ExitCode> {
-    let timeout = Duration::from_millis(timeout_ms);
-    let results = idclient::check_nodes(&nodes, timeout, timeout).await?;
+/// `idctl next`: one request, printed as "LO HI".
+async fn next(source: qcli::Source, count: u64) -> Result<()> {
+    let range = match source {
+        qcli::Source::Nodes(config) => QuorumClient::connect(config).await?.next_ids(count).await?,
+        qcli::Source::Brokers { addrs, config } => {
+            broker_client(addrs, config).await?.next_ids(count).await?
+        }
+    };
+    println!("{} {}", range.lo, range.hi);
+    Ok(())
+}
+
+/// `idctl check`: every node's verdict on stdout; an unusable node is exit code 5.
+async fn check(
+    nodes: Vec<String>,
+    connect_timeout: Duration,
+    reply_timeout: Duration,
+) -> Result<()> {
+    let results = idclient::check_nodes(&nodes, connect_timeout, reply_timeout).await?;
     let mut bad = 0;
     for idclient::NodeCheck { addr, verdict } in &results {
         match verdict {
@@ -322,28 +266,27 @@ async fn check(nodes: Vec<String>, timeout_ms: u64) -> Result<ExitCode> {
         }
     }
     if bad > 0 {
-        eprintln!("idctl: {bad} of {} node(s) unusable", results.len());
-        return Ok(ExitCode::FAILURE);
+        return Err(qcli::fail(
+            qcli::Cause::Ids,
+            format!("{bad} of {} node(s) unusable", results.len()),
+        ));
     }
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }
 
 /// The broker client for `--broker`: one client (a few pipelined connections) shared by
 /// every caller, failing over along the list of brokers.
-async fn broker_source(source: &SourceArgs) -> Result<idclient::broker_client::BrokerClient> {
-    let config = idclient::broker_client::BrokerClientConfig {
-        deadline: Duration::from_millis(source.deadline_ms),
-        connect_timeout: Duration::from_millis(source.timeout_ms),
-        ..Default::default()
-    };
-    let addrs = source.r#where.broker.clone();
+async fn broker_client(
+    addrs: Vec<String>,
+    config: idclient::broker_client::BrokerClientConfig,
+) -> Result<idclient::broker_client::BrokerClient> {
     idclient::broker_client::BrokerClient::connect(addrs.clone(), config)
         .await
         .with_context(|| format!("--broker {}", addrs.join(",")))
 }
 
 /// `idctl broker-stats ADDR`: the broker's counters, human-readable, then one JSON line.
-async fn broker_stats(addr: String) -> Result<ExitCode> {
+async fn broker_stats(addr: String) -> Result<()> {
     let s = idclient::broker_client::fetch_stats(&addr)
         .await
         .with_context(|| format!("broker {addr}"))?;
@@ -387,5 +330,5 @@ async fn broker_stats(addr: String) -> Result<ExitCode> {
         "max_round_us": s.round_us_max,
     });
     println!("{json}");
-    Ok(ExitCode::SUCCESS)
+    Ok(())
 }

@@ -11,9 +11,11 @@ use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use anyhow::{bail, Context};
+use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use sublist::listbin::{verify, ListReader};
+use merger::MergeError;
+use qcli::Cause;
+use sublist::listbin::{verify, ListError, ListReader};
 
 /// Test hook for crash tests: after this many records the merge stops making progress
 /// (it sleeps with its temporary file open) so a test can kill it mid-merge
@@ -85,32 +87,48 @@ enum Input {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("info")),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
-    let cli = Cli::parse();
-    let result = match cli.command {
-        Some(Command::Verify { file }) => run_verify(&file),
-        Some(Command::Cat { file, json }) => run_cat(&file, json),
-        None => config(cli.merge).and_then(|c| run_merge(&c)),
-    };
-    match result {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("merger: error: {e:#}");
-            ExitCode::FAILURE
-        }
+    qcli::init_logging("info");
+    let cli: Cli = qcli::parse(|cmd| cmd);
+    match cli.command {
+        Some(Command::Verify { file }) => qcli::exit("merger", run_verify(&file), read_cause),
+        Some(Command::Cat { file, json }) => qcli::exit("merger", run_cat(&file, json), read_cause),
+        None => qcli::exit(
+            "merger",
+            config(cli.merge).and_then(|c| run_merge(&c)),
+            merge_cause,
+        ),
     }
+}
+
+/// `verify` and `cat`: the list.bin is their input.
+fn read_cause(e: &(dyn std::error::Error + 'static)) -> Option<Cause> {
+    e.is::<ListError>().then_some(Cause::Input)
+}
+
+/// The merge: the sublists are its input, list.bin its output.
+fn merge_cause(e: &(dyn std::error::Error + 'static)) -> Option<Cause> {
+    Some(match e.downcast_ref::<MergeError>()? {
+        MergeError::BadOut { .. } => Cause::Usage,
+        MergeError::List(_) => Cause::Output,
+        MergeError::Duplicate { .. }
+        | MergeError::OutOfOrder { .. }
+        | MergeError::WrongShard { .. }
+        | MergeError::Source { .. }
+        | MergeError::NoShards { .. }
+        | MergeError::DataDir { .. }
+        | MergeError::BadShardName { .. }
+        | MergeError::NeverCreated { .. }
+        | MergeError::NoInputs
+        | MergeError::SameShard { .. }
+        | MergeError::NameMismatch { .. }
+        | MergeError::Unfinished { .. }
+        | MergeError::Shard(_) => Cause::Input,
+    })
 }
 
 fn config(args: MergeArgs) -> anyhow::Result<MergeConfig> {
     let Some(out) = args.out else {
-        bail!("--out FILE is required")
+        return Err(qcli::usage("--out FILE is required"));
     };
     let input = match args.data_dir {
         Some(dir) => Input::DataDir(dir),
@@ -119,7 +137,7 @@ fn config(args: MergeArgs) -> anyhow::Result<MergeConfig> {
     let stall_after = match std::env::var(STALL_ENV) {
         Ok(v) => Some(
             v.parse()
-                .with_context(|| format!("{STALL_ENV}={v:?} is not a number"))?,
+                .map_err(|_| qcli::usage(format!("{STALL_ENV}={v:?} is not a number")))?,
         ),
         Err(_) => None,
     };
@@ -138,17 +156,17 @@ fn run_merge(cfg: &MergeConfig) -> anyhow::Result<()> {
         _ => PathBuf::from("."),
     };
     if !out_dir.is_dir() {
-        bail!(
+        return Err(qcli::usage(format!(
             "--out {}: directory {} does not exist",
             cfg.out.display(),
             out_dir.display()
-        );
+        )));
     }
     if cfg.out.is_dir() {
-        bail!(
+        return Err(qcli::usage(format!(
             "--out {} is a directory, expected a file name",
             cfg.out.display()
-        );
+        )));
     }
     let (paths, data_dir) = match &cfg.input {
         Input::DataDir(dir) => (

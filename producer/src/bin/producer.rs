@@ -1,11 +1,13 @@
 //! `producer`: stamps items with quorum IDs and writes shard N's sublist (see `docs/producer.md`).
 
+use anyhow::Context;
 use clap::{ArgGroup, Parser};
 use idclient::broker_client::{BrokerClient, BrokerClientConfig};
-use idclient::{ClientConfig, IdError, QuorumClient};
+use idclient::{IdError, QuorumClient};
 use producer::{
     Config, Display, InputSpec, Producer, ProducerError, DEFAULT_BATCH, DEFAULT_PAYLOAD_SIZE,
 };
+use qcli::{Cause, Source, SourceArgs};
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
@@ -22,7 +24,6 @@ use std::time::Duration;
 /// backwards; every batch before the failure is durable), 1 other.
 #[derive(Parser, Debug)]
 #[command(name = "producer", version)]
-#[command(group(ArgGroup::new("ids").required(true).args(["nodes", "broker"])))]
 #[command(group(ArgGroup::new("source").required(true).args(["input", "generate"])))]
 struct Flags {
     /// Shard number N (u32): the sublist is DIR/shard-<N>.
@@ -31,12 +32,9 @@ struct Flags {
     /// Directory holding the sublists (created if missing).
     #[arg(long, value_name = "DIR")]
     data_dir: PathBuf,
-    /// Redis quorum nodes, comma-separated redis://host:port URLs (direct mode).
-    #[arg(long, value_name = "URLS")]
-    nodes: Option<String>,
-    /// ID brokers, comma-separated host:port addresses.
-    #[arg(long, value_name = "ADDRS")]
-    broker: Option<String>,
+    /// Where IDs come from: exactly one of --nodes (direct) and --broker.
+    #[command(flatten)]
+    ids: SourceArgs,
     /// Input file, one item per line (any bytes; the newline is stripped). `-` reads
     /// stdin, which is NOT resumable: a killed run cannot be continued from stdin. A pipe
     /// or FIFO (e.g. `<(zcat f.gz)`) is read once the same way, also not resumable.
@@ -52,13 +50,10 @@ struct Flags {
     /// Items per batch: one ID range and one synced write per batch.
     #[arg(long, value_name = "B", default_value_t = DEFAULT_BATCH)]
     batch: u64,
-    /// Seconds one ID request may take, retries included, before the producer gives up
-    /// with "no quorum" (everything written before stays durable).
-    #[arg(long, value_name = "SECS", default_value_t = 10.0)]
-    deadline: f64,
-    /// Accept Redis nodes that do not fsync every write. Can repeat IDs after a crash.
-    #[arg(long)]
-    unsafe_skip_durability_check: bool,
+    /// Old spelling of --deadline-ms, in seconds (fractions allowed); kept, hidden, with
+    /// its old unit so that existing scripts keep their meaning.
+    #[arg(long, value_name = "SECS", hide = true, conflicts_with = "deadline_ms")]
+    deadline: Option<f64>,
     /// Never draw a progress bar; log a line every --log-every seconds instead.
     #[arg(long)]
     no_progress_bar: bool,
@@ -70,11 +65,9 @@ struct Flags {
 /// Test hook for crash and edit tests, see [`Config::test_stall_after`].
 const STALL_ENV: &str = "QLIST_PRODUCER_TEST_STALL_AFTER";
 
-/// Where IDs come from.
-enum Ids {
-    Nodes(ClientConfig),
-    Broker(Vec<String>, Duration),
-}
+/// The producer's `--deadline-ms` default: a producer is a batch job that would rather
+/// wait out a short outage than exit and be restarted.
+const DEFAULT_DEADLINE_MS: &str = "10000";
 
 fn seconds(name: &str, v: f64) -> anyhow::Result<Duration> {
     Duration::try_from_secs_f64(v)
@@ -88,15 +81,7 @@ fn seconds(name: &str, v: f64) -> anyhow::Result<Duration> {
         })
 }
 
-fn split(list: &str) -> Vec<String> {
-    list.split(',')
-        .map(str::trim)
-        .filter(|s| !s.is_empty())
-        .map(String::from)
-        .collect()
-}
-
-fn config(flags: &Flags) -> anyhow::Result<(Config, Ids)> {
+fn config(flags: &Flags) -> anyhow::Result<(Config, Source)> {
     let input = match (&flags.input, flags.generate) {
         (Some(f), None) if f == "-" => InputSpec::Stdin,
         (Some(f), None) => InputSpec::File(PathBuf::from(f)),
@@ -115,21 +100,14 @@ fn config(flags: &Flags) -> anyhow::Result<(Config, Ids)> {
     } else {
         Display::Log(seconds("log-every", flags.log_every)?)
     };
-    let deadline = seconds("deadline", flags.deadline)?;
-    let ids = match (&flags.nodes, &flags.broker) {
-        (Some(n), None) => {
-            let mut c = ClientConfig::new(split(n));
-            c.deadline = deadline;
-            c.unsafe_skip_durability_check = flags.unsafe_skip_durability_check;
-            Ids::Nodes(c)
+    let mut ids = flags.ids.source()?;
+    if let Some(secs) = flags.deadline {
+        let deadline = seconds("deadline", secs)?;
+        match &mut ids {
+            Source::Nodes(c) => c.deadline = deadline,
+            Source::Brokers { config, .. } => config.deadline = deadline,
         }
-        (None, Some(b)) => Ids::Broker(split(b), deadline),
-        _ => {
-            return Err(
-                ProducerError::Config("give exactly one of --nodes and --broker".into()).into(),
-            )
-        }
-    };
+    }
     let test_stall_after = match std::env::var(STALL_ENV) {
         Ok(v) => Some(
             v.parse()
@@ -151,12 +129,8 @@ fn config(flags: &Flags) -> anyhow::Result<(Config, Ids)> {
 async fn run_with_broker(
     p: Producer,
     addrs: Vec<String>,
-    deadline: Duration,
+    config: BrokerClientConfig,
 ) -> Result<producer::Summary, ProducerError> {
-    let config = BrokerClientConfig {
-        deadline,
-        ..BrokerClientConfig::default()
-    };
     let client = BrokerClient::connect(addrs, config)
         .await
         .map_err(ProducerError::Connect)?;
@@ -165,7 +139,7 @@ async fn run_with_broker(
 
 async fn run(flags: Flags) -> anyhow::Result<()> {
     let (cfg, ids) = config(&flags)?;
-    if flags.unsafe_skip_durability_check {
+    if flags.ids.quorum.unsafe_skip_durability_check {
         tracing::warn!("--unsafe-skip-durability-check: nodes that lose acknowledged writes can make IDs repeat");
     }
     let p = Producer::open(cfg)?;
@@ -174,13 +148,13 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
         p.run(&NoIds).await?
     } else {
         match ids {
-            Ids::Nodes(c) => {
+            Source::Nodes(c) => {
                 let client = QuorumClient::connect(c)
                     .await
                     .map_err(ProducerError::Connect)?;
                 p.run(&client).await?
             }
-            Ids::Broker(addrs, deadline) => run_with_broker(p, addrs, deadline).await?,
+            Source::Brokers { addrs, config } => run_with_broker(p, addrs, config).await?,
         }
     };
     println!("{summary}");
@@ -197,33 +171,20 @@ impl idclient::IdSource for NoIds {
 }
 
 fn main() -> ExitCode {
-    tracing_subscriber::fmt()
-        .with_env_filter(
-            tracing_subscriber::EnvFilter::try_from_default_env().unwrap_or_else(|_| "info".into()),
-        )
-        .with_writer(std::io::stderr)
-        .with_ansi(std::io::stderr().is_terminal())
-        .init();
-    let flags = Flags::parse();
-    let rt = match tokio::runtime::Builder::new_multi_thread()
+    qcli::init_logging("info");
+    let flags: Flags =
+        qcli::parse(|cmd| cmd.mut_arg("deadline_ms", |a| a.default_value(DEFAULT_DEADLINE_MS)));
+    qcli::exit("producer", start(flags), |e| {
+        e.downcast_ref::<ProducerError>()
+            .map(|p| Cause::from_code(p.exit_code()))
+    })
+}
+
+fn start(flags: Flags) -> anyhow::Result<()> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
-    {
-        Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("producer: cannot start the async runtime: {e}");
-            return ExitCode::from(1);
-        }
-    };
-    match rt.block_on(run(flags)) {
-        Ok(()) => ExitCode::SUCCESS,
-        Err(e) => {
-            eprintln!("producer: error: {e:#}");
-            let code = e
-                .downcast_ref::<ProducerError>()
-                .map_or(1, ProducerError::exit_code);
-            ExitCode::from(code)
-        }
-    }
+        .context("cannot start the async runtime")?;
+    rt.block_on(run(flags))
 }
