@@ -16,7 +16,7 @@
 //! read then (the process's baseline), after 10% of the items and at the end; equal values
 //! at 10% and 100% mean memory does not grow with the item count.
 //!
-//! Group `listbin` times list.bin's record encoding and decoding by hand (what
+//! Group `kway` times the heap against `kmerge_by` alone, in memory. Group `listbin` times list.bin's record encoding and decoding by hand (what
 //! `sublist::listbin` does) against bincode, in memory (docs/list-format.md).
 //!
 //! Run: `cargo bench --bench merge` (full size) or
@@ -538,6 +538,52 @@ fn bench_codec(c: &mut Criterion) {
     g.finish();
 }
 
+/// The merge alone, in memory (no RocksDB, no file): `merger::merge` (the heap) against
+/// `kmerge_by`, [`CODEC_RECORDS`] records dealt at random to 4 and 64 sources. Both clone
+/// each record out of its source, as a RocksDB iterator hands out owned records.
+fn bench_kway(c: &mut Criterion) {
+    for shards in SHARD_COUNTS {
+        let mut parts: Vec<Vec<Record>> = vec![Vec::new(); shards as usize];
+        let mut rng = rand::rngs::StdRng::seed_from_u64(42);
+        for id in 1..=CODEC_RECORDS {
+            let s = rng.gen_range(0..shards) as usize;
+            let seq = parts[s].len() as u64;
+            parts[s].push(Record {
+                id,
+                shard: s as u32,
+                seq,
+                payload: payload(id),
+            });
+        }
+        let sources = || -> Vec<_> {
+            parts
+                .iter()
+                .enumerate()
+                .map(|(s, records)| {
+                    let records = records
+                        .iter()
+                        .cloned()
+                        .map(Ok::<_, std::convert::Infallible>);
+                    merger::Source::new(format!("shard-{s}"), s as u32, records)
+                })
+                .collect()
+        };
+        let mut g = c.benchmark_group(format!("kway/{shards}shards"));
+        g.throughput(Throughput::Elements(CODEC_RECORDS));
+        g.bench_function("heap", |b| b.iter(|| sum_ids(merger::merge(sources()))));
+        g.bench_function("kmerge", |b| {
+            b.iter(|| sum_ids(kmerge::kmerge_library(sources())))
+        });
+        g.finish();
+    }
+}
+
+fn sum_ids(merged: impl Iterator<Item = Result<Record, merger::MergeError>>) -> u64 {
+    merged
+        .map(|r| r.expect("merge").id)
+        .fold(0, u64::wrapping_add)
+}
+
 /// One summary row: a shard count and what was measured on it.
 struct Row {
     shards: u32,
@@ -691,6 +737,7 @@ fn main() {
         Err(_) => SHARD_COUNTS.to_vec(),
     };
     bench_codec(&mut c);
+    bench_kway(&mut c);
     let times = Times::default();
     let rows: Vec<Row> = shard_counts
         .into_iter()
