@@ -1,7 +1,10 @@
 //! Merge throughput: `merger::merge_to_file` over real RocksDB sublists (4 and 64 shards,
-//! `QLIST_BENCH_ITEMS` items in total, default 10 million, 100-byte payloads) against two
-//! references measured in the same run on the same data:
+//! `QLIST_BENCH_ITEMS` items in total, default 10 million, 100-byte payloads) against
+//! a library version of the same merge and two references, measured in the same run on the
+//! same data:
 //!
+//! - `kmerge`: the merge written with `itertools::kmerge_by` (module `kmerge` below), to
+//!   check that merger's hand-written heap earns its place (BENCHMARKS.md).
 //! - `scan`: a plain sequential scan of the same shards, one after the other, writing the
 //!   same bytes (header, encoded records, CRC footer, fsync, rename) without merging. The
 //!   merge's target is at least 70% of its throughput.
@@ -12,6 +15,9 @@
 //! Peak memory: VmHWM is reset through `/proc/self/clear_refs` before one extra merge and
 //! read then (the process's baseline), after 10% of the items and at the end; equal values
 //! at 10% and 100% mean memory does not grow with the item count.
+//!
+//! Group `kway` times the heap against `kmerge_by` alone, in memory. Group `listbin` times list.bin's record encoding and decoding by hand (what
+//! `sublist::listbin` does) against bincode, in memory (docs/list-format.md).
 //!
 //! Run: `cargo bench --bench merge` (full size) or
 //! `QLIST_BENCH_ITEMS=200000 cargo bench --bench merge` (smoke test). The fixture is built
@@ -27,7 +33,10 @@ use std::time::{Duration, Instant};
 
 use criterion::{Criterion, SamplingMode, Throughput};
 use rand::{Rng, SeedableRng};
-use sublist::listbin::{encode_record_head, Crc32, FOOTER_LEN, HEADER_LEN, MAGIC};
+use sublist::listbin::{
+    encode_record, encode_record_head, Crc32, ListReader, ListWriter, FOOTER_LEN, HEADER_LEN,
+    MAGIC, RECORD_HEAD_LEN,
+};
 use sublist::shard::{Progress, ShardReader, ShardWriter};
 use sublist::Record;
 
@@ -173,6 +182,212 @@ fn merge_once(out: &Path, paths: &[PathBuf], progress: &mut dyn FnMut(u64, u64))
         .records
 }
 
+/// The k-way merge written the library way, to measure against `merger::merge` (the
+/// hand-written heap) in the same run: `itertools::kmerge_by` over one checked, read-ahead
+/// adapter per source, plus a one-item lookahead that catches a duplicate before its
+/// first copy is yielded. Same checks, same errors, same output and errors in the same
+/// order (checked against the heap on 20,000 random inputs with injected errors), but it
+/// holds one record more than the heap: the lookahead. So it breaks
+/// `kway::tests::read_ahead_is_bounded_in_records_and_bytes` by one record (129 instead
+/// of 128; with 200 KB payloads 2 instead of 1), which is why merger keeps the heap
+/// (BENCHMARKS.md has the figures).
+mod kmerge {
+    use merger::{MergeError, Source, READ_AHEAD_BYTES, READ_AHEAD_RECORDS};
+    use sublist::listbin::RECORD_HEAD_LEN;
+    use sublist::Record;
+
+    /// The k-way merge written the library way: `itertools::kmerge_by` over one checked,
+    /// read-ahead adapter per source, plus a one-item lookahead for cross-source duplicates.
+    /// Same checks and errors as `merger::merge`.
+    pub struct Checked<I> {
+        index: usize,
+        name: String,
+        shard: u32,
+        records: I,
+        last_id: Option<u64>,
+        ahead: std::collections::VecDeque<Record>,
+        pending: Option<MergeError>,
+        done: bool,
+    }
+
+    impl<I, E> Checked<I>
+    where
+        I: Iterator<Item = Result<Record, E>>,
+        E: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        fn read_checked(&mut self) -> Result<Option<Record>, MergeError> {
+            let record = match self.records.next() {
+                None => return Ok(None),
+                Some(Err(e)) => {
+                    return Err(MergeError::Source {
+                        source_name: self.name.clone(),
+                        error: e.into(),
+                    })
+                }
+                Some(Ok(r)) => r,
+            };
+            if record.shard != self.shard {
+                return Err(MergeError::WrongShard {
+                    source_name: self.name.clone(),
+                    expected: self.shard,
+                    found: record.shard,
+                    id: record.id,
+                });
+            }
+            if let Some(prev) = self.last_id {
+                if record.id <= prev {
+                    return Err(MergeError::OutOfOrder {
+                        source_name: self.name.clone(),
+                        prev,
+                        id: record.id,
+                    });
+                }
+            }
+            self.last_id = Some(record.id);
+            Ok(Some(record))
+        }
+
+        fn refill(&mut self) {
+            let mut bytes = 0;
+            while self.ahead.len() < READ_AHEAD_RECORDS && bytes < READ_AHEAD_BYTES {
+                match self.read_checked() {
+                    Ok(Some(r)) => {
+                        bytes += r.payload.len() + RECORD_HEAD_LEN;
+                        self.ahead.push_back(r);
+                    }
+                    Ok(None) => {
+                        self.done = true;
+                        break;
+                    }
+                    Err(e) => {
+                        self.pending = Some(e);
+                        self.done = true;
+                        break;
+                    }
+                }
+            }
+        }
+    }
+
+    impl<I, E> Iterator for Checked<I>
+    where
+        I: Iterator<Item = Result<Record, E>>,
+        E: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        type Item = (usize, Result<Record, MergeError>);
+
+        fn next(&mut self) -> Option<Self::Item> {
+            if self.ahead.is_empty() && !self.done {
+                self.refill();
+            }
+            match self.ahead.pop_front() {
+                Some(r) => Some((self.index, Ok(r))),
+                None => self.pending.take().map(|e| (self.index, Err(e))),
+            }
+        }
+    }
+
+    /// Errors sort first (so one surfaces as soon as its source's turn comes, as in the heap),
+    /// then records by ID, ties by source index.
+    fn kmerge_key(item: &Tagged) -> (bool, u64, usize) {
+        match &item.1 {
+            Err(_) => (false, 0, item.0),
+            Ok(r) => (true, r.id, item.0),
+        }
+    }
+
+    /// One merged item, tagged with its source's index.
+    type Tagged = (usize, Result<Record, MergeError>);
+
+    /// The merged stream of [`kmerge_library`].
+    pub struct KMerged<M: Iterator<Item = Tagged>> {
+        names: Vec<String>,
+        merged: std::iter::Peekable<M>,
+        failed: bool,
+    }
+
+    /// [`merger::merge`]'s contract, built on `itertools::kmerge_by`.
+    pub fn kmerge_library<I, E>(sources: Vec<Source<I>>) -> KMerged<impl Iterator<Item = Tagged>>
+    where
+        I: Iterator<Item = Result<Record, E>>,
+        E: Into<Box<dyn std::error::Error + Send + Sync>>,
+    {
+        let names = sources.iter().map(|s| s.name.clone()).collect();
+        let checked = sources.into_iter().enumerate().map(|(index, s)| Checked {
+            index,
+            name: s.name,
+            shard: s.shard,
+            records: s.records,
+            last_id: None,
+            ahead: std::collections::VecDeque::new(),
+            pending: None,
+            done: false,
+        });
+        KMerged {
+            names,
+            merged: itertools::Itertools::kmerge_by(checked, |a: &Tagged, b: &Tagged| {
+                kmerge_key(a) < kmerge_key(b)
+            })
+            .peekable(),
+            failed: false,
+        }
+    }
+
+    impl<M: Iterator<Item = Tagged>> Iterator for KMerged<M> {
+        type Item = Result<Record, MergeError>;
+
+        fn next(&mut self) -> Option<Self::Item> {
+            if self.failed {
+                return None;
+            }
+            let (source, item) = self.merged.next()?;
+            let result = item.and_then(|record| match self.merged.peek() {
+                Some((next, Ok(n))) if n.id == record.id => Err(MergeError::Duplicate {
+                    id: record.id,
+                    first: self.names[source].clone(),
+                    second: self.names[*next].clone(),
+                }),
+                // An error sorts first: it is the next thing out, so report it now (the heap
+                // merge reports it instead of this record too).
+                Some((_, Err(_))) => match self.merged.next() {
+                    Some((_, Err(e))) => Err(e),
+                    _ => Ok(record),
+                },
+                _ => Ok(record),
+            });
+            if result.is_err() {
+                self.failed = true;
+            }
+            Some(result)
+        }
+    }
+}
+
+/// [`merge_once`] with the library k-way merge: the same steps as `merger::merge_to_file`.
+fn kmerge_once(out: &Path, paths: &[PathBuf]) -> u64 {
+    let shards = merger::open_shards(paths, false).expect("open shards");
+    let sources = shards
+        .iter()
+        .map(|s| {
+            merger::Source::new(
+                s.reader.path().display().to_string(),
+                s.reader.shard(),
+                s.reader.iter(),
+            )
+        })
+        .collect();
+    let mut writer = ListWriter::create(out).expect("create list.bin");
+    let mut progress = 0u64;
+    for record in kmerge::kmerge_library(sources) {
+        writer.write(&record.expect("merge")).expect("write");
+        if writer.records() % merger::PROGRESS_EVERY == 0 {
+            progress = std::hint::black_box(writer.records());
+        }
+    }
+    std::hint::black_box(progress);
+    writer.finish().expect("finish").records
+}
+
 fn sort_m(out: &Path, text: &[PathBuf]) {
     let status = Command::new("sort")
         .env("LC_ALL", "C")
@@ -220,16 +435,287 @@ fn median(v: &[Duration]) -> Option<Duration> {
     v.get(v.len() / 2).copied()
 }
 
-fn main() {
-    let items: u64 = std::env::var("QLIST_BENCH_ITEMS")
+/// Records of the list.bin encoding benchmark: 128 MB of list.bin, in memory.
+const CODEC_RECORDS: u64 = 1_000_000;
+
+/// What `ListWriter::write` does per record (hand-written head, CRC, two buffered
+/// writes), into a 1 MiB buffer over a sink so only the encoding is timed.
+fn encode_hand(records: &[Record]) -> u32 {
+    let mut out = BufWriter::with_capacity(1 << 20, std::io::sink());
+    let mut crc = Crc32::new();
+    for r in records {
+        let head = encode_record_head(r);
+        crc.update(&head);
+        crc.update(&r.payload);
+        out.write_all(&head).expect("write");
+        out.write_all(&r.payload).expect("write");
+    }
+    out.flush().expect("flush");
+    crc.finalize()
+}
+
+/// The same bytes through `bincode::serialize_into`, as favourable to bincode as we could
+/// make it: `Vec<u8>` is serialized byte by byte (serde has no bytes fast path without
+/// `serde_bytes`), so each record goes into a reused buffer first, and the CRC and the
+/// buffered write take that buffer in one call each.
+fn encode_bincode(records: &[Record]) -> u32 {
+    let mut out = BufWriter::with_capacity(1 << 20, std::io::sink());
+    let mut crc = Crc32::new();
+    let mut buf = Vec::with_capacity(RECORD_HEAD_LEN + PAYLOAD);
+    for r in records {
+        buf.clear();
+        bincode::serialize_into(&mut buf, r).expect("serialize");
+        crc.update(&buf);
+        out.write_all(&buf).expect("write");
+    }
+    out.flush().expect("flush");
+    crc.finalize()
+}
+
+/// `ListReader` over a list.bin in memory: framing, lengths, order, count, checksum.
+fn decode_hand(list: &[u8]) -> u64 {
+    let reader = ListReader::new(std::io::Cursor::new(list), list.len() as u64).expect("header");
+    reader
+        .map(|r| r.expect("record").id)
+        .fold(0, u64::wrapping_add)
+}
+
+/// The same file through `bincode::deserialize_from`, with the checks bincode can do: a
+/// length limit (a corrupt length cannot allocate more than the format allows, but the
+/// error has no byte offset or record index), strict order, count and checksum. As
+/// favourable as we could make it: the CRC is one call over the in-memory records, where
+/// a file reader would have to hash what bincode reads as it goes.
+fn decode_bincode(list: &[u8]) -> u64 {
+    use bincode::Options;
+    let records_end = list.len() - FOOTER_LEN as usize;
+    let count = u64::from_le_bytes(list[8..16].try_into().expect("count"));
+    let options = bincode::DefaultOptions::new()
+        .with_fixint_encoding()
+        .allow_trailing_bytes()
+        .with_limit((RECORD_HEAD_LEN + sublist::MAX_PAYLOAD) as u64);
+    let records = &list[HEADER_LEN as usize..records_end];
+    let mut input = std::io::BufReader::with_capacity(1 << 20, records);
+    let (mut sum, mut last) = (0u64, None);
+    for _ in 0..count {
+        let r: Record = options.deserialize_from(&mut input).expect("record");
+        assert!(last < Some(r.id), "ids must strictly increase");
+        last = Some(r.id);
+        sum = sum.wrapping_add(r.id);
+    }
+    let footer = u32::from_le_bytes(list[records_end..].try_into().expect("footer"));
+    let mut crc = Crc32::new();
+    crc.update(records);
+    assert_eq!(crc.finalize(), footer, "checksum");
+    sum
+}
+
+/// list.bin's record encoding by hand (what `sublist::listbin` does) against bincode 1.3
+/// (whose legacy layout it matches byte for byte), encoding and decoding, in memory.
+fn bench_codec(c: &mut Criterion) {
+    let records: Vec<Record> = (1..=CODEC_RECORDS)
+        .map(|id| Record {
+            id,
+            shard: (id % 64) as u32,
+            seq: id / 64,
+            payload: payload(id),
+        })
+        .collect();
+    let mut list = MAGIC.to_vec();
+    list.extend_from_slice(&CODEC_RECORDS.to_le_bytes());
+    for r in &records {
+        encode_record(r, &mut list);
+    }
+    let crc = encode_hand(&records);
+    assert_eq!(encode_bincode(&records), crc, "bincode writes other bytes");
+    list.extend_from_slice(&crc.to_le_bytes());
+    assert_eq!(decode_hand(&list), decode_bincode(&list));
+    let mut g = c.benchmark_group("listbin");
+    g.throughput(Throughput::Bytes(list.len() as u64));
+    g.bench_function("encode_hand", |b| b.iter(|| encode_hand(&records)));
+    g.bench_function("encode_bincode", |b| b.iter(|| encode_bincode(&records)));
+    g.bench_function("decode_hand", |b| b.iter(|| decode_hand(&list)));
+    g.bench_function("decode_bincode", |b| b.iter(|| decode_bincode(&list)));
+    g.finish();
+}
+
+/// The merge alone, in memory (no RocksDB, no file): `merger::merge` (the heap) against
+/// `kmerge_by`, [`CODEC_RECORDS`] records dealt at random to 4 and 64 sources. Both clone
+/// each record out of its source, as a RocksDB iterator hands out owned records.
+fn bench_kway(c: &mut Criterion) {
+    for shards in SHARD_COUNTS {
+        let mut parts: Vec<Vec<Record>> = vec![Vec::new(); shards as usize];
+        let mut rng = rand::rngs::StdRng::seed_from_u64(42);
+        for id in 1..=CODEC_RECORDS {
+            let s = rng.gen_range(0..shards) as usize;
+            let seq = parts[s].len() as u64;
+            parts[s].push(Record {
+                id,
+                shard: s as u32,
+                seq,
+                payload: payload(id),
+            });
+        }
+        let sources = || -> Vec<_> {
+            parts
+                .iter()
+                .enumerate()
+                .map(|(s, records)| {
+                    let records = records
+                        .iter()
+                        .cloned()
+                        .map(Ok::<_, std::convert::Infallible>);
+                    merger::Source::new(format!("shard-{s}"), s as u32, records)
+                })
+                .collect()
+        };
+        let mut g = c.benchmark_group(format!("kway/{shards}shards"));
+        g.throughput(Throughput::Elements(CODEC_RECORDS));
+        g.bench_function("heap", |b| b.iter(|| sum_ids(merger::merge(sources()))));
+        g.bench_function("kmerge", |b| {
+            b.iter(|| sum_ids(kmerge::kmerge_library(sources())))
+        });
+        g.finish();
+    }
+}
+
+fn sum_ids(merged: impl Iterator<Item = Result<Record, merger::MergeError>>) -> u64 {
+    merged
+        .map(|r| r.expect("merge").id)
+        .fold(0, u64::wrapping_add)
+}
+
+/// One summary row: a shard count and what was measured on it.
+struct Row {
+    shards: u32,
+    items: u64,
+    list_bytes: u64,
+    /// Peak RSS (KiB) at the start, after 10% and at the end of the probe merge.
+    hwm: [Option<u64>; 3],
+    /// The high-water mark could be reset before the probe.
+    reset: bool,
+}
+
+/// Per-run durations by "shards/name", for the summary (criterion keeps its own too).
+type Times = RefCell<BTreeMap<String, Vec<Duration>>>;
+
+/// The variants timed on every fixture, in this order, in the same run.
+const VARIANTS: [&str; 4] = ["merge", "kmerge", "scan", "sort_m"];
+
+fn run_variant(f: &Fixture, name: &str, out: &Path) {
+    match name {
+        "merge" => assert_eq!(merge_once(out, &f.paths, &mut |_, _| {}), f.items),
+        "kmerge" => assert_eq!(kmerge_once(out, &f.paths), f.items),
+        "scan" => assert_eq!(scan_to_file(out, &f.paths), f.items),
+        _ => sort_m(&f.work.join("sorted.txt"), &f.text),
+    }
+}
+
+/// Builds the fixture for one shard count, times every variant on it, probes memory.
+fn bench_shards(c: &mut Criterion, root: &Path, shards: u32, items: u64, times: &Times) -> Row {
+    let f = build(root, shards, items);
+    let mut g = c.benchmark_group(format!("merge/{shards}shards"));
+    g.sampling_mode(SamplingMode::Flat);
+    g.throughput(Throughput::Bytes(f.list_bytes));
+    let out = f.work.join("list.bin");
+    for name in VARIANTS {
+        let key = format!("{shards}/{name}");
+        g.bench_function(name, |b| {
+            b.iter_custom(|iters| {
+                let mut total = Duration::ZERO;
+                for _ in 0..iters {
+                    let t = Instant::now();
+                    run_variant(&f, name, &out);
+                    let d = t.elapsed();
+                    times.borrow_mut().entry(key.clone()).or_default().push(d);
+                    total += d;
+                }
+                total
+            })
+        });
+    }
+    g.finish();
+    let (hwm0, hwm10, hwm100, reset) = memory_probe(&f);
+    // QLIST_BENCH_KEEP=1 keeps the fixture (e.g. to profile `merger` on it afterwards).
+    if std::env::var_os("QLIST_BENCH_KEEP").is_some() {
+        eprintln!("fixture kept: {}", f.work.display());
+    } else {
+        let _ = std::fs::remove_dir_all(&f.work);
+    }
+    Row {
+        shards: f.shards,
+        items: f.items,
+        list_bytes: f.list_bytes,
+        hwm: [hwm0, hwm10, hwm100],
+        reset,
+    }
+}
+
+fn print_summary(rows: &[Row], times: &BTreeMap<String, Vec<Duration>>) {
+    eprintln!("\nsummary (median per run; MB = 10^6 bytes of list.bin):");
+    eprintln!(
+        "{:>6} {:>10} {:>14} {:>10} {:>14} {:>12} {:>14} {:>10} {:>12} {:>12} {:>22}",
+        "shards",
+        "items",
+        "merge items/s",
+        "merge MB/s",
+        "kmerge MB/s",
+        "kmerge/merge",
+        "scan items/s",
+        "scan MB/s",
+        "merge/scan",
+        "sort-m MB/s",
+        "peak RSS KiB @0/10/100%"
+    );
+    for row in rows {
+        let secs = |name: &str| {
+            let key = format!("{}/{name}", row.shards);
+            median(times.get(&key).map(Vec::as_slice).unwrap_or(&[])).map(|d| d.as_secs_f64())
+        };
+        let (m, k, s, so) = (secs("merge"), secs("kmerge"), secs("scan"), secs("sort_m"));
+        let ips = |t: Option<f64>| t.map_or("-".into(), |t| format!("{:.0}", row.items as f64 / t));
+        let mbs = |t: Option<f64>| {
+            t.map_or("-".into(), |t| {
+                format!("{:.1}", row.list_bytes as f64 / 1e6 / t)
+            })
+        };
+        // Throughput ratio a/b = time b / time a.
+        let ratio = |a: Option<f64>, b: Option<f64>| match (a, b) {
+            (Some(a), Some(b)) => format!("{:.0}%", 100.0 * b / a),
+            _ => "-".into(),
+        };
+        let hwm = row
+            .hwm
+            .map(|h| h.map_or("-".into(), |h| h.to_string()))
+            .join("/");
+        eprintln!(
+            "{:>6} {:>10} {:>14} {:>10} {:>14} {:>12} {:>14} {:>10} {:>12} {:>12} {:>22}",
+            row.shards,
+            row.items,
+            ips(m),
+            mbs(m),
+            mbs(k),
+            ratio(k, m),
+            ips(s),
+            mbs(s),
+            ratio(m, s),
+            mbs(so),
+            format!("{hwm}{}", if row.reset { "" } else { " (no reset)" })
+        );
+    }
+}
+
+fn env_or<T: std::str::FromStr>(name: &str, default: T) -> T {
+    std::env::var(name)
         .ok()
         .and_then(|v| v.parse().ok())
-        .unwrap_or(DEFAULT_ITEMS);
+        .unwrap_or(default)
+}
+
+fn main() {
+    let items: u64 = env_or("QLIST_BENCH_ITEMS", DEFAULT_ITEMS);
     let root_parent = std::env::var_os("QLIST_BENCH_DIR")
         .map(PathBuf::from)
         .unwrap_or_else(std::env::temp_dir);
-    // QLIST_BENCH_KEEP=1 keeps the fixture (e.g. to profile `merger` on it afterwards).
-    let keep = std::env::var_os("QLIST_BENCH_KEEP").is_some();
     let root = tempfile::Builder::new()
         .prefix("qlist-merge-bench-")
         .tempdir_in(&root_parent)
@@ -239,9 +725,6 @@ fn main() {
         .warm_up_time(Duration::from_millis(10))
         .measurement_time(Duration::from_secs(5))
         .configure_from_args();
-    // name -> per-iteration durations, for the summary table (criterion keeps its own too).
-    let times: RefCell<BTreeMap<String, Vec<Duration>>> = RefCell::new(BTreeMap::new());
-    let mut rows = Vec::new();
     let shard_counts: Vec<u32> = match std::env::var("QLIST_BENCH_SHARDS") {
         Ok(v) => v
             .split(',')
@@ -253,95 +736,15 @@ fn main() {
             .collect(),
         Err(_) => SHARD_COUNTS.to_vec(),
     };
-    for shards in shard_counts {
-        let f = build(root.path(), shards, items);
-        let mut g = c.benchmark_group(format!("merge/{shards}shards"));
-        g.sampling_mode(SamplingMode::Flat);
-        g.throughput(Throughput::Bytes(f.list_bytes));
-        let out = f.work.join("list.bin");
-        for (name, kind) in [("merge", 0), ("scan", 1), ("sort_m", 2)] {
-            let key = format!("{shards}/{name}");
-            g.bench_function(name, |b| {
-                b.iter_custom(|iters| {
-                    let mut total = Duration::ZERO;
-                    for _ in 0..iters {
-                        let t = Instant::now();
-                        match kind {
-                            0 => assert_eq!(merge_once(&out, &f.paths, &mut |_, _| {}), f.items),
-                            1 => assert_eq!(scan_to_file(&out, &f.paths), f.items),
-                            _ => sort_m(&f.work.join("sorted.txt"), &f.text),
-                        }
-                        let d = t.elapsed();
-                        times.borrow_mut().entry(key.clone()).or_default().push(d);
-                        total += d;
-                    }
-                    total
-                })
-            });
-        }
-        g.finish();
-        let (hwm0, hwm10, hwm100, reset) = memory_probe(&f);
-        rows.push((f.shards, f.items, f.list_bytes, hwm0, hwm10, hwm100, reset));
-        if keep {
-            eprintln!("fixture kept: {}", f.work.display());
-        } else {
-            let _ = std::fs::remove_dir_all(&f.work);
-        }
-    }
-    if keep {
+    bench_codec(&mut c);
+    bench_kway(&mut c);
+    let times = Times::default();
+    let rows: Vec<Row> = shard_counts
+        .into_iter()
+        .map(|shards| bench_shards(&mut c, root.path(), shards, items, &times))
+        .collect();
+    if std::env::var_os("QLIST_BENCH_KEEP").is_some() {
         let _ = root.keep();
     }
-
-    let times = times.into_inner();
-    eprintln!("\nsummary (median per run; MB = 10^6 bytes of list.bin):");
-    eprintln!(
-        "{:>6} {:>10} {:>14} {:>10} {:>14} {:>10} {:>12} {:>12} {:>22}",
-        "shards",
-        "items",
-        "merge items/s",
-        "merge MB/s",
-        "scan items/s",
-        "scan MB/s",
-        "merge/scan",
-        "sort-m MB/s",
-        "peak RSS KiB @0/10/100%"
-    );
-    for (shards, items, bytes, hwm0, hwm10, hwm100, reset) in rows {
-        let rate = |name: &str| {
-            median(
-                times
-                    .get(&format!("{shards}/{name}"))
-                    .map(Vec::as_slice)
-                    .unwrap_or(&[]),
-            )
-            .map(|d| d.as_secs_f64())
-        };
-        let (m, s, so) = (rate("merge"), rate("scan"), rate("sort_m"));
-        let ips = |t: Option<f64>| t.map_or("-".into(), |t| format!("{:.0}", items as f64 / t));
-        let mbs =
-            |t: Option<f64>| t.map_or("-".into(), |t| format!("{:.1}", bytes as f64 / 1e6 / t));
-        let ratio = match (m, s) {
-            (Some(m), Some(s)) => format!("{:.0}%", 100.0 * s / m),
-            _ => "-".into(),
-        };
-        let hwm = |h: Option<u64>| h.map_or("-".into(), |h| h.to_string());
-        eprintln!(
-            "{:>6} {:>10} {:>14} {:>10} {:>14} {:>10} {:>12} {:>12} {:>22}",
-            shards,
-            items,
-            ips(m),
-            mbs(m),
-            ips(s),
-            mbs(s),
-            ratio,
-            mbs(so),
-            format!(
-                "{}/{}/{}{}",
-                hwm(hwm0),
-                hwm(hwm10),
-                hwm(hwm100),
-                if reset { "" } else { " (no reset)" }
-            )
-        );
-    }
+    print_summary(&rows, &times.into_inner());
 }

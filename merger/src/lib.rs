@@ -378,7 +378,43 @@ pub fn merge_to_file(
 
 #[cfg(test)]
 mod tests {
-    use super::shard_number;
+    use super::*;
+
+    /// What `{:#}` (anyhow, the binary) prints: the message, then every source in turn.
+    fn printed_chain(e: &dyn std::error::Error) -> String {
+        let mut out = e.to_string();
+        let mut cause = e.source();
+        while let Some(c) = cause {
+            out = format!("{out}: {c}");
+            cause = c.source();
+        }
+        out
+    }
+
+    /// `MergeError::Source` is checked in `kway`, `ListError`'s own variants in `listbin`.
+    #[test]
+    fn each_cause_is_printed_once() {
+        let enospc = "No space left on device (os error 28)";
+        let errors = [
+            MergeError::DataDir {
+                dir: PathBuf::from("/data"),
+                error: std::io::Error::from_raw_os_error(28),
+            },
+            MergeError::Shard(ShardError::Io {
+                path: PathBuf::from("/data/shard-0"),
+                error: std::io::Error::from_raw_os_error(28),
+            }),
+            MergeError::List(ListError::Io {
+                path: PathBuf::from("/out/.list.bin.x.tmp"),
+                op: "write record",
+                error: std::io::Error::from_raw_os_error(28),
+            }),
+        ];
+        for e in errors {
+            let printed = printed_chain(&e);
+            assert_eq!(printed.matches(enospc).count(), 1, "{printed}");
+        }
+    }
 
     #[test]
     fn only_canonical_shard_names_have_a_number() {

@@ -375,18 +375,53 @@ impl Producer {
         if self.is_finished() {
             return Ok(self.nothing_to_do(start));
         }
+        let mut run = Run::start(self)?;
+        let result = run.stamp_all(source).await;
+        // Whatever happened, wait for the last write so the summary and the error are true.
+        let waited = run.finish_pending().await;
+        run.report.finish();
+        result?;
+        waited?;
+        run.summary(start)
+    }
+}
+
+/// A running producer: the input positioned after the durable items, and the writer,
+/// either idle or busy with the previous batch's write.
+struct Run {
+    config: Config,
+    path: PathBuf,
+    fingerprint: Vec<u8>,
+    /// The item count the input had when the run started, if it could be counted.
+    total: Option<u64>,
+    /// File input: the fingerprint of the start, which this run's reading must match.
+    scanned: Option<Vec<u8>>,
+    resumed_at: u64,
+    reader: ItemReader,
+    report: Reporter,
+    /// The writer when no write is running.
+    idle: Option<Written>,
+    /// Else the write of the previous batch, running on the blocking pool while the next
+    /// batch's IDs are fetched.
+    pending: Option<tokio::task::JoinHandle<Result<Written, ProducerError>>>,
+    /// [`Config::test_stall_after`] has stalled once already.
+    stalled: bool,
+}
+
+impl Run {
+    /// Positions the input after the durable items (checking them against a file input).
+    fn start(producer: Producer) -> Result<Run, ProducerError> {
         let Producer {
             config,
             writer,
             progress,
             fingerprint,
             total,
-        } = self;
+        } = producer;
         let shard = config.shard;
-        let path = writer.path().to_path_buf();
         let resumed_at = progress.as_ref().map_or(0, |p| p.next_seq);
         let last_id = progress.as_ref().map_or(0, |p| p.last_id);
-        let mut reader = match &config.input {
+        let reader = match &config.input {
             InputSpec::File(_) if resumed_at > 0 => {
                 let mut r = ItemReader::open(&config.input, shard, 0)?;
                 check_stored_prefix(&writer, &mut r, resumed_at)?;
@@ -394,7 +429,6 @@ impl Producer {
             }
             _ => ItemReader::open(&config.input, shard, resumed_at)?,
         };
-        // File input: what this run reads must be what was fingerprinted at the start.
         let scanned = match (&config.input, total) {
             (InputSpec::File(_), Some(_)) => Some(fingerprint.clone()),
             _ => None,
@@ -402,152 +436,231 @@ impl Producer {
         if resumed_at > 0 {
             tracing::info!(shard, resumed_at, "resuming after the last durable batch");
         }
-        let mut report = Reporter::new(config.display, shard, total, resumed_at);
-        // The writer when no write is running, else the write of the previous batch,
-        // running on the blocking pool while we fetch the next IDs.
-        let mut idle = Some(Written {
-            writer,
-            next_seq: resumed_at,
-            batches: 0,
-            first_id: None,
-            last_id,
-        });
-        let mut pending: Option<tokio::task::JoinHandle<Result<Written, ProducerError>>> = None;
-        let mut stalled = false;
+        Ok(Run {
+            report: Reporter::new(config.display, shard, total, resumed_at),
+            path: writer.path().to_path_buf(),
+            idle: Some(Written {
+                writer,
+                next_seq: resumed_at,
+                batches: 0,
+                first_id: None,
+                last_id,
+            }),
+            config,
+            fingerprint,
+            total,
+            scanned,
+            resumed_at,
+            reader,
+            pending: None,
+            stalled: false,
+        })
+    }
 
-        let result: Result<(), ProducerError> = async {
-            loop {
-                let items = reader.next_batch(config.batch, MAX_BATCH_BYTES);
-                let items = match items {
-                    Ok(i) => i,
-                    Err(e) => {
-                        finish_pending(&mut pending, &mut idle, &mut report).await?;
-                        return Err(e);
-                    }
-                };
-                if items.is_empty() {
-                    finish_pending(&mut pending, &mut idle, &mut report).await?;
-                    let w = idle
-                        .as_mut()
-                        .ok_or_else(|| ProducerError::Task("writer lost".into()))?;
-                    if let Some(total) = total.filter(|&t| t != w.next_seq) {
-                        // The input was counted when the run started; reading it again gave
-                        // another count, so it changed underneath us.
-                        return Err(ProducerError::InputChanged {
-                            input: config.input.describe(),
-                            reason: format!(
-                                "it had {total} items when the run started, {} were read",
-                                w.next_seq
-                            ),
-                        });
-                    }
-                    if let Some(scanned) = &scanned {
-                        let read = reader
-                            .content_fingerprint()
-                            .unwrap_or_else(|| "more bytes after the end it reached".into());
-                        if read.as_bytes() != scanned.as_slice() {
-                            return Err(ProducerError::InputChanged {
-                                input: config.input.describe(),
-                                reason: format!(
-                                    "it was edited while it was read (at the start: {}; read: {read}); the sublist is left unfinished: delete {} and run again with the input you mean",
-                                    String::from_utf8_lossy(scanned),
-                                    path.display()
-                                ),
-                            });
-                        }
-                    }
-                    let done = Progress {
-                        next_seq: w.next_seq,
-                        finished: true,
-                        last_id: w.last_id,
-                        fingerprint: fingerprint.clone(),
-                    };
-                    w.writer.write_batch(&[], &done)?;
-                    return Ok(());
-                }
-                let n = items.len() as u64;
-                let ids = source.next_ids(n).await;
-                finish_pending(&mut pending, &mut idle, &mut report).await?;
-                if let (Some(after), Some(w)) = (config.test_stall_after, &idle) {
-                    if w.next_seq >= after && !stalled {
-                        stalled = true;
-                        test_stall(w.next_seq).await;
-                    }
-                }
-                let mut w = idle
-                    .take()
-                    .ok_or_else(|| ProducerError::Task("writer lost".into()))?;
-                let range = match ids {
-                    Ok(r) => r,
-                    Err(error) => {
-                        let next_seq = w.next_seq;
-                        idle = Some(w);
-                        return Err(ProducerError::Ids { next_seq, error });
-                    }
-                };
-                if !range.holds_exactly(n) {
-                    idle = Some(w);
-                    return Err(ProducerError::BadRange {
-                        wanted: n,
-                        got: range,
-                    });
-                }
-                if range.lo <= w.last_id {
-                    let e = ProducerError::IdsWentBackwards {
-                        path: path.clone(),
-                        last_id: w.last_id,
-                        next_seq: w.next_seq,
-                        got: range,
-                    };
-                    idle = Some(w);
+    /// Batch after batch until the input ends, then marks the sublist finished.
+    async fn stamp_all(&mut self, source: &impl IdSource) -> Result<(), ProducerError> {
+        loop {
+            let items = match self.reader.next_batch(self.config.batch, MAX_BATCH_BYTES) {
+                Ok(items) => items,
+                Err(e) => {
+                    self.finish_pending().await?;
                     return Err(e);
                 }
-                let records: Vec<Record> = items
-                    .into_iter()
-                    .zip(range.iter())
-                    .enumerate()
-                    .map(|(i, (payload, id))| Record {
-                        id,
-                        shard,
-                        seq: w.next_seq + i as u64,
-                        payload,
-                    })
-                    .collect();
-                let fp = fingerprint.clone();
-                pending = Some(tokio::task::spawn_blocking(move || {
-                    let p = Progress {
-                        next_seq: w.next_seq + n,
-                        finished: false,
-                        last_id: range.hi,
-                        fingerprint: fp,
-                    };
-                    w.writer.write_batch(&records, &p)?;
-                    w.next_seq += n;
-                    w.last_id = range.hi;
-                    w.batches += 1;
-                    w.first_id.get_or_insert(range.lo);
-                    Ok(w)
-                }));
+            };
+            if items.is_empty() {
+                return self.mark_finished().await;
+            }
+            self.stamp_batch(items, source).await?;
+        }
+    }
+
+    /// Gets one ID range for `items` and starts writing them with it: the write runs
+    /// while the caller reads the next batch and fetches its IDs.
+    async fn stamp_batch(
+        &mut self,
+        items: Vec<Vec<u8>>,
+        source: &impl IdSource,
+    ) -> Result<(), ProducerError> {
+        let n = items.len() as u64;
+        let ids = source.next_ids(n).await;
+        self.finish_pending().await?;
+        self.maybe_test_stall().await;
+        let w = self.take_writer()?;
+        let range = match self.check_range(ids, n, &w) {
+            Ok(range) => range,
+            Err(e) => {
+                self.idle = Some(w);
+                return Err(e);
+            }
+        };
+        let records = stamp(items, range, self.config.shard, w.next_seq);
+        let fingerprint = self.fingerprint.clone();
+        self.pending = Some(tokio::task::spawn_blocking(move || {
+            write_batch(w, &records, range, fingerprint)
+        }));
+        Ok(())
+    }
+
+    /// The range the ID source returned, if it is one to stamp `n` items after `w` with.
+    fn check_range(
+        &self,
+        ids: Result<IdRange, IdError>,
+        n: u64,
+        w: &Written,
+    ) -> Result<IdRange, ProducerError> {
+        let range = ids.map_err(|error| ProducerError::Ids {
+            next_seq: w.next_seq,
+            error,
+        })?;
+        if !range.holds_exactly(n) {
+            return Err(ProducerError::BadRange {
+                wanted: n,
+                got: range,
+            });
+        }
+        if range.lo <= w.last_id {
+            return Err(ProducerError::IdsWentBackwards {
+                path: self.path.clone(),
+                last_id: w.last_id,
+                next_seq: w.next_seq,
+                got: range,
+            });
+        }
+        Ok(range)
+    }
+
+    /// The input ended: once it is known to be the input the run started with, write the
+    /// progress marker with `finished`.
+    async fn mark_finished(&mut self) -> Result<(), ProducerError> {
+        self.finish_pending().await?;
+        let Some(read) = self.idle.as_ref().map(|w| w.next_seq) else {
+            return Err(ProducerError::Task("writer lost".into()));
+        };
+        self.check_input_unchanged(read)?;
+        let w = self
+            .idle
+            .as_mut()
+            .ok_or_else(|| ProducerError::Task("writer lost".into()))?;
+        let done = Progress {
+            next_seq: w.next_seq,
+            finished: true,
+            last_id: w.last_id,
+            fingerprint: self.fingerprint.clone(),
+        };
+        w.writer.write_batch(&[], &done)?;
+        Ok(())
+    }
+
+    /// At the end of the input: it still has the item count, and (file) the content, it
+    /// had when the run started.
+    fn check_input_unchanged(&mut self, read: u64) -> Result<(), ProducerError> {
+        if let Some(total) = self.total.filter(|&t| t != read) {
+            // The input was counted when the run started; reading it again gave another
+            // count, so it changed underneath us.
+            return Err(ProducerError::InputChanged {
+                input: self.config.input.describe(),
+                reason: format!("it had {total} items when the run started, {read} were read"),
+            });
+        }
+        let Some(scanned) = &self.scanned else {
+            return Ok(());
+        };
+        let content = self
+            .reader
+            .content_fingerprint()
+            .unwrap_or_else(|| "more bytes after the end it reached".into());
+        if content.as_bytes() != scanned.as_slice() {
+            return Err(ProducerError::InputChanged {
+                input: self.config.input.describe(),
+                reason: format!(
+                    "it was edited while it was read (at the start: {}; read: {content}); the sublist is left unfinished: delete {} and run again with the input you mean",
+                    String::from_utf8_lossy(scanned),
+                    self.path.display()
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    /// The test hook [`Config::test_stall_after`], once the writer is idle.
+    async fn maybe_test_stall(&mut self) {
+        if let (Some(after), Some(w)) = (self.config.test_stall_after, &self.idle) {
+            if w.next_seq >= after && !self.stalled {
+                self.stalled = true;
+                test_stall(w.next_seq).await;
             }
         }
-        .await;
-        // Whatever happened, wait for the last write so the summary and the error are true.
-        let waited = finish_pending(&mut pending, &mut idle, &mut report).await;
-        report.finish();
-        result?;
-        waited?;
-        let state = idle.ok_or_else(|| ProducerError::Task("writer lost".into()))?;
+    }
+
+    fn take_writer(&mut self) -> Result<Written, ProducerError> {
+        self.idle
+            .take()
+            .ok_or_else(|| ProducerError::Task("writer lost".into()))
+    }
+
+    /// Waits for the running write, if any: its writer becomes idle again.
+    async fn finish_pending(&mut self) -> Result<(), ProducerError> {
+        if let Some(h) = self.pending.take() {
+            let w = h.await.map_err(|e| ProducerError::Task(e.to_string()))??;
+            self.report.update(w.next_seq);
+            self.idle = Some(w);
+        }
+        Ok(())
+    }
+
+    fn summary(self, start: Instant) -> Result<Summary, ProducerError> {
+        let state = self
+            .idle
+            .ok_or_else(|| ProducerError::Task("writer lost".into()))?;
         Ok(Summary {
-            shard,
-            path,
+            shard: self.config.shard,
+            path: self.path,
             already_finished: false,
-            resumed_at,
-            written: state.next_seq - resumed_at,
+            resumed_at: self.resumed_at,
+            written: state.next_seq - self.resumed_at,
             batches: state.batches,
             id_span: state.first_id.map(|lo| (lo, state.last_id)),
             elapsed: start.elapsed(),
         })
     }
+}
+
+/// The items with their IDs, in input order, as the records of `shard` from `next_seq` on.
+fn stamp(items: Vec<Vec<u8>>, range: IdRange, shard: u32, next_seq: u64) -> Vec<Record> {
+    items
+        .into_iter()
+        .zip(range.iter())
+        .enumerate()
+        .map(|(i, (payload, id))| Record {
+            id,
+            shard,
+            seq: next_seq + i as u64,
+            payload,
+        })
+        .collect()
+}
+
+/// Writes one stamped batch with its progress marker (one synced WriteBatch); runs on the
+/// blocking pool.
+fn write_batch(
+    mut w: Written,
+    records: &[Record],
+    range: IdRange,
+    fingerprint: Vec<u8>,
+) -> Result<Written, ProducerError> {
+    let n = records.len() as u64;
+    let p = Progress {
+        next_seq: w.next_seq + n,
+        finished: false,
+        last_id: range.hi,
+        fingerprint,
+    };
+    w.writer.write_batch(records, &p)?;
+    w.next_seq += n;
+    w.last_id = range.hi;
+    w.batches += 1;
+    w.first_id.get_or_insert(range.lo);
+    Ok(w)
 }
 
 /// Resuming from a file: the items already in the sublist must be the input's first
@@ -616,19 +729,6 @@ struct Written {
     batches: u64,
     first_id: Option<u64>,
     last_id: u64,
-}
-
-async fn finish_pending(
-    pending: &mut Option<tokio::task::JoinHandle<Result<Written, ProducerError>>>,
-    idle: &mut Option<Written>,
-    report: &mut Reporter,
-) -> Result<(), ProducerError> {
-    if let Some(h) = pending.take() {
-        let w = h.await.map_err(|e| ProducerError::Task(e.to_string()))??;
-        report.update(w.next_seq);
-        *idle = Some(w);
-    }
-    Ok(())
 }
 
 /// Opens the sublist and runs to the end: [`Producer::open`] then [`Producer::run`].
@@ -858,6 +958,47 @@ mod tests {
             "{msg}"
         );
         assert_eq!(read_all(dir.path(), 0).len(), 10);
+    }
+
+    /// What `{:#}` (anyhow, the binary) prints: the message, then every source in turn.
+    fn printed_chain(e: &dyn std::error::Error) -> String {
+        let mut out = e.to_string();
+        let mut cause = e.source();
+        while let Some(c) = cause {
+            out = format!("{out}: {c}");
+            cause = c.source();
+        }
+        out
+    }
+
+    #[test]
+    fn each_cause_is_printed_once() {
+        let enospc = "No space left on device (os error 28)";
+        let errors = [
+            ProducerError::Input {
+                input: "items.txt".into(),
+                error: std::io::Error::from_raw_os_error(28),
+            },
+            ProducerError::Shard(ShardError::Io {
+                path: PathBuf::from("/data/shard-0"),
+                error: std::io::Error::from_raw_os_error(28),
+            }),
+            ProducerError::Connect(IdError::Protocol {
+                addr: "127.0.0.1:1".into(),
+                reason: enospc.into(),
+            }),
+            ProducerError::Ids {
+                next_seq: 7,
+                error: IdError::Protocol {
+                    addr: "127.0.0.1:1".into(),
+                    reason: enospc.into(),
+                },
+            },
+        ];
+        for e in errors {
+            let printed = printed_chain(&e);
+            assert_eq!(printed.matches(enospc).count(), 1, "{printed}");
+        }
     }
 
     #[tokio::test]

@@ -445,16 +445,47 @@ impl<R: Read> ListReader<R> {
         let offset = self.pos;
         let have = self.records_end - offset;
         if self.index == self.header_count {
-            if have != 0 {
-                return Err(ListError::CountMismatch {
-                    offset,
-                    header: self.header_count,
-                    found: self.index,
-                    extra: have,
-                });
-            }
+            self.check_records_end(offset, have)?;
             return self.read_footer().map(|()| None);
         }
+        let head = self.read_head(offset, have)?;
+        let (id, shard, seq, len) = decode_record_head(&head);
+        self.check_head(offset, have - RECORD_HEAD_LEN as u64, id, len)?;
+        // `len <= have <= file size`, which fits in memory's address space on 64-bit.
+        let mut payload = vec![0u8; len as usize];
+        self.input
+            .read_exact(&mut payload)
+            .map_err(io_err(&self.path, "read payload"))?;
+        self.hasher.update(&head);
+        self.hasher.update(&payload);
+        self.pos += RECORD_HEAD_LEN as u64 + len;
+        self.index += 1;
+        self.payload_bytes += len;
+        self.first_id.get_or_insert(id);
+        self.last_id = Some(id);
+        Ok(Some(Record {
+            id,
+            shard,
+            seq,
+            payload,
+        }))
+    }
+
+    /// After the header's count of records, the footer must follow: `have` bytes remain.
+    fn check_records_end(&self, offset: u64, have: u64) -> Result<(), ListError> {
+        if have == 0 {
+            return Ok(());
+        }
+        Err(ListError::CountMismatch {
+            offset,
+            header: self.header_count,
+            found: self.index,
+            extra: have,
+        })
+    }
+
+    /// Reads the fixed part of the record at `offset`, `have` bytes before the footer.
+    fn read_head(&mut self, offset: u64, have: u64) -> Result<[u8; RECORD_HEAD_LEN], ListError> {
         if have == 0 {
             return Err(ListError::CountMismatch {
                 offset,
@@ -476,11 +507,12 @@ impl<R: Read> ListReader<R> {
         self.input
             .read_exact(&mut head)
             .map_err(io_err(&self.path, "read record"))?;
-        let id = u64::from_le_bytes(le8(&head[0..8]));
-        let shard = u32::from_le_bytes([head[8], head[9], head[10], head[11]]);
-        let seq = u64::from_le_bytes(le8(&head[12..20]));
-        let len = u64::from_le_bytes(le8(&head[20..28]));
-        let have = have - RECORD_HEAD_LEN as u64;
+        Ok(head)
+    }
+
+    /// Checks a record's fixed part before its payload is read: `have` bytes remain after
+    /// it before the footer.
+    fn check_head(&self, offset: u64, have: u64, id: u64, len: u64) -> Result<(), ListError> {
         // The guards against a lying length: never allocate more than any writer would
         // have written, nor more than the file still holds.
         if len > crate::MAX_PAYLOAD as u64 {
@@ -500,34 +532,15 @@ impl<R: Read> ListReader<R> {
                 have,
             });
         }
-        if let Some(prev) = self.last_id {
-            if id <= prev {
-                return Err(ListError::OutOfOrder {
-                    offset,
-                    index: self.index,
-                    prev,
-                    id,
-                });
-            }
+        match self.last_id {
+            Some(prev) if id <= prev => Err(ListError::OutOfOrder {
+                offset,
+                index: self.index,
+                prev,
+                id,
+            }),
+            _ => Ok(()),
         }
-        // `len <= have <= file size`, which fits in memory's address space on 64-bit.
-        let mut payload = vec![0u8; len as usize];
-        self.input
-            .read_exact(&mut payload)
-            .map_err(io_err(&self.path, "read payload"))?;
-        self.hasher.update(&head);
-        self.hasher.update(&payload);
-        self.pos += RECORD_HEAD_LEN as u64 + len;
-        self.index += 1;
-        self.payload_bytes += len;
-        self.first_id.get_or_insert(id);
-        self.last_id = Some(id);
-        Ok(Some(Record {
-            id,
-            shard,
-            seq,
-            payload,
-        }))
     }
 
     fn read_footer(&mut self) -> Result<(), ListError> {
@@ -568,6 +581,16 @@ impl<R: Read> Iterator for ListReader<R> {
             }
         }
     }
+}
+
+/// The fields of an encoded record head: id, shard, seq, payload length.
+fn decode_record_head(head: &[u8; RECORD_HEAD_LEN]) -> (u64, u32, u64, u64) {
+    (
+        u64::from_le_bytes(le8(&head[0..8])),
+        u32::from_le_bytes([head[8], head[9], head[10], head[11]]),
+        u64::from_le_bytes(le8(&head[12..20])),
+        u64::from_le_bytes(le8(&head[20..28])),
+    )
 }
 
 fn le8(b: &[u8]) -> [u8; 8] {

@@ -151,23 +151,7 @@ fn config(args: MergeArgs) -> anyhow::Result<MergeConfig> {
 
 fn run_merge(cfg: &MergeConfig) -> anyhow::Result<()> {
     // Fail on a bad --out before spending time opening sublists.
-    let out_dir = match cfg.out.parent() {
-        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
-        _ => PathBuf::from("."),
-    };
-    if !out_dir.is_dir() {
-        return Err(qcli::usage(format!(
-            "--out {}: directory {} does not exist",
-            cfg.out.display(),
-            out_dir.display()
-        )));
-    }
-    if cfg.out.is_dir() {
-        return Err(qcli::usage(format!(
-            "--out {} is a directory, expected a file name",
-            cfg.out.display()
-        )));
-    }
+    check_out_dir(&cfg.out)?;
     let (paths, data_dir) = match &cfg.input {
         Input::DataDir(dir) => (
             merger::find_shards_to_merge(dir, cfg.allow_unfinished)?,
@@ -179,42 +163,11 @@ fn run_merge(cfg: &MergeConfig) -> anyhow::Result<()> {
     let shards = merger::open_shards(&paths, cfg.allow_unfinished)?;
     let total: u64 = shards.iter().map(|s| s.items).sum();
     tracing::info!(shards = shards.len(), items = total, out = %cfg.out.display(), "merging");
-
-    let bar = std::io::stderr().is_terminal().then(|| {
-        let bar = indicatif::ProgressBar::new(total);
-        bar.set_style(
-            indicatif::ProgressStyle::with_template(
-                "{bar:40} {human_pos}/{human_len} items  {elapsed} elapsed  eta {eta}  {msg}",
-            )
-            .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-        );
-        bar
+    let mut progress = Progress::new(total, cfg.stall_after);
+    let result = merger::merge_to_file(&cfg.out, &shards, &mut |records, bytes| {
+        progress.update(records, bytes)
     });
-    let start = Instant::now();
-    let mut last_log = start;
-    let mut on_progress = |records: u64, bytes: u64| {
-        if let Some(bar) = &bar {
-            bar.set_position(records);
-            let mb = bytes as f64 / 1e6;
-            bar.set_message(format!(
-                "{mb:.0} MB written, {:.0} MB/s",
-                mb / start.elapsed().as_secs_f64().max(1e-3)
-            ));
-        } else if last_log.elapsed() >= LOG_EVERY {
-            last_log = Instant::now();
-            tracing::info!(records, total, mb = bytes / 1_000_000, "merging");
-        }
-        if cfg.stall_after.is_some_and(|n| records >= n) {
-            tracing::warn!(records, "{STALL_ENV} set: stalling until killed");
-            loop {
-                std::thread::sleep(Duration::from_secs(3600));
-            }
-        }
-    };
-    let result = merger::merge_to_file(&cfg.out, &shards, &mut on_progress);
-    if let Some(bar) = &bar {
-        bar.finish_and_clear();
-    }
+    progress.finish();
     let summary = match result {
         Ok(summary) => summary,
         // The list is in place; only its durability is in doubt, and the message says so.
@@ -228,7 +181,7 @@ fn run_merge(cfg: &MergeConfig) -> anyhow::Result<()> {
             )))
         }
     };
-    let secs = start.elapsed().as_secs_f64();
+    let secs = progress.start.elapsed().as_secs_f64();
     let mb = summary.file_bytes as f64 / 1e6;
     println!(
         "merged {} items from {} shards into {}: {:.1} MB in {:.2}s ({:.1} MB/s, {:.0} items/s)",
@@ -241,6 +194,88 @@ fn run_merge(cfg: &MergeConfig) -> anyhow::Result<()> {
         summary.records as f64 / secs.max(1e-9),
     );
     Ok(())
+}
+
+/// `--out` must name a file in an existing directory.
+fn check_out_dir(out: &std::path::Path) -> anyhow::Result<()> {
+    let out_dir = match out.parent() {
+        Some(d) if !d.as_os_str().is_empty() => d.to_path_buf(),
+        _ => PathBuf::from("."),
+    };
+    if !out_dir.is_dir() {
+        return Err(qcli::usage(format!(
+            "--out {}: directory {} does not exist",
+            out.display(),
+            out_dir.display()
+        )));
+    }
+    if out.is_dir() {
+        return Err(qcli::usage(format!(
+            "--out {} is a directory, expected a file name",
+            out.display()
+        )));
+    }
+    Ok(())
+}
+
+/// The merge's progress: a bar on a terminal, a log line every [`LOG_EVERY`] otherwise;
+/// and the crash-test stall ([`STALL_ENV`]).
+struct Progress {
+    bar: Option<indicatif::ProgressBar>,
+    total: u64,
+    start: Instant,
+    last_log: Instant,
+    stall_after: Option<u64>,
+}
+
+impl Progress {
+    fn new(total: u64, stall_after: Option<u64>) -> Progress {
+        let bar = std::io::stderr().is_terminal().then(|| {
+            let bar = indicatif::ProgressBar::new(total);
+            bar.set_style(
+                indicatif::ProgressStyle::with_template(
+                    "{bar:40} {human_pos}/{human_len} items  {elapsed} elapsed  eta {eta}  {msg}",
+                )
+                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
+            );
+            bar
+        });
+        let start = Instant::now();
+        Progress {
+            bar,
+            total,
+            start,
+            last_log: start,
+            stall_after,
+        }
+    }
+
+    fn update(&mut self, records: u64, bytes: u64) {
+        if let Some(bar) = &self.bar {
+            bar.set_position(records);
+            let mb = bytes as f64 / 1e6;
+            bar.set_message(format!(
+                "{mb:.0} MB written, {:.0} MB/s",
+                mb / self.start.elapsed().as_secs_f64().max(1e-3)
+            ));
+        } else if self.last_log.elapsed() >= LOG_EVERY {
+            self.last_log = Instant::now();
+            let total = self.total;
+            tracing::info!(records, total, mb = bytes / 1_000_000, "merging");
+        }
+        if self.stall_after.is_some_and(|n| records >= n) {
+            tracing::warn!(records, "{STALL_ENV} set: stalling until killed");
+            loop {
+                std::thread::sleep(Duration::from_secs(3600));
+            }
+        }
+    }
+
+    fn finish(&self) {
+        if let Some(bar) = &self.bar {
+            bar.finish_and_clear();
+        }
+    }
 }
 
 fn run_verify(file: &std::path::Path) -> anyhow::Result<()> {
