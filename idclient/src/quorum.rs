@@ -568,7 +568,7 @@ impl<N: Register> QuorumClient<N> {
         match self.write_round(lo, hi, deadline, None).await {
             Ok(()) => Ok(true),
             Err(RoundLoss::Contention { .. }) => Ok(false),
-            Err(loss) => Err(self.loss_error(loss)),
+            Err(loss) => Err(self.loss_error(loss, Duration::ZERO, 1)),
         }
     }
 
@@ -581,11 +581,12 @@ impl<N: Register> QuorumClient<N> {
     pub async fn read_max(&self, deadline: Instant) -> Result<u64, IdError> {
         self.read_round(deadline)
             .await
-            .map_err(|loss| self.loss_error(loss))
+            .map_err(|loss| self.loss_error(loss, Duration::ZERO, 0))
     }
 
-    /// The error of a round that ended without a decision.
-    fn loss_error(&self, loss: RoundLoss) -> IdError {
+    /// The error of the last round of a request that gets no IDs: too few nodes
+    /// answered, or (`Deadline`, after `waited` and `rounds` lost rounds) too few accepted.
+    fn loss_error(&self, loss: RoundLoss, waited: Duration, rounds: u64) -> IdError {
         match loss {
             RoundLoss::Fatal(e) => e,
             RoundLoss::Unreachable {
@@ -598,8 +599,8 @@ impl<N: Register> QuorumClient<N> {
                 failures,
             },
             RoundLoss::Contention { .. } => IdError::Deadline {
-                deadline: Duration::ZERO,
-                rounds: 1,
+                deadline: waited,
+                rounds,
             },
         }
     }
@@ -666,21 +667,11 @@ impl<N: Register> QuorumClient<N> {
             bump(&self.counters.retries, 1);
             tokio::time::sleep(pause).await;
         };
-        Some(Err(match last_loss {
-            RoundLoss::Unreachable {
-                reachable,
-                failures,
-            } => IdError::NoQuorum {
-                needed: self.majority(),
-                reachable,
-                total: self.nodes.len(),
-                failures,
-            },
-            _ => IdError::Deadline {
-                deadline: deadline.saturating_duration_since(started),
-                rounds: u64::from(losses),
-            },
-        }))
+        Some(Err(self.loss_error(
+            last_loss,
+            deadline.saturating_duration_since(started),
+            u64::from(losses),
+        )))
     }
 
     /// One attempt: pick LO (guess or read), then the conditional write.
