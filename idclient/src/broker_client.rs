@@ -498,7 +498,7 @@ impl Inner {
                     self.preferred.store(b, Relaxed);
                     return Some(Arc::new(conn));
                 }
-                Ok(Err(e)) => e.to_string(),
+                Ok(Err(e)) => open_failure(e),
                 Err(_) => format!("no handshake within {:?}", until - now),
             };
             note(
@@ -642,6 +642,18 @@ fn wire_error(addr: &str, e: WireError) -> IdError {
             addr: addr.to_string(),
             reason: e.to_string(),
         },
+    }
+}
+
+/// Why opening a connection to one broker failed, without the broker's address (the
+/// failure list names it): its own reason, not an error that wraps it again.
+fn open_failure(e: IdError) -> String {
+    match e {
+        IdError::BrokersUnavailable { mut failures } if failures.len() == 1 => {
+            failures.remove(0).reason
+        }
+        IdError::Protocol { reason, .. } => format!("protocol error: {reason}"),
+        e => e.to_string(),
     }
 }
 
@@ -970,6 +982,25 @@ mod tests {
 
     /// Plenty: failover tests must not depend on how fast the machine is.
     const LONG: Duration = Duration::from_secs(20);
+
+    #[tokio::test]
+    async fn a_refused_connect_is_reported_once_with_its_cause() {
+        let closed = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = closed.local_addr().unwrap().to_string();
+        drop(closed);
+        let config = BrokerClientConfig {
+            deadline: Duration::from_millis(200),
+            ..Default::default()
+        };
+        let e = BrokerClient::connect(vec![addr.clone()], config)
+            .await
+            .err()
+            .expect("nothing listens there");
+        let text = e.to_string();
+        assert_eq!(text.matches("no broker reachable").count(), 1, "{text}");
+        assert_eq!(text.matches(addr.as_str()).count(), 1, "{text}");
+        assert!(text.contains("refused"), "{text}");
+    }
 
     #[tokio::test]
     async fn normal_replies_are_returned_in_order() {
