@@ -305,11 +305,14 @@ const TAKEN: u8 = 1;
 const ABANDONED: u8 = 2;
 
 impl Waiter {
-    /// Claims the waiter for a request; false if its caller already gave up.
+    /// Claims the waiter for a request; false if its caller already gave up (its
+    /// deadline passed, or its future was dropped: asking IDs for it would burn them).
     fn take(&self) -> bool {
-        self.state
-            .compare_exchange(QUEUED, TAKEN, Relaxed, Relaxed)
-            .is_ok()
+        !self.tx.is_closed()
+            && self
+                .state
+                .compare_exchange(QUEUED, TAKEN, Relaxed, Relaxed)
+                .is_ok()
     }
 
     fn expired(&self) -> IdError {
