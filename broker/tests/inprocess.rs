@@ -157,10 +157,14 @@ async fn many_callers_one_broker_batches_and_checks() {
     );
     let events = hammer(client.clone(), 256, 40, 1).await;
     assert_history(&events, events.len());
-    let ranges = hammer(client, 16, 20, 1000).await;
+    let ranges = hammer(client.clone(), 16, 20, 1000).await;
     assert_history(&ranges, ranges.len());
     let stats = fetch_stats(&b.addr).await.expect("stats");
-    assert_eq!(stats.requests, 256 * 40 + 16 * 20);
+    // The client coalesces queued callers: fewer wire requests than calls, the same IDs.
+    let coalesced = client.coalescing();
+    assert_eq!(coalesced.callers, 256 * 40 + 16 * 20);
+    assert_eq!(stats.requests, coalesced.requests);
+    assert!(coalesced.requests < coalesced.callers, "{coalesced:?}");
     assert_eq!(stats.ids, 256 * 40 + 16 * 20 * 1000);
     assert!(
         stats.batch_max > 1,

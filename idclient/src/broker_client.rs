@@ -15,6 +15,19 @@
 //! one's reply can never arrive because its connection is gone. A request abandoned at
 //! its deadline is removed from the pending table first, so a late reply finds no taker
 //! and is dropped. Either way the first request's IDs, if any, become a hole.
+//!
+//! Coalescing (as TiKV's client batches timestamp requests): a client keeps at most
+//! [`BrokerClientConfig::in_flight`] wire requests out. Callers that arrive while all are
+//! out wait in one queue; when a request comes back, every caller waiting goes out as ONE
+//! request for their total count (at most the broker's `max_count`, else the rest waits
+//! for the next), and its range is split among them in queue order. This keeps the
+//! guarantee: a coalesced request is sent only after every caller in it invoked, so the
+//! range it gets lies above every ID returned before any of them invoked, exactly as if
+//! each had sent its own request at that moment. Each caller keeps its own deadline: the
+//! wire request carries the latest one; a caller whose deadline passes first is answered
+//! [`IdError::Deadline`] then, and its share, should the reply come later, is burned (a
+//! hole). A failed request's error goes to each of its callers; failover and resending
+//! happen per wire request, as for a single caller.
 
 use crate::backoff::Backoff;
 use crate::{IdError, IdRange, IdSource};
@@ -22,12 +35,12 @@ use idproto::framed::{self, FrameReader, FrameWriter, Timeouts};
 use idproto::wire::{self, BrokerStats, ClientMsg, ServerMsg, WireError};
 use idproto::NodeFailure;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
+use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, oneshot, watch};
+use tokio::sync::{mpsc, oneshot, watch, Semaphore};
 use tokio::time::{timeout_at, Instant};
 
 /// Default total time one `next_ids` call may take, failovers included.
@@ -40,6 +53,24 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 /// Default number of connections. One pipelined connection carries 100k+ requests/s;
 /// a second spreads the decoding over both of the broker's threads.
 pub const DEFAULT_CONNECTIONS: usize = 2;
+
+/// Default number of wire requests a client keeps out while coalescing: two per default
+/// connection, so the broker always has the next request queued when a round ends (one
+/// would leave it idle for a client round trip), and few enough that callers arriving
+/// meanwhile share one request.
+pub const DEFAULT_IN_FLIGHT: usize = 4;
+
+/// Callers waiting to be coalesced. Beyond it callers wait (within their deadline) to
+/// join the queue, so a stalled broker cannot make the client queue without bound.
+const COALESCE_QUEUE: usize = 1 << 16;
+
+/// Times a finished request yields to the runtime before freeing its slot (see
+/// `dispatch`). Measured at 256 callers on a window-serving broker: none 240-266k IDs/s,
+/// one or two 320-330k; more changes little (BENCHMARKS.md).
+const HANDOFF_YIELDS: usize = 2;
+
+/// Most callers in one coalesced request: bounds the work of splitting one reply.
+const MAX_COALESCED: usize = 4096;
 
 /// Requests waiting for a connection's writer. Callers wait (within their deadline)
 /// when it is full, so a stalled broker cannot make the client queue without bound.
@@ -83,6 +114,10 @@ pub struct BrokerClientConfig {
     /// How long a write of requests may block before the connection counts as broken
     /// (default [`framed::WRITE_TIMEOUT`]).
     pub write_timeout: Duration,
+    /// Wire requests out at once (default [`DEFAULT_IN_FLIGHT`]): callers that arrive
+    /// while all are out go together as one request (see the module docs). 0 turns
+    /// coalescing off: every call is its own request, sent at once.
+    pub in_flight: usize,
 }
 
 impl BrokerClientConfig {
@@ -103,6 +138,7 @@ impl Default for BrokerClientConfig {
             jitter_seed: None,
             frame_timeout: framed::FRAME_TIMEOUT,
             write_timeout: framed::WRITE_TIMEOUT,
+            in_flight: DEFAULT_IN_FLIGHT,
         }
     }
 }
@@ -238,6 +274,58 @@ struct Inner {
     failover_backoff: Backoff,
     /// Pauses between passes over brokers that all refused to connect.
     reconnect_backoff: Backoff,
+    /// The `max_count` of the broker connected last: the most one coalesced request asks.
+    max_count: AtomicU64,
+    /// Wire requests sent by the coalescing path, and callers they carried.
+    wire_requests: AtomicU64,
+    wire_callers: AtomicU64,
+}
+
+/// What coalescing did so far ([`BrokerClient::coalescing`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct Coalescing {
+    /// Wire requests sent for coalesced callers (each for one or more callers).
+    pub requests: u64,
+    /// Callers answered through them: `callers / requests` is the mean per request.
+    pub callers: u64,
+}
+
+/// A caller waiting in the coalescing queue. `state` decides, once, whether the
+/// dispatcher takes it into a request or the caller gives up at its deadline first.
+struct Waiter {
+    n: u64,
+    invoked: Instant,
+    deadline: Instant,
+    state: Arc<AtomicU8>,
+    tx: oneshot::Sender<Result<IdRange, IdError>>,
+}
+
+const QUEUED: u8 = 0;
+const TAKEN: u8 = 1;
+const ABANDONED: u8 = 2;
+
+impl Waiter {
+    /// Claims the waiter for a request; false if its caller already gave up (its
+    /// deadline passed, or its future was dropped: asking IDs for it would burn them).
+    fn take(&self) -> bool {
+        !self.tx.is_closed()
+            && self
+                .state
+                .compare_exchange(QUEUED, TAKEN, Relaxed, Relaxed)
+                .is_ok()
+    }
+
+    fn expired(&self) -> IdError {
+        deadline_error(self.invoked, self.deadline)
+    }
+}
+
+/// A caller's own deadline passed before its request was answered.
+fn deadline_error(invoked: Instant, deadline: Instant) -> IdError {
+    IdError::Deadline {
+        deadline: deadline.saturating_duration_since(invoked),
+        rounds: 0,
+    }
 }
 
 /// A client of one or more `idbroker`s. Cheap to share: wrap it in an `Arc`, or clone it
@@ -245,6 +333,9 @@ struct Inner {
 #[derive(Clone)]
 pub struct BrokerClient {
     inner: Arc<Inner>,
+    /// The coalescing queue (`None` with `in_flight` 0). Its dispatcher ends when the
+    /// last clone of the client is dropped.
+    queue: Option<mpsc::Sender<Waiter>>,
 }
 
 impl std::fmt::Debug for BrokerClient {
@@ -297,12 +388,33 @@ impl BrokerClient {
                 next_request: AtomicU64::new(1),
                 failover_backoff,
                 reconnect_backoff,
+                max_count: AtomicU64::new(0),
+                wire_requests: AtomicU64::new(0),
+                wire_callers: AtomicU64::new(0),
             }),
+            queue: None,
         };
         let deadline = Instant::now() + client.inner.config.deadline;
         let mut failures = Vec::new();
         client.inner.conn(0, deadline, &mut failures).await?;
-        Ok(client)
+        let in_flight = client.inner.config.in_flight;
+        if in_flight == 0 {
+            return Ok(client);
+        }
+        let (tx, rx) = mpsc::channel(COALESCE_QUEUE);
+        tokio::spawn(dispatch(client.inner.clone(), rx, in_flight));
+        Ok(BrokerClient {
+            queue: Some(tx),
+            ..client
+        })
+    }
+
+    /// What coalescing did so far.
+    pub fn coalescing(&self) -> Coalescing {
+        Coalescing {
+            requests: self.inner.wire_requests.load(Relaxed),
+            callers: self.inner.wire_callers.load(Relaxed),
+        }
     }
 
     /// The broker addresses, in failover order.
@@ -319,17 +431,211 @@ impl BrokerClient {
         if n == 0 {
             return Err(IdError::BadRequest("count must be at least 1".into()));
         }
-        let inner = &self.inner;
+        let max_count = self.inner.max_count.load(Relaxed);
+        if n > max_count {
+            return Err(too_many(n, max_count));
+        }
+        match &self.queue {
+            Some(queue) => coalesced(queue, n, deadline).await,
+            None => self.inner.request(n, deadline).await,
+        }
+    }
+}
+
+fn too_many(n: u64, max_count: u64) -> IdError {
+    IdError::BadRequest(format!(
+        "count {n} exceeds the broker's limit of {max_count}"
+    ))
+}
+
+/// One caller through the coalescing queue: queued, then answered by the request that
+/// took it, or [`IdError::Deadline`] at `deadline` if none took it by then.
+async fn coalesced(
+    queue: &mpsc::Sender<Waiter>,
+    n: u64,
+    deadline: Instant,
+) -> Result<IdRange, IdError> {
+    let invoked = Instant::now();
+    let state = Arc::new(AtomicU8::new(QUEUED));
+    let (tx, mut rx) = oneshot::channel();
+    let waiter = Waiter {
+        n,
+        invoked,
+        deadline,
+        state: state.clone(),
+        tx,
+    };
+    let stopped = || IdError::BrokersUnavailable {
+        failures: vec![NodeFailure {
+            addr: "broker client".into(),
+            reason: "the client's dispatcher stopped".into(),
+        }],
+    };
+    match timeout_at(deadline, queue.send(waiter)).await {
+        Err(_) => return Err(deadline_error(invoked, deadline)),
+        Ok(Err(_)) => return Err(stopped()),
+        Ok(Ok(())) => {}
+    }
+    if let Ok(answer) = timeout_at(deadline, &mut rx).await {
+        return answer.unwrap_or_else(|_| Err(stopped()));
+    }
+    if state
+        .compare_exchange(QUEUED, ABANDONED, Relaxed, Relaxed)
+        .is_ok()
+    {
+        // Never sent: no ID of ours exists anywhere.
+        return Err(deadline_error(invoked, deadline));
+    }
+    // Taken into a request: it answers us at our deadline (or with its own outcome, if
+    // ours is its deadline), so this wait is short.
+    rx.await.unwrap_or_else(|_| Err(stopped()))
+}
+
+/// The coalescing dispatcher: with fewer than `in_flight` requests out, every caller
+/// waiting goes out as one request. Ends when every handle of the client is gone.
+async fn dispatch(inner: Arc<Inner>, mut queue: mpsc::Receiver<Waiter>, in_flight: usize) {
+    let slots = Arc::new(Semaphore::new(in_flight));
+    let mut carry = None;
+    let mut out = tokio::task::JoinSet::new();
+    loop {
+        let Ok(slot) = slots.clone().acquire_owned().await else {
+            return;
+        };
+        let Some(batch) = next_batch(&inner, &mut queue, &mut carry).await else {
+            break;
+        };
+        let inner = inner.clone();
+        out.spawn(async move {
+            send_batch(&inner, batch).await;
+            // The callers just answered mostly call again at once: let them queue before
+            // the freed slot goes, or it leaves with the first of them alone and the rest
+            // wait a whole round for the next slot.
+            for _ in 0..HANDOFF_YIELDS {
+                tokio::task::yield_now().await;
+            }
+            drop(slot);
+        });
+        while let Some(done) = out.try_join_next() {
+            if let Err(e) = done {
+                tracing::error!("a coalesced request's task failed: {e}");
+            }
+        }
+    }
+    // Requests still out answer their callers; wait for them, then end.
+    while let Some(done) = out.join_next().await {
+        if let Err(e) = done {
+            tracing::error!("a coalesced request's task failed: {e}");
+        }
+    }
+}
+
+/// Every caller waiting now (after the one that did not fit last time, `carry`), up to
+/// the broker's `max_count` in all; waits for the first. `None` once the queue closed.
+async fn next_batch(
+    inner: &Inner,
+    queue: &mut mpsc::Receiver<Waiter>,
+    carry: &mut Option<Waiter>,
+) -> Option<Vec<Waiter>> {
+    let max_count = inner.max_count.load(Relaxed);
+    let mut batch: Vec<Waiter> = Vec::new();
+    let mut total = 0u64;
+    while batch.is_empty() {
+        let first = match carry.take() {
+            Some(w) => w,
+            None => queue.recv().await?,
+        };
+        // Every caller taken here has invoked already: the request goes out after it.
+        if first.take() {
+            total = first.n;
+            batch.push(first);
+        }
+    }
+    while batch.len() < MAX_COALESCED {
+        let Ok(w) = queue.try_recv() else { break };
+        if total.saturating_add(w.n) > max_count {
+            *carry = Some(w);
+            break;
+        }
+        if w.take() {
+            total += w.n;
+            batch.push(w);
+        }
+    }
+    Some(batch)
+}
+
+/// Sends one request for the batch's total count, until its latest deadline, and
+/// splits the range among its callers in queue order; callers whose own deadline comes
+/// first are answered `Deadline` then (their shares become holes if it succeeds).
+async fn send_batch(inner: &Inner, batch: Vec<Waiter>) {
+    let total: u64 = batch.iter().map(|w| w.n).sum();
+    let latest = batch.iter().map(|w| w.deadline).max();
+    let Some(latest) = latest else { return };
+    inner.wire_requests.fetch_add(1, Relaxed);
+    inner.wire_callers.fetch_add(batch.len() as u64, Relaxed);
+    let mut waiting: Vec<(u64, Option<Waiter>)> =
+        batch.into_iter().map(|w| (w.n, Some(w))).collect();
+    let work = inner.request(total, latest);
+    tokio::pin!(work);
+    let result = loop {
+        let first_due = waiting
+            .iter()
+            .filter_map(|(_, w)| w.as_ref().map(|w| w.deadline))
+            .filter(|d| *d < latest)
+            .min();
+        tokio::select! {
+            r = &mut work => break r,
+            _ = tokio::time::sleep_until(first_due.unwrap_or(latest)), if first_due.is_some() => {
+                let now = Instant::now();
+                for (_, slot) in waiting.iter_mut() {
+                    if slot.as_ref().is_some_and(|w| w.deadline <= now) {
+                        if let Some(w) = slot.take() {
+                            let expired = w.expired();
+                            let _ = w.tx.send(Err(expired));
+                        }
+                    }
+                }
+            }
+        }
+    };
+    hand_out(waiting, result);
+}
+
+/// Splits `result` among the callers in queue order; the shares of callers already
+/// answered (`None`) are skipped, never handed to anyone.
+fn hand_out(waiting: Vec<(u64, Option<Waiter>)>, result: Result<IdRange, IdError>) {
+    let mut offset = 0u64;
+    for (n, slot) in waiting {
+        let Some(w) = slot else {
+            offset += n;
+            continue;
+        };
+        let share = match &result {
+            Ok(range) => {
+                let lo = range.lo + offset;
+                Ok(IdRange {
+                    lo,
+                    hi: lo + w.n - 1,
+                })
+            }
+            Err(e) => Err(e.clone()),
+        };
+        offset += w.n;
+        let _ = w.tx.send(share);
+    }
+}
+
+impl Inner {
+    /// One request for `n` IDs, failing over between brokers until `deadline`.
+    async fn request(&self, n: u64, deadline: Instant) -> Result<IdRange, IdError> {
+        let inner = self;
         let mut failures: Vec<NodeFailure> = Vec::new();
         let mut failovers: u32 = 0;
         loop {
             let slot = inner.next_slot.fetch_add(1, Relaxed) % inner.slots.len();
             let conn = inner.conn(slot, deadline, &mut failures).await?;
             if n > conn.max_count {
-                return Err(IdError::BadRequest(format!(
-                    "count {n} exceeds the broker's limit of {}",
-                    conn.max_count
-                )));
+                return Err(too_many(n, conn.max_count));
             }
             match inner.attempt(&conn, n, deadline).await {
                 Attempt::Done(result) => return result,
@@ -496,6 +802,7 @@ impl Inner {
             let reason = match timeout_at(until, open(b, addr, self.config.timeouts())).await {
                 Ok(Ok(conn)) => {
                     self.preferred.store(b, Relaxed);
+                    self.max_count.store(conn.max_count, Relaxed);
                     return Some(Arc::new(conn));
                 }
                 Ok(Err(e)) => open_failure(e),
@@ -849,6 +1156,12 @@ mod tests {
 
     impl FakeBroker {
         async fn start(script: Script) -> FakeBroker {
+            FakeBroker::start_gated(script, None).await
+        }
+
+        /// Like `start`, but every reply first takes a permit of `gate` (the test
+        /// releases replies one by one, or all at once).
+        async fn start_gated(script: Script, gate: Option<Arc<Semaphore>>) -> FakeBroker {
             let listener = TcpListener::bind("127.0.0.1:0")
                 .await
                 .expect("bind a loopback port for the fake broker");
@@ -862,7 +1175,9 @@ mod tests {
                 let mut serving = tokio::task::JoinSet::new();
                 while let Ok((stream, _)) = listener.accept().await {
                     c.fetch_add(1, Relaxed);
-                    serving.spawn(serve(stream, script.clone(), r.clone(), next.clone()));
+                    let (script, r, next, gate) =
+                        (script.clone(), r.clone(), next.clone(), gate.clone());
+                    serving.spawn(serve(stream, script, r, next, gate));
                 }
             });
             FakeBroker {
@@ -894,6 +1209,7 @@ mod tests {
         script: Script,
         requests: Arc<AtomicUsize>,
         next: Arc<AtomicU64>,
+        gate: Option<Arc<Semaphore>>,
     ) {
         let (rd, mut wr) = stream.into_split();
         let mut rd = FrameReader::new(rd, framed::FRAME_TIMEOUT);
@@ -915,6 +1231,9 @@ mod tests {
                 continue;
             };
             requests.fetch_add(1, Relaxed);
+            if let Some(gate) = &gate {
+                gate.acquire().await.expect("gate open").forget();
+            }
             let lo = next.fetch_add(count, Relaxed);
             let ids = ServerMsg::ids(
                 id,
@@ -1180,5 +1499,179 @@ mod tests {
             }
             other => panic!("expected a protocol error, got {other:?}"),
         }
+    }
+
+    /// Callers waiting in the coalescing queue.
+    fn queued(c: &BrokerClient) -> usize {
+        let q = c.queue.as_ref().expect("coalescing is on");
+        q.max_capacity() - q.capacity()
+    }
+
+    /// Waits (polling) until `cond` holds; panics, naming `what`, after 10 s.
+    #[track_caller]
+    fn wait_for(what: &str, cond: impl Fn() -> bool) -> impl std::future::Future<Output = ()> {
+        let caller = std::panic::Location::caller();
+        let what = what.to_string();
+        async move {
+            let until = Instant::now() + Duration::from_secs(10);
+            while !cond() {
+                assert!(Instant::now() < until, "{caller}: never reached: {what}");
+                tokio::time::sleep(Duration::from_millis(1)).await;
+            }
+        }
+    }
+
+    type Call = tokio::task::JoinHandle<Result<IdRange, IdError>>;
+
+    fn call(c: &BrokerClient, n: u64, deadline: Duration) -> Call {
+        let c = c.clone();
+        tokio::spawn(async move { c.next_ids_until(n, Instant::now() + deadline).await })
+    }
+
+    /// A client with one request out at a time, and a first caller whose request the
+    /// gated broker holds: callers after it queue up in a known order.
+    async fn one_out(b: &FakeBroker) -> (BrokerClient, Call) {
+        let config = BrokerClientConfig {
+            in_flight: 1,
+            ..config(LONG)
+        };
+        let c = client(&[b], config).await;
+        let first = call(&c, 1, LONG);
+        wait_for("the first request reached the broker", || b.requests() == 1).await;
+        (c, first)
+    }
+
+    /// Queues callers for `counts` one after another (each queued before the next
+    /// calls), with deadline `deadline`.
+    async fn queue_up(c: &BrokerClient, counts: &[u64], deadline: Duration) -> Vec<Call> {
+        let mut calls = Vec::new();
+        for &n in counts {
+            let before = queued(c);
+            calls.push(call(c, n, deadline));
+            wait_for("the caller is queued", || queued(c) == before + 1).await;
+        }
+        calls
+    }
+
+    async fn outcome(call: Call) -> Result<IdRange, IdError> {
+        call.await.expect("caller task")
+    }
+
+    /// Ten callers queued behind a request go out as ONE request for their total, and
+    /// get consecutive ranges in queue order.
+    #[tokio::test]
+    async fn queued_callers_go_as_one_request_split_in_queue_order() {
+        let gate = Arc::new(Semaphore::new(0));
+        let b = FakeBroker::start_gated(Script::Normal, Some(gate.clone())).await;
+        let (c, first) = one_out(&b).await;
+        let counts: Vec<u64> = (1..=10).collect();
+        let calls = queue_up(&c, &counts, LONG).await;
+        gate.add_permits(100);
+        assert_eq!(outcome(first).await, Ok(IdRange { lo: 1, hi: 1 }));
+        let mut lo = 2;
+        for (n, call) in counts.iter().zip(calls) {
+            assert_eq!(outcome(call).await, Ok(IdRange { lo, hi: lo + n - 1 }));
+            lo += n;
+        }
+        assert_eq!(b.requests(), 2, "11 callers, 2 wire requests");
+        let seen = c.coalescing();
+        assert_eq!((seen.requests, seen.callers), (2, 11));
+    }
+
+    /// A caller whose deadline passes while queued gets `Deadline` and is never sent; one
+    /// whose deadline passes while its coalesced request is out gets `Deadline` at its
+    /// own deadline, its share burned; the caller beside it still gets its IDs.
+    #[tokio::test]
+    async fn a_caller_past_its_deadline_gets_deadline_the_others_get_ids() {
+        let gate = Arc::new(Semaphore::new(0));
+        let b = FakeBroker::start_gated(Script::Normal, Some(gate.clone())).await;
+        let (c, first) = one_out(&b).await;
+        let mut calls = queue_up(&c, &[1], Duration::from_secs(2)).await;
+        let short = queue_up(&c, &[1], Duration::from_millis(100)).await;
+        calls.extend(queue_up(&c, &[1], LONG).await);
+        let [short] = <[Call; 1]>::try_from(short).expect("one call");
+        assert!(matches!(
+            outcome(short).await,
+            Err(IdError::Deadline { rounds: 0, .. })
+        ));
+        // The first reply lets the two live callers go, as one request; the broker
+        // holds it past the first one's deadline.
+        gate.add_permits(1);
+        assert_eq!(outcome(first).await, Ok(IdRange { lo: 1, hi: 1 }));
+        wait_for("the coalesced request reached the broker", || {
+            b.requests() == 2
+        })
+        .await;
+        let [expiring, patient] = <[Call; 2]>::try_from(calls).expect("two calls");
+        assert!(matches!(
+            outcome(expiring).await,
+            Err(IdError::Deadline { rounds: 0, .. })
+        ));
+        gate.add_permits(100);
+        // ID 2 was the expired caller's share: a hole. The one never sent cost nothing.
+        assert_eq!(outcome(patient).await, Ok(IdRange { lo: 3, hi: 3 }));
+        assert_eq!(c.next_ids(1).await, Ok(IdRange { lo: 4, hi: 4 }));
+        assert_eq!(b.requests(), 3);
+    }
+
+    /// A queue holding more than the broker's `max_count` (1000 here) goes out as
+    /// several requests, none above it, still in queue order.
+    #[tokio::test]
+    async fn a_queue_above_max_count_is_split_into_several_requests() {
+        let gate = Arc::new(Semaphore::new(0));
+        let b = FakeBroker::start_gated(Script::Normal, Some(gate.clone())).await;
+        let (c, first) = one_out(&b).await;
+        let counts = [600, 600, 300, 1000];
+        let calls = queue_up(&c, &counts, LONG).await;
+        gate.add_permits(100);
+        assert_eq!(outcome(first).await, Ok(IdRange { lo: 1, hi: 1 }));
+        let mut lo = 2;
+        for (n, call) in counts.iter().zip(calls) {
+            assert_eq!(outcome(call).await, Ok(IdRange { lo, hi: lo + n - 1 }));
+            lo += n;
+        }
+        // [1], [600], [600, 300], [1000].
+        assert_eq!(b.requests(), 4);
+    }
+
+    /// Every caller of a failed coalesced request gets its error.
+    #[tokio::test]
+    async fn every_caller_of_a_failed_request_gets_the_error() {
+        let no_quorum = IdError::NoQuorum {
+            needed: 3,
+            reachable: 1,
+            total: 5,
+            failures: Vec::new(),
+        };
+        let gate = Arc::new(Semaphore::new(0));
+        let b = FakeBroker::start_gated(Script::Fail(no_quorum.clone()), Some(gate.clone())).await;
+        let (c, first) = one_out(&b).await;
+        let calls = queue_up(&c, &[1, 2, 3], LONG).await;
+        gate.add_permits(100);
+        assert_eq!(outcome(first).await, Err(no_quorum.clone()));
+        for call in calls {
+            assert_eq!(outcome(call).await, Err(no_quorum.clone()));
+        }
+        assert_eq!(b.requests(), 2);
+    }
+
+    /// With `in_flight` 0 every call is its own request, as before coalescing.
+    #[tokio::test]
+    async fn in_flight_zero_sends_every_call_alone() {
+        let b = FakeBroker::start(Script::Normal).await;
+        let config = BrokerClientConfig {
+            in_flight: 0,
+            ..config(LONG)
+        };
+        let c = client(&[&b], config).await;
+        let calls: Vec<Call> = (0..8).map(|_| call(&c, 1, LONG)).collect();
+        let mut ids = Vec::new();
+        for call in calls {
+            ids.push(outcome(call).await.expect("ids").lo);
+        }
+        ids.sort_unstable();
+        assert_eq!(ids, (1..=8).collect::<Vec<u64>>());
+        assert_eq!(b.requests(), 8);
+        assert_eq!(c.coalescing(), Coalescing::default());
     }
 }

@@ -737,30 +737,35 @@ fn run_broker_seed(seed: u64) -> Outcome {
         for c in 0..4u64 {
             let (cluster, recorder, addrs) = (cluster.clone(), recorder.clone(), addrs.clone());
             tasks.push(tokio::spawn(async move {
+                // Three concurrent callers share each client, so their calls coalesce;
+                // with one request out at a time (odd clients) they coalesce whenever
+                // two wait, and their own deadlines (50-500 ms) differ within a request.
                 let config = BrokerClientConfig {
                     deadline: Duration::from_millis(500),
                     connections: 1,
                     jitter_seed: Some(seed.wrapping_mul(8).wrapping_add(c)),
+                    in_flight: if c % 2 == 1 { 1 } else { 4 },
                     ..Default::default()
                 };
                 let bc = BrokerClient::connect(addrs, config)
                     .await
                     .expect("connect to a simulated broker");
-                for _ in 0..20 {
-                    let (count, think) = cluster.with_rng(|r| {
-                        (
-                            r.gen_range(1..=10),
-                            Duration::from_micros(r.gen_range(0..=3_000)),
-                        )
-                    });
-                    let _ = recorder
-                        .record(
-                            count,
-                            bc.next_ids_until(count, Instant::now() + Duration::from_millis(500)),
-                        )
-                        .await;
-                    tokio::time::sleep(think).await;
-                }
+                let caller = || async {
+                    for _ in 0..10 {
+                        let (count, think, deadline) = cluster.with_rng(|r| {
+                            (
+                                r.gen_range(1..=10),
+                                Duration::from_micros(r.gen_range(0..=3_000)),
+                                Duration::from_millis(r.gen_range(50..=500)),
+                            )
+                        });
+                        let _ = recorder
+                            .record(count, bc.next_ids_until(count, Instant::now() + deadline))
+                            .await;
+                        tokio::time::sleep(think).await;
+                    }
+                };
+                tokio::join!(caller(), caller(), caller());
                 c
             }));
         }
