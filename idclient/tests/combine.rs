@@ -317,11 +317,18 @@ async fn rendezvous_fails_mid_run(kill: bool) {
         q.pause(r);
     }
     // The clients move to the fallback rendezvous (the second smallest address) and
-    // combine there while the preferred one is out.
-    tokio::time::sleep(Duration::from_millis(400)).await;
+    // combine there while the preferred one is out: wait for a combined round that
+    // started after the batches of the moment of the failure were over, as long as the
+    // run lasts (it ends 2.3 s after the failure), not for a fixed time a loaded
+    // machine may need more of.
+    tokio::time::sleep(Duration::from_millis(300)).await;
     let moved = combined(&sources);
-    tokio::time::sleep(Duration::from_millis(600)).await;
-    let during_outage = combined(&sources) - moved;
+    let until = std::time::Instant::now() + Duration::from_millis(1700);
+    let mut during_outage = 0;
+    while during_outage == 0 && std::time::Instant::now() < until {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        during_outage = combined(&sources) - moved;
+    }
     let back_at = monotonic_ns();
     if kill {
         q.restart(r).expect("restart");
