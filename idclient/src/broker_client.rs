@@ -1313,8 +1313,7 @@ mod tests {
         };
         let e = BrokerClient::connect(vec![addr.clone()], config)
             .await
-            .err()
-            .expect("nothing listens there");
+            .expect_err("nothing listens there");
         let text = e.to_string();
         assert_eq!(text.matches("no broker reachable").count(), 1, "{text}");
         assert_eq!(text.matches(addr.as_str()).count(), 1, "{text}");
