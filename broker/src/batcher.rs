@@ -21,7 +21,7 @@
 
 use crate::stats::Stats;
 use idclient::{IdError, IdRange, QuorumClient};
-use idproto::wire::ServerMsg;
+use idproto::wire::{BrokerStats, ServerMsg};
 use std::future::Future;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
@@ -42,6 +42,12 @@ pub trait RoundSource: Send + Sync + 'static {
         n: u64,
         deadline: Instant,
     ) -> impl Future<Output = Result<IdRange, IdError>> + Send;
+
+    /// Fills in the source's part of the counters: its role and, when it serves windows,
+    /// the window counters. The default is a `--serve rounds` source.
+    fn describe(&self, stats: &mut BrokerStats) {
+        stats.role = "rounds".to_string();
+    }
 }
 
 impl RoundSource for QuorumClient {

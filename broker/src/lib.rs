@@ -243,6 +243,7 @@ pub async fn run<S: RoundSource>(
     config.validate()?;
     let config = Arc::new(config);
     let stats = Arc::new(Stats::default());
+    stats.set_source(source.clone());
     let name = listener
         .local_addr()
         .map_or_else(|_| "idbroker".to_string(), |a| a.to_string());

@@ -1,12 +1,16 @@
 //! The broker's counters: lock-free atomics updated by the batcher and the connections,
 //! snapshotted into [`BrokerStats`] for the wire and the periodic log line.
 
+use crate::RoundSource;
 use idproto::wire::{BrokerStats, BATCH_BUCKETS};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
+/// The source's part of a snapshot ([`RoundSource::describe`]).
+type Describe = Box<dyn Fn(&mut BrokerStats) + Send + Sync>;
+
 /// Live counters. Relaxed ordering: each counter is read on its own, for humans.
-#[derive(Debug)]
 pub struct Stats {
     started: Instant,
     pub(crate) connections_open: AtomicU64,
@@ -23,6 +27,7 @@ pub struct Stats {
     batch_histogram: [AtomicU64; BATCH_BUCKETS],
     round_us_total: AtomicU64,
     round_us_max: AtomicU64,
+    describe: OnceLock<Describe>,
 }
 
 impl Default for Stats {
@@ -43,6 +48,7 @@ impl Default for Stats {
             batch_histogram: std::array::from_fn(|_| AtomicU64::new(0)),
             round_us_total: AtomicU64::new(0),
             round_us_max: AtomicU64::new(0),
+            describe: OnceLock::new(),
         }
     }
 }
@@ -69,7 +75,7 @@ impl Stats {
 
     /// A consistent-enough copy for display.
     pub fn snapshot(&self) -> BrokerStats {
-        BrokerStats {
+        let mut s = BrokerStats {
             uptime_ms: u64::try_from(self.started.elapsed().as_millis()).unwrap_or(u64::MAX),
             connections_open: self.connections_open.load(Relaxed),
             connections_total: self.connections_total.load(Relaxed),
@@ -89,7 +95,20 @@ impl Stats {
                 .collect(),
             round_us_total: self.round_us_total.load(Relaxed),
             round_us_max: self.round_us_max.load(Relaxed),
+            ..BrokerStats::default()
+        };
+        if let Some(describe) = self.describe.get() {
+            describe(&mut s);
         }
+        s
+    }
+
+    /// Makes every later snapshot include `source`'s role and counters. Only the first
+    /// call counts (one broker, one source).
+    pub(crate) fn set_source<S: RoundSource>(&self, source: Arc<S>) {
+        let _ = self
+            .describe
+            .set(Box::new(move |stats| source.describe(stats)));
     }
 }
 

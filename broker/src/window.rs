@@ -33,6 +33,7 @@
 use crate::batcher::RoundSource;
 use idclient::MAX_COUNT;
 use idclient::{IdError, IdRange, QuorumClient};
+use idproto::wire::BrokerStats;
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -407,6 +408,17 @@ impl<Q: WindowQuorum> RoundSource for WindowSource<Q> {
         deadline: Instant,
     ) -> impl Future<Output = Result<IdRange, IdError>> + Send {
         self.serve(n, deadline)
+    }
+
+    fn describe(&self, stats: &mut BrokerStats) {
+        let w = self.stats();
+        stats.role = "window".to_string();
+        stats.window_size = w.window_size;
+        stats.confirmations = w.confirmations;
+        stats.confirmations_failed = w.confirmations_failed;
+        stats.reservations = w.reservations;
+        stats.reservations_lost = w.reservations_lost;
+        stats.holes = w.holes;
     }
 }
 

@@ -22,8 +22,9 @@ use std::time::Duration;
 /// connection that speaks something else (HTTP, RESP, random bytes) after one frame.
 pub const MAGIC: [u8; 4] = *b"QIDB";
 
-/// The protocol version this code speaks. The broker refuses any other.
-pub const VERSION: u32 = 1;
+/// The protocol version this code speaks. The broker refuses any other. Version 2 added
+/// [`ServerMsg::Redirect`] and the leader and window fields of [`BrokerStats`].
+pub const VERSION: u32 = 2;
 
 /// Largest payload either side sends or accepts. Requests are ~30 bytes and the largest
 /// reply (an error listing every failed node, or stats) is a few KiB; 64 KiB leaves room
@@ -72,6 +73,10 @@ pub enum ServerMsg {
     Failed { id: u64, error: IdError },
     /// The counters, for request `id`.
     Stats { id: u64, stats: BrokerStats },
+    /// This broker is not the leader and did not start request `id` (no ID was reserved
+    /// for it): send it to `leader` (`host:port`), or, when `None` (no leader known
+    /// now, an election is under way), to any broker again after a short wait.
+    Redirect { id: u64, leader: Option<String> },
 }
 
 impl ServerMsg {
@@ -80,7 +85,8 @@ impl ServerMsg {
         match self {
             ServerMsg::Ids { id, .. }
             | ServerMsg::Failed { id, .. }
-            | ServerMsg::Stats { id, .. } => Some(*id),
+            | ServerMsg::Stats { id, .. }
+            | ServerMsg::Redirect { id, .. } => Some(*id),
             ServerMsg::Welcome { .. } | ServerMsg::Refused { .. } => None,
         }
     }
@@ -127,6 +133,24 @@ pub struct BrokerStats {
     /// Sum and maximum of round durations, microseconds.
     pub round_us_total: u64,
     pub round_us_max: u64,
+    /// `"leader"`, `"follower"`, `"candidate"`, or `"rounds"` for a `--serve rounds`
+    /// broker, which takes no part in elections.
+    pub role: String,
+    /// The highest term this broker has seen (0: none yet).
+    pub term: u64,
+    /// The leader this broker knows of (`host:port`), if any.
+    pub leader: Option<String>,
+    /// Requests answered with a redirect to the leader.
+    pub redirects: u64,
+    /// Window serving (`--serve window`): the current target window size, majority reads
+    /// that confirmed a batch and that found another writer, contiguous reservations won
+    /// and lost, and IDs of dead windows never served (holes).
+    pub window_size: u64,
+    pub confirmations: u64,
+    pub confirmations_failed: u64,
+    pub reservations: u64,
+    pub reservations_lost: u64,
+    pub holes: u64,
 }
 
 impl BrokerStats {
@@ -244,7 +268,7 @@ mod tests {
         });
         assert_eq!(
             bytes,
-            [12, 0, 0, 0, 0, 0, 0, 0, b'Q', b'I', b'D', b'B', 1, 0, 0, 0]
+            [12, 0, 0, 0, 0, 0, 0, 0, b'Q', b'I', b'D', b'B', 2, 0, 0, 0]
         );
     }
 
@@ -271,13 +295,13 @@ mod tests {
     #[test]
     fn welcome_and_ids_bytes() {
         let bytes = frame(&ServerMsg::Welcome {
-            version: 1,
+            version: 2,
             max_count: 1_048_576,
             max_in_flight: 1024,
         });
-        // docs/wire-protocol.md shows these bytes: 14000000 00000000 01000000
+        // docs/wire-protocol.md shows these bytes: 14000000 00000000 02000000
         // 0000100000000000 00040000.
-        let mut want = vec![20, 0, 0, 0, 0, 0, 0, 0, 1, 0, 0, 0];
+        let mut want = vec![20, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0];
         want.extend_from_slice(&1_048_576u64.to_le_bytes());
         want.extend_from_slice(&1024u32.to_le_bytes());
         assert_eq!(bytes, want);
@@ -313,6 +337,26 @@ mod tests {
     }
 
     #[test]
+    fn redirect_bytes() {
+        // docs/wire-protocol.md shows these bytes.
+        let bytes = frame(&ServerMsg::Redirect {
+            id: 7,
+            leader: Some("h:1".into()),
+        });
+        let mut want = vec![24, 0, 0, 0, 5, 0, 0, 0];
+        want.extend_from_slice(&7u64.to_le_bytes());
+        want.push(1);
+        want.extend_from_slice(&3u64.to_le_bytes());
+        want.extend_from_slice(b"h:1");
+        assert_eq!(bytes, want);
+        let bytes = frame(&ServerMsg::Redirect {
+            id: 7,
+            leader: None,
+        });
+        assert_eq!(bytes, [13, 0, 0, 0, 5, 0, 0, 0, 7, 0, 0, 0, 0, 0, 0, 0, 0]);
+    }
+
+    #[test]
     fn every_message_round_trips() {
         let failure = NodeFailure {
             addr: "redis://127.0.0.1:1".into(),
@@ -320,7 +364,7 @@ mod tests {
         };
         let server = [
             ServerMsg::Welcome {
-                version: 1,
+                version: 2,
                 max_count: 9,
                 max_in_flight: 2,
             },
@@ -348,8 +392,20 @@ mod tests {
                 stats: BrokerStats {
                     rounds: 3,
                     batch_histogram: vec![1, 2],
+                    role: "leader".into(),
+                    term: 3,
+                    leader: Some("127.0.0.1:7400".into()),
+                    holes: 5,
                     ..Default::default()
                 },
+            },
+            ServerMsg::Redirect {
+                id: 5,
+                leader: Some("127.0.0.1:7400".into()),
+            },
+            ServerMsg::Redirect {
+                id: 6,
+                leader: None,
             },
         ];
         for msg in server {

@@ -291,6 +291,13 @@ async fn broker_stats(addr: String) -> Result<()> {
         .await
         .with_context(|| format!("broker {addr}"))?;
     println!(
+        "role {}  term {}  leader {}  redirects {}",
+        s.role,
+        s.term,
+        s.leader.as_deref().unwrap_or("-"),
+        s.redirects
+    );
+    println!(
         "uptime_ms {}  connections {} open / {} total / {} dropped",
         s.uptime_ms, s.connections_open, s.connections_total, s.connections_dropped
     );
@@ -318,6 +325,17 @@ async fn broker_stats(addr: String) -> Result<()> {
         .map(|(i, n)| format!("{}..{}: {n}", 1u64 << i, (1u64 << (i + 1)) - 1))
         .collect();
     println!("batch sizes (rounds per bucket) {}", buckets.join(", "));
+    if s.role != "rounds" {
+        println!(
+            "window size {}  confirmations {} (failed {})  reservations {} (lost {})  holes {}",
+            s.window_size,
+            s.confirmations,
+            s.confirmations_failed,
+            s.reservations,
+            s.reservations_lost,
+            s.holes
+        );
+    }
     let json = serde_json::json!({
         "requests": s.requests,
         "ids": s.ids,
@@ -328,6 +346,16 @@ async fn broker_stats(addr: String) -> Result<()> {
         "max_batch": s.batch_max,
         "mean_round_us": s.mean_round_us().round(),
         "max_round_us": s.round_us_max,
+        "role": s.role,
+        "term": s.term,
+        "leader": s.leader,
+        "redirects": s.redirects,
+        "window_size": s.window_size,
+        "confirmations": s.confirmations,
+        "confirmations_failed": s.confirmations_failed,
+        "reservations": s.reservations,
+        "reservations_lost": s.reservations_lost,
+        "holes": s.holes,
     });
     println!("{json}");
     Ok(())
