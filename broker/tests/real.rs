@@ -412,13 +412,13 @@ async fn bad_input_costs_only_that_connection() {
         &mut s,
         &ClientMsg::Hello {
             magic: wire::MAGIC,
-            version: 2,
+            version: 1,
         },
     )
     .await;
     assert!(closed_by_broker(&mut s)
         .await
-        .contains("version 2 not supported"));
+        .contains("version 1 not supported"));
     served(&addr).await;
 
     // Wrong magic.
