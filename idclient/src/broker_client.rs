@@ -1151,7 +1151,7 @@ pub async fn fetch_stats(addr: &str) -> Result<BrokerStats, IdError> {
             .await
             .map_err(|e| wire_error(addr, e))?;
         match rd.read_msg::<ServerMsg>().await {
-            Ok(Some(ServerMsg::Stats { stats, .. })) => Ok(stats),
+            Ok(Some(ServerMsg::Stats { stats, .. })) => Ok(*stats),
             Ok(Some(other)) => Err(IdError::Protocol {
                 addr: addr.to_string(),
                 reason: format!("expected stats, got {other:?}"),
