@@ -1,17 +1,24 @@
 //! The RESP listener (`idbroker --resp-listen`) with real clients: `redis-cli`, redis-py
 //! and the Rust `redis` crate, against real `idbroker` processes on real redis-server
-//! quorums, next to binary clients; and hostile input over raw TCP.
+//! quorums, next to binary clients; hostile input over raw TCP; and, in process with a
+//! fake quorum, that RESP and binary requests share rounds.
 
+use broker::{BrokerConfig, RoundSource};
 use idclient::broker_client::{fetch_stats, BrokerClient, BrokerClientConfig};
-use idclient::{IdRange, IdSource};
+use idclient::{IdError, IdRange, IdSource};
+use idproto::framed::FrameReader;
+use idproto::wire::{self, ClientMsg, ServerMsg};
 use idtools::cluster::LocalQuorum;
 use idtools::history::{check, monotonic_ns, Event};
+use std::future::Future;
 use std::io::{BufRead, BufReader, Write};
 use std::process::{Child, Command, Stdio};
-use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::TcpStream;
+use tokio::net::{TcpListener, TcpStream};
+use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
 /// An idbroker process serving binary and RESP, killed (by its pid) on drop.
@@ -455,4 +462,155 @@ async fn connection_cap_refuses_resp_clients_in_redis_words() {
     assert_eq!(&pong, b"+PONG\r\n");
     let got = send_until_closed(&b, b"").await;
     assert_eq!(got, "-ERR max number of clients reached\r\n");
+}
+
+/// A fake quorum whose rounds wait for the test: each round records its size, then takes
+/// one permit of `gate` before it answers from a counter.
+struct Gated {
+    next: AtomicU64,
+    rounds: Mutex<Vec<u64>>,
+    gate: Arc<Semaphore>,
+}
+
+impl RoundSource for Gated {
+    fn next_ids_until(
+        &self,
+        n: u64,
+        _deadline: Instant,
+    ) -> impl Future<Output = Result<IdRange, IdError>> + Send {
+        self.rounds.lock().expect("rounds").push(n);
+        async move {
+            self.gate.acquire().await.expect("gate").forget();
+            let lo = self.next.fetch_add(n, Relaxed) + 1;
+            Ok(IdRange { lo, hi: lo + n - 1 })
+        }
+    }
+}
+
+/// Polls `cond` every 10 ms for up to 10 s.
+async fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+    let until = Instant::now() + Duration::from_secs(10);
+    while !cond() {
+        assert!(Instant::now() < until, "timed out waiting for {what}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// A RESP request and a binary request queued during the same round are served together
+/// by the next round: one batch, one range split between them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resp_and_binary_requests_share_a_round() {
+    let source = Arc::new(Gated {
+        next: AtomicU64::new(0),
+        rounds: Mutex::default(),
+        gate: Arc::new(Semaphore::new(0)),
+    });
+    let listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let resp_listener = TcpListener::bind("127.0.0.1:0").await.expect("bind");
+    let addr = listener.local_addr().expect("addr").to_string();
+    let resp = resp_listener.local_addr().expect("addr").to_string();
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let server = tokio::spawn(broker::run_with(
+        listener,
+        Some(resp_listener),
+        source.clone(),
+        BrokerConfig::default(),
+        async move {
+            let _ = stopped.await;
+        },
+    ));
+    let rounds = || source.rounds.lock().expect("rounds").clone();
+
+    // Round 1 holds the batcher.
+    let mut first = TcpStream::connect(&resp).await.expect("connect");
+    first
+        .write_all(next_cmd(1).as_bytes())
+        .await
+        .expect("write");
+    wait_for("round 1", || rounds().len() == 1).await;
+
+    // Meanwhile one RESP and one binary request are queued. Each connection then sends a
+    // request with a bad count, answered at once but counted only after the request
+    // before it is in the batcher's queue: the counter reaching 5 proves both are.
+    let mut second = TcpStream::connect(&resp).await.expect("connect");
+    let pipelined = format!("{}{}", next_cmd(4), next_cmd(0));
+    second.write_all(pipelined.as_bytes()).await.expect("write");
+    let mut binary = TcpStream::connect(&addr).await.expect("connect");
+    let mut hello = Vec::new();
+    let msgs = [
+        ClientMsg::Hello {
+            magic: wire::MAGIC,
+            version: wire::VERSION,
+        },
+        ClientMsg::NextIds {
+            id: 1,
+            count: 3,
+            deadline_ms: 0,
+        },
+        ClientMsg::NextIds {
+            id: 2,
+            count: 0,
+            deadline_ms: 0,
+        },
+    ];
+    for msg in &msgs {
+        wire::encode(msg, &mut hello).expect("encode");
+    }
+    binary.write_all(&hello).await.expect("write");
+    let mut queued = 0;
+    while queued < 5 {
+        queued = fetch_stats(&addr).await.expect("stats").requests;
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    source.gate.add_permits(2);
+
+    let mut rd = FrameReader::new(&mut binary, Duration::from_secs(10));
+    let mut binary_range = None;
+    while binary_range.is_none() {
+        match rd.read_msg::<ServerMsg>().await.expect("binary reply") {
+            Some(ServerMsg::Ids { id: 1, lo, hi }) => binary_range = Some(IdRange { lo, hi }),
+            Some(ServerMsg::Welcome { .. } | ServerMsg::Failed { id: 2, .. }) => {}
+            other => panic!("unexpected binary reply {other:?}"),
+        }
+    }
+    let binary_range = binary_range.expect("binary range");
+    let resp_range = read_range(&mut second).await;
+    assert_eq!(read_range(&mut first).await, IdRange { lo: 1, hi: 1 });
+    assert_eq!(rounds(), vec![1, 7], "round 2 served both requests");
+    let (lo, hi) = if binary_range.lo < resp_range.lo {
+        (binary_range, resp_range)
+    } else {
+        (resp_range, binary_range)
+    };
+    assert_eq!((lo.lo, lo.hi + 1, hi.hi), (2, hi.lo, 8), "one range, split");
+    assert_eq!((binary_range.len(), resp_range.len()), (3, 4));
+
+    let _ = stop.send(());
+    let stats = server.await.expect("task").expect("broker");
+    assert_eq!((stats.rounds, stats.batch_max), (2, 2));
+}
+
+fn next_cmd(count: u64) -> String {
+    let count = count.to_string();
+    format!("*2\r\n$10\r\nQLIST.NEXT\r\n${}\r\n{count}\r\n", count.len())
+}
+
+/// Reads one QLIST.NEXT reply (`*2`, two bulk strings) from `s`.
+async fn read_range(s: &mut TcpStream) -> IdRange {
+    let mut got = Vec::new();
+    let mut chunk = [0u8; 256];
+    loop {
+        let text = String::from_utf8_lossy(&got).into_owned();
+        let lines: Vec<&str> = text.split("\r\n").collect();
+        if lines.len() >= 6 {
+            assert_eq!(lines[0], "*2", "{text:?}");
+            return parse_range(lines[2], lines[4]);
+        }
+        let n = tokio::time::timeout(Duration::from_secs(10), s.read(&mut chunk))
+            .await
+            .expect("reply in time")
+            .expect("read");
+        assert!(n > 0, "closed before the reply: {text:?}");
+        got.extend_from_slice(&chunk[..n]);
+    }
 }
