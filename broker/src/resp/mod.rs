@@ -22,14 +22,17 @@
 //! Inline commands (`PING\r\n` typed into telnet) are refused rather than supported: no
 //! Redis client sends them, and the RESP decoder is the only parser here.
 
+mod command;
+mod reply;
+
 use crate::batcher::Outgoing;
 use crate::conn::{self, ConnState, Ctx};
 use crate::stats::Stats;
 use crate::BrokerConfig;
-use idproto::wire::{BrokerStats, ServerMsg};
+use command::{command, Action, Auth, Session};
 use redis_protocol::resp2::decode::decode;
-use redis_protocol::resp2::types::{OwnedFrame as Frame2, Resp2Frame};
-use redis_protocol::resp3::types::{OwnedFrame as Frame3, Resp3Frame};
+use redis_protocol::resp2::types::OwnedFrame as Frame2;
+use reply::{echo, server_reply, Proto, Reply};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
@@ -58,135 +61,6 @@ const CONTROL_SLOTS: usize = 2;
 /// [`linger`]): enough for a client to read the error, too little to hold a slot.
 const LINGER: Duration = Duration::from_millis(500);
 const LINGER_BYTES: usize = 1 << 20;
-
-/// Longest command name or error text echoed back (names are the client's bytes).
-const MAX_ECHO: usize = 64;
-
-/// The server name `HELLO` reports.
-const SERVER_NAME: &str = "qlist";
-
-/// The RESP version replies are encoded in, per connection (`HELLO 2|3`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-enum Proto {
-    Resp2,
-    Resp3,
-}
-
-impl Proto {
-    fn number(self) -> i64 {
-        match self {
-            Proto::Resp2 => 2,
-            Proto::Resp3 => 3,
-        }
-    }
-}
-
-/// A reply, before it is encoded for the connection's RESP version.
-#[derive(Debug, Clone, PartialEq)]
-enum Reply {
-    Simple(String),
-    Error(String),
-    Int(i64),
-    Bulk(Vec<u8>),
-    Null,
-    Array(Vec<Reply>),
-    /// A map in RESP3, a flat key, value, key, value... array in RESP2.
-    Map(Vec<(String, Reply)>),
-}
-
-impl Reply {
-    fn ok() -> Reply {
-        Reply::Simple("OK".into())
-    }
-
-    /// An error reply: `text` starts with its code (`ERR`, `NOPROTO`, ...). CR and LF
-    /// would end the line early (and let a client's bytes inject a reply): replaced.
-    fn err(text: impl AsRef<str>) -> Reply {
-        Reply::Error(text.as_ref().replace(['\r', '\n'], " "))
-    }
-
-    fn to_resp2(&self) -> Frame2 {
-        match self {
-            Reply::Simple(s) => Frame2::SimpleString(s.clone().into_bytes()),
-            Reply::Error(s) => Frame2::Error(s.clone()),
-            Reply::Int(i) => Frame2::Integer(*i),
-            Reply::Bulk(b) => Frame2::BulkString(b.clone()),
-            Reply::Null => Frame2::Null,
-            Reply::Array(items) => Frame2::Array(items.iter().map(Reply::to_resp2).collect()),
-            Reply::Map(pairs) => Frame2::Array(
-                pairs
-                    .iter()
-                    .flat_map(|(k, v)| [Frame2::BulkString(k.clone().into_bytes()), v.to_resp2()])
-                    .collect(),
-            ),
-        }
-    }
-
-    fn to_resp3(&self) -> Frame3 {
-        match self {
-            Reply::Simple(s) => Frame3::SimpleString {
-                data: s.clone().into_bytes(),
-                attributes: None,
-            },
-            Reply::Error(s) => Frame3::SimpleError {
-                data: s.clone(),
-                attributes: None,
-            },
-            Reply::Int(i) => Frame3::Number {
-                data: *i,
-                attributes: None,
-            },
-            Reply::Bulk(b) => Frame3::BlobString {
-                data: b.clone(),
-                attributes: None,
-            },
-            Reply::Null => Frame3::Null,
-            Reply::Array(items) => Frame3::Array {
-                data: items.iter().map(Reply::to_resp3).collect(),
-                attributes: None,
-            },
-            Reply::Map(pairs) => Frame3::Map {
-                data: pairs
-                    .iter()
-                    .map(|(k, v)| {
-                        let key = Frame3::BlobString {
-                            data: k.clone().into_bytes(),
-                            attributes: None,
-                        };
-                        (key, v.to_resp3())
-                    })
-                    .collect(),
-                attributes: None,
-            },
-        }
-    }
-
-    /// Appends the encoding of this reply in `proto` to `out`.
-    fn encode(&self, proto: Proto, out: &mut Vec<u8>) {
-        let start = out.len();
-        let written = match proto {
-            Proto::Resp2 => {
-                let frame = self.to_resp2();
-                out.resize(start + frame.encode_len(false), 0);
-                redis_protocol::resp2::encode::encode(&mut out[start..], &frame, false)
-            }
-            Proto::Resp3 => {
-                let frame = self.to_resp3();
-                out.resize(start + frame.encode_len(false), 0);
-                redis_protocol::resp3::encode::complete::encode(&mut out[start..], &frame, false)
-            }
-        };
-        match written {
-            Ok(n) => out.truncate(start + n),
-            Err(e) => {
-                // Only a bug could get here (the buffer is sized by the encoder itself).
-                tracing::error!("RESP reply not encodable ({e}): sending an error instead");
-                out.truncate(start);
-                out.extend_from_slice(b"-ERR reply not encodable\r\n");
-            }
-        }
-    }
-}
 
 /// Why a RESP connection was closed by the broker.
 #[derive(Debug, thiserror::Error)]
@@ -232,31 +106,6 @@ impl From<conn::ConnError> for RespError {
         match e {
             conn::ConnError::BatcherGone => RespError::BatcherGone,
             _ => RespError::WriterGone,
-        }
-    }
-}
-
-/// Who may use the listener. Only "everyone" exists today; a token check (`AUTH
-/// <token>`, `HELLO 3 AUTH default <token>`) becomes a second variant, checked here.
-#[derive(Debug, Clone, Copy)]
-enum Auth {
-    /// No password configured: answered as Redis answers with none set.
-    Open,
-}
-
-impl Auth {
-    /// The answer to `AUTH [user] password` (or HELLO's AUTH option): `None` when the
-    /// client may go on, else the error to send. Never echoes the password.
-    fn check(self, user: Option<&[u8]>, _password: &[u8]) -> Option<Reply> {
-        match (self, user) {
-            (Auth::Open, None) => Some(Reply::err(
-                "ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?",
-            )),
-            // Redis's default user without a password accepts any password.
-            (Auth::Open, Some(b"default")) => None,
-            (Auth::Open, Some(_)) => Some(Reply::err(
-                "WRONGPASS invalid username-password pair or user is disabled.",
-            )),
         }
     }
 }
@@ -312,8 +161,10 @@ async fn handle(stream: TcpStream, ctx: Ctx, state: Arc<ConnState>) -> Result<()
         local_tx,
         ctx: &ctx,
         state: &state,
-        auth: Auth::Open,
-        proto: Proto::Resp2,
+        session: Session {
+            auth: Auth::Open,
+            proto: Proto::Resp2,
+        },
     };
     let read = reader.run().await;
     let Reader {
@@ -385,10 +236,7 @@ struct Reader<'a> {
     local_tx: mpsc::Sender<Local>,
     ctx: &'a Ctx,
     state: &'a ConnState,
-    auth: Auth,
-    /// The version replies are encoded in from the next request on (requests are
-    /// handled in order, so this is what the writer will use for it).
-    proto: Proto,
+    session: Session,
 }
 
 /// What the reader does after a request.
@@ -549,116 +397,21 @@ impl Reader<'_> {
     ) -> Result<Next, RespError> {
         let seq = self.seq;
         self.seq += 1;
-        let name = String::from_utf8_lossy(&args[0]).to_ascii_uppercase();
-        let rest = &args[1..];
-        let mut switch = None;
-        let reply = match name.as_str() {
-            "QLIST.NEXT" => match parse_count(rest) {
-                Ok(count) => {
-                    // Deadline 0: the broker's default, as for a binary client sending none.
-                    conn::next_ids(&self.out_tx, self.ctx, (seq, count, 0), permit).await?;
-                    return Ok(Next::Continue);
-                }
-                Err(reply) => reply,
-            },
-            "ECHO" => match rest {
-                [msg] => Reply::Bulk(msg.clone()),
-                _ => wrong_args(&name),
-            },
-            "PING" => match rest {
-                [] => Reply::Simple("PONG".into()),
-                [msg] => Reply::Bulk(msg.clone()),
-                _ => wrong_args(&name),
-            },
-            "HELLO" => match self.hello(rest) {
-                Ok((reply, proto)) => {
-                    self.proto = proto;
-                    switch = Some(proto);
-                    reply
-                }
-                Err(reply) => reply,
-            },
-            "AUTH" => match rest {
-                [password] => self.auth.check(None, password).unwrap_or_else(Reply::ok),
-                [user, password] => self
-                    .auth
-                    .check(Some(user), password)
-                    .unwrap_or_else(Reply::ok),
-                _ => Reply::err("ERR syntax error"),
-            },
-            "QLIST.STATS" if rest.is_empty() => stats_reply(&self.ctx.stats.snapshot()),
-            "QLIST.STATS" => wrong_args(&name),
-            "QUIT" => {
+        match command(&args, &self.session, &self.ctx.stats) {
+            Action::Next(count) => {
+                // Deadline 0: the broker's default, as for a binary client sending none.
+                conn::next_ids(&self.out_tx, self.ctx, (seq, count, 0), permit).await?;
+            }
+            Action::Reply(reply, switch) => {
+                self.session.proto = switch.unwrap_or(self.session.proto);
+                self.local(seq, reply, switch, permit).await?;
+            }
+            Action::Quit => {
                 self.local(seq, Reply::ok(), None, permit).await?;
                 return Ok(Next::Quit);
             }
-            _ => Reply::err(format!(
-                "ERR unknown command '{}', with args beginning with: {}",
-                echo(&args[0]),
-                rest.iter()
-                    .take(3)
-                    .map(|a| format!("'{}' ", echo(a)))
-                    .collect::<String>()
-            )),
-        };
-        self.local(seq, reply, switch, permit).await?;
-        Ok(Next::Continue)
-    }
-
-    /// `HELLO [protover [AUTH user password] [SETNAME name]]`: the server's description
-    /// and the version to speak from this reply on.
-    fn hello(&self, args: &[Vec<u8>]) -> Result<(Reply, Proto), Reply> {
-        let proto = match args.first().map(|v| v.as_slice()) {
-            None => None,
-            Some(b"2") => Some(Proto::Resp2),
-            Some(b"3") => Some(Proto::Resp3),
-            Some(v) if std::str::from_utf8(v).is_ok_and(|s| s.parse::<i64>().is_ok()) => {
-                return Err(Reply::err("NOPROTO unsupported protocol version"));
-            }
-            Some(_) => {
-                return Err(Reply::err(
-                    "ERR Protocol version is not an integer or out of range",
-                ))
-            }
-        };
-        let mut options = args.iter().skip(1);
-        while let Some(option) = options.next() {
-            match option.to_ascii_uppercase().as_slice() {
-                b"AUTH" => {
-                    let (Some(user), Some(password)) = (options.next(), options.next()) else {
-                        return Err(Reply::err("ERR Syntax error in HELLO option 'AUTH'"));
-                    };
-                    if let Some(denied) = self.auth.check(Some(user), password) {
-                        return Err(denied);
-                    }
-                }
-                b"SETNAME" => {
-                    if options.next().is_none() {
-                        return Err(Reply::err("ERR Syntax error in HELLO option 'SETNAME'"));
-                    }
-                }
-                _ => {
-                    return Err(Reply::err(format!(
-                        "ERR Syntax error in HELLO option '{}'",
-                        echo(option)
-                    )))
-                }
-            }
         }
-        // HELLO without a version keeps the current one.
-        let proto = proto.unwrap_or(self.proto);
-        let reply = Reply::Map(vec![
-            ("server".into(), Reply::Bulk(SERVER_NAME.into())),
-            (
-                "version".into(),
-                Reply::Bulk(env!("CARGO_PKG_VERSION").into()),
-            ),
-            ("proto".into(), Reply::Int(proto.number())),
-            ("mode".into(), Reply::Bulk("standalone".into())),
-            ("role".into(), Reply::Bulk("master".into())),
-            ("modules".into(), Reply::Array(Vec::new())),
-        ]);
-        Ok((reply, proto))
+        Ok(Next::Continue)
     }
 
     async fn local(
@@ -730,98 +483,6 @@ fn request_args(frame: Frame2) -> Result<Vec<Vec<u8>>, RespError> {
             )),
         })
         .collect()
-}
-
-/// `QLIST.NEXT [count]`'s count (1 when absent); the broker checks its range.
-fn parse_count(args: &[Vec<u8>]) -> Result<u64, Reply> {
-    match args {
-        [] => Ok(1),
-        [count] => std::str::from_utf8(count)
-            .ok()
-            .and_then(|s| s.parse::<u64>().ok())
-            .ok_or_else(|| Reply::err("ERR value is not an integer or out of range")),
-        _ => Err(wrong_args("QLIST.NEXT")),
-    }
-}
-
-fn wrong_args(name: &str) -> Reply {
-    Reply::err(format!(
-        "ERR wrong number of arguments for '{}' command",
-        name.to_ascii_lowercase()
-    ))
-}
-
-/// The client's bytes, safe to put in a one-line reply: printable ASCII only, short.
-fn echo(bytes: &[u8]) -> String {
-    let mut s: String = bytes
-        .iter()
-        .take(MAX_ECHO)
-        .map(|&b| {
-            if b.is_ascii_graphic() || b == b' ' {
-                char::from(b)
-            } else {
-                '?'
-            }
-        })
-        .collect();
-    if bytes.len() > MAX_ECHO {
-        s.push_str("...");
-    }
-    s
-}
-
-/// `QLIST.STATS`: every counter of the snapshot by its field name (the serde names of
-/// [`BrokerStats`], so a new counter shows up without a change here).
-fn stats_reply(stats: &BrokerStats) -> Reply {
-    match serde_json::to_value(stats) {
-        Ok(value) => json_reply(value),
-        Err(e) => Reply::err(format!("ERR stats not encodable: {e}")),
-    }
-}
-
-fn json_reply(value: serde_json::Value) -> Reply {
-    use serde_json::Value;
-    match value {
-        Value::Null => Reply::Null,
-        Value::Bool(b) => Reply::Int(i64::from(b)),
-        // A counter above i64::MAX (not seen in practice) is sent as its decimal text.
-        Value::Number(n) => n
-            .as_i64()
-            .map_or_else(|| Reply::Bulk(n.to_string().into_bytes()), Reply::Int),
-        Value::String(s) => Reply::Bulk(s.into_bytes()),
-        Value::Array(items) => Reply::Array(items.into_iter().map(json_reply).collect()),
-        Value::Object(fields) => Reply::Map(
-            fields
-                .into_iter()
-                .map(|(k, v)| (k, json_reply(v)))
-                .collect(),
-        ),
-    }
-}
-
-/// The reply to a request the batcher answered.
-fn server_reply(msg: ServerMsg) -> Reply {
-    match msg {
-        // Two bulk strings: IDs above 2^63 do not fit a RESP integer.
-        ServerMsg::Ids { lo, hi, .. } => Reply::Array(vec![
-            Reply::Bulk(lo.to_string().into_bytes()),
-            Reply::Bulk(hi.to_string().into_bytes()),
-        ]),
-        ServerMsg::Failed { error, .. } => Reply::err(format!("ERR {error}")),
-        // Plain Redis clients follow no redirect. Forwarding the request to the leader
-        // instead is the next step (issue 14).
-        ServerMsg::Redirect {
-            leader: Some(leader),
-            ..
-        } => Reply::err(format!("ERR not the leader; leader is {leader}")),
-        ServerMsg::Redirect { leader: None, .. } => Reply::err(
-            "ERR not the leader; no leader is known now (an election is under way): retry shortly",
-        ),
-        ServerMsg::Stats { stats, .. } => stats_reply(&stats),
-        ServerMsg::Welcome { .. } | ServerMsg::Refused { .. } => {
-            Reply::err("ERR unexpected reply from the batcher")
-        }
-    }
 }
 
 /// A reply waiting for its turn in the writer, with the version switch it makes
@@ -931,57 +592,6 @@ pub(crate) fn refuse_at_cap(
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    fn encoded(reply: &Reply, proto: Proto) -> String {
-        let mut out = Vec::new();
-        reply.encode(proto, &mut out);
-        String::from_utf8(out).expect("ascii")
-    }
-
-    #[test]
-    fn ids_are_two_bulk_strings_in_both_versions() {
-        let reply = server_reply(ServerMsg::Ids {
-            id: 0,
-            lo: u64::MAX - 1,
-            hi: u64::MAX,
-        });
-        let want = "*2\r\n$20\r\n18446744073709551614\r\n$20\r\n18446744073709551615\r\n";
-        assert_eq!(encoded(&reply, Proto::Resp2), want);
-        assert_eq!(encoded(&reply, Proto::Resp3), want);
-    }
-
-    #[test]
-    fn maps_are_flat_arrays_in_resp2_and_maps_in_resp3() {
-        let reply = Reply::Map(vec![
-            ("proto".into(), Reply::Int(3)),
-            ("x".into(), Reply::Null),
-        ]);
-        assert_eq!(
-            encoded(&reply, Proto::Resp2),
-            "*4\r\n$5\r\nproto\r\n:3\r\n$1\r\nx\r\n$-1\r\n"
-        );
-        assert_eq!(
-            encoded(&reply, Proto::Resp3),
-            "%2\r\n$5\r\nproto\r\n:3\r\n$1\r\nx\r\n_\r\n"
-        );
-    }
-
-    #[test]
-    fn errors_cannot_inject_lines() {
-        let reply = Reply::err("ERR a\r\n+OK");
-        assert_eq!(encoded(&reply, Proto::Resp2), "-ERR a  +OK\r\n");
-        assert_eq!(echo(b"a\r\nb"), "a??b");
-        assert_eq!(echo(&[b'x'; 70]).len(), MAX_ECHO + 3);
-    }
-
-    #[test]
-    fn counts() {
-        assert_eq!(parse_count(&[]), Ok(1));
-        assert_eq!(parse_count(&[b"42".to_vec()]), Ok(42));
-        assert!(parse_count(&[b"-1".to_vec()]).is_err());
-        assert!(parse_count(&[b"x".to_vec()]).is_err());
-        assert!(parse_count(&[b"1".to_vec(), b"2".to_vec()]).is_err());
-    }
 
     #[test]
     fn requests_must_be_arrays_of_bulk_strings() {
