@@ -21,7 +21,7 @@ check_only=0
 case "${1:-}" in
   --check) check_only=1 ;;
   "") ;;
-  -h|--help) sed -n '2,18p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   *) echo "deps.sh: unknown argument '$1' (use --check or nothing)" >&2; exit 2 ;;
 esac
 root="${QLIST_DEPS_ROOT:-}"
