@@ -446,6 +446,40 @@ async fn pipelined_flood_is_answered_in_order() {
     still_served(&b).await;
 }
 
+/// SIGTERM with RESP requests pipelined: every reply the client gets is whole and in
+/// order (IDs, or the shutdown error for requests never started), then the broker closes
+/// the connection and exits cleanly.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_closes_resp_connections_after_their_replies() {
+    let q = quorum();
+    let mut b = Broker::start(&q, &[]);
+    let mut s = TcpStream::connect(&b.resp).await.expect("connect");
+    s.write_all(next_cmd(1).repeat(500).as_bytes())
+        .await
+        .expect("write");
+    let first = read_range(&mut s).await;
+    // SAFETY: kill(2) on the pid of a child we spawned and have not reaped.
+    unsafe {
+        libc::kill(b.child.id() as libc::pid_t, libc::SIGTERM);
+    }
+    let rest = read_until_closed(&mut s).await;
+    let status = tokio::task::block_in_place(|| b.child.wait()).expect("wait idbroker");
+    assert!(status.success(), "idbroker exit after SIGTERM: {status:?}");
+    let replies = rest;
+    let mut ranges = vec![first];
+    let mut lines = replies.split("\r\n").filter(|l| !l.is_empty());
+    while let Some(line) = lines.next() {
+        if line == "*2" {
+            let r: Vec<&str> = lines.by_ref().take(4).collect();
+            assert_eq!(r.len(), 4, "a cut reply: {replies:?}");
+            ranges.push(parse_range(r[1], r[3]));
+        } else {
+            assert!(line.starts_with("-ERR "), "not a reply: {line:?}");
+        }
+    }
+    assert_increasing(&ranges);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connection_cap_refuses_resp_clients_in_redis_words() {
     let q = quorum();
@@ -595,10 +629,11 @@ fn next_cmd(count: u64) -> String {
     format!("*2\r\n$10\r\nQLIST.NEXT\r\n${}\r\n{count}\r\n", count.len())
 }
 
-/// Reads one QLIST.NEXT reply (`*2`, two bulk strings) from `s`.
+/// Reads one QLIST.NEXT reply (`*2`, two bulk strings) from `s`, and nothing more (a
+/// byte at a time).
 async fn read_range(s: &mut TcpStream) -> IdRange {
     let mut got = Vec::new();
-    let mut chunk = [0u8; 256];
+    let mut chunk = [0u8; 1];
     loop {
         let text = String::from_utf8_lossy(&got).into_owned();
         let lines: Vec<&str> = text.split("\r\n").collect();
