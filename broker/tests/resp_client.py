@@ -8,7 +8,8 @@ import sys
 import redis
 
 host, port = sys.argv[1], int(sys.argv[2])
-r = redis.Redis(host=host, port=port, socket_timeout=10)
+# client_name: redis-py sends CLIENT SETNAME on connect, as applications often do.
+r = redis.Redis(host=host, port=port, socket_timeout=10, client_name="qlist-test")
 assert r.ping() is True
 lo, hi = r.execute_command("QLIST.NEXT", 5)
 print(int(lo), int(hi))

@@ -61,6 +61,13 @@ pub(super) fn command(args: &[Vec<u8>], session: &Session, stats: &Stats) -> Act
             _ => Reply::err("ERR syntax error"),
         },
         "QUIT" => return Action::Quit,
+        // What client libraries send on connect, accepted so they connect as to Redis.
+        "CLIENT" => client(rest),
+        "SELECT" => match rest {
+            [db] if db.as_slice() == b"0" => Reply::ok(),
+            [_] => Reply::err("ERR DB index is out of range"),
+            _ => wrong_args(&name),
+        },
         "QLIST.STATS" => wrong_args(&name),
         _ => Reply::err(format!(
             "ERR unknown command '{}', with args beginning with: {}",
@@ -128,6 +135,23 @@ fn hello(args: &[Vec<u8>], session: &Session) -> Result<(Reply, Proto), Reply> {
         ("modules".into(), Reply::Array(Vec::new())),
     ]);
     Ok((reply, proto))
+}
+
+/// `CLIENT SETNAME name` and `CLIENT SETINFO attribute value` (accepted, not kept);
+/// any other subcommand is unknown.
+fn client(args: &[Vec<u8>]) -> Reply {
+    let sub = args
+        .first()
+        .map(|s| s.to_ascii_uppercase())
+        .unwrap_or_default();
+    match (sub.as_slice(), args.len()) {
+        (b"SETNAME", 2) | (b"SETINFO", 3) => Reply::ok(),
+        (b"SETNAME" | b"SETINFO", _) => wrong_args(&format!("client|{}", echo(&sub))),
+        _ => Reply::err(format!(
+            "ERR unknown subcommand '{}'. Try CLIENT HELP.",
+            echo(&sub)
+        )),
+    }
 }
 
 /// Who may use the listener. Only "everyone" exists today; a token check (`AUTH
@@ -234,6 +258,17 @@ mod tests {
             run(&["AUTH", "default", "hunter2"], &RESP2),
             Action::Reply(Reply::ok(), None)
         );
+    }
+
+    #[test]
+    fn connect_time_commands_of_client_libraries_are_accepted() {
+        let ok = Action::Reply(Reply::ok(), None);
+        assert_eq!(run(&["CLIENT", "SETNAME", "app"], &RESP2), ok);
+        assert_eq!(run(&["client", "setinfo", "LIB-NAME", "x"], &RESP2), ok);
+        assert_eq!(run(&["SELECT", "0"], &RESP2), ok);
+        assert!(error(&["SELECT", "1"]).contains("out of range"));
+        assert!(error(&["CLIENT", "KILL", "x"]).contains("unknown subcommand 'KILL'"));
+        assert!(error(&["CLIENT", "SETNAME"]).contains("wrong number of arguments"));
     }
 
     #[test]
