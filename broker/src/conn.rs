@@ -82,7 +82,7 @@ impl ConnError {
 /// What the accept loop sees of a connection, to pick one to evict at the cap.
 #[derive(Debug)]
 pub(crate) struct ConnState {
-    pub(crate) epoch: Instant,
+    epoch: Instant,
     /// Milliseconds after `epoch` of the last frame read or reply written.
     last_active_ms: AtomicU64,
     /// Part of a frame is buffered: the peer is mid-message, not idle.

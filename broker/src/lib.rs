@@ -9,7 +9,8 @@
 //!
 //! Main items:
 //! - [`run`]: the server, generic over a [`RoundSource`] (production passes
-//!   [`idclient::QuorumClient`]; tests pass fakes), stopped by a future.
+//!   [`idclient::QuorumClient`]; tests pass fakes), stopped by a future; [`run_with`]
+//!   also serves RESP (any Redis client, `QLIST.NEXT`) on a second listener.
 //! - [`BrokerConfig`]: every limit, with defaults from the named constants below.
 //! - [`Stats`]: counters, readable over the wire (`ClientMsg::Stats`) and logged.
 //!
