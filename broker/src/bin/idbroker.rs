@@ -1,7 +1,8 @@
 //! idbroker: serves IDs from a Redis quorum to many clients, in group-commit batches
 //! confirmed by majority reads from a reserved window (`--serve window`, the default) or
 //! one write round per batch (`--serve rounds`). Usage: `idbroker --listen ADDR --nodes URLS`. Prints `listening on ADDR` on
-//! stdout once bound (so scripts and tests can use port 0); logs go to stderr (RUST_LOG).
+//! stdout once bound (so scripts and tests can use port 0), then `resp listening on ADDR`
+//! with `--resp-listen`; logs go to stderr (RUST_LOG).
 
 use anyhow::Context;
 use broker::{BrokerConfig, WindowSource, WindowStats};
@@ -24,6 +25,10 @@ struct Flags {
     /// Address to listen on (host:port; port 0 picks a free one).
     #[arg(long)]
     listen: String,
+    /// Also serve the RESP protocol (any Redis client: `QLIST.NEXT [count]`) on this
+    /// address; off by default. Prints `resp listening on ADDR` once bound.
+    #[arg(long, value_name = "ADDR")]
+    resp_listen: Option<String>,
     /// The quorum (`--nodes` required).
     #[command(flatten)]
     quorum: QuorumArgs,
@@ -79,6 +84,7 @@ enum Serve {
 
 struct Config {
     listen: String,
+    resp_listen: Option<String>,
     serve: Serve,
     quorum: ClientConfig,
     broker: BrokerConfig,
@@ -109,6 +115,7 @@ impl Config {
         broker.validate().map_err(|e| qcli::usage(e.to_string()))?;
         Ok(Config {
             listen: f.listen,
+            resp_listen: f.resp_listen,
             serve: f.serve,
             quorum,
             broker,
@@ -154,23 +161,41 @@ async fn run(config: Config) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("--listen {}: cannot bind", config.listen))?;
     let addr = listener.local_addr().context("listener address")?;
+    let resp = match &config.resp_listen {
+        Some(a) => Some(
+            tokio::net::TcpListener::bind(a)
+                .await
+                .with_context(|| format!("--resp-listen {a}: cannot bind"))?,
+        ),
+        None => None,
+    };
     let quorum = QuorumClient::connect(config.quorum)
         .await
         .context("connecting to the quorum")?;
     let mut out = std::io::stdout();
-    writeln!(out, "listening on {addr}")
-        .and_then(|()| out.flush())
-        .context("stdout")?;
+    writeln!(out, "listening on {addr}").context("stdout")?;
+    if let Some(resp) = &resp {
+        let resp_addr = resp.local_addr().context("RESP listener address")?;
+        writeln!(out, "resp listening on {resp_addr}").context("stdout")?;
+    }
+    out.flush().context("stdout")?;
     let stats = match config.serve {
         Serve::Rounds => {
-            broker::run(listener, Arc::new(quorum), config.broker, shutdown_signal()).await?
+            let source = Arc::new(quorum);
+            broker::run_with(listener, resp, source, config.broker, shutdown_signal()).await?
         }
         Serve::Window => {
             let source = Arc::new(WindowSource::new(Arc::new(quorum)));
             let every = config.broker.stats_interval;
             let logger = tokio::spawn(log_window_stats(source.clone(), every));
-            let stats =
-                broker::run(listener, source.clone(), config.broker, shutdown_signal()).await;
+            let stats = broker::run_with(
+                listener,
+                resp,
+                source.clone(),
+                config.broker,
+                shutdown_signal(),
+            )
+            .await;
             logger.abort();
             log_window(&source.stats(), "window serving stopped");
             stats?
