@@ -6,10 +6,12 @@
 //! - [`sim`]: the deterministic simulation's in-memory node model (message loss, delay,
 //!   reordering, duplication, crashes, amnesia, mutants), driven on tokio's paused clock.
 //! - [`mod@bench`]: the closed-loop load driver behind `idctl bench` and the fault tests.
+//! - [`chart`]: the benchmark sweep as an SVG picture (`idctl chart`, BENCHMARKS.md).
 //!
-//! The binary `idctl` (src/bin/idctl.rs) is the command-line face of all four.
+//! The binary `idctl` (src/bin/idctl.rs) is the command-line face of them all.
 
 pub mod bench;
+pub mod chart;
 pub mod cluster;
 pub mod history;
 pub mod sim;
