@@ -247,7 +247,7 @@ fn find_env_arg(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use clap::{CommandFactory, Parser};
+    use clap::{CommandFactory, FromArgMatches, Parser};
 
     #[derive(Debug, Parser)]
     #[command(name = "idbroker")]
@@ -373,5 +373,42 @@ mod tests {
             broker.get_env().and_then(|v| v.to_str()),
             Some("QLIST_BROKERS")
         );
+    }
+
+    /// merger's shape: top-level flags that conflict with subcommands.
+    #[derive(Debug, Parser)]
+    #[command(
+        name = "qcli-test-merger",
+        args_conflicts_with_subcommands = true,
+        subcommand_negates_reqs = true
+    )]
+    struct Merger {
+        #[command(subcommand)]
+        cmd: Option<MergerSub>,
+        #[arg(long, required = true)]
+        out: Option<String>,
+    }
+
+    #[derive(Debug, clap::Subcommand)]
+    enum MergerSub {
+        Verify { file: String },
+    }
+
+    #[test]
+    fn a_top_level_variable_does_not_block_a_subcommand() {
+        // Only this test reads this variable (std serialises environment access).
+        std::env::set_var("QCLI_TEST_MERGER_OUT", "env.bin");
+        let parse = |words: &[&str]| {
+            let argv = argv(words);
+            let mut cmd = with_env(Merger::command(), &argv);
+            cmd.try_get_matches_from_mut(argv.iter())
+                .and_then(|mut m| Merger::from_arg_matches_mut(&mut m))
+        };
+        let merge = parse(&["m"]).expect("merge from the variable");
+        assert_eq!(merge.out.as_deref(), Some("env.bin"));
+        let verify = parse(&["m", "verify", "x.bin"]);
+        std::env::remove_var("QCLI_TEST_MERGER_OUT");
+        let verify = verify.expect("verify despite QCLI_TEST_MERGER_OUT");
+        assert!(matches!(verify.cmd, Some(MergerSub::Verify { .. })));
     }
 }

@@ -9,7 +9,7 @@ use std::time::Duration;
 /// Parses the command line into `T`, after `tweak` adjusted the clap command (a binary's
 /// own defaults, e.g. `producer`'s 10 s deadline, or old spellings as hidden aliases),
 /// and appends the exit-code table to `--help`. Every flag can also come from an
-/// environment variable (`QLIST_NODES`, `IDBROKER_LISTEN`, ...: [`crate::env`]), and
+/// environment variable (`QLIST_NODES`, `IDBROKER_LISTEN`, ...: [`mod@crate::env`]), and
 /// every binary gets `--log-format text|json` ([`crate::init_logging`]).
 ///
 /// On a usage error clap prints it with the usage line and exits 2; `--help` and

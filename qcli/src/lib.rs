@@ -7,7 +7,7 @@
 //!   [`BrokerArgs`] (brokers, connections), [`DeadlineArgs`] (`--deadline-ms`), and
 //!   [`SourceArgs`], "either `--nodes` or `--broker`", turned into a [`Source`];
 //! - [`parse`]: clap parsing with per-binary defaults and the exit-code table in `--help`;
-//! - [`env`]: every flag of every binary from an environment variable too
+//! - [`mod@env`]: every flag of every binary from an environment variable too
 //!   (`QLIST_NODES`, `IDBROKER_LISTEN`, ...), named by one rule;
 //! - [`init_logging`]: the one `tracing` subscriber (stderr, `RUST_LOG`, `--log-format
 //!   text|json`);
