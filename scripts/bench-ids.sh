@@ -25,17 +25,21 @@ port=17501
 while (exec 3<>"/dev/tcp/127.0.0.1/$port") 2>/dev/null; do port=$((port + 10)); done
 nodes=$("$bin/idctl" cluster up --dir "$dir/q" --nodes 5 --base-port "$port" 2>/dev/null)
 # Starts an idbroker with args $@ in the background; sets started_pid and started_addr.
-# The rounds broker has its own register key, so the two never take IDs from each other.
 start_broker() {
   local name=$1; shift
   "$bin/idbroker" --listen 127.0.0.1:0 --nodes "$nodes" "$@" >"$dir/$name.out" 2>"$dir/$name.log" &
   started_pid=$!
   for _ in $(seq 100); do grep -q "listening on" "$dir/$name.out" && break; sleep 0.1; done
   started_addr=$(sed -n 's/.*listening on \([^ ]*\).*/\1/p' "$dir/$name.out" | head -n 1)
-  [ -n "$started_addr" ] || { echo "bench-ids: idbroker $* did not start:" >&2; cat "$dir/$name.log" >&2; exit 1; }
+  if [ -z "$started_addr" ]; then
+    echo "bench-ids: idbroker $* did not start:" >&2; cat "$dir/$name.log" >&2
+    kill -TERM "$started_pid" 2>/dev/null || true
+    exit 1
+  fi
 }
 start_broker window --serve window
 broker_pid=$started_pid broker=$started_addr
+# Its own register key, so the two brokers never take IDs from each other's windows.
 start_broker rounds --serve rounds --key bench-rounds
 rounds_pid=$started_pid rounds_broker=$started_addr
 jsonl="$out_prefix.jsonl"

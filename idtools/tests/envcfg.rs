@@ -363,4 +363,17 @@ fn log_format_json_makes_every_stderr_line_json() {
     assert_eq!(last["fields"]["exit_code"], 5, "{stderr}");
     assert!(message(last).contains("no quorum"), "{stderr}");
     assert!(!stderr.contains(PASSWORD), "{stderr}");
+
+    // The flag after a subcommand (it is global), and it wins over the variable.
+    let out = run(
+        idctl_bin(),
+        &["next", "--deadline-ms", "300", "--log-format", "json"],
+        &[("QLIST_NODES", &dead), ("QLIST_LOG_FORMAT", "text")],
+    );
+    assert_eq!(out.status.code(), Some(5), "{}", text(&out));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        json_lines(&stderr).last().expect("a line")["level"],
+        "ERROR"
+    );
 }
