@@ -7,10 +7,12 @@
 //!   reordering, duplication, crashes, amnesia, mutants), driven on tokio's paused clock.
 //! - [`mod@bench`]: the closed-loop load driver behind `idctl bench` and the fault tests.
 //! - [`failover`]: leader failover under load, measured (`idctl failover`).
+//! - [`chart`]: the benchmark sweep as an SVG picture (`idctl chart`, BENCHMARKS.md).
 //!
-//! The binary `idctl` (src/bin/idctl.rs) is the command-line face of all five.
+//! The binary `idctl` (src/bin/idctl.rs) is the command-line face of them all.
 
 pub mod bench;
+pub mod chart;
 pub mod cluster;
 pub mod failover;
 pub mod history;

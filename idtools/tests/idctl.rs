@@ -348,3 +348,61 @@ fn bad_arguments_are_clear_errors() {
         );
     }
 }
+
+#[test]
+fn chart_draws_runs_and_names_a_bad_line() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let runs = dir.path().join("runs.jsonl");
+    std::fs::write(
+        &runs,
+        "{\"series\":\"direct fast\",\"callers\":1,\"count\":1,\"ids_per_sec\":2000}\n\
+         {\"series\":\"direct fast\",\"callers\":64,\"count\":1,\"ids_per_sec\":20000}\n\
+         {\"series\":\"broker window\",\"callers\":64,\"count\":1,\"ids_per_sec\":90000}\n",
+    )
+    .expect("write runs");
+    let svg = dir.path().join("ids.svg");
+    let (runs_arg, svg_arg) = (runs.to_str().expect("utf-8"), svg.to_str().expect("utf-8"));
+    let out = idctl(&[
+        "chart", "--in", runs_arg, "--out", svg_arg, "--title", "T-1",
+    ]);
+    assert!(out.status.success(), "{}", text(&out));
+    let doc = std::fs::read_to_string(&svg).expect("svg written");
+    assert!(doc.starts_with("<svg") && doc.trim_end().ends_with("</svg>"));
+    for s in ["T-1", "direct fast", "broker window"] {
+        assert!(doc.contains(s), "no {s} in the chart");
+    }
+
+    // A broken line is bad input (3), named by its number; an unwritable output is 4.
+    std::fs::write(
+        &runs,
+        "{\"series\":\"a\",\"callers\":1,\"count\":1,\"ids_per_sec\":1}\n{oops\n",
+    )
+    .expect("write runs");
+    let out = idctl(&["chart", "--in", runs_arg, "--out", svg_arg]);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    assert!(text(&out).contains("line 2"), "{}", text(&out));
+    let out = idctl(&[
+        "chart",
+        "--in",
+        runs_arg,
+        "--out",
+        "/nonexistent-dir/ids.svg",
+        "--count",
+        "1",
+    ]);
+    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    std::fs::write(
+        &runs,
+        "{\"series\":\"a\",\"callers\":1,\"count\":1,\"ids_per_sec\":1}\n",
+    )
+    .expect("write runs");
+    let out = idctl(&[
+        "chart",
+        "--in",
+        runs_arg,
+        "--out",
+        "/nonexistent-dir/ids.svg",
+    ]);
+    assert_eq!(out.status.code(), Some(4), "{}", text(&out));
+    assert!(text(&out).contains("cannot write"), "{}", text(&out));
+}

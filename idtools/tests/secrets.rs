@@ -6,24 +6,12 @@
 //! last: build it from this one right before (an older broker fails this test).
 
 mod common;
-use common::{idctl, text};
+use common::{idbroker_bin, idctl, text};
 use idtools::cluster::LocalQuorum;
 use std::io::{BufRead, BufReader, Read};
-use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 
 const PASSWORD: &str = "Pw-7f3a9c-do-not-print";
-
-/// The idbroker binary beside idctl in the same target directory.
-fn idbroker_bin() -> PathBuf {
-    let path = PathBuf::from(env!("CARGO_BIN_EXE_idctl")).with_file_name("idbroker");
-    assert!(
-        path.exists(),
-        "{} is missing: run `cargo build --release --workspace --bins` first",
-        path.display()
-    );
-    path
-}
 
 /// An idbroker process, killed (by its own pid) on drop.
 struct Broker(Child);

@@ -122,7 +122,8 @@ fn shared_cause(e: &(dyn Error + 'static)) -> Option<Cause> {
 }
 
 /// Ends a binary's `main`: `Ok` is exit code 0; an error is printed once as
-/// `BIN: error: CAUSE: CAUSE...` (`{:#}`, each cause once) on stderr and exits with the
+/// `BIN: error: CAUSE: CAUSE...` (`{:#}`, each cause once; with `--log-format json` one
+/// JSON object like the log lines) on stderr and exits with the
 /// code of its [`Cause`] (see [`cause_of`]; `classify` names the binary's own errors).
 pub fn exit(
     bin: &str,
@@ -132,8 +133,19 @@ pub fn exit(
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(e) => {
-            eprintln!("{bin}: error: {e:#}");
-            ExitCode::from(cause_of(&e, classify).code())
+            let code = cause_of(&e, classify).code();
+            if crate::logging::format() == crate::LogFormat::Json {
+                // One more JSON line, shaped like the log lines, for log collectors.
+                let line = serde_json::json!({
+                    "level": "ERROR",
+                    "target": bin,
+                    "fields": { "message": format!("error: {e:#}"), "exit_code": code },
+                });
+                eprintln!("{line}");
+            } else {
+                eprintln!("{bin}: error: {e:#}");
+            }
+            ExitCode::from(code)
         }
     }
 }

@@ -8,20 +8,34 @@ use std::time::Duration;
 
 /// Parses the command line into `T`, after `tweak` adjusted the clap command (a binary's
 /// own defaults, e.g. `producer`'s 10 s deadline, or old spellings as hidden aliases),
-/// and appends the exit-code table to `--help`.
+/// and appends the exit-code table to `--help`. Every flag can also come from an
+/// environment variable (`QLIST_NODES`, `IDBROKER_LISTEN`, ...: [`mod@crate::env`]), and
+/// every binary gets `--log-format text|json` ([`crate::init_logging`]).
 ///
 /// On a usage error clap prints it with the usage line and exits 2; `--help` and
 /// `--version` print and exit 0.
 pub fn parse<T: CommandFactory + FromArgMatches>(
     tweak: impl FnOnce(clap::Command) -> clap::Command,
 ) -> T {
-    let mut command = tweak(with_exit_codes(T::command()));
+    let argv: Vec<std::ffi::OsString> = std::env::args_os().collect();
+    let mut command = crate::env::with_env(
+        tweak(with_exit_codes(T::command())).arg(crate::logging::log_format_arg()),
+        &argv,
+    );
     let parsed = command
-        .try_get_matches_from_mut(std::env::args_os())
-        .and_then(|mut matches| T::from_arg_matches_mut(&mut matches));
+        .try_get_matches_from_mut(argv.iter())
+        .and_then(|mut matches| {
+            if let Some(format) = matches.get_one(crate::logging::LOG_FORMAT_ID) {
+                crate::logging::set_format(*format);
+            }
+            T::from_arg_matches_mut(&mut matches)
+        });
     match parsed {
         Ok(t) => t,
-        Err(e) => e.format(&mut command).exit(),
+        Err(e) => match crate::env::env_error(&mut command, &e, &argv) {
+            Some(named) => named.exit(),
+            None => e.format(&mut command).exit(),
+        },
     }
 }
 
@@ -216,7 +230,12 @@ impl DeadlineArgs {
 pub struct BrokerArgs {
     /// ID brokers (idbroker), comma-separated host:port addresses, tried in order: the
     /// next one is used when the current one fails.
-    #[arg(long, value_name = "ADDRS", value_delimiter = ',')]
+    #[arg(
+        long,
+        value_name = "ADDRS",
+        value_delimiter = ',',
+        env = "QLIST_BROKERS"
+    )]
     pub broker: Vec<String>,
     /// Connections to the broker, shared by all requests (broker mode).
     #[arg(long, value_name = "N", default_value_t = broker_client::DEFAULT_CONNECTIONS)]

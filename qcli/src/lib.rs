@@ -7,13 +7,17 @@
 //!   [`BrokerArgs`] (brokers, connections), [`DeadlineArgs`] (`--deadline-ms`), and
 //!   [`SourceArgs`], "either `--nodes` or `--broker`", turned into a [`Source`];
 //! - [`parse`]: clap parsing with per-binary defaults and the exit-code table in `--help`;
-//! - [`init_logging`]: the one `tracing` subscriber (stderr, `RUST_LOG`);
+//! - [`mod@env`]: every flag of every binary from an environment variable too
+//!   (`QLIST_NODES`, `IDBROKER_LISTEN`, ...), named by one rule;
+//! - [`init_logging`]: the one `tracing` subscriber (stderr, `RUST_LOG`, `--log-format
+//!   text|json`);
 //! - the exit-code convention ([`Cause`], [`exit`]): 0 ok, 1 other, 2 usage, 3 input,
 //!   4 output, 5 ID generator unavailable or unsafe.
 //!
 //! Libraries do not depend on clap; this crate is for binaries only. It needs neither
 //! Redis nor RocksDB.
 
+pub mod env;
 mod exit;
 mod flags;
 mod logging;
@@ -23,4 +27,4 @@ pub use flags::{
     parse, BrokerArgs, CombineArg, DeadlineArgs, NodeList, NodeTimeouts, QuorumArgs, Source,
     SourceArgs,
 };
-pub use logging::init_logging;
+pub use logging::{init_logging, LogFormat};

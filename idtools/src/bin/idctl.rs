@@ -1,11 +1,12 @@
-//! idctl: start a local quorum, check nodes, get IDs, benchmark.
+//! idctl: start a local quorum, check nodes, get IDs, benchmark, chart benchmarks.
 
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use idclient::{IdSource, QuorumClient};
 use idtools::bench::{self, BenchConfig};
+use idtools::chart;
 use idtools::cluster::{self, LocalQuorum};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
 
@@ -59,6 +60,22 @@ enum Command {
         /// Record every request (invoke/return time, range) to this file, for the history checker.
         #[arg(long)]
         history: Option<PathBuf>,
+    },
+    /// Draw benchmark runs as an SVG chart of IDs/s against concurrent callers, one line
+    /// per series (scripts/bench-ids.sh writes the runs and calls this).
+    Chart {
+        /// The runs, one JSON object per line: series, callers, count, ids_per_sec.
+        #[arg(long = "in", value_name = "FILE")]
+        input: PathBuf,
+        /// The SVG file to write.
+        #[arg(long, value_name = "FILE")]
+        out: PathBuf,
+        /// Chart the runs with this many IDs per request.
+        #[arg(long, default_value_t = 1)]
+        count: u64,
+        /// The chart's title.
+        #[arg(long, default_value = "IDs per second by concurrent callers")]
+        title: String,
     },
     /// Print an idbroker's counters (role, term, rounds, batch sizes, round latency,
     /// window counters, errors).
@@ -171,6 +188,12 @@ fn run(cli: Cli) -> Result<()> {
         Command::Check { nodes, timeouts } => {
             runtime()?.block_on(check(nodes.urls()?, timeouts.connect()?, timeouts.reply()?))
         }
+        Command::Chart {
+            input,
+            out,
+            count,
+            title,
+        } => chart(&input, &out, count, &title),
         Command::BrokerStats { addr } => runtime()?.block_on(broker_stats(addr)),
         Command::Failover {
             nodes,
@@ -290,6 +313,24 @@ fn run(cli: Cli) -> Result<()> {
             Ok(())
         }
     }
+}
+
+/// `idctl chart`: the runs in `input` as an SVG chart in `out`.
+fn chart(input: &Path, out: &Path, count: u64, title: &str) -> Result<()> {
+    let bad_input = |e: &dyn std::fmt::Display| {
+        qcli::fail(qcli::Cause::Input, format!("{}: {e}", input.display()))
+    };
+    let file = std::fs::File::open(input).map_err(|e| bad_input(&e))?;
+    let runs = chart::read_runs(std::io::BufReader::new(file)).map_err(|e| bad_input(&e))?;
+    let doc = chart::svg(&runs, count, title).map_err(|e| bad_input(&e))?;
+    std::fs::write(out, doc).map_err(|e| {
+        qcli::fail(
+            qcli::Cause::Output,
+            format!("cannot write {}: {e}", out.display()),
+        )
+    })?;
+    eprintln!("wrote {} ({} runs)", out.display(), runs.len());
+    Ok(())
 }
 
 /// The direct clients' counters, added up.
