@@ -24,11 +24,13 @@
 
 pub mod batcher;
 mod conn;
+pub mod leader;
 pub mod stats;
 pub mod window;
 
 pub use batcher::RoundSource;
 pub use idproto::wire::BrokerStats;
+pub use leader::{ElectionConfig, ElectionQuorum, LeaderSource, QuorumElection};
 pub use stats::Stats;
 pub use window::{WindowMutant, WindowQuorum, WindowSource, WindowStats};
 
@@ -254,6 +256,10 @@ pub async fn run<S: RoundSource>(
         max_round_ids: config.max_round_ids,
         name: name.clone(),
     };
+    let redirect: conn::Redirect = {
+        let source = source.clone();
+        Arc::new(move || source.redirect())
+    };
     let batcher = tokio::spawn(batcher::run(
         source,
         batch_rx,
@@ -264,6 +270,7 @@ pub async fn run<S: RoundSource>(
     let logger = tokio::spawn(log_stats(stats.clone(), config.stats_interval));
     let (done_tx, mut done_rx) = mpsc::channel::<()>(1);
     let mut acceptor = Acceptor::new(config, stats.clone(), batch_tx, stopping, done_tx);
+    acceptor.redirect = Some(redirect);
     tracing::info!(listen = %name, "broker serving");
     acceptor.serve(&listener, shutdown).await;
 
@@ -298,6 +305,8 @@ struct Acceptor {
     refusing: Arc<Semaphore>,
     conns: Conns,
     next_conn: u64,
+    /// The source's redirect check (none: serve everything).
+    redirect: Option<conn::Redirect>,
 }
 
 impl Acceptor {
@@ -313,6 +322,7 @@ impl Acceptor {
             refusing: Arc::new(Semaphore::new(MAX_REFUSING)),
             conns: Arc::default(),
             next_conn: 0,
+            redirect: None,
             config,
             stats,
             batch_tx,
@@ -366,6 +376,7 @@ impl Acceptor {
             stats: self.stats.clone(),
             batch_tx: self.batch_tx.clone(),
             stopping: self.stopping.clone(),
+            redirect: self.redirect.clone().unwrap_or_else(|| Arc::new(|| None)),
         };
         let state = Arc::new(conn::ConnState::new(self.config.max_in_flight_per_conn));
         self.next_conn += 1;

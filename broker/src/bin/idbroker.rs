@@ -4,7 +4,9 @@
 //! stdout once bound (so scripts and tests can use port 0); logs go to stderr (RUST_LOG).
 
 use anyhow::Context;
-use broker::{BrokerConfig, WindowSource, WindowStats};
+use broker::{
+    BrokerConfig, ElectionConfig, LeaderSource, QuorumElection, WindowSource, WindowStats,
+};
 use clap::Parser;
 use idclient::{ClientConfig, QuorumClient};
 use qcli::{DeadlineArgs, QuorumArgs};
@@ -63,6 +65,19 @@ struct Flags {
     /// `rounds` runs one write round per batch. Both keep every guarantee (DESIGN.md).
     #[arg(long, value_enum, default_value_t = Serve::Window)]
     serve: Serve,
+    /// `--serve window`: a follower stands for election after no change of the leader's
+    /// heartbeat for a random time in [T, 2T) of this T; a leader steps down after T
+    /// without refreshing a majority, milliseconds.
+    #[arg(long, default_value_t = broker::leader::ELECTION_TIMEOUT.as_millis() as u64)]
+    election_timeout_ms: u64,
+    /// `--serve window`: the leader refreshes its heartbeat (and followers read it) this
+    /// often, milliseconds.
+    #[arg(long, default_value_t = broker::leader::HEARTBEAT.as_millis() as u64)]
+    heartbeat_ms: u64,
+    /// `--serve window`: the address clients reach this broker at, sent to them in
+    /// redirects by the other brokers (default: the bound listen address).
+    #[arg(long)]
+    advertise: Option<String>,
     /// Seconds between two counter log lines.
     #[arg(long, default_value_t = broker::STATS_INTERVAL.as_secs())]
     stats_interval_secs: u64,
@@ -80,6 +95,9 @@ enum Serve {
 struct Config {
     listen: String,
     serve: Serve,
+    /// The election's timing; its address is `advertise`, or the bound address.
+    election: ElectionConfig,
+    advertise: Option<String>,
     quorum: ClientConfig,
     broker: BrokerConfig,
 }
@@ -107,9 +125,17 @@ impl Config {
             ..BrokerConfig::default()
         };
         broker.validate().map_err(|e| qcli::usage(e.to_string()))?;
+        let election = ElectionConfig {
+            election_timeout: Duration::from_millis(f.election_timeout_ms),
+            heartbeat: Duration::from_millis(f.heartbeat_ms),
+            ..ElectionConfig::new(f.advertise.clone().unwrap_or_else(|| f.listen.clone()))
+        };
+        election.validate().map_err(qcli::usage)?;
         Ok(Config {
             listen: f.listen,
             serve: f.serve,
+            election,
+            advertise: f.advertise,
             quorum,
             broker,
         })
@@ -146,7 +172,7 @@ fn start(flags: Flags) -> anyhow::Result<()> {
         .block_on(run(config))
 }
 
-async fn run(config: Config) -> anyhow::Result<()> {
+async fn run(mut config: Config) -> anyhow::Result<()> {
     if config.quorum.unsafe_skip_durability_check {
         tracing::warn!("--unsafe-skip-durability-check: nodes that lose acknowledged writes can make this broker REPEAT IDs");
     }
@@ -154,6 +180,14 @@ async fn run(config: Config) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("--listen {}: cannot bind", config.listen))?;
     let addr = listener.local_addr().context("listener address")?;
+    let election = match config.serve {
+        Serve::Window => Some(
+            QuorumElection::connect(&config.quorum)
+                .await
+                .context("connecting to the quorum (election)")?,
+        ),
+        Serve::Rounds => None,
+    };
     let quorum = QuorumClient::connect(config.quorum)
         .await
         .context("connecting to the quorum")?;
@@ -166,13 +200,17 @@ async fn run(config: Config) -> anyhow::Result<()> {
             broker::run(listener, Arc::new(quorum), config.broker, shutdown_signal()).await?
         }
         Serve::Window => {
-            let source = Arc::new(WindowSource::new(Arc::new(quorum)));
+            let window = Arc::new(WindowSource::new(Arc::new(quorum)));
+            config.election.advertise = config.advertise.unwrap_or_else(|| addr.to_string());
+            let election = Arc::new(election.context("election quorum")?);
+            let source = LeaderSource::start(window.clone(), election, config.election)
+                .map_err(|e| anyhow::anyhow!("election: {e}"))?;
             let every = config.broker.stats_interval;
-            let logger = tokio::spawn(log_window_stats(source.clone(), every));
+            let logger = tokio::spawn(log_window_stats(window.clone(), every));
             let stats =
-                broker::run(listener, source.clone(), config.broker, shutdown_signal()).await;
+                broker::run(listener, Arc::new(source), config.broker, shutdown_signal()).await;
             logger.abort();
-            log_window(&source.stats(), "window serving stopped");
+            log_window(&window.stats(), "window serving stopped");
             stats?
         }
     };
