@@ -14,7 +14,9 @@
 //!   alive while the newest heartbeat it sees keeps CHANGING (a later `SEQ` or term). When
 //!   it sees no change for its election timeout (randomized in `[t, 2t)` for
 //!   `t` = [`ElectionConfig::election_timeout`], redrawn on every change, so followers
-//!   rarely stand at once) it becomes a candidate.
+//!   rarely stand at once) it becomes a candidate. A broker that has just started and
+//!   finds no heartbeat at all on a majority (and no term) stands at once: there is no
+//!   leader to wait for.
 //! - Step down: a leader becomes a follower when a refresh finds the heartbeat of a higher
 //!   term on a node, when it could not refresh a majority for `t`, or when its window died
 //!   (another writer got past it: the new leader's reservation, or a direct client) and
@@ -247,6 +249,23 @@ impl Election {
         self.elections.load(Relaxed)
     }
 
+    /// Waits until this broker leads or knows a leader, at most `limit`: whether it
+    /// does. (idbroker waits for this before it says it is listening, so a client that
+    /// connects at once is served or redirected to a leader, not told "no leader yet".)
+    pub async fn wait_settled(&self, limit: Duration) -> bool {
+        let end = Instant::now() + limit;
+        loop {
+            let s = self.status();
+            if s.role == Role::Leader || (s.role == Role::Follower && s.leader.is_some()) {
+                return true;
+            }
+            if Instant::now() >= end {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
     fn lock(&self) -> std::sync::MutexGuard<'_, Status> {
         // Plain assignments: a panic elsewhere cannot leave it inconsistent.
         self.status.lock().unwrap_or_else(|p| p.into_inner())
@@ -280,6 +299,8 @@ struct Machine<E> {
     newest: Option<(u64, u64)>,
     changed: Instant,
     timeout: Duration,
+    /// A majority has answered a heartbeat read at least once.
+    quorum_answered: bool,
     /// Leader: the refresh counter and the last refresh a majority took.
     seq: u64,
     refreshed: Instant,
@@ -309,6 +330,7 @@ impl<E: ElectionQuorum> Machine<E> {
             newest: None,
             changed: now,
             timeout: config.election_timeout,
+            quorum_answered: false,
             seq: 0,
             refreshed: now,
             config,
@@ -362,6 +384,7 @@ impl<E: ElectionQuorum> Machine<E> {
         let tick = Instant::now() + self.config.heartbeat;
         match self.quorum.read_heartbeats(tick).await {
             Ok(seen) => {
+                self.quorum_answered = true;
                 let newest = seen.into_iter().flatten().max_by_key(Heartbeat::key);
                 // Only a leader of the highest term seen counts: one of an older term has
                 // been superseded (it steps down once it sees the newer term).
@@ -380,12 +403,18 @@ impl<E: ElectionQuorum> Machine<E> {
             }
             Err(e) => tracing::debug!("heartbeat read failed: {e}"),
         }
-        if self.changed.elapsed() >= self.timeout {
-            tracing::info!(
-                term = self.term,
-                timeout = ?self.timeout,
-                "no change of heartbeat for the election timeout: standing for election"
-            );
+        // At start, a quorum showing no heartbeat at all has no leader to wait for.
+        let nobody = self.newest.is_none() && self.term == 0 && self.quorum_answered;
+        if nobody || self.changed.elapsed() >= self.timeout {
+            if nobody {
+                tracing::info!("no heartbeat on the quorum: standing for election");
+            } else {
+                tracing::info!(
+                    term = self.term,
+                    timeout = ?self.timeout,
+                    "no change of heartbeat for the election timeout: standing for election"
+                );
+            }
             self.role = Role::Candidate;
             self.leader = None;
             self.publish();

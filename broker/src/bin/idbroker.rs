@@ -1,7 +1,8 @@
 //! idbroker: serves IDs from a Redis quorum to many clients, in group-commit batches
 //! confirmed by majority reads from a reserved window (`--serve window`, the default) or
 //! one write round per batch (`--serve rounds`). Usage: `idbroker --listen ADDR --nodes URLS`. Prints `listening on ADDR` on
-//! stdout once bound (so scripts and tests can use port 0); logs go to stderr (RUST_LOG).
+//! stdout once bound and, with `--serve window`, once it leads or knows the leader (so
+//! scripts and tests can use port 0 and be served at once); logs go to stderr (RUST_LOG).
 
 use anyhow::Context;
 use broker::{
@@ -191,20 +192,29 @@ async fn run(mut config: Config) -> anyhow::Result<()> {
     let quorum = QuorumClient::connect(config.quorum)
         .await
         .context("connecting to the quorum")?;
-    let mut out = std::io::stdout();
-    writeln!(out, "listening on {addr}")
-        .and_then(|()| out.flush())
-        .context("stdout")?;
+    let say_listening = || {
+        let mut out = std::io::stdout();
+        writeln!(out, "listening on {addr}")
+            .and_then(|()| out.flush())
+            .context("stdout")
+    };
     let stats = match config.serve {
         Serve::Rounds => {
+            say_listening()?;
             broker::run(listener, Arc::new(quorum), config.broker, shutdown_signal()).await?
         }
         Serve::Window => {
             let window = Arc::new(WindowSource::new(Arc::new(quorum)));
             config.election.advertise = config.advertise.unwrap_or_else(|| addr.to_string());
             let election = Arc::new(election.context("election quorum")?);
+            let limit = config.election.election_timeout * 4;
             let source = LeaderSource::start(window.clone(), election, config.election)
                 .map_err(|e| anyhow::anyhow!("election: {e}"))?;
+            // Clients that connect as soon as we say so find a leader (or are one).
+            if !source.election().wait_settled(limit).await {
+                tracing::warn!(?limit, "no leader known yet; serving redirects meanwhile");
+            }
+            say_listening()?;
             let every = config.broker.stats_interval;
             let logger = tokio::spawn(log_window_stats(window.clone(), every));
             let stats =
