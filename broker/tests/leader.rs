@@ -327,3 +327,46 @@ async fn a_leader_stopped_past_the_timeout_steps_down_when_continued() {
     let ok = assert_linearizable(&seen);
     assert!(ok > 0);
 }
+
+/// Kills of the leader in [`repeated_kills_of_the_leader_fail_over_every_time`]:
+/// `QLIST_FAILOVER_KILLS` (20 for the issue's failover measurement), 5 by default.
+fn kills() -> usize {
+    std::env::var("QLIST_FAILOVER_KILLS")
+        .ok()
+        .map(|v| v.parse().expect("QLIST_FAILOVER_KILLS must be a number"))
+        .unwrap_or(5)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_kills_of_the_leader_fail_over_every_time() {
+    let q = quorum();
+    let mut brokers: Vec<Broker> = (0..3).map(|_| Broker::start(&q)).collect();
+    let mut alive: Vec<usize> = vec![0, 1, 2];
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let mut took = Vec::new();
+    for _ in 0..kills() {
+        let l = wait_settled(&brokers, &alive, Duration::from_secs(10)).await;
+        let leader = brokers[l].addr.clone();
+        let addrs: Vec<String> = alive.iter().map(|&i| brokers[i].addr.clone()).collect();
+        let stop = Arc::new(AtomicBool::new(false));
+        let callers = spawn_callers(addrs, 4, &stop, &seen);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let killed_ns = monotonic_ns();
+        brokers[l].kill9();
+        took.push(first_served_after(&seen, &leader, killed_ns).await);
+        stop.store(true, Relaxed);
+        join(callers).await;
+        alive.retain(|&i| i != l);
+        brokers.push(Broker::start(&q));
+        alive.push(brokers.len() - 1);
+    }
+    took.sort();
+    let p50 = took[took.len() / 2];
+    let max = took[took.len() - 1];
+    eprintln!(
+        "failover over {} kills -9 of the leader, to the first ID from the new leader: \
+         p50 {p50:?}, max {max:?} (all: {took:?})",
+        took.len()
+    );
+    assert!(assert_linearizable(&seen) > 0);
+}
