@@ -34,7 +34,7 @@ use idproto::wire::BrokerStats;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::future::Future;
-use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::Notify;
@@ -222,6 +222,8 @@ pub struct Status {
 /// The election's state, shared by its task and the serving path.
 pub struct Election {
     status: Mutex<Status>,
+    /// `status.role == Leader`, readable without the lock on every request.
+    leading: AtomicBool,
     redirects: AtomicU64,
     elections: AtomicU64,
 }
@@ -234,6 +236,7 @@ impl Election {
                 term: 0,
                 leader: None,
             }),
+            leading: AtomicBool::new(false),
             redirects: AtomicU64::new(0),
             elections: AtomicU64::new(0),
         }
@@ -282,6 +285,7 @@ impl Election {
             );
         }
         *s = Status { role, term, leader };
+        self.leading.store(role == Role::Leader, Relaxed);
     }
 }
 
@@ -448,10 +452,12 @@ impl<E: ElectionQuorum> Machine<E> {
                 self.refreshed = Instant::now();
                 self.publish();
             }
-            Ok(false) => self.follow(term, None, "lost the election"),
+            // Lost (or the outcome is unknown): whoever won shows up as a heartbeat of a
+            // term above `highest`; a leader of `highest` that is still alive is followed.
+            Ok(false) => self.follow(highest, None, "lost the election"),
             Err(e) => {
                 tracing::warn!(term, "election: claiming the term failed: {e}");
-                self.follow(term, None, "claim failed");
+                self.follow(highest, None, "claim failed");
             }
         }
     }
@@ -567,12 +573,10 @@ impl<Q: WindowQuorum> RoundSource for LeaderSource<Q> {
 
     /// Not the leader: `Some(leader)` (counted as a redirect), the request is not started.
     fn redirect(&self) -> Option<Option<String>> {
-        let s = self.election.lock();
-        if s.role == Role::Leader {
+        if self.election.leading.load(Relaxed) {
             return None;
         }
-        let leader = s.leader.clone();
-        drop(s);
+        let leader = self.election.lock().leader.clone();
         self.election.redirects.fetch_add(1, Relaxed);
         Some(leader)
     }
