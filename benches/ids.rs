@@ -1,16 +1,18 @@
 //! IDs per second under contention: the direct client (fast protocol, combining rounds
 //! when contended, the default; fast with every request in its own rounds, the baseline
-//! `direct-fast-uncombined`; classic) against the broker, at 1, 16, 64 and 256 concurrent
-//! callers, single IDs and ranges of 1000.
+//! `direct-fast-uncombined`; classic) against the broker (`broker-window`: serving from
+//! a confirmed window, idbroker's default; `broker-rounds`: one write round per batch),
+//! at 1, 16, 64 and 256 concurrent callers, single IDs and ranges of 1000.
 //!
 //! Each run starts its own 5-node redis-server quorum (durable: fsync on every write) and
-//! one in-process broker on a free loopback port. Direct callers are independent clients
+//! two in-process brokers on free loopback ports, one per serve mode (measured one at a
+//! time: while one runs the other is idle, so it costs the window at most one hole). Direct callers are independent clients
 //! (own connections, like separate processes); broker callers share one BrokerClient.
 //! Throughput is reported in IDs (elements) per second.
 //!
 //! `cargo bench --bench ids`; `QLIST_BENCH_CALLERS=1,64` limits the caller counts.
 
-use broker::BrokerConfig;
+use broker::{BrokerConfig, RoundSource, WindowSource};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use idclient::broker_client::{BrokerClient, BrokerClientConfig};
 use idclient::{ClientConfig, Combine, IdSource, Protocol, QuorumClient};
@@ -62,26 +64,13 @@ fn ids(c: &mut Criterion) {
         .expect("tokio runtime");
     let quorum = LocalQuorum::temp(5)
         .expect("cannot start redis-server quorum (apt-get install redis-server)");
-    let (broker_addr, stop_broker) = rt.block_on(async {
-        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-            .await
-            .expect("bind");
-        let addr = listener.local_addr().expect("addr").to_string();
-        let source = Arc::new(
-            QuorumClient::connect(ClientConfig::new(quorum.urls()))
-                .await
-                .expect("broker's quorum client"),
-        );
-        let (tx, rx) = tokio::sync::oneshot::channel::<()>();
-        tokio::spawn(broker::run(
-            listener,
-            source,
-            BrokerConfig::default(),
-            async move {
-                let _ = rx.await;
-            },
-        ));
-        (addr, tx)
+    let (rounds_addr, stop_rounds) = rt.block_on(async {
+        let quorum_client = broker_quorum(&quorum).await;
+        start_broker(Arc::new(quorum_client)).await
+    });
+    let (window_addr, stop_window) = rt.block_on(async {
+        let quorum_client = broker_quorum(&quorum).await;
+        start_broker(Arc::new(WindowSource::new(Arc::new(quorum_client)))).await
     });
     let mut group = c.benchmark_group("ids");
     group
@@ -109,18 +98,22 @@ fn ids(c: &mut Criterion) {
         let fast = direct(Protocol::Fast, Combine::Auto);
         let uncombined = direct(Protocol::Fast, Combine::Never);
         let classic = direct(Protocol::Classic, Combine::Never);
-        let brokered = rt.block_on(async {
-            let config = BrokerClientConfig {
-                deadline: Duration::from_secs(30),
-                ..Default::default()
-            };
-            let client = Arc::new(
-                BrokerClient::connect(vec![broker_addr.clone()], config)
-                    .await
-                    .expect("broker client"),
-            );
-            vec![client; callers]
-        });
+        let brokered = |addr: &String| {
+            rt.block_on(async {
+                let config = BrokerClientConfig {
+                    deadline: Duration::from_secs(30),
+                    ..Default::default()
+                };
+                let client = Arc::new(
+                    BrokerClient::connect(vec![addr.clone()], config)
+                        .await
+                        .expect("broker client"),
+                );
+                vec![client; callers]
+            })
+        };
+        let rounds = brokered(&rounds_addr);
+        let window = brokered(&window_addr);
         for count in [1u64, 1000] {
             let size = if count == 1 { "single" } else { "range1000" };
             group.throughput(Throughput::Elements(count));
@@ -145,14 +138,53 @@ fn ids(c: &mut Criterion) {
                         .iter_custom(|iters| run(&classic, iters, count))
                 },
             );
-            group.bench_function(BenchmarkId::new(format!("broker/{size}"), callers), |b| {
-                b.to_async(&rt)
-                    .iter_custom(|iters| run(&brokered, iters, count))
-            });
+            group.bench_function(
+                BenchmarkId::new(format!("broker-rounds/{size}"), callers),
+                |b| {
+                    b.to_async(&rt)
+                        .iter_custom(|iters| run(&rounds, iters, count))
+                },
+            );
+            group.bench_function(
+                BenchmarkId::new(format!("broker-window/{size}"), callers),
+                |b| {
+                    b.to_async(&rt)
+                        .iter_custom(|iters| run(&window, iters, count))
+                },
+            );
         }
     }
     group.finish();
-    let _ = stop_broker.send(());
+    let _ = stop_rounds.send(());
+    let _ = stop_window.send(());
+}
+
+/// The quorum client a broker uses.
+async fn broker_quorum(quorum: &LocalQuorum) -> QuorumClient {
+    QuorumClient::connect(ClientConfig::new(quorum.urls()))
+        .await
+        .expect("broker's quorum client")
+}
+
+/// Starts a broker serving from `source` on a free loopback port: its address, and the
+/// sender that stops it.
+async fn start_broker<S: RoundSource>(
+    source: Arc<S>,
+) -> (String, tokio::sync::oneshot::Sender<()>) {
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind");
+    let addr = listener.local_addr().expect("addr").to_string();
+    let (tx, rx) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(broker::run(
+        listener,
+        source,
+        BrokerConfig::default(),
+        async move {
+            let _ = rx.await;
+        },
+    ));
+    (addr, tx)
 }
 
 criterion_group!(benches, ids);

@@ -332,7 +332,7 @@ async fn read_loop(
                 deadline_ms,
             } => next_ids(out_tx, ctx, (id, count, deadline_ms), permit).await?,
             ClientMsg::Stats { id } => {
-                let stats = ctx.stats.snapshot();
+                let stats = Box::new(ctx.stats.snapshot());
                 reply(out_tx, ServerMsg::Stats { id, stats }, Some(permit)).await?;
             }
             ClientMsg::Hello { .. } => return Err(ConnError::Unexpected("a second Hello")),

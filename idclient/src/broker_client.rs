@@ -10,6 +10,15 @@
 //! deadline. That is the ONLY retry here: quorum trouble is retried by the broker, and
 //! its typed error is returned as is (DESIGN.md: one retrying layer).
 //!
+//! Leaders: window-serving brokers elect one leader; the others answer every request
+//! with a redirect naming it (the request was not started: no ID was reserved). The
+//! client then sends it, and moves its connections, to that broker if it is in the list
+//! (same `host:port`, or the same socket address), else to the next broker; "no leader
+//! known" (an election under way) also moves on to the next broker. Redirects count as
+//! failovers for the pause between tries, so brokers that disagree about the leader
+//! cannot make a caller spin; a caller still waiting at its deadline gets
+//! [`IdError::BrokersUnavailable`] listing what each broker said.
+//!
 //! Never returning an ID twice: a request whose connection broke has an unknown outcome
 //! (the broker may have reserved IDs for it); it is resent as a new request, and the old
 //! one's reply can never arrive because its connection is gone. A request abandoned at
@@ -166,7 +175,8 @@ struct Shared {
     pending: Mutex<PendingTable>,
     /// True once broken: stops the reader and the writer.
     dead: watch::Sender<bool>,
-    /// The broker is shutting down: send it nothing new, let what it owes arrive.
+    /// The broker is shutting down or is not the leader: send it nothing new, let what
+    /// it owes arrive.
     draining: std::sync::atomic::AtomicBool,
 }
 
@@ -228,6 +238,12 @@ enum Attempt {
     Done(Result<IdRange, IdError>),
     /// Safe to send elsewhere: the connection broke, or the broker refused to start it.
     Failover(NodeFailure),
+    /// The broker is not the leader and did not start the request: send it to `leader`
+    /// (`None`: no leader known, an election is under way).
+    Redirect {
+        from: String,
+        leader: Option<String>,
+    },
 }
 
 /// One of the client's connections: callers are spread over the slots.
@@ -643,16 +659,20 @@ impl Inner {
                     tracing::debug!(broker = %failure.addr, "failing over: {}", failure.reason);
                     inner.move_on_from(conn.broker);
                     note(&mut failures, failure);
-                    // The first failover goes at once (the next broker is likely fine);
-                    // after that, pause, so a broker that accepts and then drops every
-                    // request cannot pull callers into a reconnect storm.
-                    failovers += 1;
-                    tokio::time::sleep_until(
-                        (Instant::now() + inner.failover_pause(failovers)).min(deadline),
-                    )
-                    .await;
+                }
+                Attempt::Redirect { from, leader } => {
+                    note(&mut failures, inner.follow(conn.broker, from, leader));
                 }
             }
+            // The first failover or redirect goes at once (the next broker is likely
+            // fine); after that, pause, so a broker that accepts and then drops every
+            // request, or brokers that disagree on the leader, cannot pull callers into a
+            // reconnect storm.
+            failovers += 1;
+            tokio::time::sleep_until(
+                (Instant::now() + inner.failover_pause(failovers)).min(deadline),
+            )
+            .await;
         }
     }
 }
@@ -677,6 +697,34 @@ impl Inner {
             None => Duration::ZERO,
             Some(k) => self.failover_backoff.pause(FAILOVER_PAUSE_BASE, k),
         }
+    }
+
+    /// After broker `b` redirected a request: new connections go to the leader it named
+    /// if that is one of our brokers (the same `host:port`, or the same socket address),
+    /// else to the broker after `b`. Returns what to note about `b`.
+    fn follow(&self, b: usize, from: String, leader: Option<String>) -> NodeFailure {
+        let target = leader.as_deref().and_then(|l| self.index_of(l));
+        tracing::debug!(broker = %from, ?leader, known = target.is_some(), "redirected");
+        match target {
+            Some(t) => self.preferred.store(t, Relaxed),
+            None => self.move_on_from(b),
+        }
+        let reason = match (&leader, target) {
+            (None, _) => "not the leader; no leader known (election under way)".to_string(),
+            (Some(l), Some(_)) => format!("not the leader; redirected to {l}"),
+            (Some(l), None) => {
+                format!("not the leader; the leader {l} is not among the --broker addresses")
+            }
+        };
+        NodeFailure { addr: from, reason }
+    }
+
+    /// The index of the broker at `addr`: the same string, or the same socket address.
+    fn index_of(&self, addr: &str) -> Option<usize> {
+        let parsed = addr.parse::<std::net::SocketAddr>().ok();
+        self.addrs.iter().position(|a| {
+            a == addr || parsed.is_some_and(|p| a.parse::<std::net::SocketAddr>().ok() == Some(p))
+        })
     }
 
     /// After broker `b` failed, new connections start at the next one.
@@ -915,6 +963,14 @@ fn judge(shared: &Shared, n: u64, reply: ServerMsg) -> Attempt {
             lost(shared, reason)
         }
         ServerMsg::Failed { error, .. } => Attempt::Done(Err(error)),
+        ServerMsg::Redirect { leader, .. } => {
+            // A follower: it started nothing for this request, and gets nothing new.
+            shared.draining.store(true, Relaxed);
+            Attempt::Redirect {
+                from: shared.addr.clone(),
+                leader,
+            }
+        }
         other => {
             let reason = format!("unexpected reply to a request for {n} IDs: {other:?}");
             shared.fail(reason.clone());
@@ -1095,7 +1151,7 @@ pub async fn fetch_stats(addr: &str) -> Result<BrokerStats, IdError> {
             .await
             .map_err(|e| wire_error(addr, e))?;
         match rd.read_msg::<ServerMsg>().await {
-            Ok(Some(ServerMsg::Stats { stats, .. })) => Ok(stats),
+            Ok(Some(ServerMsg::Stats { stats, .. })) => Ok(*stats),
             Ok(Some(other)) => Err(IdError::Protocol {
                 addr: addr.to_string(),
                 reason: format!("expected stats, got {other:?}"),
@@ -1138,6 +1194,8 @@ mod tests {
         Fail(IdError),
         /// Answers with one ID too many.
         WrongCount,
+        /// A follower: answers every request with a redirect to this leader.
+        Redirect(Option<String>),
     }
 
     struct FakeBroker {
@@ -1267,6 +1325,10 @@ mod tests {
                 Script::WrongCount => {
                     let wrong = ServerMsg::ids(id, IdRange { lo, hi: lo + count });
                     write(&mut wr, &wrong).await;
+                }
+                Script::Redirect(leader) => {
+                    let leader = leader.clone();
+                    write(&mut wr, &ServerMsg::Redirect { id, leader }).await;
                 }
             }
         }
@@ -1473,6 +1535,73 @@ mod tests {
         let c = client(&[&b, &good], config(LONG)).await;
         assert_eq!(c.next_ids(2).await.expect("ids"), IdRange { lo: 1, hi: 2 });
         assert_eq!((b.requests(), good.requests()), (1, 1));
+    }
+
+    /// A follower's redirect sends the request, and every later one, to the leader.
+    #[tokio::test]
+    async fn a_redirect_moves_the_client_to_the_leader() {
+        let leader = FakeBroker::start(Script::Normal).await;
+        let follower = FakeBroker::start(Script::Redirect(Some(leader.addr.clone()))).await;
+        let c = client(&[&follower, &leader], config(LONG)).await;
+        assert_eq!(c.next_ids(2).await.expect("ids"), IdRange { lo: 1, hi: 2 });
+        for k in 0..5 {
+            let lo = 3 + 2 * k;
+            assert_eq!(
+                c.next_ids(2).await.expect("ids"),
+                IdRange { lo, hi: lo + 1 }
+            );
+        }
+        assert_eq!((follower.requests(), leader.requests()), (1, 6));
+    }
+
+    /// The redirect goes to the broker it names, not merely the next one; a leader not
+    /// in the list is not followed (the client moves on to the next broker).
+    #[tokio::test]
+    async fn a_redirect_goes_to_the_named_broker_only_if_listed() {
+        let leader = FakeBroker::start(Script::Normal).await;
+        let other = FakeBroker::start(Script::Normal).await;
+        let follower = FakeBroker::start(Script::Redirect(Some(leader.addr.clone()))).await;
+        let c = client(&[&follower, &other, &leader], config(LONG)).await;
+        assert_eq!(c.next_ids(1).await.expect("ids"), IdRange { lo: 1, hi: 1 });
+        assert_eq!((other.requests(), leader.requests()), (0, 1));
+
+        let good = FakeBroker::start(Script::Normal).await;
+        let stranger = "192.0.2.1:7400".to_string();
+        let follower = FakeBroker::start(Script::Redirect(Some(stranger))).await;
+        let c = client(&[&follower, &good], config(LONG)).await;
+        assert_eq!(c.next_ids(1).await.expect("ids"), IdRange { lo: 1, hi: 1 });
+        assert_eq!((follower.requests(), good.requests()), (1, 1));
+    }
+
+    /// "No leader known" (an election under way): the request goes to another broker.
+    #[tokio::test]
+    async fn no_known_leader_moves_on_to_the_next_broker() {
+        let electing = FakeBroker::start(Script::Redirect(None)).await;
+        let good = FakeBroker::start(Script::Normal).await;
+        let c = client(&[&electing, &good], config(LONG)).await;
+        assert_eq!(c.next_ids(3).await.expect("ids"), IdRange { lo: 1, hi: 3 });
+        assert_eq!((electing.requests(), good.requests()), (1, 1));
+    }
+
+    /// While no broker leads, a request waits (pausing between tries) until its deadline,
+    /// then fails saying why; it never spins: tries are bounded by the backoff.
+    #[tokio::test]
+    async fn without_a_leader_a_request_fails_at_its_deadline_saying_why() {
+        let a = FakeBroker::start(Script::Redirect(None)).await;
+        let b = FakeBroker::start(Script::Redirect(None)).await;
+        let c = client(&[&a, &b], config(Duration::from_millis(400))).await;
+        let reasons = unavailable_reasons(c.next_ids(1).await);
+        assert_eq!(reasons.len(), 2, "{reasons:?}");
+        for r in &reasons {
+            assert!(r.contains("no leader known"), "{r}");
+        }
+        assert!(a.requests() >= 1 && b.requests() >= 1);
+        // 400 ms with pauses doubling from 5 ms up to 200 ms: a few dozen tries at most.
+        assert!(
+            a.requests() + b.requests() < 100,
+            "{}",
+            a.requests() + b.requests()
+        );
     }
 
     /// A reply with the wrong number of IDs is a protocol error, never a range.

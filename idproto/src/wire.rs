@@ -71,8 +71,8 @@ pub enum ServerMsg {
     /// are burned). [`IdError::BrokersUnavailable`] here means the request was never
     /// started (broker shutting down): it is safe to send it to another broker.
     Failed { id: u64, error: IdError },
-    /// The counters, for request `id`.
-    Stats { id: u64, stats: BrokerStats },
+    /// The counters, for request `id` (boxed: rare, and keeps every other message small).
+    Stats { id: u64, stats: Box<BrokerStats> },
     /// This broker is not the leader and did not start request `id` (no ID was reserved
     /// for it): send it to `leader` (`host:port`), or, when `None` (no leader known
     /// now, an election is under way), to any broker again after a short wait.
@@ -389,7 +389,7 @@ mod tests {
             },
             ServerMsg::Stats {
                 id: 4,
-                stats: BrokerStats {
+                stats: Box::new(BrokerStats {
                     rounds: 3,
                     batch_histogram: vec![1, 2],
                     role: "leader".into(),
@@ -397,7 +397,7 @@ mod tests {
                     leader: Some("127.0.0.1:7400".into()),
                     holes: 5,
                     ..Default::default()
-                },
+                }),
             },
             ServerMsg::Redirect {
                 id: 5,

@@ -277,6 +277,14 @@ fn spawn_node(port: u16, data_dir: &Path, extra_args: &[String]) -> Result<Child
     }
 }
 
+/// Whether a [`ClusterError::StartFailed`] reason of [`spawn_node`] says another process
+/// held the port: redis' own bind error in its log, or another redis-server answering.
+fn lost_the_port(reason: &str) -> bool {
+    reason.contains("Address already in use")
+        || reason.contains("port held by another")
+        || reason.contains("answers on the port")
+}
+
 /// Longest `INFO server` reply read: it is about 1.5 KB.
 const MAX_INFO_REPLY: usize = 64 * 1024;
 
@@ -387,7 +395,14 @@ impl LocalQuorum {
         };
         for port in ports {
             let data_dir = dir.join(format!("node-{port}"));
-            let child = spawn_node(port, &data_dir, &[])?;
+            // Free a moment ago, the port can be taken before redis binds it: that is a
+            // port in use too (callers pick other ports), not a broken redis.
+            let child = spawn_node(port, &data_dir, &[]).map_err(|e| match e {
+                ClusterError::StartFailed { port, reason } if lost_the_port(&reason) => {
+                    ClusterError::PortInUse { port }
+                }
+                e => e,
+            })?;
             quorum.nodes.push(LocalNode {
                 port,
                 data_dir,
@@ -739,6 +754,23 @@ mod tests {
         drop(stranger);
         q.restart(0).expect("restart once the port is free");
         assert_eq!(server_pid(port), q.pid(0));
+    }
+
+    /// `LocalQuorum::start` checks its ports are free, then starts redis on them; a port
+    /// taken in between must come back as `PortInUse` (callers retry elsewhere), which
+    /// rests on recognizing spawn_node's failure on a held port.
+    #[test]
+    fn a_port_taken_before_redis_binds_it_is_recognized() {
+        let port = free_port().expect("free port");
+        let stranger = Stranger::start(port);
+        let dir = tempfile_guard::TempDir::new("qlist-race").expect("temp dir");
+        let err = spawn_node(port, &dir.path().join("node"), &[])
+            .expect_err("started on a port another redis holds");
+        match err {
+            ClusterError::StartFailed { reason, .. } => assert!(lost_the_port(&reason), "{reason}"),
+            other => panic!("expected StartFailed, got {other}"),
+        }
+        drop(stranger);
     }
 
     #[test]

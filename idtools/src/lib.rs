@@ -6,10 +6,12 @@
 //! - [`sim`]: the deterministic simulation's in-memory node model (message loss, delay,
 //!   reordering, duplication, crashes, amnesia, mutants), driven on tokio's paused clock.
 //! - [`mod@bench`]: the closed-loop load driver behind `idctl bench` and the fault tests.
+//! - [`failover`]: leader failover under load, measured (`idctl failover`).
 //!
-//! The binary `idctl` (src/bin/idctl.rs) is the command-line face of all four.
+//! The binary `idctl` (src/bin/idctl.rs) is the command-line face of all five.
 
 pub mod bench;
 pub mod cluster;
+pub mod failover;
 pub mod history;
 pub mod sim;

@@ -60,10 +60,43 @@ enum Command {
         #[arg(long)]
         history: Option<PathBuf>,
     },
-    /// Print an idbroker's counters (rounds, batch sizes, round latency, errors).
+    /// Print an idbroker's counters (role, term, rounds, batch sizes, round latency,
+    /// window counters, errors).
     BrokerStats {
         /// The broker's host:port.
         addr: String,
+    },
+    /// Measure leader failover under load: start --brokers idbroker processes, run
+    /// --clients callers over all of them, kill -9 the leader --kills times (restarting
+    /// it each time) and report the time from each kill to the first ID of a request made
+    /// after it. Checks the whole history. The last line is one JSON object:
+    /// failover_p50_ms, failover_max_ms, failovers_ms, failed_failovers, requests, errors.
+    Failover {
+        /// The quorum; without it a throwaway 5-node local quorum is started.
+        #[arg(long, value_name = "URLS", value_delimiter = ',')]
+        nodes: Vec<String>,
+        /// idbroker processes (at least 2).
+        #[arg(long, default_value_t = 3)]
+        brokers: usize,
+        /// Leaders killed, one after another.
+        #[arg(long, default_value_t = 20)]
+        kills: usize,
+        /// Concurrent callers of one broker client.
+        #[arg(long, default_value_t = 16)]
+        clients: usize,
+        /// Deadline of each request, milliseconds: a request still waiting then fails
+        /// (and counts in errors).
+        #[arg(long, value_name = "MS", default_value_t = 5000)]
+        deadline_ms: u64,
+        /// Longest wait for a single leader before each kill, milliseconds.
+        #[arg(long, value_name = "MS", default_value_t = 10_000)]
+        settle_ms: u64,
+        /// The idbroker binary (default: the one next to idctl).
+        #[arg(long)]
+        idbroker: Option<PathBuf>,
+        /// An extra idbroker argument, repeatable (e.g. --broker-arg=--election-timeout-ms=300).
+        #[arg(long, value_name = "ARG", allow_hyphen_values = true)]
+        broker_arg: Vec<String>,
     },
 }
 
@@ -139,6 +172,58 @@ fn run(cli: Cli) -> Result<()> {
             runtime()?.block_on(check(nodes.urls()?, timeouts.connect()?, timeouts.reply()?))
         }
         Command::BrokerStats { addr } => runtime()?.block_on(broker_stats(addr)),
+        Command::Failover {
+            nodes,
+            brokers,
+            kills,
+            clients,
+            deadline_ms,
+            settle_ms,
+            idbroker,
+            broker_arg,
+        } => {
+            let idbroker = match idbroker {
+                Some(p) => p,
+                None => std::env::current_exe()
+                    .context("cannot find idctl's own path (give --idbroker)")?
+                    .with_file_name("idbroker"),
+            };
+            // Kept alive for the run: a throwaway quorum stops when it drops.
+            let local = if nodes.is_empty() {
+                Some(LocalQuorum::temp(5)?)
+            } else {
+                None
+            };
+            let config = idtools::failover::FailoverConfig {
+                idbroker,
+                nodes: local.as_ref().map_or(nodes, |q| q.urls()),
+                brokers,
+                kills,
+                callers: clients,
+                deadline: Duration::from_millis(deadline_ms),
+                settle_timeout: Duration::from_millis(settle_ms),
+                broker_args: broker_arg,
+            };
+            let report =
+                runtime()?.block_on(idtools::failover::run(&config, |line| eprintln!("{line}")))?;
+            eprintln!(
+                "{} kills: failover p50 {:?}, max {:?}; {} failovers without an ID; {} requests, {} failed{}",
+                kills,
+                report.quantile(0.5),
+                report.quantile(1.0),
+                report.failed_failovers,
+                report.events.len(),
+                report.errors,
+                report
+                    .first_error
+                    .as_ref()
+                    .map_or(String::new(), |e| format!(" (first: {e})"))
+            );
+            println!("{}", report.json());
+            report
+                .check()
+                .map_err(|v| anyhow::anyhow!("history check failed: {v}"))
+        }
         Command::Next { source, count } => {
             let source = source.source()?;
             runtime()?.block_on(next(source, count))
