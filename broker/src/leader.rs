@@ -14,9 +14,10 @@
 //!   alive while the newest heartbeat it sees keeps CHANGING (a later `SEQ` or term). When
 //!   it sees no change for its election timeout (randomized in `[t, 2t)` for
 //!   `t` = [`ElectionConfig::election_timeout`], redrawn on every change, so followers
-//!   rarely stand at once) it becomes a candidate. A broker that has just started and
-//!   finds no heartbeat at all on a majority (and no term) stands at once: there is no
-//!   leader to wait for.
+//!   rarely stand at once) it becomes a candidate. A follower that finds no heartbeat
+//!   at all on a majority (a fresh quorum, or a leader that resigned on shutdown,
+//!   [`LeaderSource::resign`]) stands after two heartbeat intervals: there is no leader
+//!   to wait for.
 //! - Step down: a leader becomes a follower when a refresh finds the heartbeat of a higher
 //!   term on a node, when it could not refresh a majority for `t`, or when its window died
 //!   (another writer got past it: the new leader's reservation, or a direct client) and
@@ -29,6 +30,7 @@
 
 use crate::batcher::RoundSource;
 use crate::window::{WindowQuorum, WindowSource};
+use futures::future::{BoxFuture, FutureExt};
 use idclient::{ClientConfig, Combine, Heartbeat, IdError, IdRange, Node, QuorumClient, Refresh};
 use idproto::wire::BrokerStats;
 use rand::rngs::StdRng;
@@ -75,6 +77,9 @@ pub trait ElectionQuorum: Send + Sync + 'static {
         &self,
         deadline: Instant,
     ) -> impl Future<Output = Result<Vec<Option<Heartbeat>>, IdError>> + Send;
+
+    /// Deletes the heartbeat of `term` wherever it is (see [`idclient::resign_heartbeat`]).
+    fn resign(&self, term: u64, deadline: Instant) -> impl Future<Output = ()> + Send;
 
     /// How many nodes make a majority.
     fn majority(&self) -> usize;
@@ -128,6 +133,10 @@ impl ElectionQuorum for QuorumElection {
         deadline: Instant,
     ) -> impl Future<Output = Result<Vec<Option<Heartbeat>>, IdError>> + Send {
         idclient::read_heartbeats(self.nodes(), &self.heartbeat_key, deadline)
+    }
+
+    async fn resign(&self, term: u64, deadline: Instant) {
+        idclient::resign_heartbeat(self.nodes(), &self.heartbeat_key, term, deadline).await;
     }
 
     fn majority(&self) -> usize {
@@ -303,8 +312,6 @@ struct Machine<E> {
     newest: Option<(u64, u64)>,
     changed: Instant,
     timeout: Duration,
-    /// A majority has answered a heartbeat read at least once.
-    quorum_answered: bool,
     /// Leader: the refresh counter and the last refresh a majority took.
     seq: u64,
     refreshed: Instant,
@@ -334,7 +341,6 @@ impl<E: ElectionQuorum> Machine<E> {
             newest: None,
             changed: now,
             timeout: config.election_timeout,
-            quorum_answered: false,
             seq: 0,
             refreshed: now,
             config,
@@ -386,9 +392,10 @@ impl<E: ElectionQuorum> Machine<E> {
     /// One follower step: read the heartbeats, note a change, stand after a timeout.
     async fn watch(&mut self) {
         let tick = Instant::now() + self.config.heartbeat;
+        let mut nobody = false;
         match self.quorum.read_heartbeats(tick).await {
             Ok(seen) => {
-                self.quorum_answered = true;
+                nobody = seen.iter().all(Option::is_none);
                 let newest = seen.into_iter().flatten().max_by_key(Heartbeat::key);
                 // Only a leader of the highest term seen counts: one of an older term has
                 // been superseded (it steps down once it sees the newer term).
@@ -407,11 +414,14 @@ impl<E: ElectionQuorum> Machine<E> {
             }
             Err(e) => tracing::debug!("heartbeat read failed: {e}"),
         }
-        // At start, a quorum showing no heartbeat at all has no leader to wait for.
-        let nobody = self.newest.is_none() && self.term == 0 && self.quorum_answered;
-        if nobody || self.changed.elapsed() >= self.timeout {
+        // A majority showing no heartbeat at all has no leader to wait for (a fresh
+        // quorum, or a leader that resigned): stand after two heartbeats, time enough for
+        // a leader just elected to show itself.
+        let quiet = self.changed.elapsed();
+        let nobody = nobody && quiet >= self.config.heartbeat * 2;
+        if nobody || quiet >= self.timeout {
             if nobody {
-                tracing::info!("no heartbeat on the quorum: standing for election");
+                tracing::info!("no heartbeat on a majority: standing for election");
             } else {
                 tracing::info!(
                     term = self.term,
@@ -511,6 +521,10 @@ pub struct LeaderSource<Q> {
     window: Arc<WindowSource<Q>>,
     election: Arc<Election>,
     task: JoinHandle<()>,
+    /// Deletes the heartbeat of a term, within a time (the quorum's
+    /// [`ElectionQuorum::resign`]).
+    resign: Box<dyn Fn(u64, Duration) -> BoxFuture<'static, ()> + Send + Sync>,
+    heartbeat: Duration,
 }
 
 impl<Q: WindowQuorum> LeaderSource<Q> {
@@ -525,13 +539,37 @@ impl<Q: WindowQuorum> LeaderSource<Q> {
     ) -> Result<LeaderSource<Q>, String> {
         config.validate()?;
         let election = Arc::new(Election::new());
+        let heartbeat = config.heartbeat;
+        let resign = {
+            let quorum = quorum.clone();
+            Box::new(move |term, within| {
+                let quorum = quorum.clone();
+                async move { quorum.resign(term, Instant::now() + within).await }.boxed()
+            })
+        };
         let machine = Machine::new(quorum, config, election.clone(), window.died());
         let task = tokio::spawn(machine.run());
         Ok(LeaderSource {
             window,
             election,
             task,
+            resign,
+            heartbeat,
         })
+    }
+
+    /// Leaves the election for good (a graceful shutdown): stops the election task and,
+    /// if leading, deletes its heartbeat so the followers stand at once instead of after
+    /// their timeout. Batches already queued are still served (safety never depends on
+    /// who leads); new requests are redirected.
+    pub async fn resign(&self) {
+        self.task.abort();
+        let s = self.election.status();
+        self.election.set(Role::Follower, s.term, None);
+        if s.role == Role::Leader {
+            tracing::info!(term = s.term, "resigning the lead");
+            (self.resign)(s.term, self.heartbeat * 2).await;
+        }
     }
 
     /// The window this source serves from.

@@ -1,7 +1,7 @@
 //! The broker leader's heartbeat primitives on real redis-server nodes: refresh on every
 //! node, conditional on the term; read from a majority; expiry; a minority down.
 
-use idclient::{read_heartbeats, refresh_heartbeat, Heartbeat, IdError, Node};
+use idclient::{read_heartbeats, refresh_heartbeat, resign_heartbeat, Heartbeat, IdError, Node};
 use idtools::cluster::LocalQuorum;
 use std::time::Duration;
 use tokio::time::Instant;
@@ -126,4 +126,31 @@ async fn a_minority_down_is_a_partial_refresh_and_a_majority_down_no_quorum() {
         }) => assert_eq!((needed, reachable), (2, 1)),
         other => panic!("expected NoQuorum, got {other:?}"),
     }
+}
+
+#[tokio::test]
+async fn only_the_leader_of_the_term_held_can_resign_it() {
+    let q = LocalQuorum::temp(3).expect("start a 3-node redis quorum (is redis-server installed?)");
+    let nodes = nodes(&q);
+    let r = refresh_heartbeat(&nodes, KEY, &hb(12, 1), TTL, soon()).await;
+    assert_eq!(r.acked, 3);
+    // Another term (1 is a prefix of 12: compared whole, not as text) deletes nothing.
+    for other in [1, 2, 11, 120] {
+        assert_eq!(
+            resign_heartbeat(&nodes, KEY, other, soon()).await,
+            0,
+            "{other}"
+        );
+    }
+    assert!(read_heartbeats(&nodes, KEY, soon())
+        .await
+        .expect("read")
+        .iter()
+        .all(|h| h.as_ref() == Some(&hb(12, 1))));
+    assert_eq!(resign_heartbeat(&nodes, KEY, 12, soon()).await, 3);
+    assert!(read_heartbeats(&nodes, KEY, soon())
+        .await
+        .expect("read")
+        .iter()
+        .all(Option::is_none));
 }

@@ -217,8 +217,16 @@ async fn run(mut config: Config) -> anyhow::Result<()> {
             say_listening()?;
             let every = config.broker.stats_interval;
             let logger = tokio::spawn(log_window_stats(window.clone(), every));
-            let stats =
-                broker::run(listener, Arc::new(source), config.broker, shutdown_signal()).await;
+            let source = Arc::new(source);
+            // On SIGTERM/SIGINT, hand the lead over first: the followers stand at once.
+            let shutdown = {
+                let source = source.clone();
+                async move {
+                    shutdown_signal().await;
+                    source.resign().await;
+                }
+            };
+            let stats = broker::run(listener, source, config.broker, shutdown).await;
             logger.abort();
             log_window(&window.stats(), "window serving stopped");
             stats?

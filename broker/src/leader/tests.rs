@@ -94,6 +94,14 @@ impl ElectionQuorum for View {
         Ok(vec![live.clone(), live.clone(), live])
     }
 
+    async fn resign(&self, term: u64, _: Instant) {
+        self.gate().await;
+        let mut cur = lock(&self.nodes.heartbeat);
+        if cur.as_ref().is_some_and(|(hb, _)| hb.term == term) {
+            *cur = None;
+        }
+    }
+
     fn majority(&self) -> usize {
         2
     }
@@ -401,4 +409,36 @@ async fn a_new_broker_waits_out_a_stale_heartbeat_before_standing() {
     // Simulated time: the heartbeat did not change for a whole timeout first.
     assert!(started.elapsed() >= ELECTION_TIMEOUT);
     assert_eq!(b.status().term, 4);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_resigning_leader_is_replaced_before_the_election_timeout() {
+    let nodes = Arc::new(Nodes::default());
+    let brokers: Vec<Broker> = (0..3).map(|i| Broker::start(&nodes, i)).collect();
+    until(Duration::from_secs(5), "first leader", || {
+        settled(&brokers).is_some()
+    })
+    .await;
+    let l = settled(&brokers).expect("settled");
+    let term = brokers[l].status().term;
+    let resigned_at = Instant::now();
+    brokers[l].source.resign().await;
+    assert_eq!(brokers[l].status().role, Role::Follower);
+    let others: Vec<&Broker> = (0..3).filter(|&i| i != l).map(|i| &brokers[i]).collect();
+    until(Duration::from_secs(5), "a new leader", || {
+        others
+            .iter()
+            .any(|b| b.status().role == Role::Leader && b.status().term > term)
+    })
+    .await;
+    // Simulated time: a few heartbeats, not an election timeout.
+    assert!(
+        resigned_at.elapsed() < ELECTION_TIMEOUT,
+        "{:?}",
+        resigned_at.elapsed()
+    );
+    // The resigned broker takes no further part: it redirects and never stands.
+    tokio::time::sleep(ELECTION_TIMEOUT * 10).await;
+    assert_eq!(brokers[l].status().role, Role::Follower);
+    assert!(brokers[l].source.redirect().is_some());
 }

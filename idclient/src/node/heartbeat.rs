@@ -40,6 +40,23 @@ redis.call('SET', KEYS[1], ARGV[2], 'PX', ARGV[3])
 return false
 "#;
 
+/// `KEYS[1]` = the heartbeat key, `ARGV[1]` = the term (canonical decimal): deletes the
+/// heartbeat if it is of that term (a leader resigning), replying 1; else 0.
+pub const RESIGN: &str = r#"
+redis.set_repl(redis.REPL_NONE)
+local cur = redis.pcall('GET', KEYS[1])
+if type(cur) == 'string' and string.match(cur, '^([0-9]+) ') == ARGV[1] then
+  redis.call('DEL', KEYS[1])
+  return 1
+end
+return 0
+"#;
+
+fn resign_sha() -> &'static str {
+    static SHA: OnceLock<String> = OnceLock::new();
+    SHA.get_or_init(|| redis::Script::new(RESIGN).get_hash().to_string())
+}
+
 fn heartbeat_sha() -> &'static str {
     static SHA: OnceLock<String> = OnceLock::new();
     SHA.get_or_init(|| redis::Script::new(HEARTBEAT).get_hash().to_string())
@@ -107,6 +124,23 @@ impl Node {
             }
             other => Err(NodeError::Unavailable(format!(
                 "unexpected heartbeat reply {other:?}"
+            ))),
+        }
+    }
+
+    /// Deletes the heartbeat if it is of `term`: the leader of `term` resigns, so the
+    /// followers need not wait out their timeout. `Ok(true)` when it was deleted.
+    ///
+    /// # Errors
+    /// Unavailable.
+    pub async fn resign(&self, key: &str, term: u64) -> Result<bool, NodeError> {
+        let value = self
+            .eval(RESIGN, resign_sha(), &[key], &[term.to_string()])
+            .await?;
+        match value {
+            Value::Int(n) => Ok(n == 1),
+            other => Err(NodeError::Unavailable(format!(
+                "unexpected resign reply {other:?}"
             ))),
         }
     }
@@ -204,6 +238,19 @@ pub async fn refresh_heartbeat(
         });
     }
     out
+}
+
+/// Deletes the heartbeat of `term` from every node that holds it, waiting for the answers
+/// until `deadline`: how many nodes deleted it.
+pub async fn resign_heartbeat(nodes: &[Node], key: &str, term: u64, deadline: Instant) -> usize {
+    let mut pending: FuturesUnordered<_> = nodes.iter().map(|n| n.resign(key, term)).collect();
+    let mut deleted = 0;
+    while let Ok(Some(reply)) = timeout_at(deadline, pending.next()).await {
+        if reply == Ok(true) {
+            deleted += 1;
+        }
+    }
+    deleted
 }
 
 /// Reads the heartbeat from every node and returns once a majority answered: what each
