@@ -3,11 +3,12 @@
 //! and another takes over; SIGSTOP the leader past the election timeout and SIGCONT it,
 //! and it steps down. Every ID served meanwhile is checked with the history checker.
 //!
-//! The callers here speak the wire protocol directly (a connection per request, following
-//! redirects), so the test depends on nothing but the broker.
+//! Most callers here speak the wire protocol directly (a connection per request, following
+//! redirects), so the failover can be timed per broker; the SIGSTOP test adds callers of
+//! the real `BrokerClient` (which follows redirects itself) to the same history.
 
-use idclient::broker_client::fetch_stats;
-use idclient::IdRange;
+use idclient::broker_client::{fetch_stats, BrokerClient, BrokerClientConfig};
+use idclient::{IdRange, IdSource};
 use idproto::framed::FrameReader;
 use idproto::wire::{self, BrokerStats, ClientMsg, ServerMsg};
 use idtools::cluster::LocalQuorum;
@@ -214,6 +215,41 @@ fn spawn_callers(
         .collect()
 }
 
+/// `n` callers of one real `BrokerClient` over every broker, into the same history.
+async fn spawn_client_callers(
+    addrs: Vec<String>,
+    n: usize,
+    stop: &Arc<AtomicBool>,
+    seen: &Arc<Mutex<Seen>>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let config = BrokerClientConfig {
+        deadline: Duration::from_secs(5),
+        ..Default::default()
+    };
+    let client = Arc::new(
+        BrokerClient::connect(addrs, config)
+            .await
+            .expect("connect a broker client"),
+    );
+    (0..n)
+        .map(|_| {
+            let (client, stop, seen) = (client.clone(), stop.clone(), seen.clone());
+            tokio::spawn(async move {
+                while !stop.load(Relaxed) {
+                    let invoke_ns = monotonic_ns();
+                    let outcome = client.next_ids(1).await.ok();
+                    let return_ns = monotonic_ns();
+                    seen.lock().expect("seen lock").events.push(Event {
+                        invoke_ns,
+                        return_ns,
+                        outcome,
+                    });
+                }
+            })
+        })
+        .collect()
+}
+
 async fn join(tasks: Vec<tokio::task::JoinHandle<()>>) {
     for t in tasks {
         tokio::time::timeout(Duration::from_secs(20), t)
@@ -304,7 +340,8 @@ async fn a_leader_stopped_past_the_timeout_steps_down_when_continued() {
     let addrs: Vec<String> = brokers.iter().map(|b| b.addr.clone()).collect();
     let stop = Arc::new(AtomicBool::new(false));
     let seen = Arc::new(Mutex::new(Seen::default()));
-    let callers = spawn_callers(addrs, 4, &stop, &seen);
+    let mut callers = spawn_callers(addrs.clone(), 4, &stop, &seen);
+    callers.extend(spawn_client_callers(addrs, 8, &stop, &seen).await);
     tokio::time::sleep(Duration::from_millis(300)).await;
 
     brokers[l].signal(libc::SIGSTOP);
