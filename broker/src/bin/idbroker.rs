@@ -205,7 +205,12 @@ async fn run(mut config: Config) -> anyhow::Result<()> {
         }
         Serve::Window => {
             let window = Arc::new(WindowSource::new(Arc::new(quorum)));
-            config.election.advertise = config.advertise.unwrap_or_else(|| addr.to_string());
+            config.election.advertise = config.advertise.unwrap_or_else(|| {
+                if addr.ip().is_unspecified() {
+                    tracing::warn!(%addr, "listening on a wildcard address without --advertise: followers will redirect clients to {addr}, which they cannot reach");
+                }
+                addr.to_string()
+            });
             let election = Arc::new(election.context("election quorum")?);
             let limit = config.election.election_timeout * 4;
             let source = LeaderSource::start(window.clone(), election, config.election)
