@@ -12,6 +12,9 @@
 //!   [`idclient::QuorumClient`]; tests pass fakes), stopped by a future.
 //! - [`BrokerConfig`]: every limit, with defaults from the named constants below.
 //! - [`Stats`]: counters, readable over the wire (`ClientMsg::Stats`) and logged.
+//! - [`WindowSource`] (`--serve window`): batches served from confirmed windows; wrapped
+//!   in a [`LeaderSource`] ([`leader`]) it serves only while elected, and otherwise
+//!   answers each request with a redirect to the leader ([`RoundSource::redirect`]).
 //!
 //! Limits: at most [`BrokerConfig::max_connections`] connections (at the cap, a new
 //! connection evicts the longest-idle one, or is refused if none has been idle for
