@@ -3,6 +3,8 @@
 #   redis-server >= 7   the quorum nodes (the scripts use redis.set_repl and other Redis 7 features)
 #   libclang-dev        bindgen (RocksDB's bindings) loads libclang.so at build time
 #   make, cc, c++       the build (RocksDB is C++)
+#   redis-cli           (redis-tools) and redis-py (python3-redis, for the system python3):
+#                       the real clients the tests run against idbroker's RESP listener
 # What counts as present is what the build really loads: for libclang exactly the file
 # names clang-sys searches (libclang.so, libclang-*.so, libclang.so.*, libclang-*.so.*),
 # never libclang-cpp*, which some images carry without libclang itself.
@@ -19,7 +21,7 @@ check_only=0
 case "${1:-}" in
   --check) check_only=1 ;;
   "") ;;
-  -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   *) echo "deps.sh: unknown argument '$1' (use --check or nothing)" >&2; exit 2 ;;
 esac
 root="${QLIST_DEPS_ROOT:-}"
@@ -87,6 +89,15 @@ survey() {
     problems+=("libclang not found: no libclang.so, libclang-*.so or libclang.so.* (libclang-cpp does not count); Debian package libclang-dev")
     missing+=(libclang-dev)
   fi
+  if ! find_cmd redis-cli >/dev/null; then
+    problems+=("redis-cli not found (Debian package redis-tools)")
+    missing+=(redis-tools)
+  fi
+  # Debian's python3-redis, where the system python3 imports it from.
+  if ! find_cmd python3 >/dev/null || [ ! -f "$root/usr/lib/python3/dist-packages/redis/__init__.py" ]; then
+    problems+=("redis-py for the system python3 not found (Debian package python3-redis)")
+    missing+=(python3-redis)
+  fi
   if ! find_cmd make >/dev/null; then
     problems+=("make not found (Debian package make)")
     missing+=(make)
@@ -104,7 +115,7 @@ report() {
 
 survey
 if [ ${#missing[@]} -eq 0 ]; then
-  [ $check_only -eq 1 ] && echo "qlist deps: ok (redis-server >= $min_redis_major, libclang, make, cc, c++)"
+  [ $check_only -eq 1 ] && echo "qlist deps: ok (redis-server >= $min_redis_major, libclang, make, cc, c++, redis-cli, python3-redis)"
   exit 0
 fi
 if [ $check_only -eq 1 ]; then
@@ -125,7 +136,7 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 if ! command -v apt-get >/dev/null 2>&1; then
   report
-  echo "qlist deps: no apt-get here; install by hand: redis-server (>= $min_redis_major), libclang (clang's shared library), make, a C/C++ compiler" >&2
+  echo "qlist deps: no apt-get here; install by hand: redis-server (>= $min_redis_major), libclang (clang's shared library), make, a C/C++ compiler, redis-cli, redis-py" >&2
   exit 1
 fi
 export DEBIAN_FRONTEND=noninteractive

@@ -86,11 +86,11 @@ pub(crate) struct ConnState {
     /// Milliseconds after `epoch` of the last frame read or reply written.
     last_active_ms: AtomicU64,
     /// Part of a frame is buffered: the peer is mid-message, not idle.
-    partial: AtomicBool,
-    in_flight: Arc<Semaphore>,
+    pub(crate) partial: AtomicBool,
+    pub(crate) in_flight: Arc<Semaphore>,
     max_in_flight: usize,
     /// Set by the accept loop: close if still idle.
-    evict: Notify,
+    pub(crate) evict: Notify,
 }
 
 impl ConnState {
@@ -105,12 +105,12 @@ impl ConnState {
         }
     }
 
-    fn touch(&self) {
+    pub(crate) fn touch(&self) {
         let ms = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
         self.last_active_ms.fetch_max(ms, Relaxed);
     }
 
-    fn last_active(&self) -> Instant {
+    pub(crate) fn last_active(&self) -> Instant {
         self.epoch + Duration::from_millis(self.last_active_ms.load(Relaxed))
     }
 
@@ -342,7 +342,7 @@ async fn read_loop(
 }
 
 /// Backpressure: with max_in_flight replies owed, stop reading until one is written.
-async fn in_flight_permit(
+pub(crate) async fn in_flight_permit(
     out_tx: &mpsc::Sender<Outgoing>,
     state: &ConnState,
 ) -> Result<OwnedSemaphorePermit, ConnError> {
@@ -355,7 +355,7 @@ async fn in_flight_permit(
 
 /// Checks a `NextIds` request `(id, count, deadline_ms)` and queues it for the batcher
 /// (or answers a bad count at once).
-async fn next_ids(
+pub(crate) async fn next_ids(
     out_tx: &mpsc::Sender<Outgoing>,
     ctx: &Ctx,
     (id, count, deadline_ms): (u64, u64, u64),

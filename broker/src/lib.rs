@@ -9,7 +9,8 @@
 //!
 //! Main items:
 //! - [`run`]: the server, generic over a [`RoundSource`] (production passes
-//!   [`idclient::QuorumClient`]; tests pass fakes), stopped by a future.
+//!   [`idclient::QuorumClient`]; tests pass fakes), stopped by a future; [`run_with`]
+//!   also serves RESP (any Redis client, `QLIST.NEXT`) on a second listener.
 //! - [`BrokerConfig`]: every limit, with defaults from the named constants below.
 //! - [`Stats`]: counters, readable over the wire (`ClientMsg::Stats`) and logged.
 //! - [`WindowSource`] (`--serve window`): batches served from confirmed windows; wrapped
@@ -28,12 +29,14 @@
 pub mod batcher;
 mod conn;
 pub mod leader;
+mod resp;
 pub mod stats;
 pub mod window;
 
 pub use batcher::RoundSource;
 pub use idproto::wire::BrokerStats;
 pub use leader::{ElectionConfig, ElectionQuorum, LeaderSource, QuorumElection};
+pub use resp::MAX_REQUEST_LEN as MAX_RESP_REQUEST_LEN;
 pub use stats::Stats;
 pub use window::{WindowMutant, WindowQuorum, WindowSource, WindowStats};
 
@@ -245,6 +248,22 @@ pub async fn run<S: RoundSource>(
     config: BrokerConfig,
     shutdown: impl Future,
 ) -> Result<BrokerStats, BrokerError> {
+    run_with(listener, None, source, config, shutdown).await
+}
+
+/// [`run`], also serving the RESP protocol (any Redis client, `docs/wire-protocol.md`)
+/// on `resp` when given. Both listeners share the batcher, the counters and the
+/// connection slots.
+///
+/// # Errors
+/// As [`run`].
+pub async fn run_with<S: RoundSource>(
+    listener: TcpListener,
+    resp: Option<TcpListener>,
+    source: Arc<S>,
+    config: BrokerConfig,
+    shutdown: impl Future,
+) -> Result<BrokerStats, BrokerError> {
     config.validate()?;
     let config = Arc::new(config);
     let stats = Arc::new(Stats::default());
@@ -275,10 +294,14 @@ pub async fn run<S: RoundSource>(
     let mut acceptor = Acceptor::new(config, stats.clone(), batch_tx, stopping, done_tx);
     acceptor.redirect = Some(redirect);
     tracing::info!(listen = %name, "broker serving");
-    acceptor.serve(&listener, shutdown).await;
+    if let Some(addr) = resp.as_ref().and_then(|l| l.local_addr().ok()) {
+        tracing::info!(listen = %addr, "broker serving RESP");
+    }
+    acceptor.serve(&listener, resp.as_ref(), shutdown).await;
 
     tracing::info!("shutting down: no new connections; finishing the round in flight");
     drop(listener);
+    drop(resp);
     let _ = stop_tx.send(true);
     // Drops the batcher's queue sender and our clone of `done_tx`: `done_rx` sees the
     // end once the last connection task has finished.
@@ -334,8 +357,14 @@ impl Acceptor {
         }
     }
 
-    /// Accepts connections until `shutdown` completes.
-    async fn serve(&mut self, listener: &TcpListener, shutdown: impl Future) {
+    /// Accepts connections (binary on `listener`, RESP on `resp`) until `shutdown`
+    /// completes.
+    async fn serve(
+        &mut self,
+        listener: &TcpListener,
+        resp: Option<&TcpListener>,
+        shutdown: impl Future,
+    ) {
         tokio::pin!(shutdown);
         loop {
             // Taken before accept when a slot is free; at the cap, room is made after.
@@ -343,8 +372,10 @@ impl Acceptor {
             let accepted = tokio::select! {
                 biased;
                 _ = &mut shutdown => return,
-                accepted = listener.accept() => accepted,
+                accepted = listener.accept() => (accepted, false),
+                accepted = accept_resp(resp) => (accepted, true),
             };
+            let (accepted, is_resp) = accepted;
             let (stream, peer) = match accepted {
                 Ok(a) => a,
                 Err(e) => {
@@ -361,6 +392,10 @@ impl Acceptor {
                     _ = &mut shutdown => return,
                     room = make_room(&self.limit, &self.conns, self.config.evict_min_idle) => match room {
                         Some(p) => p,
+                        None if is_resp => {
+                            resp::refuse_at_cap(stream, peer, &self.refusing, &self.stats);
+                            continue;
+                        }
                         None => {
                             refuse_at_cap(stream, peer, &self.refusing, &self.config, &self.stats);
                             continue;
@@ -368,12 +403,18 @@ impl Acceptor {
                     },
                 },
             };
-            self.spawn_conn(stream, peer, permit);
+            self.spawn_conn(stream, peer, permit, is_resp);
         }
     }
 
     /// Serves `stream` in its own task, which holds the slot `permit` until it ends.
-    fn spawn_conn(&mut self, stream: TcpStream, peer: SocketAddr, permit: OwnedSemaphorePermit) {
+    fn spawn_conn(
+        &mut self,
+        stream: TcpStream,
+        peer: SocketAddr,
+        permit: OwnedSemaphorePermit,
+        is_resp: bool,
+    ) {
         let ctx = conn::Ctx {
             config: self.config.clone(),
             stats: self.stats.clone(),
@@ -388,11 +429,23 @@ impl Acceptor {
         let conns = self.conns.clone();
         let done = self.done.clone();
         tokio::spawn(async move {
-            conn::serve(stream, peer, ctx, state).await;
+            if is_resp {
+                resp::serve(stream, peer, ctx, state).await;
+            } else {
+                conn::serve(stream, peer, ctx, state).await;
+            }
             lock(&conns).remove(&key);
             drop(permit);
             drop(done);
         });
+    }
+}
+
+/// The next connection on the RESP listener; never, without one.
+async fn accept_resp(resp: Option<&TcpListener>) -> std::io::Result<(TcpStream, SocketAddr)> {
+    match resp {
+        Some(l) => l.accept().await,
+        None => std::future::pending().await,
     }
 }
 

@@ -2,7 +2,8 @@
 //! confirmed by majority reads from a reserved window (`--serve window`, the default) or
 //! one write round per batch (`--serve rounds`). Usage: `idbroker --listen ADDR --nodes URLS`. Prints `listening on ADDR` on
 //! stdout once bound and, with `--serve window`, once it leads or knows the leader (so
-//! scripts and tests can use port 0 and be served at once); logs go to stderr (RUST_LOG).
+//! scripts and tests can use port 0 and be served at once), then `resp listening on ADDR`
+//! with `--resp-listen`; logs go to stderr (RUST_LOG).
 
 use anyhow::Context;
 use broker::{
@@ -27,6 +28,10 @@ struct Flags {
     /// Address to listen on (host:port; port 0 picks a free one).
     #[arg(long)]
     listen: String,
+    /// Also serve the RESP protocol (any Redis client: `QLIST.NEXT [count]`) on this
+    /// address; off by default. Prints `resp listening on ADDR` once bound.
+    #[arg(long, value_name = "ADDR")]
+    resp_listen: Option<String>,
     /// The quorum (`--nodes` required).
     #[command(flatten)]
     quorum: QuorumArgs,
@@ -95,6 +100,7 @@ enum Serve {
 
 struct Config {
     listen: String,
+    resp_listen: Option<String>,
     serve: Serve,
     /// The election's timing; its address is `advertise`, or the bound address.
     election: ElectionConfig,
@@ -134,6 +140,7 @@ impl Config {
         election.validate().map_err(qcli::usage)?;
         Ok(Config {
             listen: f.listen,
+            resp_listen: f.resp_listen,
             serve: f.serve,
             election,
             advertise: f.advertise,
@@ -181,6 +188,14 @@ async fn run(mut config: Config) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("--listen {}: cannot bind", config.listen))?;
     let addr = listener.local_addr().context("listener address")?;
+    let resp = match &config.resp_listen {
+        Some(a) => Some(
+            tokio::net::TcpListener::bind(a)
+                .await
+                .with_context(|| format!("--resp-listen {a}: cannot bind"))?,
+        ),
+        None => None,
+    };
     let election = match config.serve {
         Serve::Window => Some(
             QuorumElection::connect(&config.quorum)
@@ -192,16 +207,23 @@ async fn run(mut config: Config) -> anyhow::Result<()> {
     let quorum = QuorumClient::connect(config.quorum)
         .await
         .context("connecting to the quorum")?;
+    let resp_addr = match &resp {
+        Some(resp) => Some(resp.local_addr().context("RESP listener address")?),
+        None => None,
+    };
     let say_listening = || {
         let mut out = std::io::stdout();
-        writeln!(out, "listening on {addr}")
-            .and_then(|()| out.flush())
-            .context("stdout")
+        writeln!(out, "listening on {addr}").context("stdout")?;
+        if let Some(resp_addr) = resp_addr {
+            writeln!(out, "resp listening on {resp_addr}").context("stdout")?;
+        }
+        out.flush().context("stdout")
     };
     let stats = match config.serve {
         Serve::Rounds => {
             say_listening()?;
-            broker::run(listener, Arc::new(quorum), config.broker, shutdown_signal()).await?
+            let source = Arc::new(quorum);
+            broker::run_with(listener, resp, source, config.broker, shutdown_signal()).await?
         }
         Serve::Window => {
             let window = Arc::new(WindowSource::new(Arc::new(quorum)));
@@ -231,7 +253,7 @@ async fn run(mut config: Config) -> anyhow::Result<()> {
                     source.resign().await;
                 }
             };
-            let stats = broker::run(listener, source, config.broker, shutdown).await;
+            let stats = broker::run_with(listener, resp, source, config.broker, shutdown).await;
             logger.abort();
             log_window(&window.stats(), "window serving stopped");
             stats?
