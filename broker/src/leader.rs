@@ -405,9 +405,7 @@ impl<E: ElectionQuorum> Machine<E> {
                         self.changed = Instant::now();
                         self.timeout = self.draw_timeout();
                         self.term = hb.term;
-                        if self.leader.as_deref() != Some(hb.addr.as_str()) {
-                            self.leader = Some(hb.addr);
-                        }
+                        self.leader = Some(hb.addr);
                         self.publish();
                     }
                 }
