@@ -48,6 +48,13 @@ pub trait RoundSource: Send + Sync + 'static {
     fn describe(&self, stats: &mut BrokerStats) {
         stats.role = "rounds".to_string();
     }
+
+    /// `Some(leader)` when this broker must not serve: each `NextIds` is then answered
+    /// with a redirect to `leader` (`None`: no leader known) and never started. Called
+    /// once per request, which it may count. The default serves everything.
+    fn redirect(&self) -> Option<Option<String>> {
+        None
+    }
 }
 
 impl RoundSource for QuorumClient {

@@ -127,12 +127,17 @@ impl ConnState {
     }
 }
 
+/// The source's [`RoundSource::redirect`](crate::RoundSource::redirect), asked before a
+/// request is queued.
+pub(crate) type Redirect = Arc<dyn Fn() -> Option<Option<String>> + Send + Sync>;
+
 /// What every connection shares.
 pub(crate) struct Ctx {
     pub config: Arc<BrokerConfig>,
     pub stats: Arc<Stats>,
     pub batch_tx: mpsc::Sender<Pending>,
     pub stopping: watch::Receiver<bool>,
+    pub redirect: Redirect,
 }
 
 /// Serves one connection until the peer leaves, misbehaves, idles out, is evicted or
@@ -363,6 +368,11 @@ pub(crate) async fn next_ids(
         let error =
             IdError::BadRequest(format!("count {count} is outside 1..={}", config.max_count));
         return reply(out_tx, ServerMsg::Failed { id, error }, Some(permit)).await;
+    }
+    if let Some(leader) = (ctx.redirect)() {
+        // Not the leader: nothing is started for this request (DESIGN.md, "Leader and
+        // followers"); the client resends it to `leader`.
+        return reply(out_tx, ServerMsg::Redirect { id, leader }, Some(permit)).await;
     }
     let requested = match deadline_ms {
         0 => config.default_deadline,

@@ -13,6 +13,9 @@
 //!   also serves RESP (any Redis client, `QLIST.NEXT`) on a second listener.
 //! - [`BrokerConfig`]: every limit, with defaults from the named constants below.
 //! - [`Stats`]: counters, readable over the wire (`ClientMsg::Stats`) and logged.
+//! - [`WindowSource`] (`--serve window`): batches served from confirmed windows; wrapped
+//!   in a [`LeaderSource`] ([`leader`]) it serves only while elected, and otherwise
+//!   answers each request with a redirect to the leader ([`RoundSource::redirect`]).
 //!
 //! Limits: at most [`BrokerConfig::max_connections`] connections (at the cap, a new
 //! connection evicts the longest-idle one, or is refused if none has been idle for
@@ -25,12 +28,14 @@
 
 pub mod batcher;
 mod conn;
+pub mod leader;
 mod resp;
 pub mod stats;
 pub mod window;
 
 pub use batcher::RoundSource;
 pub use idproto::wire::BrokerStats;
+pub use leader::{ElectionConfig, ElectionQuorum, LeaderSource, QuorumElection};
 pub use resp::MAX_REQUEST_LEN as MAX_RESP_REQUEST_LEN;
 pub use stats::Stats;
 pub use window::{WindowMutant, WindowQuorum, WindowSource, WindowStats};
@@ -273,6 +278,10 @@ pub async fn run_with<S: RoundSource>(
         max_round_ids: config.max_round_ids,
         name: name.clone(),
     };
+    let redirect: conn::Redirect = {
+        let source = source.clone();
+        Arc::new(move || source.redirect())
+    };
     let batcher = tokio::spawn(batcher::run(
         source,
         batch_rx,
@@ -283,6 +292,7 @@ pub async fn run_with<S: RoundSource>(
     let logger = tokio::spawn(log_stats(stats.clone(), config.stats_interval));
     let (done_tx, mut done_rx) = mpsc::channel::<()>(1);
     let mut acceptor = Acceptor::new(config, stats.clone(), batch_tx, stopping, done_tx);
+    acceptor.redirect = Some(redirect);
     tracing::info!(listen = %name, "broker serving");
     if let Some(addr) = resp.as_ref().and_then(|l| l.local_addr().ok()) {
         tracing::info!(listen = %addr, "broker serving RESP");
@@ -321,6 +331,8 @@ struct Acceptor {
     refusing: Arc<Semaphore>,
     conns: Conns,
     next_conn: u64,
+    /// The source's redirect check (none: serve everything).
+    redirect: Option<conn::Redirect>,
 }
 
 impl Acceptor {
@@ -336,6 +348,7 @@ impl Acceptor {
             refusing: Arc::new(Semaphore::new(MAX_REFUSING)),
             conns: Arc::default(),
             next_conn: 0,
+            redirect: None,
             config,
             stats,
             batch_tx,
@@ -407,6 +420,7 @@ impl Acceptor {
             stats: self.stats.clone(),
             batch_tx: self.batch_tx.clone(),
             stopping: self.stopping.clone(),
+            redirect: self.redirect.clone().unwrap_or_else(|| Arc::new(|| None)),
         };
         let state = Arc::new(conn::ConnState::new(self.config.max_in_flight_per_conn));
         self.next_conn += 1;

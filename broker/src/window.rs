@@ -38,6 +38,7 @@ use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
+use tokio::sync::Notify;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -185,6 +186,8 @@ pub struct WindowSource<Q> {
     window: tokio::sync::Mutex<Window>,
     counters: Counters,
     mutant: Option<WindowMutant>,
+    /// Notified when another writer killed the window (see [`WindowSource::died`]).
+    died: Arc<Notify>,
 }
 
 impl<Q: WindowQuorum> WindowSource<Q> {
@@ -208,6 +211,7 @@ impl<Q: WindowQuorum> WindowSource<Q> {
             }),
             counters,
             mutant: None,
+            died: Arc::new(Notify::new()),
         }
     }
 
@@ -216,6 +220,13 @@ impl<Q: WindowQuorum> WindowSource<Q> {
     pub fn with_mutant(mut self, mutant: WindowMutant) -> WindowSource<Q> {
         self.mutant = Some(mutant);
         self
+    }
+
+    /// Notified (one stored permit) whenever another writer killed the window: a
+    /// confirmation read above TOP, or a contiguous reservation lost. A leader takes it
+    /// as a hint that a newer leader may exist (DESIGN.md, "Leader and followers").
+    pub fn died(&self) -> Arc<Notify> {
+        self.died.clone()
     }
 
     /// A snapshot of the counters.
@@ -259,6 +270,7 @@ impl<Q: WindowQuorum> WindowSource<Q> {
         let keep = self.mutant == Some(WindowMutant::KeepDeadWindow) && w.available() >= n;
         if (!w.alive || max > w.top) && !keep {
             self.counters.confirmations_failed.fetch_add(1, Relaxed);
+            self.died.notify_one();
             self.kill(&mut w);
             return self.fresh(&mut w, n, deadline).await;
         }
@@ -323,6 +335,7 @@ impl<Q: WindowQuorum> WindowSource<Q> {
             }
             Ok(Ok(false)) | Ok(Err(_)) | Err(_) => {
                 self.counters.reservations_lost.fetch_add(1, Relaxed);
+                self.died.notify_one();
                 if self.mutant != Some(WindowMutant::KeepDeadWindow) {
                     self.kill(w);
                 }

@@ -197,14 +197,21 @@ async fn two_brokers_callers_split_is_linearizable() {
         .flatten()
         .collect();
     assert_linearizable(&events);
-    // Two brokers contend on the quorum; each retries its rounds, so all succeed.
     assert_eq!(ok_count(&events), events.len());
-    for addr in [&b1.addr, &b2.addr] {
-        assert!(
-            fetch_stats(addr).await.expect("stats").requests_ok > 0,
-            "{addr} served nothing"
-        );
-    }
+    // One leader serves; the follower redirected the callers that started with it.
+    let s1 = fetch_stats(&b1.addr).await.expect("stats");
+    let s2 = fetch_stats(&b2.addr).await.expect("stats");
+    let (lead, follow) = if s1.role == "leader" {
+        (s1, s2)
+    } else {
+        (s2, s1)
+    };
+    assert_eq!(
+        (lead.role.as_str(), follow.role.as_str()),
+        ("leader", "follower")
+    );
+    assert!(lead.requests_ok > 0, "the leader served nothing");
+    assert!(follow.redirects > 0, "the follower redirected nothing");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

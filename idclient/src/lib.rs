@@ -10,6 +10,8 @@
 //! - `register`: what the client needs of a node, two traits: [`Register`] (the
 //!   conditional write and the read) and [`Rendezvous`] (join, close, finish, results).
 //! - `script` (the Lua scripts), `node` (one Redis node: [`Node`], implementing both).
+//! - `node::heartbeat`: the broker leader's volatile heartbeat on the nodes
+//!   ([`Heartbeat`], [`refresh_heartbeat`], [`read_heartbeats`], [`resign_heartbeat`]).
 //! - `combine`: a client's subscription to batch results, and waiting for one.
 //! - `quorum`: [`QuorumClient`], the direct client. One conditional-write round per
 //!   request ([`Protocol::Fast`], the default) or read-then-write ([`Protocol::Classic`]);
@@ -45,6 +47,9 @@ mod rendezvous;
 mod script;
 
 pub use idproto::{error, IdError, IdRange, IdSource, NodeFailure};
+pub use node::heartbeat::{
+    read_heartbeats, refresh_heartbeat, resign_heartbeat, Heartbeat, Refresh,
+};
 pub use node::{Identity, Node, NodeAddr};
 pub use quorum::{
     check_nodes, ClientConfig, Combine, Counters, NodeCheck, Protocol, QuorumClient, BACKOFF_CAP,

@@ -645,5 +645,7 @@ impl Node {
     }
 }
 
+pub(crate) mod heartbeat;
+
 #[cfg(test)]
 mod tests;

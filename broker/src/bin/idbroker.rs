@@ -1,11 +1,14 @@
 //! idbroker: serves IDs from a Redis quorum to many clients, in group-commit batches
 //! confirmed by majority reads from a reserved window (`--serve window`, the default) or
 //! one write round per batch (`--serve rounds`). Usage: `idbroker --listen ADDR --nodes URLS`. Prints `listening on ADDR` on
-//! stdout once bound (so scripts and tests can use port 0), then `resp listening on ADDR`
+//! stdout once bound and, with `--serve window`, once it leads or knows the leader (so
+//! scripts and tests can use port 0 and be served at once), then `resp listening on ADDR`
 //! with `--resp-listen`; logs go to stderr (RUST_LOG).
 
 use anyhow::Context;
-use broker::{BrokerConfig, WindowSource, WindowStats};
+use broker::{
+    BrokerConfig, ElectionConfig, LeaderSource, QuorumElection, WindowSource, WindowStats,
+};
 use clap::Parser;
 use idclient::{ClientConfig, QuorumClient};
 use qcli::{DeadlineArgs, QuorumArgs};
@@ -68,6 +71,19 @@ struct Flags {
     /// `rounds` runs one write round per batch. Both keep every guarantee (DESIGN.md).
     #[arg(long, value_enum, default_value_t = Serve::Window)]
     serve: Serve,
+    /// `--serve window`: a follower stands for election after no change of the leader's
+    /// heartbeat for a random time in [T, 2T) of this T; a leader steps down after T
+    /// without refreshing a majority, milliseconds.
+    #[arg(long, default_value_t = broker::leader::ELECTION_TIMEOUT.as_millis() as u64)]
+    election_timeout_ms: u64,
+    /// `--serve window`: the leader refreshes its heartbeat (and followers read it) this
+    /// often, milliseconds.
+    #[arg(long, default_value_t = broker::leader::HEARTBEAT.as_millis() as u64)]
+    heartbeat_ms: u64,
+    /// `--serve window`: the address clients reach this broker at, sent to them in
+    /// redirects by the other brokers (default: the bound listen address).
+    #[arg(long)]
+    advertise: Option<String>,
     /// Seconds between two counter log lines.
     #[arg(long, default_value_t = broker::STATS_INTERVAL.as_secs())]
     stats_interval_secs: u64,
@@ -86,6 +102,9 @@ struct Config {
     listen: String,
     resp_listen: Option<String>,
     serve: Serve,
+    /// The election's timing; its address is `advertise`, or the bound address.
+    election: ElectionConfig,
+    advertise: Option<String>,
     quorum: ClientConfig,
     broker: BrokerConfig,
 }
@@ -113,10 +132,18 @@ impl Config {
             ..BrokerConfig::default()
         };
         broker.validate().map_err(|e| qcli::usage(e.to_string()))?;
+        let election = ElectionConfig {
+            election_timeout: Duration::from_millis(f.election_timeout_ms),
+            heartbeat: Duration::from_millis(f.heartbeat_ms),
+            ..ElectionConfig::new(f.advertise.clone().unwrap_or_else(|| f.listen.clone()))
+        };
+        election.validate().map_err(qcli::usage)?;
         Ok(Config {
             listen: f.listen,
             resp_listen: f.resp_listen,
             serve: f.serve,
+            election,
+            advertise: f.advertise,
             quorum,
             broker,
         })
@@ -153,7 +180,7 @@ fn start(flags: Flags) -> anyhow::Result<()> {
         .block_on(run(config))
 }
 
-async fn run(config: Config) -> anyhow::Result<()> {
+async fn run(mut config: Config) -> anyhow::Result<()> {
     if config.quorum.unsafe_skip_durability_check {
         tracing::warn!("--unsafe-skip-durability-check: nodes that lose acknowledged writes can make this broker REPEAT IDs");
     }
@@ -169,35 +196,66 @@ async fn run(config: Config) -> anyhow::Result<()> {
         ),
         None => None,
     };
+    let election = match config.serve {
+        Serve::Window => Some(
+            QuorumElection::connect(&config.quorum)
+                .await
+                .context("connecting to the quorum (election)")?,
+        ),
+        Serve::Rounds => None,
+    };
     let quorum = QuorumClient::connect(config.quorum)
         .await
         .context("connecting to the quorum")?;
-    let mut out = std::io::stdout();
-    writeln!(out, "listening on {addr}").context("stdout")?;
-    if let Some(resp) = &resp {
-        let resp_addr = resp.local_addr().context("RESP listener address")?;
-        writeln!(out, "resp listening on {resp_addr}").context("stdout")?;
-    }
-    out.flush().context("stdout")?;
+    let resp_addr = match &resp {
+        Some(resp) => Some(resp.local_addr().context("RESP listener address")?),
+        None => None,
+    };
+    let say_listening = || {
+        let mut out = std::io::stdout();
+        writeln!(out, "listening on {addr}").context("stdout")?;
+        if let Some(resp_addr) = resp_addr {
+            writeln!(out, "resp listening on {resp_addr}").context("stdout")?;
+        }
+        out.flush().context("stdout")
+    };
     let stats = match config.serve {
         Serve::Rounds => {
+            say_listening()?;
             let source = Arc::new(quorum);
             broker::run_with(listener, resp, source, config.broker, shutdown_signal()).await?
         }
         Serve::Window => {
-            let source = Arc::new(WindowSource::new(Arc::new(quorum)));
+            let window = Arc::new(WindowSource::new(Arc::new(quorum)));
+            config.election.advertise = config.advertise.unwrap_or_else(|| {
+                if addr.ip().is_unspecified() {
+                    tracing::warn!(%addr, "listening on a wildcard address without --advertise: followers will redirect clients to {addr}, which they cannot reach");
+                }
+                addr.to_string()
+            });
+            let election = Arc::new(election.context("election quorum")?);
+            let limit = config.election.election_timeout * 4;
+            let source = LeaderSource::start(window.clone(), election, config.election)
+                .map_err(|e| anyhow::anyhow!("election: {e}"))?;
+            // Clients that connect as soon as we say so find a leader (or are one).
+            if !source.election().wait_settled(limit).await {
+                tracing::warn!(?limit, "no leader known yet; serving redirects meanwhile");
+            }
+            say_listening()?;
             let every = config.broker.stats_interval;
-            let logger = tokio::spawn(log_window_stats(source.clone(), every));
-            let stats = broker::run_with(
-                listener,
-                resp,
-                source.clone(),
-                config.broker,
-                shutdown_signal(),
-            )
-            .await;
+            let logger = tokio::spawn(log_window_stats(window.clone(), every));
+            let source = Arc::new(source);
+            // On SIGTERM/SIGINT, hand the lead over first: the followers stand at once.
+            let shutdown = {
+                let source = source.clone();
+                async move {
+                    shutdown_signal().await;
+                    source.resign().await;
+                }
+            };
+            let stats = broker::run_with(listener, resp, source, config.broker, shutdown).await;
             logger.abort();
-            log_window(&source.stats(), "window serving stopped");
+            log_window(&window.stats(), "window serving stopped");
             stats?
         }
     };

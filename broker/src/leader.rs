@@ -1,0 +1,622 @@
+//! Leader election among window-serving brokers (DESIGN.md, "Leader and followers").
+//!
+//! Brokers serving from windows would kill each other's windows (safe, but holes and
+//! extra fsync rounds), so they elect one leader through the same quorum, in terms:
+//!
+//! - Term register: the key `<key>:term` on every node is an ID register like `<key>`
+//!   itself. A candidate proposes `T` = (highest term it has seen) + 1 with the
+//!   conditional write "if term < T then term = T" ([`ElectionQuorum::claim_term`]); a
+//!   majority accepting makes it leader of `T`. Two candidates never both win `T` (any two
+//!   majorities share a node, which accepts `T` once), terms are fsync'd and never reused.
+//! - Heartbeat: the leader refreshes the volatile key `<key>:leader` = `TERM SEQ ADDR` on
+//!   every node every [`ElectionConfig::heartbeat`] ([`idclient::refresh_heartbeat`]; no
+//!   fsync). A follower reads it from a majority at the same pace and counts the leader
+//!   alive while the newest heartbeat it sees keeps CHANGING (a later `SEQ` or term). When
+//!   it sees no change for its election timeout (randomized in `[t, 2t)` for
+//!   `t` = [`ElectionConfig::election_timeout`], redrawn on every change, so followers
+//!   rarely stand at once) it becomes a candidate. A follower that finds no heartbeat
+//!   at all on a majority (a fresh quorum, or a leader that resigned on shutdown,
+//!   [`LeaderSource::resign`]) stands after two heartbeat intervals: there is no leader
+//!   to wait for.
+//! - Step down: a leader becomes a follower when a refresh finds the heartbeat of a higher
+//!   term on a node, when it could not refresh a majority for `t`, or when its window died
+//!   (another writer got past it: the new leader's reservation, or a direct client) and
+//!   the term register shows a higher term.
+//!
+//! Only the leader serves; a follower or candidate answers `NextIds` with a redirect to
+//! the leader it knows ([`LeaderSource::redirect`]). Safety never depends on any of this:
+//! windows stay safe with two leaders (they only cost holes), so timing only decides who
+//! serves and how fast a failover is.
+
+use crate::batcher::RoundSource;
+use crate::window::{WindowQuorum, WindowSource};
+use futures::future::{BoxFuture, FutureExt};
+use idclient::{ClientConfig, Combine, Heartbeat, IdError, IdRange, Node, QuorumClient, Refresh};
+use idproto::wire::BrokerStats;
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use std::future::Future;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::Notify;
+use tokio::task::JoinHandle;
+use tokio::time::{sleep_until, Instant};
+
+/// Default base election timeout (`--election-timeout-ms`): a follower waits `[t, 2t)`.
+pub const ELECTION_TIMEOUT: Duration = Duration::from_millis(200);
+
+/// Default heartbeat interval (`--heartbeat-ms`): the leader's refresh and the
+/// followers' read pace.
+pub const HEARTBEAT: Duration = Duration::from_millis(50);
+
+/// What the election needs from the quorum. [`QuorumElection`] is the real one; the unit
+/// tests plug in a fake.
+pub trait ElectionQuorum: Send + Sync + 'static {
+    /// The highest term on a majority (reads started after this call).
+    fn read_term(&self, deadline: Instant) -> impl Future<Output = Result<u64, IdError>> + Send;
+
+    /// "If term < `term` then term = `term`" on every node: `Ok(true)` when a majority
+    /// accepted, which makes the caller leader of `term`.
+    fn claim_term(
+        &self,
+        term: u64,
+        deadline: Instant,
+    ) -> impl Future<Output = Result<bool, IdError>> + Send;
+
+    /// Refreshes `hb` on every node (see [`idclient::refresh_heartbeat`]).
+    fn refresh(
+        &self,
+        hb: Heartbeat,
+        ttl: Duration,
+        deadline: Instant,
+    ) -> impl Future<Output = Refresh> + Send;
+
+    /// What a majority of nodes hold as heartbeat (see [`idclient::read_heartbeats`]).
+    fn read_heartbeats(
+        &self,
+        deadline: Instant,
+    ) -> impl Future<Output = Result<Vec<Option<Heartbeat>>, IdError>> + Send;
+
+    /// Deletes the heartbeat of `term` wherever it is (see [`idclient::resign_heartbeat`]).
+    fn resign(&self, term: u64, deadline: Instant) -> impl Future<Output = ()> + Send;
+
+    /// How many nodes make a majority.
+    fn majority(&self) -> usize;
+}
+
+/// The election over real nodes: a [`QuorumClient`] on the term register `<key>:term`
+/// (its own connections, so election traffic never queues behind ID rounds), whose nodes
+/// also carry the heartbeat `<key>:leader`.
+pub struct QuorumElection {
+    terms: QuorumClient,
+    heartbeat_key: String,
+}
+
+impl QuorumElection {
+    /// Connects to the quorum `config` describes (its `key` is the ID register; the
+    /// election uses `<key>:term` and `<key>:leader` beside it).
+    ///
+    /// # Errors
+    /// As [`QuorumClient::connect`].
+    pub async fn connect(config: &ClientConfig) -> Result<QuorumElection, IdError> {
+        let mut terms = config.clone();
+        terms.key = format!("{}:term", config.key);
+        // One candidate per broker, one write per election: nothing to combine.
+        terms.combine = Combine::Never;
+        Ok(QuorumElection {
+            terms: QuorumClient::connect(terms).await?,
+            heartbeat_key: format!("{}:leader", config.key),
+        })
+    }
+
+    fn nodes(&self) -> &[Node] {
+        self.terms.nodes()
+    }
+}
+
+impl ElectionQuorum for QuorumElection {
+    fn read_term(&self, deadline: Instant) -> impl Future<Output = Result<u64, IdError>> + Send {
+        self.terms.read_max(deadline)
+    }
+
+    async fn claim_term(&self, term: u64, deadline: Instant) -> Result<bool, IdError> {
+        self.terms.reserve(term, term, deadline).await
+    }
+
+    async fn refresh(&self, hb: Heartbeat, ttl: Duration, deadline: Instant) -> Refresh {
+        idclient::refresh_heartbeat(self.nodes(), &self.heartbeat_key, &hb, ttl, deadline).await
+    }
+
+    fn read_heartbeats(
+        &self,
+        deadline: Instant,
+    ) -> impl Future<Output = Result<Vec<Option<Heartbeat>>, IdError>> + Send {
+        idclient::read_heartbeats(self.nodes(), &self.heartbeat_key, deadline)
+    }
+
+    async fn resign(&self, term: u64, deadline: Instant) {
+        idclient::resign_heartbeat(self.nodes(), &self.heartbeat_key, term, deadline).await;
+    }
+
+    fn majority(&self) -> usize {
+        self.nodes().len() / 2 + 1
+    }
+}
+
+/// The election's timing and this broker's address.
+#[derive(Debug, Clone)]
+pub struct ElectionConfig {
+    /// The address clients reach this broker at (`--advertise`), sent in redirects.
+    pub advertise: String,
+    /// Base election timeout `t`: a follower stands after `[t, 2t)` without a change of
+    /// heartbeat; a leader steps down after `t` without refreshing a majority.
+    pub election_timeout: Duration,
+    /// The leader's refresh interval, and the followers' read interval.
+    pub heartbeat: Duration,
+    /// Seeds the timeout jitter (tests replay exactly); `None`: from the OS.
+    pub seed: Option<u64>,
+}
+
+impl ElectionConfig {
+    /// Defaults ([`ELECTION_TIMEOUT`], [`HEARTBEAT`]) for a broker reached at `advertise`.
+    pub fn new(advertise: impl Into<String>) -> ElectionConfig {
+        ElectionConfig {
+            advertise: advertise.into(),
+            election_timeout: ELECTION_TIMEOUT,
+            heartbeat: HEARTBEAT,
+            seed: None,
+        }
+    }
+
+    /// Checks that the timing makes sense.
+    ///
+    /// # Errors
+    /// A message naming the bad setting.
+    pub fn validate(&self) -> Result<(), String> {
+        if self.heartbeat.is_zero() {
+            return Err("the heartbeat interval must be positive".into());
+        }
+        if self.election_timeout < self.heartbeat * 2 {
+            return Err(format!(
+                "the election timeout ({:?}) must be at least twice the heartbeat interval ({:?})",
+                self.election_timeout, self.heartbeat
+            ));
+        }
+        if self.election_timeout > Duration::from_secs(3600) {
+            return Err("the election timeout must be at most an hour".into());
+        }
+        if self.advertise.trim().is_empty() {
+            return Err("the advertised address must not be empty".into());
+        }
+        Ok(())
+    }
+
+    /// How long the heartbeat key lives: several timeouts, so a follower still finds its
+    /// leader's address after a few missed refreshes. Liveness is judged by change.
+    fn ttl(&self) -> Duration {
+        self.election_timeout * 4
+    }
+}
+
+/// A broker's part in the election.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Follower,
+    Candidate,
+    Leader,
+}
+
+impl Role {
+    /// As `BrokerStats::role` shows it.
+    pub fn name(self) -> &'static str {
+        match self {
+            Role::Follower => "follower",
+            Role::Candidate => "candidate",
+            Role::Leader => "leader",
+        }
+    }
+}
+
+/// Where the election stands, as this broker sees it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Status {
+    pub role: Role,
+    /// The highest term seen (0: none yet).
+    pub term: u64,
+    /// The leader's advertised address, if one is known.
+    pub leader: Option<String>,
+}
+
+/// The election's state, shared by its task and the serving path.
+pub struct Election {
+    status: Mutex<Status>,
+    /// `status.role == Leader`, readable without the lock on every request.
+    leading: AtomicBool,
+    redirects: AtomicU64,
+    elections: AtomicU64,
+}
+
+impl Election {
+    fn new() -> Election {
+        Election {
+            status: Mutex::new(Status {
+                role: Role::Follower,
+                term: 0,
+                leader: None,
+            }),
+            leading: AtomicBool::new(false),
+            redirects: AtomicU64::new(0),
+            elections: AtomicU64::new(0),
+        }
+    }
+
+    /// Where the election stands now.
+    pub fn status(&self) -> Status {
+        self.lock().clone()
+    }
+
+    /// Elections this broker stood in (won or lost).
+    pub fn elections(&self) -> u64 {
+        self.elections.load(Relaxed)
+    }
+
+    /// Waits until this broker leads or knows a leader, at most `limit`: whether it
+    /// does. (idbroker waits for this before it says it is listening, so a client that
+    /// connects at once is served or redirected to a leader, not told "no leader yet".)
+    pub async fn wait_settled(&self, limit: Duration) -> bool {
+        let end = Instant::now() + limit;
+        loop {
+            let s = self.status();
+            if s.role == Role::Leader || (s.role == Role::Follower && s.leader.is_some()) {
+                return true;
+            }
+            if Instant::now() >= end {
+                return false;
+            }
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Status> {
+        // Plain assignments: a panic elsewhere cannot leave it inconsistent.
+        self.status.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn set(&self, role: Role, term: u64, leader: Option<String>) {
+        let mut s = self.lock();
+        if s.role != role || s.term != term || s.leader != leader {
+            tracing::info!(
+                role = role.name(),
+                term,
+                leader = leader.as_deref().unwrap_or("(none)"),
+                "election"
+            );
+        }
+        *s = Status { role, term, leader };
+        self.leading.store(role == Role::Leader, Relaxed);
+    }
+}
+
+/// The election task's own state.
+struct Machine<E> {
+    quorum: Arc<E>,
+    config: ElectionConfig,
+    shared: Arc<Election>,
+    window_died: Arc<Notify>,
+    rng: StdRng,
+    role: Role,
+    term: u64,
+    leader: Option<String>,
+    /// Follower: the newest heartbeat seen, and when it last changed.
+    newest: Option<(u64, u64)>,
+    changed: Instant,
+    timeout: Duration,
+    /// Leader: the refresh counter and the last refresh a majority took.
+    seq: u64,
+    refreshed: Instant,
+}
+
+impl<E: ElectionQuorum> Machine<E> {
+    /// A follower that has seen nothing yet.
+    fn new(
+        quorum: Arc<E>,
+        config: ElectionConfig,
+        shared: Arc<Election>,
+        window_died: Arc<Notify>,
+    ) -> Machine<E> {
+        let rng = match config.seed {
+            Some(seed) => StdRng::seed_from_u64(seed),
+            None => StdRng::from_entropy(),
+        };
+        let now = Instant::now();
+        let mut machine = Machine {
+            quorum,
+            shared,
+            window_died,
+            rng,
+            role: Role::Follower,
+            term: 0,
+            leader: None,
+            newest: None,
+            changed: now,
+            timeout: config.election_timeout,
+            seq: 0,
+            refreshed: now,
+            config,
+        };
+        machine.timeout = machine.draw_timeout();
+        machine
+    }
+
+    fn draw_timeout(&mut self) -> Duration {
+        let t = self.config.election_timeout;
+        let jitter = self.rng.gen_range(0..t.as_micros().max(1) as u64);
+        t + Duration::from_micros(jitter)
+    }
+
+    fn publish(&self) {
+        self.shared.set(self.role, self.term, self.leader.clone());
+    }
+
+    /// Becomes a follower of `leader` (if known) in `term`, with a fresh timeout.
+    fn follow(&mut self, term: u64, leader: Option<String>, why: &str) {
+        if self.role == Role::Leader {
+            tracing::warn!(term = self.term, new_term = term, "stepping down: {why}");
+            // Its own last heartbeat is no sign of a live leader to itself.
+            let own = (self.term, self.seq);
+            if self.newest.is_none_or(|n| own > n) {
+                self.newest = Some(own);
+            }
+        }
+        self.role = Role::Follower;
+        self.term = self.term.max(term);
+        self.leader = leader;
+        self.changed = Instant::now();
+        self.timeout = self.draw_timeout();
+        self.publish();
+    }
+
+    /// Runs forever (the owner aborts the task).
+    async fn run(mut self) {
+        self.publish();
+        loop {
+            match self.role {
+                Role::Follower => self.watch().await,
+                Role::Candidate => self.stand().await,
+                Role::Leader => self.lead().await,
+            }
+        }
+    }
+
+    /// One follower step: read the heartbeats, note a change, stand after a timeout.
+    async fn watch(&mut self) {
+        let tick = Instant::now() + self.config.heartbeat;
+        let mut nobody = false;
+        match self.quorum.read_heartbeats(tick).await {
+            Ok(seen) => {
+                nobody = seen.iter().all(Option::is_none);
+                let newest = seen.into_iter().flatten().max_by_key(Heartbeat::key);
+                // Only a leader of the highest term seen counts: one of an older term has
+                // been superseded (it steps down once it sees the newer term).
+                if let Some(hb) = newest.filter(|hb| hb.term >= self.term) {
+                    if self.newest.is_none_or(|n| hb.key() > n) {
+                        self.newest = Some(hb.key());
+                        self.changed = Instant::now();
+                        self.timeout = self.draw_timeout();
+                        self.term = hb.term;
+                        self.leader = Some(hb.addr);
+                        self.publish();
+                    }
+                }
+            }
+            Err(e) => tracing::debug!("heartbeat read failed: {e}"),
+        }
+        // A majority showing no heartbeat at all has no leader to wait for (a fresh
+        // quorum, or a leader that resigned): stand after two heartbeats, time enough for
+        // a leader just elected to show itself.
+        let quiet = self.changed.elapsed();
+        let nobody = nobody && quiet >= self.config.heartbeat * 2;
+        if nobody || quiet >= self.timeout {
+            if nobody {
+                tracing::info!("no heartbeat on a majority: standing for election");
+            } else {
+                tracing::info!(
+                    term = self.term,
+                    timeout = ?self.timeout,
+                    "no change of heartbeat for the election timeout: standing for election"
+                );
+            }
+            self.role = Role::Candidate;
+            self.leader = None;
+            self.publish();
+            return;
+        }
+        sleep_until(tick).await;
+    }
+
+    /// One candidate step: claim the next term; leader on a win, follower otherwise.
+    async fn stand(&mut self) {
+        self.shared.elections.fetch_add(1, Relaxed);
+        let deadline = Instant::now() + self.config.election_timeout;
+        let highest = match self.quorum.read_term(deadline).await {
+            Ok(t) => t.max(self.term),
+            Err(e) => {
+                tracing::warn!("election: cannot read the term register: {e}");
+                return self.follow(self.term, None, "no term");
+            }
+        };
+        let Some(term) = highest.checked_add(1) else {
+            tracing::error!("election: the term register is at u64::MAX; no more terms");
+            return self.follow(highest, None, "terms exhausted");
+        };
+        match self.quorum.claim_term(term, deadline).await {
+            Ok(true) => {
+                tracing::info!(term, "won the election: leading");
+                self.role = Role::Leader;
+                self.term = term;
+                self.leader = Some(self.config.advertise.clone());
+                self.seq = 0;
+                self.refreshed = Instant::now();
+                self.publish();
+            }
+            // Lost (or the outcome is unknown): whoever won shows up as a heartbeat of a
+            // term above `highest`; a leader of `highest` that is still alive is followed.
+            Ok(false) => self.follow(highest, None, "lost the election"),
+            Err(e) => {
+                tracing::warn!(term, "election: claiming the term failed: {e}");
+                self.follow(highest, None, "claim failed");
+            }
+        }
+    }
+
+    /// One leader step: refresh the heartbeat; step down on a higher term or a lost
+    /// majority; between refreshes, a dead window makes it look at the term register.
+    async fn lead(&mut self) {
+        let tick = Instant::now() + self.config.heartbeat;
+        self.seq += 1;
+        let hb = Heartbeat {
+            term: self.term,
+            seq: self.seq,
+            addr: self.config.advertise.clone(),
+        };
+        let refresh = self.quorum.refresh(hb, self.config.ttl(), tick).await;
+        if let Some(newer) = refresh.higher {
+            let why = format!("a node holds the heartbeat of term {}", newer.term);
+            self.newest = Some(newer.key());
+            return self.follow(newer.term, Some(newer.addr), &why);
+        }
+        if refresh.acked >= self.quorum.majority() {
+            self.refreshed = Instant::now();
+        } else if self.refreshed.elapsed() >= self.config.election_timeout {
+            let why = format!(
+                "no majority took the heartbeat for {:?} ({} of {} failed)",
+                self.config.election_timeout,
+                refresh.failures.len(),
+                refresh.acked + refresh.failures.len()
+            );
+            return self.follow(self.term, None, &why);
+        }
+        tokio::select! {
+            () = sleep_until(tick) => {}
+            () = self.window_died.notified() => {
+                let deadline = Instant::now() + self.config.election_timeout;
+                match self.quorum.read_term(deadline).await {
+                    Ok(t) if t > self.term => {
+                        self.follow(t, None, "the window died and the term register is higher");
+                    }
+                    Ok(_) => tracing::debug!("window died; still the leader of the highest term"),
+                    Err(e) => tracing::warn!("window died; cannot read the term register: {e}"),
+                }
+            }
+        }
+    }
+}
+
+/// A window-serving source that serves only while it leads: the [`WindowSource`] plus
+/// the election task (aborted when this is dropped).
+pub struct LeaderSource<Q> {
+    window: Arc<WindowSource<Q>>,
+    election: Arc<Election>,
+    task: JoinHandle<()>,
+    /// Deletes the heartbeat of a term, within a time (the quorum's
+    /// [`ElectionQuorum::resign`]).
+    resign: Box<dyn Fn(u64, Duration) -> BoxFuture<'static, ()> + Send + Sync>,
+    heartbeat: Duration,
+}
+
+impl<Q: WindowQuorum> LeaderSource<Q> {
+    /// Serves from `window` while elected through `quorum`; starts the election task.
+    ///
+    /// # Errors
+    /// A configuration that [`ElectionConfig::validate`] refuses.
+    pub fn start<E: ElectionQuorum>(
+        window: Arc<WindowSource<Q>>,
+        quorum: Arc<E>,
+        config: ElectionConfig,
+    ) -> Result<LeaderSource<Q>, String> {
+        config.validate()?;
+        let election = Arc::new(Election::new());
+        let heartbeat = config.heartbeat;
+        let resign = {
+            let quorum = quorum.clone();
+            Box::new(move |term, within| {
+                let quorum = quorum.clone();
+                async move { quorum.resign(term, Instant::now() + within).await }.boxed()
+            })
+        };
+        let machine = Machine::new(quorum, config, election.clone(), window.died());
+        let task = tokio::spawn(machine.run());
+        Ok(LeaderSource {
+            window,
+            election,
+            task,
+            resign,
+            heartbeat,
+        })
+    }
+
+    /// Leaves the election for good (a graceful shutdown): stops the election task and,
+    /// if leading, deletes its heartbeat so the followers stand at once instead of after
+    /// their timeout. Batches already queued are still served (safety never depends on
+    /// who leads); new requests are redirected.
+    pub async fn resign(&self) {
+        self.task.abort();
+        let s = self.election.status();
+        self.election.set(Role::Follower, s.term, None);
+        if s.role == Role::Leader {
+            tracing::info!(term = s.term, "resigning the lead");
+            (self.resign)(s.term, self.heartbeat * 2).await;
+        }
+    }
+
+    /// The window this source serves from.
+    pub fn window(&self) -> &Arc<WindowSource<Q>> {
+        &self.window
+    }
+
+    /// The election's state.
+    pub fn election(&self) -> &Arc<Election> {
+        &self.election
+    }
+}
+
+impl<Q> Drop for LeaderSource<Q> {
+    fn drop(&mut self) {
+        self.task.abort();
+    }
+}
+
+impl<Q: WindowQuorum> RoundSource for LeaderSource<Q> {
+    fn next_ids_until(
+        &self,
+        n: u64,
+        deadline: Instant,
+    ) -> impl Future<Output = Result<IdRange, IdError>> + Send {
+        // A batch queued while leading is served even if the broker stepped down since:
+        // windows are safe with any number of leaders.
+        self.window.next_ids_until(n, deadline)
+    }
+
+    fn describe(&self, stats: &mut BrokerStats) {
+        self.window.describe(stats);
+        let s = self.election.status();
+        stats.role = s.role.name().to_string();
+        stats.term = s.term;
+        stats.leader = s.leader;
+        stats.redirects = self.election.redirects.load(Relaxed);
+    }
+
+    /// Not the leader: `Some(leader)` (counted as a redirect), the request is not started.
+    fn redirect(&self) -> Option<Option<String>> {
+        if self.election.leading.load(Relaxed) {
+            return None;
+        }
+        let leader = self.election.lock().leader.clone();
+        self.election.redirects.fetch_add(1, Relaxed);
+        Some(leader)
+    }
+}
+
+#[cfg(test)]
+mod tests;

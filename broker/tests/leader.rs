@@ -1,0 +1,409 @@
+//! Leader election end to end: three real `idbroker --serve window` processes on one
+//! real 5-node redis quorum. One becomes leader, the others redirect; kill -9 the leader
+//! and another takes over; SIGSTOP the leader past the election timeout and SIGCONT it,
+//! and it steps down. Every ID served meanwhile is checked with the history checker.
+//!
+//! Most callers here speak the wire protocol directly (a connection per request, following
+//! redirects), so the failover can be timed per broker; the SIGSTOP test adds callers of
+//! the real `BrokerClient` (which follows redirects itself) to the same history.
+
+use idclient::broker_client::{fetch_stats, BrokerClient, BrokerClientConfig};
+use idclient::{IdRange, IdSource};
+use idproto::framed::FrameReader;
+use idproto::wire::{self, BrokerStats, ClientMsg, ServerMsg};
+use idtools::cluster::LocalQuorum;
+use idtools::history::{check, monotonic_ns, Event};
+use std::io::{BufRead, BufReader};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::io::AsyncWriteExt;
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+/// Election timing of these tests: the defaults, said out loud.
+const ELECTION_TIMEOUT_MS: u64 = 200;
+const HEARTBEAT_MS: u64 = 50;
+
+/// An idbroker process, killed (by its pid) on drop.
+struct Broker {
+    child: Child,
+    addr: String,
+}
+
+impl Broker {
+    fn start(quorum: &LocalQuorum) -> Broker {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_idbroker"))
+            .args(["--listen", "127.0.0.1:0", "--nodes", &quorum.urls_arg()])
+            .args(["--election-timeout-ms", &ELECTION_TIMEOUT_MS.to_string()])
+            .args(["--heartbeat-ms", &HEARTBEAT_MS.to_string()])
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start idbroker");
+        let stdout = child.stdout.take().expect("idbroker stdout");
+        let mut line = String::new();
+        BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("read idbroker stdout");
+        let Some(addr) = line.trim().strip_prefix("listening on ") else {
+            let _ = child.kill();
+            let status = child.wait();
+            panic!("idbroker did not start (said {line:?}, exit {status:?})");
+        };
+        Broker {
+            addr: addr.to_string(),
+            child,
+        }
+    }
+
+    fn signal(&self, sig: libc::c_int) {
+        let pid = libc::pid_t::try_from(self.child.id()).expect("pid fits pid_t");
+        // SAFETY: kill(2) on the pid of a child we started and have not reaped.
+        let rc = unsafe { libc::kill(pid, sig) };
+        assert_eq!(rc, 0, "kill({pid}, {sig}) failed");
+    }
+
+    fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        // SIGKILL ends a stopped process too.
+        self.kill9();
+    }
+}
+
+fn quorum() -> LocalQuorum {
+    LocalQuorum::temp(5).expect("start a 5-node redis quorum (is redis-server installed?)")
+}
+
+async fn stats(addr: &str) -> Option<BrokerStats> {
+    tokio::time::timeout(Duration::from_secs(2), fetch_stats(addr))
+        .await
+        .ok()?
+        .ok()
+}
+
+/// Polls the brokers (bounded) until exactly one of `alive` leads and every other one
+/// follows it in its term; its index.
+async fn wait_settled(brokers: &[Broker], alive: &[usize], limit: Duration) -> usize {
+    let end = Instant::now() + limit;
+    loop {
+        let mut all = Vec::new();
+        for &i in alive {
+            all.push((i, stats(&brokers[i].addr).await));
+        }
+        let leaders: Vec<_> = all
+            .iter()
+            .filter(|(_, s)| s.as_ref().is_some_and(|s| s.role == "leader"))
+            .collect();
+        if let [(l, Some(lead))] = leaders.as_slice() {
+            let follow = all.iter().all(|(i, s)| {
+                i == l
+                    || s.as_ref().is_some_and(|s| {
+                        s.role == "follower"
+                            && s.term == lead.term
+                            && s.leader.as_deref() == Some(brokers[*l].addr.as_str())
+                    })
+            });
+            if follow {
+                return *l;
+            }
+        }
+        let roles: Vec<_> = all
+            .iter()
+            .map(|(i, s)| (i, s.as_ref().map(|s| (s.role.clone(), s.term))))
+            .collect();
+        assert!(
+            Instant::now() < end,
+            "not settled within {limit:?}: {roles:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// One `NextIds` on a fresh connection: the broker's reply, or why there was none.
+async fn request(addr: &str, count: u64) -> Result<ServerMsg, String> {
+    let talk = async {
+        let mut s = TcpStream::connect(addr)
+            .await
+            .map_err(|e| format!("connect: {e}"))?;
+        let mut buf = Vec::new();
+        for msg in [
+            ClientMsg::Hello {
+                magic: wire::MAGIC,
+                version: wire::VERSION,
+            },
+            ClientMsg::NextIds {
+                id: 1,
+                count,
+                deadline_ms: 1000,
+            },
+        ] {
+            wire::encode(&msg, &mut buf).map_err(|e| e.to_string())?;
+        }
+        s.write_all(&buf).await.map_err(|e| format!("write: {e}"))?;
+        let mut rd = FrameReader::new(&mut s, Duration::from_secs(5));
+        match rd.read_msg::<ServerMsg>().await {
+            Ok(Some(ServerMsg::Welcome { .. })) => {}
+            other => return Err(format!("no welcome: {other:?}")),
+        }
+        match rd.read_msg::<ServerMsg>().await {
+            Ok(Some(msg)) => Ok(msg),
+            other => Err(format!("no reply: {other:?}")),
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(1), talk)
+        .await
+        .map_err(|_| "timed out".to_string())?
+}
+
+/// What the callers saw: every request's event, and which broker served each success.
+#[derive(Default)]
+struct Seen {
+    events: Vec<Event>,
+    served_by: Vec<(u64, String)>,
+}
+
+/// `n` callers asking for one ID at a time, starting at the broker they were last sent
+/// to, following redirects, trying the next broker when one does not answer.
+fn spawn_callers(
+    addrs: Vec<String>,
+    n: usize,
+    stop: &Arc<AtomicBool>,
+    seen: &Arc<Mutex<Seen>>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    (0..n)
+        .map(|c| {
+            let (addrs, stop, seen) = (addrs.clone(), stop.clone(), seen.clone());
+            tokio::spawn(async move {
+                let mut target = addrs[c % addrs.len()].clone();
+                let mut next = c;
+                while !stop.load(Relaxed) {
+                    let invoke_ns = monotonic_ns();
+                    let reply = request(&target, 1).await;
+                    let return_ns = monotonic_ns();
+                    let mut outcome = None;
+                    match reply {
+                        Ok(ServerMsg::Ids { lo, hi, .. }) => outcome = Some(IdRange { lo, hi }),
+                        Ok(ServerMsg::Redirect {
+                            leader: Some(l), ..
+                        }) => target = l,
+                        _ => {
+                            next += 1;
+                            target = addrs[next % addrs.len()].clone();
+                            tokio::time::sleep(Duration::from_millis(10)).await;
+                        }
+                    }
+                    let mut s = seen.lock().expect("seen lock");
+                    s.events.push(Event {
+                        invoke_ns,
+                        return_ns,
+                        outcome,
+                    });
+                    if outcome.is_some() {
+                        s.served_by.push((return_ns, target.clone()));
+                    }
+                }
+            })
+        })
+        .collect()
+}
+
+/// `n` callers of one real `BrokerClient` over every broker, into the same history.
+async fn spawn_client_callers(
+    addrs: Vec<String>,
+    n: usize,
+    stop: &Arc<AtomicBool>,
+    seen: &Arc<Mutex<Seen>>,
+) -> Vec<tokio::task::JoinHandle<()>> {
+    let config = BrokerClientConfig {
+        deadline: Duration::from_secs(5),
+        ..Default::default()
+    };
+    let client = Arc::new(
+        BrokerClient::connect(addrs, config)
+            .await
+            .expect("connect a broker client"),
+    );
+    (0..n)
+        .map(|_| {
+            let (client, stop, seen) = (client.clone(), stop.clone(), seen.clone());
+            tokio::spawn(async move {
+                while !stop.load(Relaxed) {
+                    let invoke_ns = monotonic_ns();
+                    let outcome = client.next_ids(1).await.ok();
+                    let return_ns = monotonic_ns();
+                    seen.lock().expect("seen lock").events.push(Event {
+                        invoke_ns,
+                        return_ns,
+                        outcome,
+                    });
+                }
+            })
+        })
+        .collect()
+}
+
+async fn join(tasks: Vec<tokio::task::JoinHandle<()>>) {
+    for t in tasks {
+        tokio::time::timeout(Duration::from_secs(20), t)
+            .await
+            .expect("a caller hung")
+            .expect("caller task");
+    }
+}
+
+/// Waits (bounded) until a success served by another broker than `old` returned after
+/// `since_ns`: the time from `since_ns` to it.
+async fn first_served_after(seen: &Mutex<Seen>, old: &str, since_ns: u64) -> Duration {
+    let end = Instant::now() + Duration::from_secs(15);
+    loop {
+        let first = seen
+            .lock()
+            .expect("seen lock")
+            .served_by
+            .iter()
+            .filter(|(t, by)| *t > since_ns && by != old)
+            .map(|(t, _)| *t)
+            .min();
+        if let Some(t) = first {
+            return Duration::from_nanos(t - since_ns);
+        }
+        assert!(Instant::now() < end, "no ID from a new leader");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+fn assert_linearizable(seen: &Mutex<Seen>) -> usize {
+    let s = seen.lock().expect("seen lock");
+    if let Err(v) = check(&s.events) {
+        panic!("history check failed: {v}");
+    }
+    s.events.iter().filter(|e| e.outcome.is_some()).count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_leader_serves_followers_redirect_and_a_killed_leader_is_replaced() {
+    let q = quorum();
+    let mut brokers: Vec<Broker> = (0..3).map(|_| Broker::start(&q)).collect();
+    let l = wait_settled(&brokers, &[0, 1, 2], Duration::from_secs(10)).await;
+    let leader = brokers[l].addr.clone();
+
+    // A follower redirects to the leader and starts nothing; the leader serves.
+    let f = (l + 1) % 3;
+    let before = stats(&brokers[f].addr).await.expect("follower stats");
+    match request(&brokers[f].addr, 1).await {
+        Ok(ServerMsg::Redirect { id: 1, leader: to }) => assert_eq!(to, Some(leader.clone())),
+        other => panic!("follower answered {other:?}"),
+    }
+    let after = stats(&brokers[f].addr).await.expect("follower stats");
+    assert_eq!(after.redirects, before.redirects + 1);
+    assert_eq!((after.rounds, after.ids), (before.rounds, before.ids));
+    assert!(matches!(request(&leader, 3).await, Ok(ServerMsg::Ids { lo, hi, .. }) if hi == lo + 2));
+
+    // Callers through the kill -9 of the leader.
+    let addrs: Vec<String> = brokers.iter().map(|b| b.addr.clone()).collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let callers = spawn_callers(addrs, 4, &stop, &seen);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let term = stats(&leader).await.expect("leader stats").term;
+    let killed_ns = monotonic_ns();
+    brokers[l].kill9();
+    let took = first_served_after(&seen, &leader, killed_ns).await;
+    eprintln!("failover: kill -9 of the leader to the first ID from the new leader: {took:?}");
+    let alive: Vec<usize> = (0..3).filter(|&i| i != l).collect();
+    let n = wait_settled(&brokers, &alive, Duration::from_secs(10)).await;
+    let new = stats(&brokers[n].addr).await.expect("new leader stats");
+    assert!(new.term > term, "new term {} after {term}", new.term);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    stop.store(true, Relaxed);
+    join(callers).await;
+    let ok = assert_linearizable(&seen);
+    assert!(ok > 0);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_stopped_past_the_timeout_steps_down_when_continued() {
+    let q = quorum();
+    let brokers: Vec<Broker> = (0..3).map(|_| Broker::start(&q)).collect();
+    let l = wait_settled(&brokers, &[0, 1, 2], Duration::from_secs(10)).await;
+    let leader = brokers[l].addr.clone();
+    let term = stats(&leader).await.expect("leader stats").term;
+
+    let addrs: Vec<String> = brokers.iter().map(|b| b.addr.clone()).collect();
+    let stop = Arc::new(AtomicBool::new(false));
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let mut callers = spawn_callers(addrs.clone(), 4, &stop, &seen);
+    callers.extend(spawn_client_callers(addrs, 8, &stop, &seen).await);
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    brokers[l].signal(libc::SIGSTOP);
+    let stopped_ns = monotonic_ns();
+    // The others elect a new leader meanwhile (the stopped one cannot be asked).
+    let others: Vec<usize> = (0..3).filter(|&i| i != l).collect();
+    let n = wait_settled(&brokers, &others, Duration::from_secs(10)).await;
+    let took = first_served_after(&seen, &leader, stopped_ns).await;
+    eprintln!("failover: SIGSTOP of the leader to the first ID from the new leader: {took:?}");
+    brokers[l].signal(libc::SIGCONT);
+    // Continued, it sees the higher term and follows the new leader.
+    let settled = wait_settled(&brokers, &[0, 1, 2], Duration::from_secs(10)).await;
+    assert_eq!(settled, n);
+    let old = stats(&leader).await.expect("old leader stats");
+    assert_eq!(old.role, "follower");
+    assert!(old.term > term);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    stop.store(true, Relaxed);
+    join(callers).await;
+    let ok = assert_linearizable(&seen);
+    assert!(ok > 0);
+}
+
+/// Kills of the leader in [`repeated_kills_of_the_leader_fail_over_every_time`]:
+/// `QLIST_FAILOVER_KILLS` (20 for the issue's failover measurement), 5 by default.
+fn kills() -> usize {
+    std::env::var("QLIST_FAILOVER_KILLS")
+        .ok()
+        .map(|v| v.parse().expect("QLIST_FAILOVER_KILLS must be a number"))
+        .unwrap_or(5)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn repeated_kills_of_the_leader_fail_over_every_time() {
+    let q = quorum();
+    let mut brokers: Vec<Broker> = (0..3).map(|_| Broker::start(&q)).collect();
+    let mut alive: Vec<usize> = vec![0, 1, 2];
+    let seen = Arc::new(Mutex::new(Seen::default()));
+    let mut took = Vec::new();
+    for _ in 0..kills() {
+        let l = wait_settled(&brokers, &alive, Duration::from_secs(10)).await;
+        let leader = brokers[l].addr.clone();
+        let addrs: Vec<String> = alive.iter().map(|&i| brokers[i].addr.clone()).collect();
+        let stop = Arc::new(AtomicBool::new(false));
+        let callers = spawn_callers(addrs, 4, &stop, &seen);
+        tokio::time::sleep(Duration::from_millis(200)).await;
+        let killed_ns = monotonic_ns();
+        brokers[l].kill9();
+        took.push(first_served_after(&seen, &leader, killed_ns).await);
+        stop.store(true, Relaxed);
+        join(callers).await;
+        alive.retain(|&i| i != l);
+        brokers.push(Broker::start(&q));
+        alive.push(brokers.len() - 1);
+    }
+    took.sort();
+    let p50 = took[took.len() / 2];
+    let max = took[took.len() - 1];
+    eprintln!(
+        "failover over {} kills -9 of the leader, to the first ID from the new leader: \
+         p50 {p50:?}, max {max:?} (all: {took:?})",
+        took.len()
+    );
+    assert!(assert_linearizable(&seen) > 0);
+}
