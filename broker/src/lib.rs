@@ -24,6 +24,7 @@
 
 pub mod batcher;
 mod conn;
+pub mod metrics;
 pub mod stats;
 pub mod window;
 
@@ -240,9 +241,23 @@ pub async fn run<S: RoundSource>(
     config: BrokerConfig,
     shutdown: impl Future,
 ) -> Result<BrokerStats, BrokerError> {
+    run_with_stats(listener, source, config, Arc::default(), shutdown).await
+}
+
+/// [`run`], counting into `stats`, which the caller may read while the broker serves
+/// (the metrics endpoint, [`metrics`]). `stats` should be fresh: one broker, one [`Stats`].
+///
+/// # Errors
+/// As [`run`].
+pub async fn run_with_stats<S: RoundSource>(
+    listener: TcpListener,
+    source: Arc<S>,
+    config: BrokerConfig,
+    stats: Arc<Stats>,
+    shutdown: impl Future,
+) -> Result<BrokerStats, BrokerError> {
     config.validate()?;
     let config = Arc::new(config);
-    let stats = Arc::new(Stats::default());
     stats.set_source(source.clone());
     let name = listener
         .local_addr()

@@ -2,7 +2,7 @@
 //! (`--metrics-listen ADDR`), so both serve the same three paths the same way.
 //!
 //! - `GET /metrics`: the Prometheus text format (version 0.0.4), encoded by the official
-//!   `prometheus-client` crate from the [`Registry`] the binary fills (usually one
+//!   `prometheus-client` crate from the [`Endpoints::registry`] the binary fills (usually one
 //!   collector that reads its counters at scrape time).
 //! - `GET /healthz`: 200 while the process serves.
 //! - `GET /readyz`: 200 when the binary's readiness check passes, else 503 with a

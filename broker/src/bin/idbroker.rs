@@ -1,10 +1,12 @@
 //! idbroker: serves IDs from a Redis quorum to many clients, in group-commit batches
 //! confirmed by majority reads from a reserved window (`--serve window`, the default) or
 //! one write round per batch (`--serve rounds`). Usage: `idbroker --listen ADDR --nodes URLS`. Prints `listening on ADDR` on
-//! stdout once bound (so scripts and tests can use port 0); logs go to stderr (RUST_LOG).
+//! stdout once bound (so scripts and tests can use port 0), then, with `--metrics-listen`,
+//! `metrics listening on ADDR`; logs go to stderr (RUST_LOG).
 
 use anyhow::Context;
-use broker::{BrokerConfig, WindowSource, WindowStats};
+use broker::metrics::{Timed, Timings};
+use broker::{BrokerConfig, Stats, WindowQuorum, WindowSource, WindowStats};
 use clap::Parser;
 use idclient::{ClientConfig, QuorumClient};
 use qcli::{DeadlineArgs, QuorumArgs};
@@ -66,6 +68,10 @@ struct Flags {
     /// Seconds between two counter log lines.
     #[arg(long, default_value_t = broker::STATS_INTERVAL.as_secs())]
     stats_interval_secs: u64,
+    /// Serve Prometheus metrics (/metrics), /healthz and /readyz over HTTP on this
+    /// address (host:port; port 0 picks a free one). Off by default.
+    #[arg(long, value_name = "ADDR")]
+    metrics_listen: Option<String>,
 }
 
 /// How the broker serves batches (`--serve`).
@@ -79,6 +85,7 @@ enum Serve {
 
 struct Config {
     listen: String,
+    metrics_listen: Option<String>,
     serve: Serve,
     quorum: ClientConfig,
     broker: BrokerConfig,
@@ -109,6 +116,7 @@ impl Config {
         broker.validate().map_err(|e| qcli::usage(e.to_string()))?;
         Ok(Config {
             listen: f.listen,
+            metrics_listen: f.metrics_listen,
             serve: f.serve,
             quorum,
             broker,
@@ -154,28 +162,63 @@ async fn run(config: Config) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("--listen {}: cannot bind", config.listen))?;
     let addr = listener.local_addr().context("listener address")?;
-    let quorum = QuorumClient::connect(config.quorum)
-        .await
-        .context("connecting to the quorum")?;
+    let metrics_listener = match &config.metrics_listen {
+        Some(a) => Some(qmetrics::bind(a).await?),
+        None => None,
+    };
+    let quorum = Arc::new(
+        QuorumClient::connect(config.quorum)
+            .await
+            .context("connecting to the quorum")?,
+    );
     let mut out = std::io::stdout();
     writeln!(out, "listening on {addr}")
         .and_then(|()| out.flush())
         .context("stdout")?;
+    let (stats, timings) = (Arc::new(Stats::default()), Arc::new(Timings::default()));
+    let metrics = match metrics_listener {
+        Some(l) => {
+            let endpoints =
+                broker::metrics::endpoints(stats.clone(), timings.clone(), quorum.clone());
+            let maddr = l.local_addr().context("metrics listener address")?;
+            writeln!(out, "metrics listening on {maddr}")
+                .and_then(|()| out.flush())
+                .context("stdout")?;
+            let limits = qmetrics::Limits::default();
+            Some(tokio::spawn(qmetrics::serve(
+                l,
+                Arc::new(endpoints),
+                limits,
+            )))
+        }
+        None => None,
+    };
+    let timed = Arc::new(Timed::new(quorum, timings));
     let stats = match config.serve {
         Serve::Rounds => {
-            broker::run(listener, Arc::new(quorum), config.broker, shutdown_signal()).await?
+            broker::run_with_stats(listener, timed, config.broker, stats, shutdown_signal()).await
         }
         Serve::Window => {
-            let source = Arc::new(WindowSource::new(Arc::new(quorum)));
+            let source = Arc::new(WindowSource::new(timed));
             let every = config.broker.stats_interval;
             let logger = tokio::spawn(log_window_stats(source.clone(), every));
-            let stats =
-                broker::run(listener, source.clone(), config.broker, shutdown_signal()).await;
+            let served = broker::run_with_stats(
+                listener,
+                source.clone(),
+                config.broker,
+                stats,
+                shutdown_signal(),
+            )
+            .await;
             logger.abort();
             log_window(&source.stats(), "window serving stopped");
-            stats?
+            served
         }
     };
+    if let Some(m) = metrics {
+        m.abort();
+    }
+    let stats = stats?;
     tracing::info!(
         rounds = stats.rounds,
         requests = stats.requests,
@@ -185,7 +228,7 @@ async fn run(config: Config) -> anyhow::Result<()> {
 }
 
 /// Logs the window counters every `every` (never, for zero).
-async fn log_window_stats(source: Arc<WindowSource<QuorumClient>>, every: Duration) {
+async fn log_window_stats<Q: WindowQuorum>(source: Arc<WindowSource<Q>>, every: Duration) {
     if every.is_zero() {
         return;
     }
