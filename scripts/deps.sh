@@ -3,6 +3,8 @@
 #   redis-server >= 7   the quorum nodes (the scripts use redis.set_repl and other Redis 7 features)
 #   libclang-dev        bindgen (RocksDB's bindings) loads libclang.so at build time
 #   make, cc, c++       the build (RocksDB is C++)
+#   prometheus          the metrics tests: a real Prometheus server scrapes idbroker, and
+#                       promtool (same package) checks the exposition
 # What counts as present is what the build really loads: for libclang exactly the file
 # names clang-sys searches (libclang.so, libclang-*.so, libclang.so.*, libclang-*.so.*),
 # never libclang-cpp*, which some images carry without libclang itself.
@@ -19,7 +21,7 @@ check_only=0
 case "${1:-}" in
   --check) check_only=1 ;;
   "") ;;
-  -h|--help) sed -n '2,16p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   *) echo "deps.sh: unknown argument '$1' (use --check or nothing)" >&2; exit 2 ;;
 esac
 root="${QLIST_DEPS_ROOT:-}"
@@ -95,6 +97,10 @@ survey() {
     problems+=("a C/C++ compiler (cc and c++) not found (Debian package build-essential)")
     missing+=(build-essential)
   fi
+  if ! find_cmd prometheus >/dev/null || ! find_cmd promtool >/dev/null; then
+    problems+=("prometheus or promtool not found (Debian package prometheus)")
+    missing+=(prometheus)
+  fi
 }
 
 report() {
@@ -104,7 +110,7 @@ report() {
 
 survey
 if [ ${#missing[@]} -eq 0 ]; then
-  [ $check_only -eq 1 ] && echo "qlist deps: ok (redis-server >= $min_redis_major, libclang, make, cc, c++)"
+  [ $check_only -eq 1 ] && echo "qlist deps: ok (redis-server >= $min_redis_major, libclang, make, cc, c++, prometheus, promtool)"
   exit 0
 fi
 if [ $check_only -eq 1 ]; then
@@ -125,7 +131,7 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 if ! command -v apt-get >/dev/null 2>&1; then
   report
-  echo "qlist deps: no apt-get here; install by hand: redis-server (>= $min_redis_major), libclang (clang's shared library), make, a C/C++ compiler" >&2
+  echo "qlist deps: no apt-get here; install by hand: redis-server (>= $min_redis_major), libclang (clang's shared library), make, a C/C++ compiler, prometheus (with promtool)" >&2
   exit 1
 fi
 export DEBIAN_FRONTEND=noninteractive
@@ -136,7 +142,7 @@ survey
 if [ ${#missing[@]} -ne 0 ]; then
   report
   echo "qlist deps: still missing after apt-get install: ${missing[*]}." >&2
-  echo "qlist deps: install by hand (e.g. 'apt-get install ${missing[*]}'), or on other systems: redis-server >= $min_redis_major, libclang, make, a C/C++ compiler; then rerun." >&2
+  echo "qlist deps: install by hand (e.g. 'apt-get install ${missing[*]}'), or on other systems: redis-server >= $min_redis_major, libclang, make, a C/C++ compiler, prometheus (with promtool); then rerun." >&2
   exit 1
 fi
 echo "qlist deps: ok" >&2

@@ -8,11 +8,12 @@ trap 'rm -rf "$tmp"' EXIT
 passed=0
 failed=0
 
-# A tree with make, cc, c++ and a redis-server that says it is version $2.
+# A tree with make, cc, c++, prometheus, promtool and a redis-server that says it is
+# version $2.
 tree() {
   local t="$tmp/$1"
   mkdir -p "$t/usr/bin" "$t/usr/lib/x86_64-linux-gnu" "$t/usr/lib/llvm-14/lib"
-  for c in make cc c++; do printf '#!/bin/sh\n' > "$t/usr/bin/$c"; chmod +x "$t/usr/bin/$c"; done
+  for c in make cc c++ prometheus promtool; do printf '#!/bin/sh\n' > "$t/usr/bin/$c"; chmod +x "$t/usr/bin/$c"; done
   if [ -n "$2" ]; then
     printf '#!/bin/sh\necho "Redis server v=%s sha=00000000:0 malloc=jemalloc-5.3.0 bits=64 build=1"\n' "$2" > "$t/usr/bin/redis-server"
     chmod +x "$t/usr/bin/redis-server"
@@ -68,6 +69,11 @@ t=$(tree no-make 7.0.15)
 touch "$t/usr/lib/llvm-14/lib/libclang.so"
 rm "$t/usr/bin/make" "$t/usr/bin/c++"
 expect "no make, no c++: both reported" "$t" 1 "make not found" "build-essential"
+
+t=$(tree no-promtool 7.0.15)
+touch "$t/usr/lib/llvm-14/lib/libclang.so"
+rm "$t/usr/bin/promtool"
+expect "prometheus without promtool: the prometheus package is missing" "$t" 1 "promtool not found" "to install: prometheus" "!build-essential"
 
 ARG=--install expect "an unknown argument is a usage error" "$tmp" 2 "unknown argument '--install'"
 
