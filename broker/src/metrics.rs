@@ -465,6 +465,17 @@ impl Readiness {
     }
 }
 
+/// Serves [`endpoints`] on `listener` with [`qmetrics`]' default limits, until aborted.
+pub async fn serve(
+    listener: tokio::net::TcpListener,
+    stats: Arc<Stats>,
+    timings: Arc<Timings>,
+    quorum: Arc<QuorumClient>,
+) {
+    let endpoints = Arc::new(endpoints(stats, timings, quorum));
+    qmetrics::serve(listener, endpoints, qmetrics::Limits::default()).await;
+}
+
 /// What `idbroker --metrics-listen` serves for a broker counting into `stats` and
 /// `timings` over `quorum`.
 pub fn endpoints(

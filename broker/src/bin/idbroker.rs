@@ -178,18 +178,12 @@ async fn run(config: Config) -> anyhow::Result<()> {
     let (stats, timings) = (Arc::new(Stats::default()), Arc::new(Timings::default()));
     let metrics = match metrics_listener {
         Some(l) => {
-            let endpoints =
-                broker::metrics::endpoints(stats.clone(), timings.clone(), quorum.clone());
             let maddr = l.local_addr().context("metrics listener address")?;
             writeln!(out, "metrics listening on {maddr}")
                 .and_then(|()| out.flush())
                 .context("stdout")?;
-            let limits = qmetrics::Limits::default();
-            Some(tokio::spawn(qmetrics::serve(
-                l,
-                Arc::new(endpoints),
-                limits,
-            )))
+            let (s, t, q) = (stats.clone(), timings.clone(), quorum.clone());
+            Some(tokio::spawn(broker::metrics::serve(l, s, t, q)))
         }
         None => None,
     };
