@@ -69,7 +69,7 @@ struct Flags {
     #[arg(long, default_value_t = broker::STATS_INTERVAL.as_secs())]
     stats_interval_secs: u64,
     /// Serve Prometheus metrics (/metrics), /healthz and /readyz over HTTP on this
-    /// address (host:port; port 0 picks a free one). Off by default.
+    /// address (host:port; port 0 picks a free one); see docs/operations.md. Off by default.
     #[arg(long, value_name = "ADDR")]
     metrics_listen: Option<String>,
 }

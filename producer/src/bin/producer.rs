@@ -61,8 +61,7 @@ struct Flags {
     #[arg(long, value_name = "SECS", default_value_t = 5.0)]
     log_every: f64,
     /// Serve Prometheus metrics (/metrics), /healthz and /readyz over HTTP on this
-    /// address while the run lasts (host:port; port 0 picks a free one, logged as
-    /// `metrics listening on ADDR`). Off by default.
+    /// address (host:port; port 0 picks a free one); see docs/operations.md. Off by default.
     #[arg(long, value_name = "ADDR")]
     metrics_listen: Option<String>,
 }
