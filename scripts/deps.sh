@@ -5,6 +5,8 @@
 #   make, cc, c++       the build (RocksDB is C++)
 #   redis-cli           (redis-tools) and redis-py (python3-redis, for the system python3):
 #                       the real clients the tests run against idbroker's RESP listener
+#   prometheus          the metrics tests: a real Prometheus server scrapes idbroker, and
+#                       promtool (same package) checks the exposition
 # What counts as present is what the build really loads: for libclang exactly the file
 # names clang-sys searches (libclang.so, libclang-*.so, libclang.so.*, libclang-*.so.*),
 # never libclang-cpp*, which some images carry without libclang itself.
@@ -21,7 +23,7 @@ check_only=0
 case "${1:-}" in
   --check) check_only=1 ;;
   "") ;;
-  -h|--help) sed -n '2,17p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   *) echo "deps.sh: unknown argument '$1' (use --check or nothing)" >&2; exit 2 ;;
 esac
 root="${QLIST_DEPS_ROOT:-}"
@@ -106,6 +108,10 @@ survey() {
     problems+=("a C/C++ compiler (cc and c++) not found (Debian package build-essential)")
     missing+=(build-essential)
   fi
+  if ! find_cmd prometheus >/dev/null || ! find_cmd promtool >/dev/null; then
+    problems+=("prometheus or promtool not found (Debian package prometheus)")
+    missing+=(prometheus)
+  fi
 }
 
 report() {
@@ -115,7 +121,7 @@ report() {
 
 survey
 if [ ${#missing[@]} -eq 0 ]; then
-  [ $check_only -eq 1 ] && echo "qlist deps: ok (redis-server >= $min_redis_major, libclang, make, cc, c++, redis-cli, python3-redis)"
+  [ $check_only -eq 1 ] && echo "qlist deps: ok (redis-server >= $min_redis_major, libclang, make, cc, c++, redis-cli, python3-redis, prometheus, promtool)"
   exit 0
 fi
 if [ $check_only -eq 1 ]; then
@@ -136,7 +142,7 @@ if [ "$(id -u)" -ne 0 ]; then
 fi
 if ! command -v apt-get >/dev/null 2>&1; then
   report
-  echo "qlist deps: no apt-get here; install by hand: redis-server (>= $min_redis_major), libclang (clang's shared library), make, a C/C++ compiler, redis-cli, redis-py" >&2
+  echo "qlist deps: no apt-get here; install by hand: redis-server (>= $min_redis_major), libclang (clang's shared library), make, a C/C++ compiler, redis-cli, redis-py, prometheus (with promtool)" >&2
   exit 1
 fi
 export DEBIAN_FRONTEND=noninteractive
@@ -147,7 +153,7 @@ survey
 if [ ${#missing[@]} -ne 0 ]; then
   report
   echo "qlist deps: still missing after apt-get install: ${missing[*]}." >&2
-  echo "qlist deps: install by hand (e.g. 'apt-get install ${missing[*]}'), or on other systems: redis-server >= $min_redis_major, libclang, make, a C/C++ compiler; then rerun." >&2
+  echo "qlist deps: install by hand (e.g. 'apt-get install ${missing[*]}'), or on other systems: redis-server >= $min_redis_major, libclang, make, a C/C++ compiler, redis-cli, redis-py, prometheus (with promtool); then rerun." >&2
   exit 1
 fi
 echo "qlist deps: ok" >&2

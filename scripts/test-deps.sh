@@ -8,12 +8,12 @@ trap 'rm -rf "$tmp"' EXIT
 passed=0
 failed=0
 
-# A tree with make, cc, c++, redis-cli, python3 with redis-py, and a redis-server that
-# says it is version $2.
+# A tree with make, cc, c++, redis-cli, python3 with redis-py, prometheus, promtool and a
+# redis-server that says it is version $2.
 tree() {
   local t="$tmp/$1"
   mkdir -p "$t/usr/bin" "$t/usr/lib/x86_64-linux-gnu" "$t/usr/lib/llvm-14/lib" "$t/usr/lib/python3/dist-packages/redis"
-  for c in make cc c++ redis-cli python3; do printf '#!/bin/sh\n' > "$t/usr/bin/$c"; chmod +x "$t/usr/bin/$c"; done
+  for c in make cc c++ redis-cli python3 prometheus promtool; do printf '#!/bin/sh\n' > "$t/usr/bin/$c"; chmod +x "$t/usr/bin/$c"; done
   touch "$t/usr/lib/python3/dist-packages/redis/__init__.py"
   if [ -n "$2" ]; then
     printf '#!/bin/sh\necho "Redis server v=%s sha=00000000:0 malloc=jemalloc-5.3.0 bits=64 build=1"\n' "$2" > "$t/usr/bin/redis-server"
@@ -75,6 +75,11 @@ t=$(tree no-clients 7.0.15)
 touch "$t/usr/lib/llvm-14/lib/libclang.so"
 rm "$t/usr/bin/redis-cli" "$t/usr/lib/python3/dist-packages/redis/__init__.py"
 expect "no redis-cli, no redis-py: both reported" "$t" 1 "to install: redis-tools python3-redis" "!build-essential"
+
+t=$(tree no-promtool 7.0.15)
+touch "$t/usr/lib/llvm-14/lib/libclang.so"
+rm "$t/usr/bin/promtool"
+expect "prometheus without promtool: the prometheus package is missing" "$t" 1 "promtool not found" "to install: prometheus" "!build-essential"
 
 ARG=--install expect "an unknown argument is a usage error" "$tmp" 2 "unknown argument '--install'"
 

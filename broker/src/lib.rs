@@ -29,6 +29,7 @@
 pub mod batcher;
 mod conn;
 pub mod leader;
+pub mod metrics;
 mod resp;
 pub mod stats;
 pub mod window;
@@ -248,25 +249,27 @@ pub async fn run<S: RoundSource>(
     config: BrokerConfig,
     shutdown: impl Future,
 ) -> Result<BrokerStats, BrokerError> {
-    run_with(listener, None, source, config, shutdown).await
+    run_with(listener, None, Arc::default(), source, config, shutdown).await
 }
 
 /// [`run`], also serving the RESP protocol (any Redis client, `docs/wire-protocol.md`)
-/// on `resp` when given. Both listeners share the batcher, the counters and the
-/// connection slots.
+/// on `resp` when given (both listeners share the batcher, the counters and the
+/// connection slots), and counting into `stats`, which the caller may read while the
+/// broker serves (the metrics endpoint, [`metrics`]). `stats` should be fresh: one
+/// broker, one [`Stats`].
 ///
 /// # Errors
 /// As [`run`].
 pub async fn run_with<S: RoundSource>(
     listener: TcpListener,
     resp: Option<TcpListener>,
+    stats: Arc<Stats>,
     source: Arc<S>,
     config: BrokerConfig,
     shutdown: impl Future,
 ) -> Result<BrokerStats, BrokerError> {
     config.validate()?;
     let config = Arc::new(config);
-    let stats = Arc::new(Stats::default());
     stats.set_source(source.clone());
     let name = listener
         .local_addr()

@@ -547,6 +547,7 @@ async fn resp_and_binary_requests_share_a_round() {
     let server = tokio::spawn(broker::run_with(
         listener,
         Some(resp_listener),
+        Default::default(),
         source.clone(),
         BrokerConfig::default(),
         async move {

@@ -52,8 +52,8 @@ pub use node::heartbeat::{
 };
 pub use node::{Identity, Node, NodeAddr};
 pub use quorum::{
-    check_nodes, ClientConfig, Combine, Counters, NodeCheck, Protocol, QuorumClient, BACKOFF_CAP,
-    MAX_LEASE, MIN_LEASE, SOLO_STREAK,
+    check_nodes, ClientConfig, Combine, Counters, NodeCheck, NodeCounters, Protocol, QuorumClient,
+    BACKOFF_CAP, MAX_LEASE, MIN_LEASE, SOLO_STREAK,
 };
 pub use register::{NodeError, Register, Rendezvous, WriteReply, Written, MAX_COUNT};
 pub use rendezvous::{Close, Join, Leases, Nonce};

@@ -131,6 +131,25 @@ pub struct Counters {
     pub batches: u64,
 }
 
+/// One node's failures seen by this client's rounds (monotonic), for per-node metrics.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct NodeCounters {
+    /// The node's shown address ([`Register::addr`]: never a password).
+    pub addr: String,
+    /// Replies that were errors (unreachable, refused, broken connection, bad node),
+    /// its own reply timeouts excluded.
+    pub errors: u64,
+    /// Calls that timed out: the node's reply timeout, or no reply before the round's
+    /// deadline.
+    pub timeouts: u64,
+}
+
+#[derive(Default)]
+struct NodeAtomics {
+    errors: AtomicU64,
+    timeouts: AtomicU64,
+}
+
 #[derive(Default)]
 struct AtomicCounters {
     requests: AtomicU64,
@@ -349,6 +368,8 @@ pub struct QuorumClient<N: Register = Node> {
     /// Pauses after lost rounds, in units of `round_ns`.
     backoff: Backoff,
     counters: AtomicCounters,
+    /// Per node, in `nodes` order.
+    node_counters: Vec<NodeAtomics>,
 }
 
 fn check_shape(count: usize, key: &str) -> Result<(), IdError> {
@@ -470,6 +491,7 @@ impl<N: Register> QuorumClient<N> {
     ) -> Result<QuorumClient<N>, IdError> {
         let key = key.into();
         check_shape(nodes.len(), &key)?;
+        let node_count = nodes.len();
         let mut by_addr: Vec<usize> = (0..nodes.len()).collect();
         by_addr.sort_by_key(|&i| nodes[i].addr());
         let rendezvous = [by_addr[0], *by_addr.get(1).unwrap_or(&by_addr[0])];
@@ -490,6 +512,7 @@ impl<N: Register> QuorumClient<N> {
             round_ns: AtomicU64::new(INITIAL_ROUND.as_nanos() as u64),
             backoff: Backoff::new(BACKOFF_CAP),
             counters: AtomicCounters::default(),
+            node_counters: (0..node_count).map(|_| NodeAtomics::default()).collect(),
         })
     }
 
@@ -548,6 +571,26 @@ impl<N: Register> QuorumClient<N> {
             errors: get(&c.errors),
             combined: get(&c.combined),
             batches: get(&c.batches),
+        }
+    }
+
+    /// Each node's failures so far, in configured order.
+    pub fn node_counters(&self) -> Vec<NodeCounters> {
+        self.nodes
+            .iter()
+            .zip(&self.node_counters)
+            .map(|(node, c)| NodeCounters {
+                addr: node.addr().to_string(),
+                errors: c.errors.load(Ordering::Relaxed),
+                timeouts: c.timeouts.load(Ordering::Relaxed),
+            })
+            .collect()
+    }
+
+    /// Counts a failure of the node at `i` (a timeout or another error).
+    fn count_node_failure(&self, i: usize, timeout: bool) {
+        if let Some(c) = self.node_counters.get(i) {
+            bump(if timeout { &c.timeouts } else { &c.errors }, 1);
         }
     }
 
@@ -851,12 +894,14 @@ impl<N: Register> QuorumClient<N> {
             }
             Ok(None) => None,
             Err(_) => {
-                for (node, _) in self
+                for (i, (node, _)) in self
                     .nodes
                     .iter()
                     .zip(answered.iter())
-                    .filter(|(_, done)| !**done)
+                    .enumerate()
+                    .filter(|(_, (_, done))| !**done)
                 {
+                    self.count_node_failure(i, true);
                     failures.push(NodeFailure {
                         addr: node.addr().to_string(),
                         reason: "no reply before the deadline".to_string(),
@@ -880,6 +925,12 @@ impl<N: Register> QuorumClient<N> {
         e: NodeError,
         failures: &mut Vec<NodeFailure>,
     ) -> Result<(), RoundLoss> {
+        if let Some(i) = self.nodes.iter().position(|n| std::ptr::eq(n, node)) {
+            // The node's own reply timeout is the one `Unavailable` reason that is a
+            // timeout (`node::describe`).
+            let timeout = matches!(&e, NodeError::Unavailable(r) if r == "timed out");
+            self.count_node_failure(i, timeout);
+        }
         match e {
             NodeError::BadValue(value) => Err(RoundLoss::Fatal(IdError::BadValue {
                 addr: node.addr().to_string(),

@@ -17,13 +17,16 @@
 //! range of k was returned, so it lies above it; if the process dies, it is a hole.
 
 pub mod input;
+pub mod metrics;
 
 pub use input::{generate_payload, scan_file, InputSpec, ItemReader};
+pub use metrics::ProducerMetrics;
 
 use idclient::{IdError, IdRange, IdSource};
 use indicatif::{ProgressBar, ProgressStyle};
 use std::fmt;
 use std::path::PathBuf;
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 use sublist::shard::{Progress, ShardError, ShardWriter};
 use sublist::Record;
@@ -273,6 +276,7 @@ pub struct Producer {
     progress: Option<Progress>,
     fingerprint: Vec<u8>,
     total: Option<u64>,
+    metrics: Option<Arc<ProducerMetrics>>,
 }
 
 impl Producer {
@@ -338,7 +342,14 @@ impl Producer {
             progress,
             fingerprint,
             total,
+            metrics: None,
         })
+    }
+
+    /// The same producer, counting what it writes into `metrics` (`--metrics-listen`).
+    pub fn with_metrics(mut self, metrics: Arc<ProducerMetrics>) -> Producer {
+        self.metrics = Some(metrics);
+        self
     }
 
     /// The sublist is finished: [`Producer::run`] would do nothing.
@@ -406,6 +417,7 @@ struct Run {
     pending: Option<tokio::task::JoinHandle<Result<Written, ProducerError>>>,
     /// [`Config::test_stall_after`] has stalled once already.
     stalled: bool,
+    metrics: Option<Arc<ProducerMetrics>>,
 }
 
 impl Run {
@@ -417,6 +429,7 @@ impl Run {
             progress,
             fingerprint,
             total,
+            metrics,
         } = producer;
         let shard = config.shard;
         let resumed_at = progress.as_ref().map_or(0, |p| p.next_seq);
@@ -454,6 +467,7 @@ impl Run {
             reader,
             pending: None,
             stalled: false,
+            metrics,
         })
     }
 
@@ -482,7 +496,11 @@ impl Run {
         source: &impl IdSource,
     ) -> Result<(), ProducerError> {
         let n = items.len() as u64;
+        let asked = Instant::now();
         let ids = source.next_ids(n).await;
+        if let Some(m) = &self.metrics {
+            m.ids_fetched(asked.elapsed(), ids.is_ok());
+        }
         self.finish_pending().await?;
         self.maybe_test_stall().await;
         let w = self.take_writer()?;
@@ -603,6 +621,9 @@ impl Run {
         if let Some(h) = self.pending.take() {
             let w = h.await.map_err(|e| ProducerError::Task(e.to_string()))??;
             self.report.update(w.next_seq);
+            if let Some(m) = &self.metrics {
+                m.written(w.next_seq - self.resumed_at, w.batches);
+            }
             self.idle = Some(w);
         }
         Ok(())

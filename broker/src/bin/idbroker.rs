@@ -3,11 +3,14 @@
 //! one write round per batch (`--serve rounds`). Usage: `idbroker --listen ADDR --nodes URLS`. Prints `listening on ADDR` on
 //! stdout once bound and, with `--serve window`, once it leads or knows the leader (so
 //! scripts and tests can use port 0 and be served at once), then `resp listening on ADDR`
-//! with `--resp-listen`; logs go to stderr (RUST_LOG).
+//! with `--resp-listen` and `metrics listening on ADDR` with `--metrics-listen`; logs go
+//! to stderr (RUST_LOG).
 
 use anyhow::Context;
+use broker::metrics::{Timed, Timings};
 use broker::{
-    BrokerConfig, ElectionConfig, LeaderSource, QuorumElection, WindowSource, WindowStats,
+    BrokerConfig, ElectionConfig, LeaderSource, QuorumElection, Stats, WindowQuorum, WindowSource,
+    WindowStats,
 };
 use clap::Parser;
 use idclient::{ClientConfig, QuorumClient};
@@ -87,6 +90,10 @@ struct Flags {
     /// Seconds between two counter log lines.
     #[arg(long, default_value_t = broker::STATS_INTERVAL.as_secs())]
     stats_interval_secs: u64,
+    /// Serve Prometheus metrics (/metrics), /healthz and /readyz over HTTP on this
+    /// address (host:port; port 0 picks a free one); see docs/operations.md. Off by default.
+    #[arg(long, value_name = "ADDR")]
+    metrics_listen: Option<String>,
 }
 
 /// How the broker serves batches (`--serve`).
@@ -101,6 +108,7 @@ enum Serve {
 struct Config {
     listen: String,
     resp_listen: Option<String>,
+    metrics_listen: Option<String>,
     serve: Serve,
     /// The election's timing; its address is `advertise`, or the bound address.
     election: ElectionConfig,
@@ -141,6 +149,7 @@ impl Config {
         Ok(Config {
             listen: f.listen,
             resp_listen: f.resp_listen,
+            metrics_listen: f.metrics_listen,
             serve: f.serve,
             election,
             advertise: f.advertise,
@@ -196,6 +205,10 @@ async fn run(mut config: Config) -> anyhow::Result<()> {
         ),
         None => None,
     };
+    let metrics_listener = match &config.metrics_listen {
+        Some(a) => Some(qmetrics::bind(a).await?),
+        None => None,
+    };
     let election = match config.serve {
         Serve::Window => Some(
             QuorumElection::connect(&config.quorum)
@@ -204,29 +217,49 @@ async fn run(mut config: Config) -> anyhow::Result<()> {
         ),
         Serve::Rounds => None,
     };
-    let quorum = QuorumClient::connect(config.quorum)
-        .await
-        .context("connecting to the quorum")?;
-    let resp_addr = match &resp {
-        Some(resp) => Some(resp.local_addr().context("RESP listener address")?),
+    let quorum = Arc::new(
+        QuorumClient::connect(config.quorum)
+            .await
+            .context("connecting to the quorum")?,
+    );
+    let mut lines = vec![format!("listening on {addr}")];
+    if let Some(resp) = &resp {
+        let a = resp.local_addr().context("RESP listener address")?;
+        lines.push(format!("resp listening on {a}"));
+    }
+    let (stats, timings) = (Arc::new(Stats::default()), Arc::new(Timings::default()));
+    let metrics = match metrics_listener {
+        Some(l) => {
+            let a = l.local_addr().context("metrics listener address")?;
+            lines.push(format!("metrics listening on {a}"));
+            let (s, t, q) = (stats.clone(), timings.clone(), quorum.clone());
+            Some(tokio::spawn(broker::metrics::serve(l, s, t, q)))
+        }
         None => None,
     };
     let say_listening = || {
         let mut out = std::io::stdout();
-        writeln!(out, "listening on {addr}").context("stdout")?;
-        if let Some(resp_addr) = resp_addr {
-            writeln!(out, "resp listening on {resp_addr}").context("stdout")?;
+        for line in &lines {
+            writeln!(out, "{line}").context("stdout")?;
         }
         out.flush().context("stdout")
     };
-    let stats = match config.serve {
+    let timed = Arc::new(Timed::new(quorum, timings));
+    let served = match config.serve {
         Serve::Rounds => {
             say_listening()?;
-            let source = Arc::new(quorum);
-            broker::run_with(listener, resp, source, config.broker, shutdown_signal()).await?
+            broker::run_with(
+                listener,
+                resp,
+                stats,
+                timed,
+                config.broker,
+                shutdown_signal(),
+            )
+            .await
         }
         Serve::Window => {
-            let window = Arc::new(WindowSource::new(Arc::new(quorum)));
+            let window = Arc::new(WindowSource::new(timed));
             config.election.advertise = config.advertise.unwrap_or_else(|| {
                 if addr.ip().is_unspecified() {
                     tracing::warn!(%addr, "listening on a wildcard address without --advertise: followers will redirect clients to {addr}, which they cannot reach");
@@ -253,12 +286,17 @@ async fn run(mut config: Config) -> anyhow::Result<()> {
                     source.resign().await;
                 }
             };
-            let stats = broker::run_with(listener, resp, source, config.broker, shutdown).await;
+            let served =
+                broker::run_with(listener, resp, stats, source, config.broker, shutdown).await;
             logger.abort();
             log_window(&window.stats(), "window serving stopped");
-            stats?
+            served
         }
     };
+    if let Some(m) = metrics {
+        m.abort();
+    }
+    let stats = served?;
     tracing::info!(
         rounds = stats.rounds,
         requests = stats.requests,
@@ -268,7 +306,7 @@ async fn run(mut config: Config) -> anyhow::Result<()> {
 }
 
 /// Logs the window counters every `every` (never, for zero).
-async fn log_window_stats(source: Arc<WindowSource<QuorumClient>>, every: Duration) {
+async fn log_window_stats<Q: WindowQuorum>(source: Arc<WindowSource<Q>>, every: Duration) {
     if every.is_zero() {
         return;
     }

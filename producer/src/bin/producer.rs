@@ -60,6 +60,10 @@ struct Flags {
     /// Seconds between progress log lines when there is no progress bar.
     #[arg(long, value_name = "SECS", default_value_t = 5.0)]
     log_every: f64,
+    /// Serve Prometheus metrics (/metrics), /healthz and /readyz over HTTP on this
+    /// address (host:port; port 0 picks a free one); see docs/operations.md. Off by default.
+    #[arg(long, value_name = "ADDR")]
+    metrics_listen: Option<String>,
 }
 
 /// Test hook for crash and edit tests, see [`Config::test_stall_after`].
@@ -142,7 +146,16 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
     if flags.ids.quorum.unsafe_skip_durability_check {
         tracing::warn!("--unsafe-skip-durability-check: nodes that lose acknowledged writes can make IDs repeat");
     }
-    let p = Producer::open(cfg)?;
+    let shard = cfg.shard;
+    let mut p = Producer::open(cfg)?;
+    let _metrics = match &flags.metrics_listen {
+        Some(addr) => {
+            let metrics = std::sync::Arc::new(producer::ProducerMetrics::new(shard));
+            p = p.with_metrics(metrics.clone());
+            Some(serve_metrics(addr, metrics).await?)
+        }
+        None => None,
+    };
     let summary = if p.is_finished() {
         // No ID generator needed to do nothing.
         p.run(&NoIds).await?
@@ -159,6 +172,31 @@ async fn run(flags: Flags) -> anyhow::Result<()> {
     };
     println!("{summary}");
     Ok(())
+}
+
+/// Aborts the metrics endpoint when dropped (the run is over).
+struct MetricsTask(tokio::task::JoinHandle<()>);
+
+impl Drop for MetricsTask {
+    fn drop(&mut self) {
+        self.0.abort();
+    }
+}
+
+/// Starts `producer --metrics-listen` on `addr`; logs the bound address.
+async fn serve_metrics(
+    addr: &str,
+    metrics: std::sync::Arc<producer::ProducerMetrics>,
+) -> anyhow::Result<MetricsTask> {
+    let listener = qmetrics::bind(addr).await?;
+    let bound = listener.local_addr().context("metrics listener address")?;
+    tracing::info!("metrics listening on {bound}");
+    let endpoints = std::sync::Arc::new(producer::metrics::endpoints(metrics));
+    Ok(MetricsTask(tokio::spawn(qmetrics::serve(
+        listener,
+        endpoints,
+        qmetrics::Limits::default(),
+    ))))
 }
 
 /// Used only on a finished sublist, where no ID is ever requested.
