@@ -354,20 +354,7 @@ fn script_acl_denial(e: &redis::RedisError, source: &str) -> Option<String> {
         .nth(1)
         .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
         .and_then(|n| n.parse().ok());
-    let commands: Vec<&str> = line
-        .and_then(|n| source.lines().nth(n.checked_sub(1)?))
-        .map(|code| {
-            code.split("redis.")
-                .skip(1)
-                .filter_map(|call| {
-                    let call = call
-                        .strip_prefix("call('")
-                        .or_else(|| call.strip_prefix("pcall('"))?;
-                    call.split('\'').next()
-                })
-                .collect()
-        })
-        .unwrap_or_default();
+    let commands = line.map_or_else(Vec::new, |n| script_line_commands(source, n));
     let what = if commands.is_empty() {
         "a command inside qlist's script".to_string()
     } else {
@@ -378,6 +365,23 @@ fn script_acl_denial(e: &redis::RedisError, source: &str) -> Option<String> {
         )
     };
     Some(format!("the Redis ACL of this user denies {what}: {text}; a qlist user needs the commands, keys and channels docs/operations-redis.md lists"))
+}
+
+/// The Redis commands line `line` (from 1) of a script's `source` runs
+/// (`redis.call('CMD', ...)` or `redis.pcall('CMD', ...)`), in order.
+fn script_line_commands(source: &str, line: usize) -> Vec<&str> {
+    let Some(code) = line.checked_sub(1).and_then(|i| source.lines().nth(i)) else {
+        return Vec::new();
+    };
+    code.split("redis.")
+        .skip(1)
+        .filter_map(|call| {
+            let call = call
+                .strip_prefix("call('")
+                .or_else(|| call.strip_prefix("pcall('"))?;
+            call.split('\'').next()
+        })
+        .collect()
 }
 
 impl Node {
@@ -420,7 +424,7 @@ impl Node {
         let secure = url.starts_with("rediss://");
         if !secure && !url.starts_with("redis://") {
             return Err(format!(
-                "{addr:?} is not a redis:// or rediss:// URL (expected redis://host:port, or rediss://host:port for TLS)"
+                "{addr:?} is not a redis:// URL (expected redis://host:port, or rediss://host:port for TLS)"
             ));
         }
         if !secure && tls.is_set() {

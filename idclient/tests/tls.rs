@@ -187,6 +187,31 @@ async fn ids_over_a_tls_quorum_in_every_protocol() {
 }
 
 #[tokio::test]
+async fn idctl_checks_tls_nodes() {
+    let pki = pki();
+    let q = quorum(&pki, true);
+    let timeout = Duration::from_secs(2);
+    let checks = idclient::check_nodes(&q.urls(), timeout, timeout, &with_client_cert(&pki))
+        .await
+        .expect("valid settings");
+    assert_eq!(checks.len(), 3);
+    for c in &checks {
+        assert_eq!(c.verdict, Ok(Vec::new()), "{}", c.addr);
+    }
+    let checks = idclient::check_nodes(&q.urls(), timeout, timeout, &trusting(&pki.other_ca))
+        .await
+        .expect("valid settings");
+    for c in &checks {
+        let reason = c.verdict.as_ref().expect_err("another CA");
+        assert!(
+            reason.contains("TLS handshake failed"),
+            "{}: {reason}",
+            c.addr
+        );
+    }
+}
+
+#[tokio::test]
 async fn a_node_certificate_from_another_ca_is_a_clear_error() {
     let pki = pki();
     let q = quorum(&pki, false);
