@@ -195,10 +195,11 @@ impl Rendezvous for Node {
         let pubsub = match tokio::time::timeout(self.connect_timeout, connect).await {
             Ok(Ok(pubsub)) => pubsub,
             Ok(Err(e)) => {
-                return Err(NodeError::Unavailable(format!(
-                    "subscribe: {}",
-                    describe(&e)
-                )))
+                let reason = self.describe_tls(&e);
+                if acl_denial(&e).is_some() {
+                    self.warn_denied(&reason);
+                }
+                return Err(NodeError::Unavailable(format!("subscribe: {reason}")));
             }
             Err(_) => return Err(NodeError::Unavailable("subscribe: timed out".to_string())),
         };
@@ -303,6 +304,9 @@ pub struct Node {
     combine_sha: String,
     connect_timeout: Duration,
     state: tokio::sync::Mutex<ConnState>,
+    /// An ACL denial was logged: once per node, since a denied rendezvous only makes
+    /// clients fall back to their own rounds, silently but for this warning.
+    warned_denied: std::sync::atomic::AtomicBool,
     /// This node's place among its quorum's identities (none for a node on its own).
     peers: Option<(usize, std::sync::Arc<Identities>)>,
 }
@@ -463,6 +467,7 @@ impl Node {
                 last_failure: None,
             }),
             peers: None,
+            warned_denied: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -646,7 +651,21 @@ impl Node {
 
     async fn fail<T>(&self, e: redis::RedisError) -> Result<T, NodeError> {
         let reason = describe(&e);
+        if acl_denial(&e).is_some() {
+            self.warn_denied(&reason);
+        }
         self.fail_with(e, reason).await
+    }
+
+    /// Logs the first ACL denial on this node as a warning: the errors of rounds name it,
+    /// but a denied rendezvous (SUBSCRIBE, PUBLISH) is otherwise only slower IDs.
+    fn warn_denied(&self, reason: &str) {
+        if !self
+            .warned_denied
+            .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            tracing::warn!(node = %self.addr, "{reason}");
+        }
     }
 
     /// As [`Node::fail`], with the reason already put in words.
@@ -691,7 +710,10 @@ impl Node {
                 Err(NodeError::BadValue(e.detail().unwrap_or("").to_string()))
             }
             Err(e) => match script_acl_denial(&e, source) {
-                Some(reason) => self.fail_with(e, reason).await,
+                Some(reason) => {
+                    self.warn_denied(&reason);
+                    self.fail_with(e, reason).await
+                }
                 None => self.fail(e).await,
             },
         }

@@ -199,3 +199,23 @@ async fn a_key_outside_the_pattern_is_denied_clearly() {
     assert!(msg.contains("keys"), "{msg}");
     assert!(!msg.contains(PASSWORD), "{msg} shows the password");
 }
+
+#[tokio::test]
+async fn a_denied_rendezvous_costs_speed_not_ids() {
+    for rule in ["-subscribe", "-publish"] {
+        let q = quorum();
+        create_user(&q, Some(rule)).await;
+        let mut c = config(&q);
+        c.combine = Combine::Always;
+        let client = QuorumClient::connect(c).await.expect("connect as qlist");
+        let mut last = 0;
+        for _ in 0..5 {
+            let r = client
+                .next_ids(1)
+                .await
+                .unwrap_or_else(|e| panic!("{rule}: {e}"));
+            assert!(r.lo > last, "{rule}: {r:?} after {last}");
+            last = r.hi;
+        }
+    }
+}
