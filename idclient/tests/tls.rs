@@ -187,6 +187,25 @@ async fn ids_over_a_tls_quorum_in_every_protocol() {
 }
 
 #[tokio::test]
+async fn a_restarted_tls_node_serves_again() {
+    let pki = pki();
+    let mut q = quorum(&pki, false);
+    let client = QuorumClient::connect(config(q.urls(), trusting(&pki.ca)))
+        .await
+        .expect("connect over TLS");
+    let before = client.next_ids(1).await.expect("IDs");
+    // Ready only once the new process says so: its old log already holds a "Ready" line.
+    q.restart(0).expect("restart a TLS node");
+    let timeout = Duration::from_secs(2);
+    let checks = idclient::check_nodes(&q.urls()[..1], timeout, timeout, &trusting(&pki.ca))
+        .await
+        .expect("valid settings");
+    assert_eq!(checks[0].verdict, Ok(Vec::new()), "{}", checks[0].addr);
+    let after = client.next_ids(1).await.expect("IDs after the restart");
+    assert!(after.lo > before.hi);
+}
+
+#[tokio::test]
 async fn idctl_checks_tls_nodes() {
     let pki = pki();
     let q = quorum(&pki, true);

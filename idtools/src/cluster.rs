@@ -2,7 +2,8 @@
 //!
 //! [`LocalQuorum`] is used three ways: `idctl cluster up/down` (processes outlive the
 //! command, their pids are recorded in `DIR/cluster.json`), and tests and benchmarks
-//! ([`LocalQuorum::temp`]: free loopback ports in a temp dir, stopped on drop).
+//! ([`LocalQuorum::temp`]: free loopback ports in a temp dir, stopped on drop;
+//! [`LocalQuorum::temp_tls`]: the same with nodes that speak TLS only).
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
