@@ -473,7 +473,12 @@ fn the_scripts_run_only_commands_the_documented_acl_allows() {
         .map(str::to_lowercase)
         .collect();
     let mut commands = Vec::new();
-    for source in [CONDITIONAL_WRITE, COMBINE] {
+    for source in [
+        CONDITIONAL_WRITE,
+        COMBINE,
+        heartbeat::HEARTBEAT,
+        heartbeat::RESIGN,
+    ] {
         for line in 1..=source.lines().count() {
             commands.extend(script_line_commands(source, line));
         }
