@@ -21,7 +21,8 @@
 //!   of `idbroker`, with its config and `fetch_stats`.
 //!
 //! What is public, and why:
-//! - the client: [`QuorumClient`], [`ClientConfig`], [`Protocol`], [`Combine`],
+//! - the client: [`QuorumClient`], [`ClientConfig`] (with [`TlsConfig`] and [`ClientCert`]
+//!   for `rediss://` nodes), [`Protocol`], [`Combine`],
 //!   [`Counters`], and [`check_nodes`] / [`NodeCheck`] (`idctl check`);
 //! - the limits callers size things by: [`MAX_COUNT`] (the broker caps its rounds by it),
 //!   [`BACKOFF_CAP`] (a CLI default), and the lease bounds [`MIN_LEASE`], [`MAX_LEASE`] and
@@ -50,7 +51,7 @@ pub use idproto::{error, IdError, IdRange, IdSource, NodeFailure};
 pub use node::heartbeat::{
     read_heartbeats, refresh_heartbeat, resign_heartbeat, Heartbeat, Refresh,
 };
-pub use node::{Identity, Node, NodeAddr};
+pub use node::{ClientCert, Identity, Node, NodeAddr, TlsConfig};
 pub use quorum::{
     check_nodes, ClientConfig, Combine, Counters, NodeCheck, NodeCounters, Protocol, QuorumClient,
     BACKOFF_CAP, MAX_LEASE, MIN_LEASE, SOLO_STREAK,

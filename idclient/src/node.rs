@@ -11,6 +11,9 @@ use redis::{AsyncConnectionConfig, Value};
 use std::future::Future;
 use std::time::{Duration, Instant};
 
+mod tls;
+pub use tls::{ClientCert, TlsConfig};
+
 /// After a failed connect, further rounds fail fast on this node for this long instead of
 /// paying a connect attempt each: a dead node must not slow every round down.
 pub const RECONNECT_INTERVAL: Duration = Duration::from_millis(100);
@@ -192,10 +195,11 @@ impl Rendezvous for Node {
         let pubsub = match tokio::time::timeout(self.connect_timeout, connect).await {
             Ok(Ok(pubsub)) => pubsub,
             Ok(Err(e)) => {
-                return Err(NodeError::Unavailable(format!(
-                    "subscribe: {}",
-                    describe(&e)
-                )))
+                let reason = self.describe_tls(&e);
+                if acl_denial(&e).is_some() {
+                    self.warn_denied(&reason);
+                }
+                return Err(NodeError::Unavailable(format!("subscribe: {reason}")));
             }
             Err(_) => return Err(NodeError::Unavailable("subscribe: timed out".to_string())),
         };
@@ -291,6 +295,8 @@ struct ConnState {
 /// A Redis node of the quorum. Deliberately not `Debug`: its client holds the URL.
 pub struct Node {
     addr: NodeAddr,
+    /// A `rediss://` node.
+    secure: bool,
     client: redis::Client,
     config: AsyncConnectionConfig,
     check_durability: bool,
@@ -298,6 +304,9 @@ pub struct Node {
     combine_sha: String,
     connect_timeout: Duration,
     state: tokio::sync::Mutex<ConnState>,
+    /// An ACL denial was logged: once per node, since a denied rendezvous only makes
+    /// clients fall back to their own rounds, silently but for this warning.
+    warned_denied: std::sync::atomic::AtomicBool,
     /// This node's place among its quorum's identities (none for a node on its own).
     peers: Option<(usize, std::sync::Arc<Identities>)>,
 }
@@ -310,8 +319,12 @@ pub const DURABLE_SETTINGS: [(&str, &str); 4] = [
     ("maxmemory-policy", "noeviction"),
 ];
 
+/// What went wrong, in words: a refused connection, a timeout, a command the node's ACL
+/// denies (see [`acl_denial`]), or the redis crate's own text (which never holds the URL).
 fn describe(e: &redis::RedisError) -> String {
-    if e.is_timeout() {
+    if let Some(denied) = acl_denial(e) {
+        denied
+    } else if e.is_timeout() {
         "timed out".to_string()
     } else if e.is_connection_refusal() {
         "connection refused".to_string()
@@ -320,8 +333,64 @@ fn describe(e: &redis::RedisError) -> String {
     }
 }
 
+/// A `NOPERM` reply, to a command or to a command inside a script, as a sentence that
+/// says it is the node's ACL, quotes what Redis named (the command, key or channel), and
+/// says where the needed permissions are listed.
+fn acl_denial(e: &redis::RedisError) -> Option<String> {
+    let text = e.to_string();
+    let denied = e.kind() == redis::ErrorKind::Server(redis::ServerErrorKind::NoPerm)
+        || text.contains("NOPERM");
+    denied.then(|| {
+        format!("the Redis ACL of this user denies it ({text}); a qlist user needs the commands, keys and channels docs/operations-redis.md lists")
+    })
+}
+
+/// A script stopped by the node's ACL: Redis 7 says only "The user executing the script
+/// can't run this command or subcommand" (or can't access a key or channel) and the
+/// script line, so the command is named from that line of `source`: what to grant.
+fn script_acl_denial(e: &redis::RedisError, source: &str) -> Option<String> {
+    let text = e.to_string();
+    if !text.contains("The user executing the script can't") {
+        return None;
+    }
+    let line: Option<usize> = text
+        .split("@user_script:")
+        .nth(1)
+        .and_then(|rest| rest.split(|c: char| !c.is_ascii_digit()).next())
+        .and_then(|n| n.parse().ok());
+    let commands = line.map_or_else(Vec::new, |n| script_line_commands(source, n));
+    let what = if commands.is_empty() {
+        "a command inside qlist's script".to_string()
+    } else {
+        format!(
+            "{} (run by qlist's script, line {})",
+            commands.join(" or "),
+            line.unwrap_or(0)
+        )
+    };
+    Some(format!("the Redis ACL of this user denies {what}: {text}; a qlist user needs the commands, keys and channels docs/operations-redis.md lists"))
+}
+
+/// The Redis commands line `line` (from 1) of a script's `source` runs
+/// (`redis.call('CMD', ...)` or `redis.pcall('CMD', ...)`), in order.
+fn script_line_commands(source: &str, line: usize) -> Vec<&str> {
+    let Some(code) = line.checked_sub(1).and_then(|i| source.lines().nth(i)) else {
+        return Vec::new();
+    };
+    code.split("redis.")
+        .skip(1)
+        .filter_map(|call| {
+            let call = call
+                .strip_prefix("call('")
+                .or_else(|| call.strip_prefix("pcall('"))?;
+            call.split('\'').next()
+        })
+        .collect()
+}
+
 impl Node {
-    /// Prepares a node; nothing is sent until first use.
+    /// Prepares a node; nothing is sent until first use. A `rediss://` node trusts the
+    /// system's CAs (see [`Node::with_tls`]).
     ///
     /// # Errors
     /// A URL that the redis crate cannot parse (reason in the message).
@@ -331,18 +400,62 @@ impl Node {
         reply_timeout: Duration,
         check_durability: bool,
     ) -> Result<Node, String> {
+        Node::with_tls(
+            url,
+            connect_timeout,
+            reply_timeout,
+            check_durability,
+            &TlsConfig::default(),
+        )
+    }
+
+    /// Prepares a node reached as `tls` says when its URL is `rediss://`; nothing is sent
+    /// until first use.
+    ///
+    /// # Errors
+    /// A URL that the redis crate cannot parse, a `redis://` URL while `tls` is set (TLS
+    /// settings apply to every node), or an unreadable CA or client certificate file
+    /// (named).
+    pub fn with_tls(
+        url: &str,
+        connect_timeout: Duration,
+        reply_timeout: Duration,
+        check_durability: bool,
+        tls: &TlsConfig,
+    ) -> Result<Node, String> {
+        use redis::IntoConnectionInfo;
         let addr = NodeAddr::from_url(url);
-        if !url.starts_with("redis://") {
+        let secure = url.starts_with("rediss://");
+        if !secure && !url.starts_with("redis://") {
             return Err(format!(
-                "{addr:?} is not a redis:// URL (expected redis://host:port)"
+                "{addr:?} is not a redis:// URL (expected redis://host:port, or rediss://host:port for TLS)"
             ));
         }
-        let client = redis::Client::open(url).map_err(|e| format!("{addr:?}: {e}"))?;
+        if !secure && tls.is_set() {
+            return Err(format!(
+                "{addr:?} is a plain redis:// node, but TLS settings (--tls-ca, --tls-cert) are given: they apply to every node, so list each node as rediss://host:port (a plain node would get the same credentials in clear text)"
+            ));
+        }
+        let info = url
+            .into_connection_info()
+            .map_err(|e| format!("{addr:?}: {e}"))?;
+        // No CLIENT SETINFO on connect: a qlist user's ACL then needs only the commands
+        // docs/operations-redis.md lists, and nothing is denied in the node's ACL LOG.
+        let settings = info.redis_settings().clone().set_skip_set_lib_name();
+        let info = info.set_redis_settings(settings);
+        let client = if secure {
+            tls::install_crypto_provider();
+            redis::Client::build_with_tls(info, tls.load()?)
+        } else {
+            redis::Client::open(info)
+        }
+        .map_err(|e| format!("{addr:?}: {e}"))?;
         let config = AsyncConnectionConfig::new()
             .set_connection_timeout(Some(connect_timeout))
             .set_response_timeout(Some(reply_timeout));
         Ok(Node {
             addr,
+            secure,
             client,
             config,
             check_durability,
@@ -354,6 +467,7 @@ impl Node {
                 last_failure: None,
             }),
             peers: None,
+            warned_denied: std::sync::atomic::AtomicBool::new(false),
         })
     }
 
@@ -403,8 +517,8 @@ impl Node {
             .client
             .get_multiplexed_async_connection_with_config(&self.config)
             .await
-            .map_err(|e| NodeError::Unavailable(format!("connect: {}", describe(&e))))?;
-        let identity = Self::identify(&mut conn).await?;
+            .map_err(|e| NodeError::Unavailable(format!("connect: {}", self.describe_tls(&e))))?;
+        let identity = self.identify(&mut conn).await?;
         if let Some(reason) = identity.refusal() {
             return Err(NodeError::NotIndependent(reason));
         }
@@ -426,17 +540,18 @@ impl Node {
     }
 
     /// The server's identity (`INFO`).
-    async fn identify(conn: &mut MultiplexedConnection) -> Result<Identity, NodeError> {
+    async fn identify(&self, conn: &mut MultiplexedConnection) -> Result<Identity, NodeError> {
         let info: String =
             redis::cmd("INFO")
                 .query_async(conn)
                 .await
                 .map_err(|e| match e.kind() {
                     redis::ErrorKind::Io => {
-                        NodeError::Unavailable(format!("INFO: {}", describe(&e)))
+                        NodeError::Unavailable(format!("INFO: {}", self.describe_tls(&e)))
                     }
                     _ => NodeError::NotIndependent(format!(
-                        "cannot tell which server this is: INFO failed: {e}"
+                        "cannot tell which server this is: INFO failed: {}",
+                        describe(&e)
                     )),
                 })?;
         Identity::parse(&info).ok_or_else(|| {
@@ -459,7 +574,8 @@ impl Node {
                         NodeError::Unavailable(format!("CONFIG GET {name}: {}", describe(&e)))
                     }
                     _ => NodeError::Unsafe(format!(
-                        "cannot verify durability: CONFIG GET {name} failed: {e}"
+                        "cannot verify durability: CONFIG GET {name} failed: {}",
+                        describe(&e)
                     )),
                 })?;
             let got = reply.get(1).map(String::as_str).unwrap_or("(not set)");
@@ -470,6 +586,25 @@ impl Node {
             }
         }
         Ok(())
+    }
+
+    /// [`describe`], saying so when a `rediss://` node's TLS failed: the handshake itself
+    /// (a certificate from another CA, a name that does not match), or the node's alert
+    /// on the first reply (TLS 1.3 reports a missing client certificate only then).
+    fn describe_tls(&self, e: &redis::RedisError) -> String {
+        const TLS_FAILURES: [&str; 5] = [
+            "invalid peer certificate",
+            "received fatal alert",
+            "peer is incompatible",
+            "peer misbehaved",
+            "corrupt message",
+        ];
+        let what = describe(e);
+        if self.secure && TLS_FAILURES.iter().any(|f| what.contains(f)) {
+            format!("TLS handshake failed: {what}")
+        } else {
+            what
+        }
     }
 
     /// Checks the node's durability configuration on a fresh connection.
@@ -490,8 +625,8 @@ impl Node {
             .client
             .get_multiplexed_async_connection_with_config(&self.config)
             .await
-            .map_err(|e| NodeError::Unavailable(format!("connect: {}", describe(&e))))?;
-        let identity = Self::identify(&mut conn).await?;
+            .map_err(|e| NodeError::Unavailable(format!("connect: {}", self.describe_tls(&e))))?;
+        let identity = self.identify(&mut conn).await?;
         if let Some(reason) = identity.refusal() {
             return Err(NodeError::NotIndependent(reason));
         }
@@ -515,7 +650,27 @@ impl Node {
     }
 
     async fn fail<T>(&self, e: redis::RedisError) -> Result<T, NodeError> {
-        let err = NodeError::Unavailable(describe(&e));
+        let reason = describe(&e);
+        if acl_denial(&e).is_some() {
+            self.warn_denied(&reason);
+        }
+        self.fail_with(e, reason).await
+    }
+
+    /// Logs the first ACL denial on this node as a warning: the errors of rounds name it,
+    /// but a denied rendezvous (SUBSCRIBE, PUBLISH) is otherwise only slower IDs.
+    fn warn_denied(&self, reason: &str) {
+        if !self
+            .warned_denied
+            .swap(true, std::sync::atomic::Ordering::Relaxed)
+        {
+            tracing::warn!(node = %self.addr, "{reason}");
+        }
+    }
+
+    /// As [`Node::fail`], with the reason already put in words.
+    async fn fail_with<T>(&self, e: redis::RedisError, reason: String) -> Result<T, NodeError> {
+        let err = NodeError::Unavailable(reason);
         // A timed-out or broken connection may have requests piled up behind a paused
         // server: start afresh rather than queue behind them.
         if e.is_io_error()
@@ -554,7 +709,13 @@ impl Node {
             Err(e) if e.code() == Some(BAD_VALUE_CODE) => {
                 Err(NodeError::BadValue(e.detail().unwrap_or("").to_string()))
             }
-            Err(e) => self.fail(e).await,
+            Err(e) => match script_acl_denial(&e, source) {
+                Some(reason) => {
+                    self.warn_denied(&reason);
+                    self.fail_with(e, reason).await
+                }
+                None => self.fail(e).await,
+            },
         }
     }
 

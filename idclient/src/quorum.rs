@@ -18,7 +18,7 @@
 
 use crate::backoff::Backoff;
 use crate::combine::{self, WaitEnd};
-use crate::node::{Identities, Identity, Node, NodeAddr};
+use crate::node::{Identities, Identity, Node, NodeAddr, TlsConfig};
 use crate::register::{NodeError, Register, Rendezvous, WriteReply, Written, MAX_COUNT};
 use crate::rendezvous::{member_range, BatchResult, Close, Join, Leases, Nonce};
 use crate::script::MAX_RENDEZVOUS_TTL_MS;
@@ -89,6 +89,9 @@ pub struct ClientConfig {
     pub backoff_cap: Duration,
     /// When to share rounds with contending clients ([`Combine::Auto`] by default).
     pub combine: Combine,
+    /// TLS settings for `rediss://` nodes (none by default: the system's CAs, no client
+    /// certificate). When set, every node must be `rediss://`.
+    pub tls: TlsConfig,
 }
 
 impl ClientConfig {
@@ -105,6 +108,7 @@ impl ClientConfig {
             unsafe_skip_durability_check: false,
             backoff_cap: BACKOFF_CAP,
             combine: Combine::Auto,
+            tls: TlsConfig::default(),
         }
     }
 }
@@ -412,14 +416,20 @@ impl QuorumClient<Node> {
     pub async fn connect(config: ClientConfig) -> Result<QuorumClient, IdError> {
         check_shape(config.nodes.len(), &config.key)?;
         check_listed_once(&config.nodes)?;
+        // Once here, so an unreadable file is one error, not one per node.
+        config
+            .tls
+            .load()
+            .map_err(|e| IdError::Config(format!("TLS: {e}")))?;
         let peers = std::sync::Arc::new(Identities::default());
         let mut nodes = Vec::with_capacity(config.nodes.len());
         for (i, url) in config.nodes.iter().enumerate() {
-            let node = Node::new(
+            let node = Node::with_tls(
                 url.trim(),
                 config.connect_timeout,
                 config.reply_timeout,
                 !config.unsafe_skip_durability_check,
+                &config.tls,
             )
             .map_err(|e| IdError::Config(format!("bad node URL: {e}")))?
             .with_peers(i, peers.clone());
@@ -1357,17 +1367,22 @@ pub struct NodeCheck {
 /// Checks every node (what `idctl check` runs), in parallel: reachable, a master, not the
 /// same server as another node listed, durable. A master with replicas gets a warning.
 ///
+/// `rediss://` nodes are reached as `tls` says.
+///
 /// # Errors
-/// A URL that cannot be parsed.
+/// A URL that cannot be parsed, or unusable TLS settings.
 pub async fn check_nodes(
     urls: &[String],
     connect_timeout: Duration,
     reply_timeout: Duration,
+    tls: &TlsConfig,
 ) -> Result<Vec<NodeCheck>, IdError> {
+    tls.load()
+        .map_err(|e| IdError::Config(format!("TLS: {e}")))?;
     let mut nodes = Vec::new();
     for url in urls {
         nodes.push(
-            Node::new(url.trim(), connect_timeout, reply_timeout, true)
+            Node::with_tls(url.trim(), connect_timeout, reply_timeout, true, tls)
                 .map_err(|e| IdError::Config(format!("bad node URL: {e}")))?,
         );
     }

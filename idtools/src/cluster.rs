@@ -2,7 +2,8 @@
 //!
 //! [`LocalQuorum`] is used three ways: `idctl cluster up/down` (processes outlive the
 //! command, their pids are recorded in `DIR/cluster.json`), and tests and benchmarks
-//! ([`LocalQuorum::temp`]: free loopback ports in a temp dir, stopped on drop).
+//! ([`LocalQuorum::temp`]: free loopback ports in a temp dir, stopped on drop;
+//! [`LocalQuorum::temp_tls`]: the same with nodes that speak TLS only).
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
@@ -83,6 +84,54 @@ struct StateFile {
     nodes: Vec<NodeRecord>,
 }
 
+/// TLS for the nodes of a [`LocalQuorum::temp_tls`] quorum: each node listens on a TLS
+/// port only (`--port 0 --tls-port P`), so its URL is `rediss://127.0.0.1:P`.
+#[derive(Debug, Clone)]
+pub struct TlsNodes {
+    /// The server certificate (PEM) every node presents: it must name 127.0.0.1 (an IP
+    /// subject alternative name).
+    pub cert_file: PathBuf,
+    /// Its private key (PEM).
+    pub key_file: PathBuf,
+    /// The CA (PEM) that client certificates must chain to.
+    pub ca_file: PathBuf,
+    /// `tls-auth-clients yes`: a client must present a certificate signed by `ca_file`.
+    /// `false`: `tls-auth-clients no`, a client certificate is optional.
+    pub require_client_cert: bool,
+}
+
+impl TlsNodes {
+    /// The `redis-server` arguments, after the durable ones: no plain port, TLS on `port`.
+    fn args(&self, port: u16) -> Vec<String> {
+        let file = |p: &Path| p.display().to_string();
+        vec![
+            "--port".into(),
+            "0".into(),
+            "--tls-port".into(),
+            port.to_string(),
+            "--tls-cert-file".into(),
+            file(&self.cert_file),
+            "--tls-key-file".into(),
+            file(&self.key_file),
+            "--tls-ca-cert-file".into(),
+            file(&self.ca_file),
+            "--tls-auth-clients".into(),
+            if self.require_client_cert {
+                "yes"
+            } else {
+                "no"
+            }
+            .into(),
+        ]
+    }
+}
+
+/// The URL of a node on `port`: `rediss://` when it speaks TLS.
+fn node_url(port: u16, tls: bool) -> String {
+    let scheme = if tls { "rediss" } else { "redis" };
+    format!("{scheme}://127.0.0.1:{port}")
+}
+
 struct LocalNode {
     port: u16,
     data_dir: PathBuf,
@@ -94,6 +143,8 @@ struct LocalNode {
 pub struct LocalQuorum {
     dir: PathBuf,
     nodes: Vec<LocalNode>,
+    /// The nodes speak TLS only (see [`LocalQuorum::temp_tls`]).
+    tls: Option<TlsNodes>,
     _temp: Option<tempfile_guard::TempDir>,
 }
 
@@ -222,12 +273,21 @@ pub fn check_redis_version() -> Result<(), ClusterError> {
 }
 
 /// Starts one redis-server in its own process group (so a terminal's Ctrl-C does not reach
-/// a detached cluster) and waits until it answers PING.
-fn spawn_node(port: u16, data_dir: &Path, extra_args: &[String]) -> Result<Child, ClusterError> {
+/// a detached cluster) and waits until it answers PING (a plain node), or until its own
+/// log says it is ready (a TLS node, which the plain-text probe cannot ask).
+fn spawn_node(
+    port: u16,
+    data_dir: &Path,
+    extra_args: &[String],
+    tls: Option<&TlsNodes>,
+) -> Result<Child, ClusterError> {
     std::fs::create_dir_all(data_dir).map_err(io_err(data_dir))?;
+    // A restarted node appends to its old log: only what this process writes counts.
+    let log_start = std::fs::metadata(data_dir.join("redis.log")).map_or(0, |m| m.len());
     let mut cmd = Command::new("redis-server");
     cmd.args(durable_args(port, data_dir))
         .args(extra_args)
+        .args(tls.map(|t| t.args(port)).unwrap_or_default())
         .stdin(Stdio::null())
         .stdout(Stdio::null())
         .stderr(Stdio::null())
@@ -253,10 +313,18 @@ fn spawn_node(port: u16, data_dir: &Path, extra_args: &[String]) -> Result<Child
                 reason: format!("exited with {status}{holder}; log: {}", log_tail(data_dir)),
             });
         }
-        match server_pid(port) {
-            Some(pid) if pid == child.id() => return Ok(child),
-            Some(pid) => stranger = Some(pid),
-            None => {}
+        if tls.is_some() {
+            // Written after the listeners are bound: by this very process, since the log
+            // is its own, so a stranger on the port cannot pass for it.
+            if log_says_ready(data_dir, log_start) {
+                return Ok(child);
+            }
+        } else {
+            match server_pid(port) {
+                Some(pid) if pid == child.id() => return Ok(child),
+                Some(pid) => stranger = Some(pid),
+                None => {}
+            }
         }
         if started.elapsed() > START_TIMEOUT {
             let _ = child.kill();
@@ -325,6 +393,13 @@ pub fn server_pid(port: u16) -> Option<u32> {
     }
 }
 
+/// True when the node's log, from byte `from` on, says it accepts connections.
+fn log_says_ready(data_dir: &Path, from: u64) -> bool {
+    let text = std::fs::read(data_dir.join("redis.log")).unwrap_or_default();
+    let start = usize::try_from(from).unwrap_or(usize::MAX).min(text.len());
+    String::from_utf8_lossy(&text[start..]).contains("Ready to accept connections")
+}
+
 fn log_tail(data_dir: &Path) -> String {
     let text = std::fs::read_to_string(data_dir.join("redis.log")).unwrap_or_default();
     let lines: Vec<&str> = text.lines().rev().take(3).collect();
@@ -391,13 +466,14 @@ impl LocalQuorum {
         let mut quorum = LocalQuorum {
             dir: dir.to_path_buf(),
             nodes: Vec::new(),
+            tls: None,
             _temp: None,
         };
         for port in ports {
             let data_dir = dir.join(format!("node-{port}"));
             // Free a moment ago, the port can be taken before redis binds it: that is a
             // port in use too (callers pick other ports), not a broken redis.
-            let child = spawn_node(port, &data_dir, &[]).map_err(|e| match e {
+            let child = spawn_node(port, &data_dir, &[], None).map_err(|e| match e {
                 ClusterError::StartFailed { port, reason } if lost_the_port(&reason) => {
                     ClusterError::PortInUse { port }
                 }
@@ -431,6 +507,25 @@ impl LocalQuorum {
         nodes: usize,
         extra_args: &[String],
     ) -> Result<LocalQuorum, ClusterError> {
+        LocalQuorum::temp_inner(nodes, extra_args, None)
+    }
+
+    /// Like [`LocalQuorum::temp`], with nodes that speak TLS only: their URLs are
+    /// `rediss://127.0.0.1:PORT`, and a client must trust the CA that signed
+    /// `tls.cert_file`.
+    ///
+    /// # Errors
+    /// As [`LocalQuorum::start`]; a node that rejects the certificate files fails to start
+    /// (its log tail in the error).
+    pub fn temp_tls(nodes: usize, tls: TlsNodes) -> Result<LocalQuorum, ClusterError> {
+        LocalQuorum::temp_inner(nodes, &[], Some(tls))
+    }
+
+    fn temp_inner(
+        nodes: usize,
+        extra_args: &[String],
+        tls: Option<TlsNodes>,
+    ) -> Result<LocalQuorum, ClusterError> {
         if nodes == 0 {
             return Err(ClusterError::BadNodeCount(nodes));
         }
@@ -441,6 +536,7 @@ impl LocalQuorum {
         let mut quorum = LocalQuorum {
             dir: dir.clone(),
             nodes: Vec::new(),
+            tls,
             _temp: None,
         };
         for i in 0..nodes {
@@ -449,7 +545,7 @@ impl LocalQuorum {
             let mut last = None;
             for _ in 0..5 {
                 let port = free_port().map_err(io_err(&dir))?;
-                match spawn_node(port, &data_dir, extra_args) {
+                match spawn_node(port, &data_dir, extra_args, quorum.tls.as_ref()) {
                     Ok(child) => {
                         quorum.nodes.push(LocalNode {
                             port,
@@ -491,11 +587,11 @@ impl LocalQuorum {
         self.nodes.iter().map(|n| n.port).collect()
     }
 
-    /// The nodes' URLs (`redis://127.0.0.1:PORT`), in order.
+    /// The nodes' URLs (`redis://127.0.0.1:PORT`, or `rediss://` for TLS nodes), in order.
     pub fn urls(&self) -> Vec<String> {
         self.nodes
             .iter()
-            .map(|n| format!("redis://127.0.0.1:{}", n.port))
+            .map(|n| node_url(n.port, self.tls.is_some()))
             .collect()
     }
 
@@ -525,7 +621,12 @@ impl LocalQuorum {
     pub fn restart(&mut self, i: usize) -> Result<(), ClusterError> {
         self.kill(i);
         let node = &mut self.nodes[i];
-        node.child = Some(spawn_node(node.port, &node.data_dir, &[])?);
+        node.child = Some(spawn_node(
+            node.port,
+            &node.data_dir,
+            &[],
+            self.tls.as_ref(),
+        )?);
         if self._temp.is_none() {
             self.write_state()?;
         }
@@ -568,7 +669,7 @@ impl LocalQuorum {
                 n.child.as_ref().map(|c| NodeRecord {
                     port: n.port,
                     pid: c.id(),
-                    url: format!("redis://127.0.0.1:{}", n.port),
+                    url: node_url(n.port, self.tls.is_some()),
                     data_dir: n.data_dir.clone(),
                 })
             })
@@ -764,7 +865,7 @@ mod tests {
         let port = free_port().expect("free port");
         let stranger = Stranger::start(port);
         let dir = tempfile_guard::TempDir::new("qlist-race").expect("temp dir");
-        let err = spawn_node(port, &dir.path().join("node"), &[])
+        let err = spawn_node(port, &dir.path().join("node"), &[], None)
             .expect_err("started on a port another redis holds");
         match err {
             ClusterError::StartFailed { reason, .. } => assert!(lost_the_port(&reason), "{reason}"),

@@ -3,7 +3,8 @@
 use crate::exit::{usage, EXIT_CODES_HELP};
 use clap::{ArgGroup, Args, CommandFactory, FromArgMatches, ValueEnum};
 use idclient::broker_client::{self, BrokerClientConfig};
-use idclient::{ClientConfig, Combine, Protocol};
+use idclient::{ClientCert, ClientConfig, Combine, Protocol, TlsConfig};
+use std::path::PathBuf;
 use std::time::Duration;
 
 /// Parses the command line into `T`, after `tweak` adjusted the clap command (a binary's
@@ -135,6 +136,38 @@ impl NodeTimeouts {
     }
 }
 
+/// TLS to `rediss://` nodes (`--tls-ca`, `--tls-cert`, `--tls-key`).
+#[derive(Debug, Clone, Args)]
+pub struct TlsArgs {
+    /// rediss:// nodes: PEM file of the CA that signed the nodes' certificates (default:
+    /// the system's trust store). With any --tls-* flag every node must be rediss://.
+    #[arg(long, value_name = "FILE")]
+    pub tls_ca: Option<PathBuf>,
+    /// rediss:// nodes: PEM client certificate, for nodes that require one
+    /// (tls-auth-clients yes). Needs --tls-key.
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    pub tls_cert: Option<PathBuf>,
+    /// rediss:// nodes: PEM private key of --tls-cert.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    pub tls_key: Option<PathBuf>,
+}
+
+impl TlsArgs {
+    /// The TLS settings these flags describe (files are read when the client connects).
+    pub fn config(&self) -> TlsConfig {
+        TlsConfig {
+            ca_file: self.tls_ca.clone(),
+            client_cert: match (&self.tls_cert, &self.tls_key) {
+                (Some(cert_file), Some(key_file)) => Some(ClientCert {
+                    cert_file: cert_file.clone(),
+                    key_file: key_file.clone(),
+                }),
+                _ => None,
+            },
+        }
+    }
+}
+
 /// `--combine`: when a fast-protocol client shares rounds with contending clients.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
 pub enum CombineArg {
@@ -166,6 +199,8 @@ pub struct QuorumArgs {
     pub key: String,
     #[command(flatten)]
     pub timeouts: NodeTimeouts,
+    #[command(flatten)]
+    pub tls: TlsArgs,
     /// Use the classic protocol (read a majority, then write max+1) instead of the fast one.
     #[arg(long)]
     pub classic: bool,
@@ -202,6 +237,7 @@ impl QuorumArgs {
         config.unsafe_skip_durability_check = self.unsafe_skip_durability_check;
         config.backoff_cap = Duration::from_millis(self.backoff_cap_ms);
         config.combine = self.combine.into();
+        config.tls = self.tls.config();
         Ok(config)
     }
 }
@@ -363,6 +399,41 @@ mod tests {
         assert_eq!(c.combine, Combine::Never);
         assert_eq!(c.backoff_cap, Duration::from_millis(9));
         assert!(!c.unsafe_skip_durability_check);
+        assert_eq!(c.tls, TlsConfig::default());
+    }
+
+    #[test]
+    fn tls_flags_become_the_tls_config() {
+        let f = flags(&[
+            "--nodes",
+            "rediss://a:1",
+            "--tls-ca",
+            "ca.pem",
+            "--tls-cert",
+            "me.pem",
+            "--tls-key",
+            "me.key",
+        ])
+        .expect("parses");
+        let Source::Nodes(c) = f.source.source().expect("valid") else {
+            panic!("direct mode expected")
+        };
+        assert_eq!(
+            c.tls,
+            TlsConfig {
+                ca_file: Some("ca.pem".into()),
+                client_cert: Some(ClientCert {
+                    cert_file: "me.pem".into(),
+                    key_file: "me.key".into(),
+                }),
+            }
+        );
+        for half in [&["--tls-cert", "me.pem"], &["--tls-key", "me.key"]] {
+            let mut args = vec!["--nodes", "rediss://a:1"];
+            args.extend_from_slice(half);
+            let e = flags(&args).expect_err("a certificate without its key, or the reverse");
+            assert_eq!(e.exit_code(), 2, "{args:?}");
+        }
     }
 
     #[test]
@@ -381,7 +452,8 @@ mod tests {
                 c.reply_timeout,
                 c.backoff_cap,
                 c.combine,
-                c.unsafe_skip_durability_check
+                c.unsafe_skip_durability_check,
+                &c.tls
             ),
             (
                 &d.key,
@@ -391,7 +463,8 @@ mod tests {
                 d.reply_timeout,
                 d.backoff_cap,
                 d.combine,
-                d.unsafe_skip_durability_check
+                d.unsafe_skip_durability_check,
+                &d.tls
             )
         );
     }

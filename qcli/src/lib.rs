@@ -25,6 +25,6 @@ mod logging;
 pub use exit::{cause_of, exit, fail, id_error_cause, usage, Cause, Failure, EXIT_CODES_HELP};
 pub use flags::{
     parse, BrokerArgs, CombineArg, DeadlineArgs, NodeList, NodeTimeouts, QuorumArgs, Source,
-    SourceArgs,
+    SourceArgs, TlsArgs,
 };
 pub use logging::{init_logging, LogFormat};

@@ -457,3 +457,55 @@ fn shown_addresses_never_carry_a_password() {
         assert!(!format!("{addr} {addr:?}").contains("hunter2"), "{url}");
     }
 }
+
+/// Every command the scripts run (what a script's ACL denial is named by) is in the ACL
+/// line of docs/operations-redis.md: a new command in a script must be documented.
+#[test]
+fn the_scripts_run_only_commands_the_documented_acl_allows() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/../docs/operations-redis.md");
+    let doc = std::fs::read_to_string(path).unwrap_or_else(|e| panic!("{path}: {e}"));
+    let acl: Vec<String> = doc
+        .lines()
+        .find(|l| l.starts_with("ACL SETUSER qlist "))
+        .unwrap_or_else(|| panic!("{path}: no ACL SETUSER line"))
+        .split_whitespace()
+        .filter_map(|w| w.strip_prefix('+'))
+        .map(str::to_lowercase)
+        .collect();
+    let mut commands = Vec::new();
+    for source in [
+        CONDITIONAL_WRITE,
+        COMBINE,
+        heartbeat::HEARTBEAT,
+        heartbeat::RESIGN,
+    ] {
+        for line in 1..=source.lines().count() {
+            commands.extend(script_line_commands(source, line));
+        }
+    }
+    assert!(commands.contains(&"PUBLISH"), "{commands:?}");
+    for c in commands {
+        assert!(
+            acl.contains(&c.to_lowercase()),
+            "the scripts run {c}, which the documented ACL does not allow: {acl:?}"
+        );
+    }
+}
+
+#[test]
+fn a_script_line_names_its_commands() {
+    let line = COMBINE
+        .lines()
+        .position(|l| l.contains("'PUBLISH'"))
+        .expect("the rendezvous publishes results")
+        + 1;
+    assert_eq!(script_line_commands(COMBINE, line), ["PUBLISH"]);
+    let both = COMBINE
+        .lines()
+        .position(|l| l.contains("redis.call('GET', KEYS[2]) == ARGV[2]"))
+        .expect("finish clears the in-flight mark")
+        + 1;
+    assert_eq!(script_line_commands(COMBINE, both), ["GET", "DEL"]);
+    assert!(script_line_commands(COMBINE, 0).is_empty());
+    assert!(script_line_commands(COMBINE, 100_000).is_empty());
+}

@@ -33,6 +33,8 @@ enum Command {
         nodes: qcli::NodeList,
         #[command(flatten)]
         timeouts: qcli::NodeTimeouts,
+        #[command(flatten)]
+        tls: qcli::TlsArgs,
     },
     /// Reserve IDs and print "LO HI" (HI = LO + COUNT - 1).
     Next {
@@ -185,9 +187,16 @@ fn run(cli: Cli) -> Result<()> {
             eprintln!("stopped {stopped} node(s) of {}", dir.display());
             Ok(())
         }
-        Command::Check { nodes, timeouts } => {
-            runtime()?.block_on(check(nodes.urls()?, timeouts.connect()?, timeouts.reply()?))
-        }
+        Command::Check {
+            nodes,
+            timeouts,
+            tls,
+        } => runtime()?.block_on(check(
+            nodes.urls()?,
+            timeouts.connect()?,
+            timeouts.reply()?,
+            tls.config(),
+        )),
         Command::Chart {
             input,
             out,
@@ -374,8 +383,9 @@ async fn check(
     nodes: Vec<String>,
     connect_timeout: Duration,
     reply_timeout: Duration,
+    tls: idclient::TlsConfig,
 ) -> Result<()> {
-    let results = idclient::check_nodes(&nodes, connect_timeout, reply_timeout).await?;
+    let results = idclient::check_nodes(&nodes, connect_timeout, reply_timeout, &tls).await?;
     let mut bad = 0;
     for idclient::NodeCheck { addr, verdict } in &results {
         match verdict {
