@@ -3,7 +3,7 @@
 //! deadline and never an ID, while a client on the majority side keeps working; a client
 //! cut off from a minority (or slowed down) still works; after the partition heals, IDs
 //! continue above every earlier one. Every request goes into one history, checked at the
-//! end.
+//! end. A leader broker partitioned from every node steps down and another takes over.
 
 mod common;
 
@@ -254,5 +254,195 @@ async fn broker_partitioned_from_majority() {
     for (tx, task) in brokers {
         let _ = tx.send(());
         let _ = task.await;
+    }
+}
+
+/// An `idbroker --serve window` process whose node links are `urls`, with the election
+/// timing of the leader tests; killed (by its pid) on drop. Returns once it said
+/// `listening on ADDR` (it leads or knows the leader).
+struct Idbroker {
+    _proc: common::Proc,
+    addr: String,
+}
+
+impl Idbroker {
+    fn start(urls: &[String]) -> Idbroker {
+        use std::io::BufRead;
+        let mut cmd = std::process::Command::new(common::bin("idbroker"));
+        cmd.args(["--listen", "127.0.0.1:0", "--nodes", &urls.join(",")])
+            .args(["--election-timeout-ms", "200", "--heartbeat-ms", "50"])
+            .args(["--reply-timeout-ms", "200", "--connect-timeout-ms", "200"])
+            .stdout(std::process::Stdio::piped())
+            .stderr(std::process::Stdio::inherit());
+        let mut proc = common::Proc::spawn("idbroker", &mut cmd);
+        let stdout = proc
+            .child
+            .as_mut()
+            .and_then(|c| c.stdout.take())
+            .expect("idbroker stdout");
+        let mut line = String::new();
+        std::io::BufReader::new(stdout)
+            .read_line(&mut line)
+            .expect("read idbroker stdout");
+        let addr = line
+            .trim()
+            .strip_prefix("listening on ")
+            .unwrap_or_else(|| panic!("idbroker did not start: said {line:?}"))
+            .to_string();
+        Idbroker { _proc: proc, addr }
+    }
+
+    async fn role(&self) -> (String, u64) {
+        match idclient::broker_client::fetch_stats(&self.addr).await {
+            Ok(s) => (s.role, s.term),
+            Err(e) => (format!("unreachable: {e}"), 0),
+        }
+    }
+}
+
+/// Polls `cond` every 20 ms until it holds, failing the test after `limit`.
+async fn wait_for<F: std::future::Future<Output = bool>>(
+    what: &str,
+    limit: Duration,
+    mut cond: impl FnMut() -> F,
+) {
+    let until = std::time::Instant::now() + limit;
+    while !cond().await {
+        assert!(
+            std::time::Instant::now() < until,
+            "{what}: not within {limit:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// The leader broker partitioned from every node (its node links go through proxies
+/// that stop forwarding): it cannot refresh its heartbeat on a majority, so it steps
+/// down, and one of the two other brokers (direct links) takes over; clients of all three
+/// (one BrokerClient, following redirects) get IDs again; after healing, the old leader
+/// follows the new one. Every request of the run is checked as one history.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_leader_partitioned_from_the_nodes_is_replaced() {
+    use idclient::broker_client::{BrokerClient, BrokerClientConfig};
+    use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
+    use std::sync::{Arc, Mutex};
+    let (quorum, proxies) = proxied_quorum();
+    // Alone on a fresh quorum, the proxied broker elects itself; the others follow it.
+    let a = &Idbroker::start(&proxies.iter().map(Proxy::url).collect::<Vec<_>>());
+    wait_for(
+        "the proxied broker leads",
+        Duration::from_secs(10),
+        || async move { a.role().await.0 == "leader" },
+    )
+    .await;
+    let others = &[
+        Idbroker::start(&quorum.urls()),
+        Idbroker::start(&quorum.urls()),
+    ];
+    let (_, term_a) = a.role().await;
+    let addrs = [a, &others[0], &others[1]].map(|b| b.addr.clone()).to_vec();
+    let config = BrokerClientConfig {
+        deadline: Duration::from_secs(5),
+        ..Default::default()
+    };
+    let client = Arc::new(BrokerClient::connect(addrs, config).await.expect("connect"));
+    let events = Arc::new(Mutex::new(Vec::new()));
+    let stop = Arc::new(AtomicBool::new(false));
+    // Return time of the first success invoked after the cut (u64::MAX: none yet).
+    let (cut_at, first_after) = (
+        Arc::new(AtomicU64::new(u64::MAX)),
+        Arc::new(AtomicU64::new(u64::MAX)),
+    );
+    let callers: Vec<_> = (0..4)
+        .map(|_| {
+            let (client, events, stop) = (client.clone(), events.clone(), stop.clone());
+            let (cut_at, first_after) = (cut_at.clone(), first_after.clone());
+            tokio::spawn(async move {
+                while !stop.load(Relaxed) {
+                    let invoke_ns = monotonic_ns();
+                    let r = client.next_ids(1).await;
+                    let return_ns = monotonic_ns();
+                    if r.is_ok() && invoke_ns > cut_at.load(Relaxed) {
+                        first_after.fetch_min(return_ns, Relaxed);
+                    }
+                    let event = Event {
+                        invoke_ns,
+                        return_ns,
+                        outcome: r.ok(),
+                    };
+                    events.lock().expect("events").push(event);
+                }
+            })
+        })
+        .collect();
+    let served = || {
+        let events = events.lock().expect("events");
+        events.iter().filter(|e| e.outcome.is_some()).count()
+    };
+    wait_for(
+        "IDs before the cut",
+        Duration::from_secs(10),
+        || async move { served() > 20 },
+    )
+    .await;
+
+    for p in &proxies {
+        p.set(Mode::Blackhole);
+    }
+    cut_at.store(monotonic_ns(), Relaxed);
+    wait_for(
+        "another broker leads",
+        Duration::from_secs(10),
+        || async move {
+            let mut led = false;
+            for b in others {
+                let (role, term) = b.role().await;
+                led |= role == "leader" && term > term_a;
+            }
+            led
+        },
+    )
+    .await;
+    wait_for(
+        "the cut-off leader steps down",
+        Duration::from_secs(10),
+        || async move { a.role().await.0 != "leader" },
+    )
+    .await;
+    let first = &*first_after;
+    wait_for(
+        "IDs from the new leader",
+        Duration::from_secs(10),
+        || async move { first.load(Relaxed) != u64::MAX },
+    )
+    .await;
+
+    for p in &proxies {
+        p.set(Mode::Pass);
+    }
+    wait_for(
+        "the healed broker follows",
+        Duration::from_secs(10),
+        || async move {
+            let (role, term) = a.role().await;
+            eprintln!("healed broker: {role}, term {term}");
+            role == "follower"
+        },
+    )
+    .await;
+    let after_heal = served();
+    wait_for(
+        "IDs after healing",
+        Duration::from_secs(10),
+        || async move { served() > after_heal + 20 },
+    )
+    .await;
+    stop.store(true, Relaxed);
+    for c in callers {
+        c.await.expect("caller task");
+    }
+    let events = events.lock().expect("events").clone();
+    if let Err(v) = check(&events) {
+        panic!("history violation: {v}");
     }
 }

@@ -393,8 +393,13 @@ impl<E: ElectionQuorum> Machine<E> {
     async fn watch(&mut self) {
         let tick = Instant::now() + self.config.heartbeat;
         let mut nobody = false;
+        // Stand only on what a majority showed just now: a broker that cannot read a
+        // majority cannot win a term anyway, and once it can again (a partition healing),
+        // its first read must show it the leader elected meanwhile before it may stand.
+        let mut read = false;
         match self.quorum.read_heartbeats(tick).await {
             Ok(seen) => {
+                read = true;
                 nobody = seen.iter().all(Option::is_none);
                 let newest = seen.into_iter().flatten().max_by_key(Heartbeat::key);
                 // Only a leader of the highest term seen counts: one of an older term has
@@ -417,7 +422,7 @@ impl<E: ElectionQuorum> Machine<E> {
         // a leader just elected to show itself.
         let quiet = self.changed.elapsed();
         let nobody = nobody && quiet >= self.config.heartbeat * 2;
-        if nobody || quiet >= self.timeout {
+        if read && (nobody || quiet >= self.timeout) {
             if nobody {
                 tracing::info!("no heartbeat on a majority: standing for election");
             } else {
@@ -446,6 +451,12 @@ impl<E: ElectionQuorum> Machine<E> {
                 return self.follow(self.term, None, "no term");
             }
         };
+        if highest > self.term {
+            // A term we never saw a heartbeat of: its leader may be alive (we were cut
+            // off while it was elected). Follow that term and give its heartbeat one
+            // election timeout to show before claiming the next one.
+            return self.follow(highest, None, "a newer term exists");
+        }
         let Some(term) = highest.checked_add(1) else {
             tracing::error!("election: the term register is at u64::MAX; no more terms");
             return self.follow(highest, None, "terms exhausted");

@@ -20,6 +20,11 @@ struct View {
     paused: watch::Receiver<bool>,
     /// Its heartbeat refreshes fail (cut off from the nodes).
     cut_off: AtomicBool,
+    /// Every call fails (partitioned from every node).
+    isolated: AtomicBool,
+    /// Heartbeat reads that still fail after the partition healed (connections being
+    /// opened again), while other calls already succeed.
+    failing_reads: std::sync::atomic::AtomicU64,
 }
 
 const LATENCY: Duration = Duration::from_millis(1);
@@ -30,6 +35,14 @@ impl View {
         let _ = paused.wait_for(|p| !*p).await;
         tokio::time::sleep(LATENCY).await;
     }
+
+    /// The error of a call while isolated.
+    fn isolation(&self) -> Result<(), IdError> {
+        if self.isolated.load(Relaxed) {
+            return Err(IdError::Config("partitioned from every node".into()));
+        }
+        Ok(())
+    }
 }
 
 fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
@@ -39,11 +52,13 @@ fn lock<T>(m: &Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 impl ElectionQuorum for View {
     async fn read_term(&self, _: Instant) -> Result<u64, IdError> {
         self.gate().await;
+        self.isolation()?;
         Ok(*lock(&self.nodes.term))
     }
 
     async fn claim_term(&self, term: u64, _: Instant) -> Result<bool, IdError> {
         self.gate().await;
+        self.isolation()?;
         let mut t = lock(&self.nodes.term);
         if *t < term {
             *t = term;
@@ -55,7 +70,7 @@ impl ElectionQuorum for View {
 
     async fn refresh(&self, hb: Heartbeat, ttl: Duration, _: Instant) -> Refresh {
         self.gate().await;
-        if self.cut_off.load(Relaxed) {
+        if self.cut_off.load(Relaxed) || self.isolated.load(Relaxed) {
             return Refresh {
                 acked: 0,
                 higher: None,
@@ -86,6 +101,14 @@ impl ElectionQuorum for View {
 
     async fn read_heartbeats(&self, _: Instant) -> Result<Vec<Option<Heartbeat>>, IdError> {
         self.gate().await;
+        self.isolation()?;
+        let failing = &self.failing_reads;
+        if failing
+            .fetch_update(Relaxed, Relaxed, |n| n.checked_sub(1))
+            .is_ok()
+        {
+            return Err(IdError::Config("reconnecting".into()));
+        }
         let cur = lock(&self.nodes.heartbeat);
         let live = cur
             .as_ref()
@@ -136,6 +159,8 @@ impl Broker {
             nodes: nodes.clone(),
             paused,
             cut_off: AtomicBool::new(false),
+            isolated: AtomicBool::new(false),
+            failing_reads: Default::default(),
         });
         let addr = format!("broker{i}:7400");
         let config = ElectionConfig {
@@ -292,6 +317,8 @@ async fn of_two_leaders_the_lower_term_steps_down() {
             nodes: nodes.clone(),
             paused,
             cut_off: AtomicBool::new(false),
+            isolated: AtomicBool::new(false),
+            failing_reads: Default::default(),
         });
         let shared = Arc::new(Election::new());
         let mut m = Machine::new(view, config(addr), shared.clone(), Arc::new(Notify::new()));
@@ -441,4 +468,44 @@ async fn a_resigning_leader_is_replaced_before_the_election_timeout() {
     tokio::time::sleep(ELECTION_TIMEOUT * 10).await;
     assert_eq!(brokers[l].status().role, Role::Follower);
     assert!(brokers[l].source.redirect().is_some());
+}
+
+/// A leader partitioned from every node steps down and another is elected; when the
+/// partition heals (its first heartbeat read still failing, as while reconnecting), the
+/// old leader follows the new one instead of standing at once on its stale "no change
+/// for the election timeout" (its reads failed meanwhile) or claiming a term above one
+/// it never saw a heartbeat of.
+#[tokio::test(start_paused = true)]
+async fn a_healed_partitioned_leader_follows_the_new_one_without_an_election() {
+    let nodes = Arc::new(Nodes::default());
+    let brokers: Vec<Broker> = (0..3).map(|i| Broker::start(&nodes, i)).collect();
+    until(Duration::from_secs(5), "first leader", || {
+        settled(&brokers).is_some()
+    })
+    .await;
+    let l = settled(&brokers).expect("settled");
+    brokers[l].view.isolated.store(true, Relaxed);
+    until(
+        Duration::from_secs(5),
+        "a new leader, the old one down",
+        || leaders(&brokers).iter().all(|&i| i != l) && leaders(&brokers).len() == 1,
+    )
+    .await;
+    // Long past its election timeout, with every read failing.
+    tokio::time::sleep(Duration::from_secs(2)).await;
+    let n = leaders(&brokers)[0];
+    let term = brokers[n].status().term;
+    brokers[l].view.failing_reads.store(1, Relaxed);
+    brokers[l].view.isolated.store(false, Relaxed);
+    until(Duration::from_secs(5), "the healed broker follows", || {
+        settled(&brokers) == Some(n)
+    })
+    .await;
+    tokio::time::sleep(Duration::from_secs(3)).await;
+    assert_eq!(
+        settled(&brokers),
+        Some(n),
+        "the healed broker caused an election"
+    );
+    assert_eq!(brokers[n].status().term, term);
 }
