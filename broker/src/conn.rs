@@ -13,6 +13,7 @@ use crate::BrokerConfig;
 use idclient::IdError;
 use idproto::framed::{self, FrameReader, FrameWriter, Timeouts};
 use idproto::wire::{self, ClientMsg, ServerMsg, WireError};
+use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicBool, AtomicU64};
@@ -144,14 +145,25 @@ pub(crate) struct Ctx {
 /// the broker stops, and every request it sent has been answered. Never fails:
 /// problems are logged.
 pub(crate) async fn serve(stream: TcpStream, peer: SocketAddr, ctx: Ctx, state: Arc<ConnState>) {
-    ctx.stats.connections_open.fetch_add(1, Relaxed);
-    ctx.stats.connections_total.fetch_add(1, Relaxed);
     let stats = ctx.stats.clone();
-    match handle(stream, ctx, state).await {
-        Ok(()) => tracing::debug!(%peer, "connection closed"),
+    counted(&stats, peer, "connection", handle(stream, ctx, state)).await;
+}
+
+/// Runs one connection's `work` (of either protocol), counted open while it runs and
+/// dropped when it ends in an error; logs how it ended (`what`: "connection", ...).
+pub(crate) async fn counted<E: std::fmt::Display>(
+    stats: &Stats,
+    peer: SocketAddr,
+    what: &str,
+    work: impl Future<Output = Result<(), E>>,
+) {
+    stats.connections_open.fetch_add(1, Relaxed);
+    stats.connections_total.fetch_add(1, Relaxed);
+    match work.await {
+        Ok(()) => tracing::debug!(%peer, "{what} closed"),
         Err(e) => {
             stats.connections_dropped.fetch_add(1, Relaxed);
-            tracing::info!(%peer, "connection dropped: {e}");
+            tracing::info!(%peer, "{what} dropped: {e}");
         }
     }
     stats.connections_open.fetch_sub(1, Relaxed);

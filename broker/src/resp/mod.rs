@@ -123,17 +123,8 @@ struct Local {
 /// out, is evicted or the broker stops, and every request it sent has been answered.
 /// Never fails: problems are logged.
 pub(crate) async fn serve(stream: TcpStream, peer: SocketAddr, ctx: Ctx, state: Arc<ConnState>) {
-    ctx.stats.connections_open.fetch_add(1, Relaxed);
-    ctx.stats.connections_total.fetch_add(1, Relaxed);
     let stats = ctx.stats.clone();
-    match handle(stream, ctx, state).await {
-        Ok(()) => tracing::debug!(%peer, "RESP connection closed"),
-        Err(e) => {
-            stats.connections_dropped.fetch_add(1, Relaxed);
-            tracing::info!(%peer, "RESP connection dropped: {e}");
-        }
-    }
-    stats.connections_open.fetch_sub(1, Relaxed);
+    conn::counted(&stats, peer, "RESP connection", handle(stream, ctx, state)).await;
 }
 
 async fn handle(stream: TcpStream, ctx: Ctx, state: Arc<ConnState>) -> Result<(), RespError> {
