@@ -7,7 +7,7 @@
 use idclient::broker_client::{BrokerClient, BrokerClientConfig};
 use idclient::IdSource;
 use idtools::cluster::{free_port, LocalQuorum};
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
@@ -169,27 +169,9 @@ async fn load(addr: String, stop: Arc<AtomicBool>) -> u64 {
 }
 
 fn promtool_check(exposition: &str) {
-    let mut child = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start promtool (Debian package prometheus)");
-    child
-        .stdin
-        .take()
-        .expect("promtool stdin")
-        .write_all(exposition.as_bytes())
-        .expect("pipe the exposition to promtool");
-    let out = child.wait_with_output().expect("promtool");
-    assert!(
-        out.status.success(),
-        "promtool check metrics failed ({}):\n{}{}\n--- exposition ---\n{exposition}",
-        out.status,
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    if let Err(e) = qmetrics::promtool_check(exposition) {
+        panic!("{e}");
+    }
 }
 
 /// Every sample line `name{...} value` of `exposition` whose name is `name`.

@@ -3,7 +3,7 @@
 //! at a known point (`QLIST_PRODUCER_TEST_STALL_AFTER`) so the scrape sees exact state.
 
 use idtools::cluster::LocalQuorum;
-use std::io::{BufRead, BufReader, Write};
+use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
 use std::time::Duration;
@@ -96,24 +96,9 @@ fn a_running_producer_serves_items_batches_and_id_wait() {
     let health = rt.block_on(qmetrics::get(&addr, "/healthz", Duration::from_secs(10)));
     assert_eq!(health.expect("healthz").0, 200);
 
-    let mut promtool = Command::new("promtool")
-        .args(["check", "metrics"])
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("start promtool (Debian package prometheus)");
-    promtool
-        .stdin
-        .take()
-        .expect("promtool stdin")
-        .write_all(exposition.as_bytes())
-        .expect("pipe to promtool");
-    let checked = promtool.wait_with_output().expect("promtool");
-    assert!(
-        checked.status.success(),
-        "promtool: {checked:?}\n{exposition}"
-    );
+    if let Err(e) = qmetrics::promtool_check(&exposition) {
+        panic!("{e}");
+    }
 
     drop(child.stdin.take()); // lets the producer go on
     let status = child.wait().expect("wait for the producer");

@@ -59,3 +59,38 @@ pub async fn get(addr: &str, path: &str, timeout: Duration) -> Result<(u16, Stri
         .await
         .map_err(|_| fail(format!("no answer within {timeout:?}")))?
 }
+
+/// Runs `promtool check metrics` (Debian package prometheus) on `exposition`: `Ok` when
+/// it accepts it, else why not (promtool's own words, and the exposition). For tests and
+/// tools that check what `/metrics` serves with Prometheus' own linter.
+///
+/// # Errors
+/// promtool missing, failing to run, or rejecting the exposition.
+pub fn promtool_check(exposition: &str) -> Result<(), String> {
+    use std::io::Write;
+    use std::process::{Command, Stdio};
+    let mut child = Command::new("promtool")
+        .args(["check", "metrics"])
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .map_err(|e| format!("cannot start promtool (Debian package prometheus): {e}"))?;
+    if let Some(mut stdin) = child.stdin.take() {
+        stdin
+            .write_all(exposition.as_bytes())
+            .map_err(|e| format!("cannot pipe the exposition to promtool: {e}"))?;
+    }
+    let out = child
+        .wait_with_output()
+        .map_err(|e| format!("promtool: {e}"))?;
+    if out.status.success() {
+        return Ok(());
+    }
+    Err(format!(
+        "promtool check metrics failed ({}):\n{}{}\n--- exposition ---\n{exposition}",
+        out.status,
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    ))
+}

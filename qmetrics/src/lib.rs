@@ -16,7 +16,7 @@ mod client;
 mod histogram;
 mod server;
 
-pub use client::{get, GetError};
+pub use client::{get, promtool_check, GetError};
 pub use histogram::{Histogram, LATENCY_BUCKETS};
 pub use prometheus_client;
 pub use server::{
