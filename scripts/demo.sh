@@ -38,7 +38,7 @@ echo "== 1/5 quorum: 5 redis-server nodes (appendonly, fsync always) on ports $p
 nodes=$("$bin/idctl" cluster up --dir "$dir/quorum" --nodes 5 --base-port "$port" 2>"$dir/logs/cluster.log")
 "$bin/idctl" check --nodes "$nodes" >/dev/null
 
-echo "== 2/5 brokers: 2 idbrokers on free ports"
+echo "== 2/5 brokers: 2 idbrokers on free ports (one is elected leader, the other redirects clients to it)"
 brokers=()
 for i in 1 2; do
   "$bin/idbroker" --listen 127.0.0.1:0 --nodes "$nodes" >"$dir/logs/broker$i.out" 2>"$dir/logs/broker$i.log" &
