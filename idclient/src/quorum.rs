@@ -325,6 +325,34 @@ impl Combining {
 }
 
 /// Why a round did not produce a range.
+/// A node's failure in a round the deadline ended before the node answered.
+const CUT_BY_DEADLINE: &str = "no reply before the deadline";
+
+/// `loss` with each node's "no reply before the deadline" completed by what the same
+/// node failed with in an earlier round (`earlier`), if anything: the cause, not only
+/// the cut.
+fn with_earlier_causes(loss: RoundLoss, earlier: &[NodeFailure]) -> RoundLoss {
+    let RoundLoss::Unreachable {
+        reachable,
+        mut failures,
+    } = loss
+    else {
+        return loss;
+    };
+    for f in failures.iter_mut().filter(|f| f.reason == CUT_BY_DEADLINE) {
+        if let Some(e) = earlier
+            .iter()
+            .find(|e| e.addr == f.addr && e.reason != CUT_BY_DEADLINE)
+        {
+            f.reason = format!("{} (the last round: {CUT_BY_DEADLINE})", e.reason);
+        }
+    }
+    RoundLoss::Unreachable {
+        reachable,
+        failures,
+    }
+}
+
 enum RoundLoss {
     /// Give up now: retrying cannot help.
     Fatal(IdError),
@@ -694,6 +722,10 @@ impl<N: Register> QuorumClient<N> {
         // stale attempt does not count as a loss. Otherwise a client waking from backoff
         // under contention always finds its guess stale, backs off longer, and starves.
         let mut informed = self.protocol == Protocol::Classic;
+        // The failures of the last round that ran to completion: a final round cut short
+        // by the deadline says only "no reply before the deadline", hiding the cause
+        // (an ACL denial, a refused connection) the rounds before it saw.
+        let mut seen: Vec<NodeFailure> = Vec::new();
         let last_loss = loop {
             // A round ends by the deadline at the latest (nodes that have not answered by
             // then count as failed); its outcome is then unknown and its IDs are burned.
@@ -717,11 +749,14 @@ impl<N: Register> QuorumClient<N> {
             if Instant::now() + pause >= deadline {
                 break loss;
             }
+            if let RoundLoss::Unreachable { failures, .. } = &loss {
+                seen.clone_from(failures);
+            }
             bump(&self.counters.retries, 1);
             tokio::time::sleep(pause).await;
         };
         Some(Err(self.loss_error(
-            last_loss,
+            with_earlier_causes(last_loss, &seen),
             deadline.saturating_duration_since(started),
             u64::from(losses),
         )))
@@ -914,7 +949,7 @@ impl<N: Register> QuorumClient<N> {
                     self.count_node_failure(i, true);
                     failures.push(NodeFailure {
                         addr: node.addr().to_string(),
-                        reason: "no reply before the deadline".to_string(),
+                        reason: CUT_BY_DEADLINE.to_string(),
                     });
                 }
                 None
@@ -1423,6 +1458,47 @@ pub async fn check_nodes(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    fn failure(addr: &str, reason: &str) -> NodeFailure {
+        NodeFailure {
+            addr: addr.into(),
+            reason: reason.into(),
+        }
+    }
+
+    /// A last round cut by the deadline keeps the cause the rounds before it saw.
+    #[test]
+    fn a_round_cut_by_the_deadline_keeps_the_earlier_cause() {
+        let earlier = [
+            failure("a", "the Redis ACL of this user denies it"),
+            failure("b", CUT_BY_DEADLINE),
+        ];
+        let last = RoundLoss::Unreachable {
+            reachable: 1,
+            failures: vec![
+                failure("a", CUT_BY_DEADLINE),
+                failure("b", CUT_BY_DEADLINE),
+                failure("c", "connection refused"),
+            ],
+        };
+        let RoundLoss::Unreachable { failures, .. } = with_earlier_causes(last, &earlier) else {
+            panic!("still unreachable");
+        };
+        let reasons: Vec<&str> = failures.iter().map(|f| f.reason.as_str()).collect();
+        assert_eq!(
+            reasons,
+            [
+                "the Redis ACL of this user denies it (the last round: no reply before the deadline)",
+                CUT_BY_DEADLINE,
+                "connection refused",
+            ]
+        );
+        let contention = RoundLoss::Contention { all_rejected: true };
+        assert!(matches!(
+            with_earlier_causes(contention, &earlier),
+            RoundLoss::Contention { all_rejected: true }
+        ));
+    }
 
     fn tally(accepts: usize, rejects: usize, failures: usize) -> Tally {
         Tally {

@@ -133,18 +133,19 @@ async fn the_documented_acl_is_enough_on_every_path() {
     }
 }
 
-/// Connects as a user missing `rule`, and if that works runs one write round (a single
-/// round: a request's retries could end in a round the deadline cuts short, whose
-/// failures say only that). The error, which must say it is the ACL and never show the
-/// password.
+/// Connects as a user missing `rule`, and if that works asks for an ID as any caller
+/// does (retrying lost rounds until the deadline; should the last round be cut short by
+/// the deadline, it keeps the cause the earlier rounds saw: quorum.rs unit test
+/// `a_round_cut_by_the_deadline_keeps_the_earlier_cause`). The error, which must say it
+/// is the ACL and never show the password.
 async fn error_without(rule: &str) -> String {
     let q = quorum();
     create_user(&q, Some(rule)).await;
     let msg = match QuorumClient::connect(config(&q)).await {
         Err(e) => e.to_string(),
-        Ok(client) => match client.reserve(1, 1, Instant::now() + ROUND).await {
+        Ok(client) => match client.next_ids_until(1, Instant::now() + ROUND).await {
             Err(e) => e.to_string(),
-            Ok(won) => panic!("a user with {rule} ran a write round (won: {won})"),
+            Ok(r) => panic!("a user with {rule} got IDs {r:?}"),
         },
     };
     assert!(!msg.contains(PASSWORD), "{msg} shows the password");
