@@ -44,6 +44,9 @@ pub(crate) enum ConnError {
     Evicted(Duration),
     #[error("handshake refused: {0}")]
     BadHello(String),
+    /// A missing or wrong token: the reason says nothing of what was sent.
+    #[error("{}", wire::AUTH_FAILED)]
+    AuthFailed,
     #[error("unexpected message: {0}")]
     Unexpected(&'static str),
     #[error("client did not read its replies within {0:?}")]
@@ -71,6 +74,7 @@ impl ConnError {
             self,
             ConnError::Wire(_)
                 | ConnError::BadHello(_)
+                | ConnError::AuthFailed
                 | ConnError::Unexpected(_)
                 | ConnError::HandshakeTimeout(_)
                 | ConnError::FrameTimeout(_)
@@ -238,7 +242,7 @@ async fn next_msg(
     let config = &ctx.config;
     let mut stopping = ctx.stopping.clone();
     loop {
-        if let Some(msg) = rd.next_msg()? {
+        if let Some(msg) = rd.next_with(wire::decode_client)? {
             state.partial.store(false, Relaxed);
             state.touch();
             return Ok(Some(msg));
@@ -299,9 +303,20 @@ async fn handshake(
     let until = state.epoch + ctx.config.handshake_timeout;
     match next_msg(rd, out_tx, ctx, state, Some(until)).await? {
         None => return Ok(false),
-        Some(ClientMsg::Hello { magic, version })
-            if magic == wire::MAGIC && version == wire::VERSION => {}
-        Some(ClientMsg::Hello { magic, version }) if magic == wire::MAGIC => {
+        Some(ClientMsg::Hello {
+            magic,
+            version,
+            token,
+        }) if magic == wire::MAGIC && version == wire::VERSION => {
+            if let Some(want) = &ctx.config.auth_token {
+                let presented = token.as_deref().unwrap_or_default().as_bytes();
+                if !want.matches(presented) {
+                    // Never says what was sent, nor whether anything was.
+                    return Err(ConnError::AuthFailed);
+                }
+            }
+        }
+        Some(ClientMsg::Hello { magic, version, .. }) if magic == wire::MAGIC => {
             return Err(ConnError::BadHello(format!(
                 "protocol version {version} not supported (this broker speaks {})",
                 wire::VERSION

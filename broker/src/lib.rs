@@ -144,6 +144,9 @@ pub struct BrokerConfig {
     pub evict_min_idle: Duration,
     pub stats_interval: Duration,
     pub queue_capacity: usize,
+    /// The shared secret clients must present (`--auth-token-file`): in the binary
+    /// Hello, and with `AUTH` on RESP. `None`: no authentication.
+    pub auth_token: Option<idproto::auth::Token>,
 }
 
 impl Default for BrokerConfig {
@@ -163,6 +166,7 @@ impl Default for BrokerConfig {
             evict_min_idle: EVICT_MIN_IDLE,
             stats_interval: STATS_INTERVAL,
             queue_capacity: QUEUE_CAPACITY,
+            auth_token: None,
         }
     }
 }

@@ -279,6 +279,7 @@ async fn raw_connect(addr: &str) -> TcpStream {
         &ClientMsg::Hello {
             magic: wire::MAGIC,
             version: wire::VERSION,
+            token: None,
         },
     )
     .await;
@@ -355,6 +356,7 @@ async fn bad_input_costs_only_that_connection() {
         &ClientMsg::Hello {
             magic: wire::MAGIC,
             version: 99,
+            token: None,
         },
     )
     .await;
@@ -372,6 +374,7 @@ async fn bad_input_costs_only_that_connection() {
         &ClientMsg::Hello {
             magic: *b"HTTP",
             version: wire::VERSION,
+            token: None,
         },
     )
     .await;

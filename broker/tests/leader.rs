@@ -138,6 +138,7 @@ async fn request(addr: &str, count: u64) -> Result<ServerMsg, String> {
             ClientMsg::Hello {
                 magic: wire::MAGIC,
                 version: wire::VERSION,
+                token: None,
             },
             ClientMsg::NextIds {
                 id: 1,

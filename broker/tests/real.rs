@@ -357,6 +357,7 @@ async fn raw_connect(addr: &str) -> TcpStream {
         &ClientMsg::Hello {
             magic: wire::MAGIC,
             version: wire::VERSION,
+            token: None,
         },
     )
     .await;
@@ -420,6 +421,7 @@ async fn bad_input_costs_only_that_connection() {
         &ClientMsg::Hello {
             magic: wire::MAGIC,
             version: 1,
+            token: None,
         },
     )
     .await;
@@ -435,6 +437,7 @@ async fn bad_input_costs_only_that_connection() {
         &ClientMsg::Hello {
             magic: *b"RESP",
             version: wire::VERSION,
+            token: None,
         },
     )
     .await;

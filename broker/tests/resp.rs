@@ -576,6 +576,7 @@ async fn resp_and_binary_requests_share_a_round() {
         ClientMsg::Hello {
             magic: wire::MAGIC,
             version: wire::VERSION,
+            token: None,
         },
         ClientMsg::NextIds {
             id: 1,

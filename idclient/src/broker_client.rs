@@ -40,6 +40,7 @@
 
 use crate::backoff::Backoff;
 use crate::{IdError, IdRange, IdSource};
+use idproto::auth::Token;
 use idproto::framed::{self, FrameReader, FrameWriter, Timeouts};
 use idproto::wire::{self, BrokerStats, ClientMsg, ServerMsg, WireError};
 use idproto::NodeFailure;
@@ -127,6 +128,9 @@ pub struct BrokerClientConfig {
     /// while all are out go together as one request (see the module docs). 0 turns
     /// coalescing off: every call is its own request, sent at once.
     pub in_flight: usize,
+    /// The brokers' shared secret (their `--auth-token-file`), sent in every Hello;
+    /// `None` sends none. Its `Debug` never shows it.
+    pub token: Option<Token>,
 }
 
 impl BrokerClientConfig {
@@ -148,6 +152,7 @@ impl Default for BrokerClientConfig {
             frame_timeout: framed::FRAME_TIMEOUT,
             write_timeout: framed::WRITE_TIMEOUT,
             in_flight: DEFAULT_IN_FLIGHT,
+            token: None,
         }
     }
 }
@@ -847,7 +852,12 @@ impl Inner {
             }
             let until = deadline.min(now + self.config.connect_timeout);
             let addr = &self.addrs[b];
-            let reason = match timeout_at(until, open(b, addr, self.config.timeouts())).await {
+            let reason = match timeout_at(
+                until,
+                open(b, addr, self.config.timeouts(), self.config.token.as_ref()),
+            )
+            .await
+            {
                 Ok(Ok(conn)) => {
                     self.preferred.store(b, Relaxed);
                     self.max_count.store(conn.max_count, Relaxed);
@@ -1024,7 +1034,11 @@ fn open_failure(e: IdError) -> String {
 type Handshaken = (FrameReader<OwnedReadHalf>, FrameWriter<OwnedWriteHalf>, u64);
 
 /// Connects and handshakes; returns the framed connection and the broker's `max_count`.
-async fn handshake(addr: &str, timeouts: Timeouts) -> Result<Handshaken, IdError> {
+async fn handshake(
+    addr: &str,
+    timeouts: Timeouts,
+    token: Option<&Token>,
+) -> Result<Handshaken, IdError> {
     let io = |e: std::io::Error| wire_error(addr, WireError::Io(e));
     let protocol = |reason: String| IdError::Protocol {
         addr: addr.to_string(),
@@ -1035,12 +1049,16 @@ async fn handshake(addr: &str, timeouts: Timeouts) -> Result<Handshaken, IdError
     let hello = ClientMsg::Hello {
         magic: wire::MAGIC,
         version: wire::VERSION,
+        token: token.map(|t| t.as_str().to_string()),
     };
     wr.send(&hello).await.map_err(|e| wire_error(addr, e))?;
     match rd.read_msg::<ServerMsg>().await {
         Ok(Some(ServerMsg::Welcome {
             version, max_count, ..
         })) if version == wire::VERSION => Ok((rd, wr, max_count)),
+        Ok(Some(ServerMsg::Refused { reason })) if reason == wire::AUTH_FAILED => {
+            Err(protocol(format!("broker {addr} refused the token")))
+        }
         Ok(Some(ServerMsg::Refused { reason })) => {
             Err(protocol(format!("handshake refused: {reason}")))
         }
@@ -1054,8 +1072,13 @@ async fn handshake(addr: &str, timeouts: Timeouts) -> Result<Handshaken, IdError
 }
 
 /// Opens a connection to broker `broker` at `addr` and starts its reader and writer.
-async fn open(broker: usize, addr: &str, timeouts: Timeouts) -> Result<Conn, IdError> {
-    let (rd, wr, max_count) = handshake(addr, timeouts).await?;
+async fn open(
+    broker: usize,
+    addr: &str,
+    timeouts: Timeouts,
+    token: Option<&Token>,
+) -> Result<Conn, IdError> {
+    let (rd, wr, max_count) = handshake(addr, timeouts, token).await?;
     let (dead, _) = watch::channel(false);
     let shared = Arc::new(Shared {
         addr: addr.to_string(),
@@ -1139,6 +1162,18 @@ async fn write_loop(
 /// [`IdError::BrokersUnavailable`] if it cannot be reached or does not answer within
 /// [`STATS_TIMEOUT`]; [`IdError::Protocol`] if it answers something else.
 pub async fn fetch_stats(addr: &str) -> Result<BrokerStats, IdError> {
+    fetch_stats_with_token(addr, None).await
+}
+
+/// [`fetch_stats`] from a broker that requires `token` (its `--auth-token-file`).
+///
+/// # Errors
+/// As [`fetch_stats`]; [`IdError::Protocol`] saying "refused the token" for a missing
+/// or wrong token.
+pub async fn fetch_stats_with_token(
+    addr: &str,
+    token: Option<&Token>,
+) -> Result<BrokerStats, IdError> {
     let unavailable = |reason: String| IdError::BrokersUnavailable {
         failures: vec![NodeFailure {
             addr: addr.to_string(),
@@ -1146,7 +1181,7 @@ pub async fn fetch_stats(addr: &str) -> Result<BrokerStats, IdError> {
         }],
     };
     let work = async {
-        let (mut rd, mut wr, _) = handshake(addr, Timeouts::default()).await?;
+        let (mut rd, mut wr, _) = handshake(addr, Timeouts::default(), token).await?;
         wr.send(&ClientMsg::Stats { id: 1 })
             .await
             .map_err(|e| wire_error(addr, e))?;

@@ -47,6 +47,7 @@ mod register;
 mod rendezvous;
 mod script;
 
+pub use idproto::auth::Token;
 pub use idproto::{error, IdError, IdRange, IdSource, NodeFailure};
 pub use node::heartbeat::{
     read_heartbeats, refresh_heartbeat, resign_heartbeat, Heartbeat, Refresh,

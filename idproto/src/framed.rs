@@ -162,6 +162,18 @@ impl<R: AsyncRead + Unpin> FrameReader<R> {
     /// header is buffered), [`WireError::Decode`] for a bad payload (the frame is
     /// consumed either way).
     pub fn next_msg<T: DeserializeOwned>(&mut self) -> Result<Option<T>, WireError> {
+        self.next_with(decode)
+    }
+
+    /// [`FrameReader::next_msg`] with the payload decoded by `decode` (the broker's
+    /// [`crate::wire::decode_client`], which also understands old Hellos).
+    ///
+    /// # Errors
+    /// As [`FrameReader::next_msg`], with `decode`'s errors for a bad payload.
+    pub fn next_with<T>(
+        &mut self,
+        decode: impl FnOnce(&[u8]) -> Result<T, WireError>,
+    ) -> Result<Option<T>, WireError> {
         let Some(len) = self.head_len()? else {
             return Ok(None);
         };

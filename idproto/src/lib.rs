@@ -8,7 +8,9 @@
 //! - [`framed`]: the one framed connection both of them use: a cancel-safe
 //!   [`framed::FrameReader`] with a frame timeout and a batching [`framed::FrameWriter`]
 //!   with a write timeout.
+//! - [`auth`]: the broker's shared-secret [`auth::Token`], never shown.
 
+pub mod auth;
 pub mod error;
 pub mod framed;
 pub mod wire;

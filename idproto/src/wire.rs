@@ -23,8 +23,13 @@ use std::time::Duration;
 pub const MAGIC: [u8; 4] = *b"QIDB";
 
 /// The protocol version this code speaks. The broker refuses any other. Version 2 added
-/// [`ServerMsg::Redirect`] and the leader and window fields of [`BrokerStats`].
-pub const VERSION: u32 = 2;
+/// [`ServerMsg::Redirect`] and the leader and window fields of [`BrokerStats`]; version 3
+/// the `token` of [`ClientMsg::Hello`].
+pub const VERSION: u32 = 3;
+
+/// The [`ServerMsg::Refused`] reason for a Hello whose token is missing or wrong (the
+/// broker has `--auth-token-file`). It never says what was sent.
+pub const AUTH_FAILED: &str = "authentication failed";
 
 /// Largest payload either side sends or accepts. Requests are ~30 bytes and the largest
 /// reply (an error listing every failed node, or stats) is a few KiB; 64 KiB leaves room
@@ -39,8 +44,14 @@ pub const HEADER_LEN: usize = 4;
 /// Bincode writes the variant index as a `u32` before the fields (0 = `Hello`, ...).
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub enum ClientMsg {
-    /// First frame of every connection, exactly once.
-    Hello { magic: [u8; 4], version: u32 },
+    /// First frame of every connection, exactly once. `token` is the broker's shared
+    /// secret (`idbroker --auth-token-file`), required when the broker has one and
+    /// ignored otherwise.
+    Hello {
+        magic: [u8; 4],
+        version: u32,
+        token: Option<String>,
+    },
     /// Reserve `count` consecutive IDs. `deadline_ms` is how long the caller is still
     /// willing to wait (0 = the broker's default); the broker answers no later than that.
     NextIds {
@@ -247,6 +258,29 @@ pub fn decode<T: DeserializeOwned>(payload: &[u8]) -> Result<T, WireError> {
         .map_err(|e| WireError::Decode(e.to_string()))
 }
 
+/// The Hello of protocol versions 1 and 2, which had no token: decoded only so that an
+/// old client hears "version N not supported" rather than "undecodable payload".
+#[derive(Deserialize)]
+enum OldClientMsg {
+    Hello { magic: [u8; 4], version: u32 },
+}
+
+/// Decodes one [`ClientMsg`] payload, accepting the token-less Hello of versions 1 and 2
+/// as a Hello with no token (its version then tells the broker to refuse it).
+///
+/// # Errors
+/// [`WireError::Decode`] if the bytes are neither.
+pub fn decode_client(payload: &[u8]) -> Result<ClientMsg, WireError> {
+    decode::<ClientMsg>(payload).or_else(|e| match decode::<OldClientMsg>(payload) {
+        Ok(OldClientMsg::Hello { magic, version }) if version < 3 => Ok(ClientMsg::Hello {
+            magic,
+            version,
+            token: None,
+        }),
+        _ => Err(e),
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -265,11 +299,45 @@ mod tests {
         let bytes = frame(&ClientMsg::Hello {
             magic: MAGIC,
             version: VERSION,
+            token: None,
         });
         assert_eq!(
             bytes,
-            [12, 0, 0, 0, 0, 0, 0, 0, b'Q', b'I', b'D', b'B', 2, 0, 0, 0]
+            [13, 0, 0, 0, 0, 0, 0, 0, b'Q', b'I', b'D', b'B', 3, 0, 0, 0, 0]
         );
+        let bytes = frame(&ClientMsg::Hello {
+            magic: MAGIC,
+            version: VERSION,
+            token: Some("s3".into()),
+        });
+        let mut want = vec![
+            23, 0, 0, 0, 0, 0, 0, 0, b'Q', b'I', b'D', b'B', 3, 0, 0, 0, 1,
+        ];
+        want.extend_from_slice(&2u64.to_le_bytes());
+        want.extend_from_slice(b"s3");
+        assert_eq!(bytes, want);
+    }
+
+    #[test]
+    fn old_hello_decodes_with_its_version() {
+        // A version 2 client's Hello: no token field.
+        let old = [0, 0, 0, 0, b'Q', b'I', b'D', b'B', 2, 0, 0, 0];
+        let msg = decode_client(&old).expect("decode");
+        assert_eq!(
+            msg,
+            ClientMsg::Hello {
+                magic: MAGIC,
+                version: 2,
+                token: None
+            }
+        );
+        // A current message still decodes; garbage still fails.
+        assert_eq!(
+            decode_client(&frame(&ClientMsg::Stats { id: 1 })[HEADER_LEN..]).expect("stats"),
+            ClientMsg::Stats { id: 1 }
+        );
+        assert!(decode_client(&[0, 0, 0, 0, b'Q', b'I', b'D', b'B', 3, 0, 0, 0]).is_err());
+        assert!(decode_client(&[9, 9]).is_err());
     }
 
     #[test]

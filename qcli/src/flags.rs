@@ -276,6 +276,10 @@ pub struct BrokerArgs {
     /// Connections to the broker, shared by all requests (broker mode).
     #[arg(long, value_name = "N", default_value_t = broker_client::DEFAULT_CONNECTIONS)]
     pub connections: usize,
+    /// File holding the brokers' shared secret (their `--auth-token-file`), sent in
+    /// every handshake; needed when the brokers require one.
+    #[arg(long, value_name = "FILE")]
+    pub broker_token_file: Option<std::path::PathBuf>,
 }
 
 impl BrokerArgs {
@@ -287,7 +291,8 @@ impl BrokerArgs {
     /// The broker client's configuration.
     ///
     /// # Errors
-    /// a usage error ([`crate::usage`]) for `--connections 0`.
+    /// a usage error ([`crate::usage`]) for `--connections 0` or an unreadable or empty
+    /// `--broker-token-file` (naming the file, never its content).
     pub fn client_config(
         &self,
         deadline: Duration,
@@ -296,10 +301,18 @@ impl BrokerArgs {
         if self.connections == 0 {
             return Err(usage("--connections must be at least 1"));
         }
+        let token = match &self.broker_token_file {
+            Some(path) => Some(
+                idclient::Token::from_file(path)
+                    .map_err(|e| usage(format!("--broker-token-file: {e}")))?,
+            ),
+            None => None,
+        };
         Ok(BrokerClientConfig {
             deadline,
             connect_timeout,
             connections: self.connections,
+            token,
             ..BrokerClientConfig::default()
         })
     }

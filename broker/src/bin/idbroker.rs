@@ -94,6 +94,11 @@ struct Flags {
     /// address (host:port; port 0 picks a free one); see docs/operations.md. Off by default.
     #[arg(long, value_name = "ADDR")]
     metrics_listen: Option<String>,
+    /// Require clients to present the secret in this file (its content, trimmed): in the
+    /// binary Hello (`--broker-token-file` of idctl and producer) and with `AUTH` on
+    /// RESP. Keep the file readable by this user only. Off by default.
+    #[arg(long, value_name = "FILE")]
+    auth_token_file: Option<std::path::PathBuf>,
 }
 
 /// How the broker serves batches (`--serve`).
@@ -137,6 +142,7 @@ impl Config {
             max_in_flight_per_conn: f.max_in_flight,
             max_count: f.max_count,
             stats_interval: Duration::from_secs(f.stats_interval_secs),
+            auth_token: f.auth_token_file.as_deref().map(read_token).transpose()?,
             ..BrokerConfig::default()
         };
         broker.validate().map_err(|e| qcli::usage(e.to_string()))?;
@@ -156,6 +162,27 @@ impl Config {
             quorum,
             broker,
         })
+    }
+}
+
+/// The token in `path` (`--auth-token-file`); warns, as ssh does, when others may read it.
+///
+/// # Errors
+/// A usage error naming the file (never its content) if it is unreadable or empty.
+fn read_token(path: &std::path::Path) -> anyhow::Result<idproto::auth::Token> {
+    let token = idproto::auth::Token::from_file(path)
+        .map_err(|e| qcli::usage(format!("--auth-token-file: {e}")))?;
+    if idproto::auth::Token::file_is_shared(path) {
+        tracing::warn!(file = %path.display(), "--auth-token-file is readable by group or others: chmod 600 it");
+    }
+    Ok(token)
+}
+
+/// Warns when `addr` (a listener named by `flag`) is reachable from other hosts while
+/// no token is required.
+fn warn_if_open(flag: &str, addr: std::net::SocketAddr, config: &BrokerConfig) {
+    if config.auth_token.is_none() && !addr.ip().is_loopback() {
+        tracing::warn!(%addr, "{flag} is not a loopback address and no --auth-token-file is set: anyone who can reach it can take IDs");
     }
 }
 
@@ -197,6 +224,7 @@ async fn run(mut config: Config) -> anyhow::Result<()> {
         .await
         .with_context(|| format!("--listen {}: cannot bind", config.listen))?;
     let addr = listener.local_addr().context("listener address")?;
+    warn_if_open("--listen", addr, &config.broker);
     let resp = match &config.resp_listen {
         Some(a) => Some(
             tokio::net::TcpListener::bind(a)
@@ -225,6 +253,7 @@ async fn run(mut config: Config) -> anyhow::Result<()> {
     let mut lines = vec![format!("listening on {addr}")];
     if let Some(resp) = &resp {
         let a = resp.local_addr().context("RESP listener address")?;
+        warn_if_open("--resp-listen", a, &config.broker);
         lines.push(format!("resp listening on {a}"));
     }
     let (stats, timings) = (Arc::new(Stats::default()), Arc::new(Timings::default()));

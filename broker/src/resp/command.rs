@@ -2,6 +2,7 @@
 
 use super::reply::{echo, stats_reply, Proto, Reply};
 use crate::stats::Stats;
+use idproto::auth::Token;
 
 /// The server name `HELLO` reports.
 const SERVER_NAME: &str = "qlist";
@@ -15,24 +16,36 @@ pub(super) enum Action {
     Next(u64),
     /// `+OK`, then close.
     Quit,
+    /// As `Reply`, and the connection is now authenticated (`AUTH`, `HELLO .. AUTH`).
+    Unlock(Reply, Option<Proto>),
 }
 
 /// What a connection's earlier requests decided.
 #[derive(Debug, Clone, Copy)]
 pub(super) struct Session {
-    pub auth: Auth,
+    /// May run commands: no token is configured, or the client gave it.
+    pub authenticated: bool,
     /// The version replies are encoded in from the next request on (requests are
     /// handled in order, so this is what the writer will use for it).
     pub proto: Proto,
 }
 
 /// What `args` (a command name, then its arguments) asks for. Names are
-/// case-insensitive.
-pub(super) fn command(args: &[Vec<u8>], session: &Session, stats: &Stats) -> Action {
+/// case-insensitive. `token` is the broker's `--auth-token-file`: until it is given,
+/// only `AUTH`, `HELLO .. AUTH` and `QUIT` run, as in Redis with `requirepass`.
+pub(super) fn command(
+    args: &[Vec<u8>],
+    session: &Session,
+    stats: &Stats,
+    token: Option<&Token>,
+) -> Action {
     let Some((name_bytes, rest)) = args.split_first() else {
         return Action::Reply(Reply::err("ERR empty command"), None);
     };
     let name = String::from_utf8_lossy(name_bytes).to_ascii_uppercase();
+    if !session.authenticated && !matches!(name.as_str(), "AUTH" | "HELLO" | "QUIT") {
+        return Action::Reply(Reply::err("NOAUTH Authentication required."), None);
+    }
     let reply = match name.as_str() {
         "QLIST.NEXT" => match parse_count(rest) {
             Ok(count) => return Action::Next(count),
@@ -48,18 +61,21 @@ pub(super) fn command(args: &[Vec<u8>], session: &Session, stats: &Stats) -> Act
             [msg] => Reply::Bulk(msg.clone()),
             _ => wrong_args(&name),
         },
-        "HELLO" => match hello(rest, session) {
-            Ok((reply, proto)) => return Action::Reply(reply, Some(proto)),
+        "HELLO" => match hello(rest, session, token) {
+            Ok((reply, proto)) => return Action::Unlock(reply, Some(proto)),
             Err(reply) => reply,
         },
-        "AUTH" => match rest {
-            [password] => session.auth.check(None, password).unwrap_or_else(Reply::ok),
-            [user, password] => session
-                .auth
-                .check(Some(user), password)
-                .unwrap_or_else(Reply::ok),
-            _ => Reply::err("ERR syntax error"),
-        },
+        "AUTH" => {
+            let denied = match rest {
+                [password] => check(token, None, password),
+                [user, password] => check(token, Some(user), password),
+                _ => Some(Reply::err("ERR syntax error")),
+            };
+            return match denied {
+                Some(reply) => Action::Reply(reply, None),
+                None => Action::Unlock(Reply::ok(), None),
+            };
+        }
         "QUIT" => return Action::Quit,
         // What client libraries send on connect, accepted so they connect as to Redis.
         "CLIENT" => client(rest),
@@ -83,7 +99,11 @@ pub(super) fn command(args: &[Vec<u8>], session: &Session, stats: &Stats) -> Act
 
 /// `HELLO [protover [AUTH user password] [SETNAME name]]`: the server's description
 /// and the version to speak from this reply on.
-fn hello(args: &[Vec<u8>], session: &Session) -> Result<(Reply, Proto), Reply> {
+fn hello(
+    args: &[Vec<u8>],
+    session: &Session,
+    token: Option<&Token>,
+) -> Result<(Reply, Proto), Reply> {
     let proto = match args.first().map(|v| v.as_slice()) {
         None => None,
         Some(b"2") => Some(Proto::Resp2),
@@ -98,15 +118,17 @@ fn hello(args: &[Vec<u8>], session: &Session) -> Result<(Reply, Proto), Reply> {
         }
     };
     let mut options = args.iter().skip(1);
+    let mut authenticated = session.authenticated;
     while let Some(option) = options.next() {
         match option.to_ascii_uppercase().as_slice() {
             b"AUTH" => {
                 let (Some(user), Some(password)) = (options.next(), options.next()) else {
                     return Err(Reply::err("ERR Syntax error in HELLO option 'AUTH'"));
                 };
-                if let Some(denied) = session.auth.check(Some(user), password) {
+                if let Some(denied) = check(token, Some(user), password) {
                     return Err(denied);
                 }
+                authenticated = true;
             }
             b"SETNAME" => {
                 if options.next().is_none() {
@@ -120,6 +142,9 @@ fn hello(args: &[Vec<u8>], session: &Session) -> Result<(Reply, Proto), Reply> {
                 )))
             }
         }
+    }
+    if !authenticated {
+        return Err(Reply::err("NOAUTH HELLO must be called with the client already authenticated, otherwise the HELLO <proto> AUTH <user> <pass> option can be used to authenticate the client and select the RESP protocol version at the same time"));
     }
     // HELLO without a version keeps the current one.
     let proto = proto.unwrap_or(session.proto);
@@ -154,28 +179,24 @@ fn client(args: &[Vec<u8>]) -> Reply {
     }
 }
 
-/// Who may use the listener. Only "everyone" exists today; a token check (`AUTH
-/// <token>`, `HELLO 3 AUTH default <token>`) becomes a second variant, checked here.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Auth {
-    /// No password configured: answered as Redis answers with none set.
-    Open,
-}
-
-impl Auth {
-    /// The answer to `AUTH [user] password` (or HELLO's AUTH option): `None` when the
-    /// client may go on, else the error to send. Never echoes the password.
-    pub(super) fn check(self, user: Option<&[u8]>, _password: &[u8]) -> Option<Reply> {
-        match (self, user) {
-            (Auth::Open, None) => Some(Reply::err(
-                "ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?",
-            )),
-            // Redis's default user without a password accepts any password.
-            (Auth::Open, Some(b"default")) => None,
-            (Auth::Open, Some(_)) => Some(Reply::err(
-                "WRONGPASS invalid username-password pair or user is disabled.",
-            )),
-        }
+/// The answer to `AUTH [user] password` (or HELLO's AUTH option) given the broker's
+/// `token`: `None` when the client may go on, else the error to send, as Redis answers
+/// (the token plays `requirepass`, the password of the `default` user). Never echoes
+/// the password.
+fn check(token: Option<&Token>, user: Option<&[u8]>, password: &[u8]) -> Option<Reply> {
+    let wrongpass = || {
+        Some(Reply::err(
+            "WRONGPASS invalid username-password pair or user is disabled.",
+        ))
+    };
+    match (token, user) {
+        (None, None) => Some(Reply::err(
+            "ERR AUTH <password> called without any password configured for the default user. Are you sure your configuration is correct?",
+        )),
+        // Redis's default user without a password accepts any password.
+        (None, Some(b"default")) => None,
+        (Some(token), None | Some(b"default")) if token.matches(password) => None,
+        _ => wrongpass(),
     }
 }
 
@@ -203,13 +224,71 @@ mod tests {
     use super::*;
 
     const RESP2: Session = Session {
-        auth: Auth::Open,
+        authenticated: true,
         proto: Proto::Resp2,
     };
 
     fn run(args: &[&str], session: &Session) -> Action {
+        run_with(args, session, None)
+    }
+
+    fn run_with(args: &[&str], session: &Session, token: Option<&Token>) -> Action {
         let args: Vec<Vec<u8>> = args.iter().map(|a| a.as_bytes().to_vec()).collect();
-        command(&args, session, &Stats::default())
+        command(&args, session, &Stats::default(), token)
+    }
+
+    #[test]
+    fn with_a_token_only_auth_hello_auth_and_quit_run_before_it() {
+        let token = Token::new("s3cret").expect("token");
+        let t = Some(&token);
+        let locked = Session {
+            authenticated: false,
+            ..RESP2
+        };
+        let err = |a: Action| match a {
+            Action::Reply(Reply::Error(e), None) => e,
+            other => panic!("expected an error, got {other:?}"),
+        };
+        for args in [
+            &["PING"][..],
+            &["QLIST.NEXT"],
+            &["QLIST.STATS"],
+            &["SELECT", "0"],
+        ] {
+            assert_eq!(
+                err(run_with(args, &locked, t)),
+                "NOAUTH Authentication required."
+            );
+        }
+        assert!(err(run_with(&["HELLO", "3"], &locked, t)).starts_with("NOAUTH HELLO"));
+        assert_eq!(run_with(&["QUIT"], &locked, t), Action::Quit);
+        for wrong in [
+            &["AUTH", "nope"][..],
+            &["AUTH", "default", "nope"],
+            &["AUTH", "bob", "s3cret"],
+        ] {
+            let e = err(run_with(wrong, &locked, t));
+            assert!(e.starts_with("WRONGPASS"), "{e}");
+            assert!(!e.contains("nope") && !e.contains("s3cret"), "{e}");
+        }
+        let unlocked = Action::Unlock(Reply::ok(), None);
+        assert_eq!(run_with(&["AUTH", "s3cret"], &locked, t), unlocked);
+        assert_eq!(
+            run_with(&["auth", "default", "s3cret"], &locked, t),
+            unlocked
+        );
+        assert!(matches!(
+            run_with(&["HELLO", "3", "AUTH", "default", "s3cret"], &locked, t),
+            Action::Unlock(Reply::Map(_), Some(Proto::Resp3))
+        ));
+        assert!(err(run_with(
+            &["HELLO", "3", "AUTH", "default", "x"],
+            &locked,
+            t
+        ))
+        .starts_with("WRONGPASS"));
+        // Once authenticated, everything runs.
+        assert_eq!(run_with(&["QLIST.NEXT"], &RESP2, t), Action::Next(1));
     }
 
     fn error(args: &[&str]) -> String {
@@ -231,7 +310,7 @@ mod tests {
 
     #[test]
     fn hello_switches_versions_and_keeps_the_current_one_without_one() {
-        let Action::Reply(Reply::Map(fields), Some(Proto::Resp3)) = run(&["HELLO", "3"], &RESP2)
+        let Action::Unlock(Reply::Map(fields), Some(Proto::Resp3)) = run(&["HELLO", "3"], &RESP2)
         else {
             panic!("HELLO 3 is a map that switches to RESP3");
         };
@@ -243,7 +322,7 @@ mod tests {
         };
         assert!(matches!(
             run(&["hello"], &resp3),
-            Action::Reply(_, Some(Proto::Resp3))
+            Action::Unlock(_, Some(Proto::Resp3))
         ));
         assert!(error(&["HELLO", "4"]).starts_with("NOPROTO"));
         assert!(error(&["HELLO", "3", "AUTH", "bob", "pw"]).starts_with("WRONGPASS"));
@@ -256,7 +335,7 @@ mod tests {
         assert!(!e.contains("hunter2"), "never echoes the password");
         assert_eq!(
             run(&["AUTH", "default", "hunter2"], &RESP2),
-            Action::Reply(Reply::ok(), None)
+            Action::Unlock(Reply::ok(), None)
         );
     }
 

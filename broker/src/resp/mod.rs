@@ -29,7 +29,7 @@ use crate::batcher::Outgoing;
 use crate::conn::{self, ConnState, Ctx};
 use crate::stats::Stats;
 use crate::BrokerConfig;
-use command::{command, Action, Auth, Session};
+use command::{command, Action, Session};
 use redis_protocol::resp2::decode::decode;
 use redis_protocol::resp2::types::OwnedFrame as Frame2;
 use reply::{echo, server_reply, Proto, Reply};
@@ -153,7 +153,7 @@ async fn handle(stream: TcpStream, ctx: Ctx, state: Arc<ConnState>) -> Result<()
         ctx: &ctx,
         state: &state,
         session: Session {
-            auth: Auth::Open,
+            authenticated: ctx.config.auth_token.is_none(),
             proto: Proto::Resp2,
         },
     };
@@ -388,12 +388,18 @@ impl Reader<'_> {
     ) -> Result<Next, RespError> {
         let seq = self.seq;
         self.seq += 1;
-        match command(&args, &self.session, &self.ctx.stats) {
+        let token = self.ctx.config.auth_token.as_ref();
+        match command(&args, &self.session, &self.ctx.stats, token) {
             Action::Next(count) => {
                 // Deadline 0: the broker's default, as for a binary client sending none.
                 conn::next_ids(&self.out_tx, self.ctx, (seq, count, 0), permit).await?;
             }
             Action::Reply(reply, switch) => {
+                self.session.proto = switch.unwrap_or(self.session.proto);
+                self.local(seq, reply, switch, permit).await?;
+            }
+            Action::Unlock(reply, switch) => {
+                self.session.authenticated = true;
                 self.session.proto = switch.unwrap_or(self.session.proto);
                 self.local(seq, reply, switch, permit).await?;
             }

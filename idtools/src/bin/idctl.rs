@@ -84,6 +84,9 @@ enum Command {
     BrokerStats {
         /// The broker's host:port.
         addr: String,
+        /// File holding the broker's shared secret (its `--auth-token-file`).
+        #[arg(long, value_name = "FILE")]
+        broker_token_file: Option<std::path::PathBuf>,
     },
     /// Measure leader failover under load: start --brokers idbroker processes, run
     /// --clients callers over all of them, kill -9 the leader --kills times (restarting
@@ -203,7 +206,18 @@ fn run(cli: Cli) -> Result<()> {
             count,
             title,
         } => chart(&input, &out, count, &title),
-        Command::BrokerStats { addr } => runtime()?.block_on(broker_stats(addr)),
+        Command::BrokerStats {
+            addr,
+            broker_token_file,
+        } => {
+            let token = broker_token_file
+                .map(|path| {
+                    idclient::Token::from_file(&path)
+                        .map_err(|e| qcli::usage(format!("--broker-token-file: {e}")))
+                })
+                .transpose()?;
+            runtime()?.block_on(broker_stats(addr, token))
+        }
         Command::Failover {
             nodes,
             brokers,
@@ -422,8 +436,8 @@ async fn broker_client(
 }
 
 /// `idctl broker-stats ADDR`: the broker's counters, human-readable, then one JSON line.
-async fn broker_stats(addr: String) -> Result<()> {
-    let s = idclient::broker_client::fetch_stats(&addr)
+async fn broker_stats(addr: String, token: Option<idclient::Token>) -> Result<()> {
+    let s = idclient::broker_client::fetch_stats_with_token(&addr, token.as_ref())
         .await
         .with_context(|| format!("broker {addr}"))?;
     println!(
