@@ -363,13 +363,13 @@ mod tests {
     #[test]
     fn welcome_and_ids_bytes() {
         let bytes = frame(&ServerMsg::Welcome {
-            version: 2,
+            version: VERSION,
             max_count: 1_048_576,
             max_in_flight: 1024,
         });
-        // docs/wire-protocol.md shows these bytes: 14000000 00000000 02000000
+        // docs/wire-protocol.md shows these bytes: 14000000 00000000 03000000
         // 0000100000000000 00040000.
-        let mut want = vec![20, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0];
+        let mut want = vec![20, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0];
         want.extend_from_slice(&1_048_576u64.to_le_bytes());
         want.extend_from_slice(&1024u32.to_le_bytes());
         assert_eq!(bytes, want);
