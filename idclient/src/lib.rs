@@ -55,7 +55,7 @@ pub use node::heartbeat::{
 pub use node::{ClientCert, Identity, Node, NodeAddr, TlsConfig};
 pub use quorum::{
     check_nodes, ClientConfig, Combine, Counters, NodeCheck, NodeCounters, Protocol, QuorumClient,
-    BACKOFF_CAP, MAX_LEASE, MIN_LEASE, SOLO_STREAK,
+    BACKOFF_CAP, MAX_LEASE, MIN_LEASE, MIN_READ_HEDGE, READ_HEDGE_READS, SOLO_STREAK,
 };
 pub use register::{NodeError, Register, Rendezvous, WriteReply, Written, MAX_COUNT};
 pub use rendezvous::{Close, Join, Leases, Nonce};

@@ -25,7 +25,7 @@ use crate::script::MAX_RENDEZVOUS_TTL_MS;
 use crate::{IdError, IdRange, IdSource};
 use futures::stream::{FuturesUnordered, StreamExt};
 use idproto::NodeFailure;
-use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, AtomicUsize, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
 use tokio::sync::broadcast::Receiver;
@@ -328,6 +328,13 @@ impl Combining {
 /// A node's failure in a round the deadline ended before the node answered.
 const CUT_BY_DEADLINE: &str = "no reply before the deadline";
 
+/// A majority read asks the other nodes too once its answers take this many usual read
+/// times ([`QuorumClient::read_hedge`]).
+pub const READ_HEDGE_READS: u32 = 4;
+
+/// The shortest wait before a majority read asks the other nodes.
+pub const MIN_READ_HEDGE: Duration = Duration::from_micros(500);
+
 /// `loss` with each node's "no reply before the deadline" completed by what the same
 /// node failed with in an earlier round (`earlier`), if anything: the cause, not only
 /// the cut.
@@ -397,6 +404,10 @@ pub struct QuorumClient<N: Register = Node> {
     reply_timeout: Duration,
     /// Moving average of a write round's duration, in ns: the backoff unit.
     round_ns: AtomicU64,
+    /// Moving average of a majority read's duration, in ns: the read hedge's unit.
+    read_ns: AtomicU64,
+    /// The node a majority read asks first, in turn.
+    read_cursor: AtomicUsize,
     /// Pauses after lost rounds, in units of `round_ns`.
     backoff: Backoff,
     counters: AtomicCounters,
@@ -548,6 +559,8 @@ impl<N: Register> QuorumClient<N> {
             max_lease: DEFAULT_MAX_LEASE,
             reply_timeout: DEFAULT_MAX_LEASE,
             round_ns: AtomicU64::new(INITIAL_ROUND.as_nanos() as u64),
+            read_ns: AtomicU64::new(INITIAL_ROUND.as_nanos() as u64),
+            read_cursor: AtomicUsize::new(0),
             backoff: Backoff::new(BACKOFF_CAP),
             counters: AtomicCounters::default(),
             node_counters: (0..node_count).map(|_| NodeAtomics::default()).collect(),
@@ -789,41 +802,96 @@ impl<N: Register> QuorumClient<N> {
 
     /// Classic step 1: GET from every node, max of a majority of answers.
     async fn read_round(&self, deadline: Instant) -> Result<u64, RoundLoss> {
-        let mut pending: FuturesUnordered<_> = self
-            .nodes
-            .iter()
-            .enumerate()
-            .map(|(i, node)| async move { (i, node.read(&self.key).await) })
-            .collect();
-        let (mut answers, mut max, mut failures) = (0, 0u64, Vec::new());
-        let mut answered = vec![false; self.nodes.len()];
-        while let Some((i, reply)) = self
-            .next_reply(&mut pending, &mut answered, &mut failures, deadline)
-            .await
-        {
+        let started = Instant::now();
+        let count = self.nodes.len();
+        let need = self.majority();
+        // Thrifty: ask a majority, starting at the next node in turn so reads spread
+        // evenly; one more for each that fails, and all the rest once the answers are
+        // overdue (a hedge against a slow or silent node). Any majority will do: it
+        // holds every value a majority accepted before this call.
+        let first = self.read_cursor.fetch_add(1, Ordering::Relaxed) % count;
+        let order: Vec<usize> = (0..count).map(|k| (first + k) % count).collect();
+        let ask = |i: usize| {
             let node = &self.nodes[i];
+            async move { (i, node.read(&self.key).await) }
+        };
+        let mut pending: FuturesUnordered<_> = order[..need].iter().map(|&i| ask(i)).collect();
+        let mut unasked = order[need..].iter();
+        let mut outstanding = vec![false; count];
+        for &i in &order[..need] {
+            outstanding[i] = true;
+        }
+        let hedge_at = started + self.read_hedge();
+        let mut hedged = false;
+        let (mut answers, mut max, mut failures) = (0, 0u64, Vec::new());
+        loop {
+            let wake = if hedged {
+                deadline
+            } else {
+                deadline.min(hedge_at)
+            };
+            let (i, reply) = match tokio::time::timeout_at(wake, pending.next()).await {
+                Ok(Some(reply)) => reply,
+                Ok(None) => break,
+                Err(_) if !hedged && Instant::now() < deadline => {
+                    hedged = true;
+                    for &i in unasked.by_ref() {
+                        outstanding[i] = true;
+                        pending.push(ask(i));
+                    }
+                    continue;
+                }
+                Err(_) => {
+                    for (i, node) in self.nodes.iter().enumerate() {
+                        if outstanding[i] {
+                            self.count_node_failure(i, true);
+                            failures.push(NodeFailure {
+                                addr: node.addr().to_string(),
+                                reason: CUT_BY_DEADLINE.to_string(),
+                            });
+                        }
+                    }
+                    break;
+                }
+            };
+            outstanding[i] = false;
             match reply {
                 Ok(v) => {
                     answers += 1;
                     max = max.max(v);
                 }
-                Err(e) => self.note_failure(node, e, &mut failures)?,
+                Err(e) => {
+                    self.note_failure(&self.nodes[i], e, &mut failures)?;
+                    if let Some(&next) = unasked.next() {
+                        outstanding[next] = true;
+                        pending.push(ask(next));
+                    }
+                }
             }
-            if answers >= self.majority() {
+            if answers >= need {
                 self.last_known.fetch_max(max, Ordering::Relaxed);
+                let took = started.elapsed().as_nanos() as u64;
+                let avg = self.read_ns.load(Ordering::Relaxed);
+                self.read_ns.store((avg * 7 + took) / 8, Ordering::Relaxed);
                 return Ok(max);
             }
-            if failures.len() > self.nodes.len() - self.majority() {
-                return Err(RoundLoss::Unreachable {
-                    reachable: self.nodes.len() - failures.len(),
-                    failures,
-                });
+            if failures.len() > count - need {
+                break;
             }
         }
         Err(RoundLoss::Unreachable {
-            reachable: self.nodes.len() - failures.len(),
+            reachable: count - failures.len(),
             failures,
         })
+    }
+
+    /// How long a read waits for its first majority before asking the other nodes:
+    /// a few times the usual read, at least [`MIN_READ_HEDGE`], at most half a reply
+    /// timeout.
+    fn read_hedge(&self) -> Duration {
+        let usual = Duration::from_nanos(self.read_ns.load(Ordering::Relaxed));
+        (usual * READ_HEDGE_READS)
+            .clamp(MIN_READ_HEDGE, (self.reply_timeout / 2).max(MIN_READ_HEDGE))
     }
 
     /// The conditional write of `lo..=hi` on every node; ends as soon as the outcome is
