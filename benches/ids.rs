@@ -66,11 +66,12 @@ fn ids(c: &mut Criterion) {
         .expect("cannot start redis-server quorum (apt-get install redis-server)");
     let (rounds_addr, stop_rounds) = rt.block_on(async {
         let quorum_client = broker_quorum(&quorum).await;
-        start_broker(Arc::new(quorum_client)).await
+        start_broker(Arc::new(quorum_client), 1).await
     });
     let (window_addr, stop_window) = rt.block_on(async {
         let quorum_client = broker_quorum(&quorum).await;
-        start_broker(Arc::new(WindowSource::new(Arc::new(quorum_client)))).await
+        let window = WindowSource::new(Arc::new(quorum_client));
+        start_broker(Arc::new(window), broker::DEFAULT_PIPELINE).await
     });
     let mut group = c.benchmark_group("ids");
     group
@@ -166,10 +167,11 @@ async fn broker_quorum(quorum: &LocalQuorum) -> QuorumClient {
         .expect("broker's quorum client")
 }
 
-/// Starts a broker serving from `source` on a free loopback port: its address, and the
-/// sender that stops it.
+/// Starts a broker serving from `source` (`pipeline` rounds at once) on a free loopback
+/// port: its address, and the sender that stops it.
 async fn start_broker<S: RoundSource>(
     source: Arc<S>,
+    pipeline: usize,
 ) -> (String, tokio::sync::oneshot::Sender<()>) {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
@@ -179,7 +181,10 @@ async fn start_broker<S: RoundSource>(
     tokio::spawn(broker::run(
         listener,
         source,
-        BrokerConfig::default(),
+        BrokerConfig {
+            pipeline,
+            ..BrokerConfig::default()
+        },
         async move {
             let _ = rx.await;
         },

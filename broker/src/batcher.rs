@@ -20,6 +20,7 @@
 //! deadline as well, so a caller never waits past it.
 
 use crate::stats::Stats;
+use futures::stream::{FuturesUnordered, StreamExt};
 use idclient::{IdError, IdRange, QuorumClient};
 use idproto::wire::{BrokerStats, ServerMsg};
 use std::future::Future;
@@ -137,10 +138,16 @@ pub(crate) struct BatcherConfig {
     pub max_round_ids: u64,
     /// Named in the error sent to requests refused during shutdown.
     pub name: String,
+    /// Rounds at once: 1 for write rounds (two from one client would contend with each
+    /// other), more for window confirmations (each read starts after its batch closed).
+    pub pipeline: usize,
 }
 
-/// Runs rounds until every sender of `rx` is gone and the queue is empty. Once
-/// `stopping` is true, the round in flight finishes and every request still queued is
+/// Runs rounds until every sender of `rx` is gone and the queue is empty, at most
+/// [`BatcherConfig::pipeline`] at once: a batch closes when fewer are running and the
+/// first request of it has arrived. Rounds are started in the order their batches
+/// closed (the source's futures are made, and first polled, in that order). Once
+/// `stopping` is true, the rounds in flight finish and every request still queued is
 /// refused with [`IdError::BrokersUnavailable`] (never started, safe to retry elsewhere).
 pub(crate) async fn run<S: RoundSource>(
     source: Arc<S>,
@@ -149,16 +156,25 @@ pub(crate) async fn run<S: RoundSource>(
     config: BatcherConfig,
     stopping: watch::Receiver<bool>,
 ) {
-    let mut batch: Vec<Option<Pending>> = Vec::with_capacity(config.max_batch);
+    let pipeline = config.pipeline.max(1);
+    let mut rounds = FuturesUnordered::new();
     let mut carry: Option<Pending> = None;
     loop {
+        if rounds.len() >= pipeline {
+            rounds.next().await;
+            continue;
+        }
         let first = match carry.take() {
             Some(p) => p,
-            None => match rx.recv().await {
-                Some(p) => p,
-                None => break,
+            None => tokio::select! {
+                p = rx.recv() => match p {
+                    Some(p) => p,
+                    None => break,
+                },
+                Some(()) = rounds.next(), if !rounds.is_empty() => continue,
             },
         };
+        let mut batch: Vec<Option<Pending>> = Vec::new();
         let now = Instant::now();
         let mut total = 0u64;
         let mut next = Some(first);
@@ -184,11 +200,14 @@ pub(crate) async fn run<S: RoundSource>(
             }
             next = rx.try_recv().ok();
         }
-        if !batch.is_empty() {
-            round(&*source, &mut batch, total, &stats).await;
-            batch.clear();
-        }
+        let Some(round_deadline) = batch.iter().flatten().map(|p| p.deadline).max() else {
+            continue;
+        };
+        let fut = source.next_ids_until(total, round_deadline);
+        rounds.push(round(fut, batch, total, &stats));
     }
+    // Rounds still in flight answer their batches; the broker waits for them.
+    while rounds.next().await.is_some() {}
 }
 
 fn refuse(p: Pending, name: &str, stats: &Stats) {
@@ -205,23 +224,21 @@ fn refuse(p: Pending, name: &str, stats: &Stats) {
     );
 }
 
-/// One round for the whole batch; answers every request of it, each exactly once.
-async fn round<S: RoundSource>(
-    source: &S,
-    batch: &mut [Option<Pending>],
+/// One round (`fut`, for `total` IDs) for the whole batch; answers every request of
+/// it, each exactly once.
+async fn round(
+    fut: impl Future<Output = Result<IdRange, IdError>>,
+    mut batch: Vec<Option<Pending>>,
     total: u64,
     stats: &Stats,
 ) {
+    let batch = &mut batch[..];
     let size = batch.len() as u64;
     let counts: Vec<u64> = batch
         .iter()
         .map(|p| p.as_ref().map_or(0, |p| p.count))
         .collect();
-    let Some(round_deadline) = batch.iter().flatten().map(|p| p.deadline).max() else {
-        return;
-    };
     let started = Instant::now();
-    let fut = source.next_ids_until(total, round_deadline);
     let outcome = run_until_answered(fut, batch, stats).await;
     let took = started.elapsed();
     match outcome {
@@ -373,6 +390,10 @@ mod tests {
     }
 
     fn start(fake: Fake, max_batch: usize) -> Harness {
+        start_pipelined(fake, max_batch, 1)
+    }
+
+    fn start_pipelined(fake: Fake, max_batch: usize, pipeline: usize) -> Harness {
         let fake = Arc::new(fake);
         let stats = Arc::new(Stats::default());
         let (tx, rx) = mpsc::channel(1024);
@@ -382,6 +403,7 @@ mod tests {
             max_batch,
             max_round_ids: 1 << 40,
             name: "test".into(),
+            pipeline,
         };
         let task = tokio::spawn(run(fake.clone(), rx, stats.clone(), config, stopping));
         Harness {
@@ -463,6 +485,36 @@ mod tests {
         assert_eq!(h.ids().await, (2, 2, 2));
         assert_eq!(h.ids().await, (3, 3, 4));
         assert_eq!(h.finish().await, [1, 3]);
+    }
+
+    /// With a pipeline of 2, a request arriving during a round starts its own at once
+    /// (its round begins after it arrived, as the guarantee needs), and the third waits
+    /// for a free slot.
+    #[tokio::test(start_paused = true)]
+    async fn a_pipeline_starts_the_next_round_during_the_first() {
+        let fake = Fake::default();
+        *fake.latency.lock().expect("lock") = Duration::from_millis(10);
+        let mut h = start_pipelined(fake, 64, 2);
+        let t0 = Instant::now();
+        h.send(1, 1, LONG).await;
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        h.send(2, 2, LONG).await;
+        tokio::time::sleep(Duration::from_millis(1)).await;
+        h.send(3, 1, LONG).await;
+        h.send(4, 1, LONG).await;
+        assert_eq!(h.ids().await, (1, 1, 1));
+        assert_eq!(t0.elapsed(), Duration::from_millis(10));
+        assert_eq!(h.ids().await, (2, 2, 3));
+        assert_eq!(
+            t0.elapsed(),
+            Duration::from_millis(11),
+            "ran beside the first"
+        );
+        // 3 and 4 waited for the first slot (freed at 10 ms) and share a round.
+        assert_eq!(h.ids().await, (3, 4, 4));
+        assert_eq!(h.ids().await, (4, 5, 5));
+        assert_eq!(t0.elapsed(), Duration::from_millis(20));
+        assert_eq!(h.finish().await, [1, 2, 2]);
     }
 
     #[tokio::test(start_paused = true)]

@@ -127,6 +127,9 @@ pub const STATS_INTERVAL: Duration = Duration::from_secs(60);
 /// reading) when it is full: backpressure, not an unbounded queue.
 pub const QUEUE_CAPACITY: usize = 64 * 1024;
 
+/// Window confirmations in flight at once by default (`idbroker --pipeline`).
+pub const DEFAULT_PIPELINE: usize = 4;
+
 /// The broker's limits and timeouts.
 #[derive(Debug, Clone)]
 pub struct BrokerConfig {
@@ -135,6 +138,9 @@ pub struct BrokerConfig {
     pub max_count: u64,
     pub max_batch: usize,
     pub max_round_ids: u64,
+    /// Batches whose rounds run at once (`--pipeline`): 1 for `--serve rounds`, more
+    /// to pipeline window confirmations.
+    pub pipeline: usize,
     pub default_deadline: Duration,
     pub max_deadline: Duration,
     pub write_timeout: Duration,
@@ -157,6 +163,7 @@ impl Default for BrokerConfig {
             max_count: DEFAULT_MAX_COUNT,
             max_batch: MAX_BATCH,
             max_round_ids: MAX_ROUND_IDS,
+            pipeline: 1,
             default_deadline: DEFAULT_DEADLINE,
             max_deadline: MAX_DEADLINE,
             write_timeout: WRITE_TIMEOUT,
@@ -191,6 +198,7 @@ impl BrokerConfig {
             ("max_in_flight_per_conn", self.max_in_flight_per_conn as u64),
             ("max_count", self.max_count),
             ("max_batch", self.max_batch as u64),
+            ("pipeline", self.pipeline as u64),
             ("queue_capacity", self.queue_capacity as u64),
             ("max_deadline", self.max_deadline.as_millis() as u64),
             ("default_deadline", self.default_deadline.as_millis() as u64),
@@ -284,6 +292,7 @@ pub async fn run_with<S: RoundSource>(
         max_batch: config.max_batch,
         max_round_ids: config.max_round_ids,
         name: name.clone(),
+        pipeline: config.pipeline,
     };
     let redirect: conn::Redirect = {
         let source = source.clone();

@@ -12,7 +12,8 @@
 //!    of the newest reservation known to have won. A fresh window starts with an ordinary
 //!    round, whose range serves the batch that asked for it and whose rest is the window.
 //! 2. Confirm: [`WindowQuorum::read_max`] reads the register on a majority. If
-//!    `max <= TOP` the batch gets the next unserved IDs of the window. A reservation of
+//!    `max <= TOP` the batch gets the next unserved IDs of the window (set aside before
+//!    the read, so that several batches' reads can overlap: see `serve`). A reservation of
 //!    ours still in flight when the confirmation sees `max > TOP` is decided first: if it
 //!    won, `TOP` moves up and the same `max` is compared again; if not, the window is dead.
 //! 3. `max > TOP` with no reservation to wait for: another writer advanced the register;
@@ -152,11 +153,28 @@ struct Window {
     since: Instant,
     /// Set when a confirmation read less than TOP: a node lost writes.
     broken: Option<String>,
+    /// Counts the windows killed: IDs taken under one generation are confirmed against
+    /// that window's TOP only.
+    generation: u64,
     /// The last confirmation's value (only [`WindowMutant::StaleConfirmation`] uses it).
     last_read: Option<u64>,
 }
 
 impl Window {
+    /// Takes the next `n` unserved IDs; needs `available() >= n`.
+    fn take(&mut self, n: u64) -> IdRange {
+        let range = IdRange {
+            lo: self.next,
+            hi: self.next + n - 1,
+        };
+        match range.hi.checked_add(1) {
+            Some(next) => self.next = next,
+            None => self.alive = false,
+        }
+        self.served += n;
+        range
+    }
+
     /// Unserved IDs of the window: `next..=top` (`next` is `top + 1` once it is used up).
     fn available(&self) -> u64 {
         if self.alive && self.next <= self.top {
@@ -207,6 +225,7 @@ impl<Q: WindowQuorum> WindowSource<Q> {
                 served: 0,
                 since: Instant::now(),
                 broken: None,
+                generation: 0,
                 last_read: None,
             }),
             counters,
@@ -244,10 +263,22 @@ impl<Q: WindowQuorum> WindowSource<Q> {
     }
 
     /// Serves one closed batch of `n` IDs (see the module docs for the rules).
+    ///
+    /// Confirmations are pipelined: the batch takes its IDs (the next unserved ones of
+    /// the window) first, under the window's lock, then releases the lock for its read,
+    /// so batches closed meanwhile take theirs and start their own reads at once. The
+    /// IDs are handed out only if the read, started after the batch closed, finds
+    /// `max <= TOP` of the window they came from (DESIGN.md: the argument does not care
+    /// when the IDs were set aside, only that nobody else got them and that a majority
+    /// accepted TOP); else they become holes and the batch is served by a fresh window.
+    /// Batches take their IDs in the order they lock the window, which is the order the
+    /// batcher closed them (it starts their futures in that order and the lock is
+    /// fair): one connection's pipelined requests get increasing IDs.
     async fn serve(&self, n: u64, deadline: Instant) -> Result<IdRange, IdError> {
         let started = Instant::now();
         let mut w = self.window.lock().await;
         if w.broken.is_some() {
+            drop(w);
             return self.quorum.round(n, deadline).await;
         }
         if w.available() < n {
@@ -256,46 +287,71 @@ impl<Q: WindowQuorum> WindowSource<Q> {
         if w.available() < n {
             return self.fresh(&mut w, n, deadline).await;
         }
+        let range = w.take(n);
+        // The window the IDs came from, and its TOP, known to be on a majority before
+        // the read starts: the read cannot see less unless a node lost acknowledged writes.
+        let (generation, known_top) = (w.generation, w.top);
+        self.refill(&mut w);
         // The confirmation: every read starts now, after the batch closed.
         let max = match (self.mutant, w.last_read) {
-            (Some(WindowMutant::SkipConfirmation), _) => w.top,
+            (Some(WindowMutant::SkipConfirmation), _) => known_top,
             (Some(WindowMutant::StaleConfirmation), Some(stale)) => stale,
-            _ => self.quorum.read_max(deadline).await?,
+            _ => {
+                drop(w);
+                let read = self.quorum.read_max(deadline).await;
+                w = self.window.lock().await;
+                match read {
+                    Ok(max) => max,
+                    Err(e) => {
+                        self.counters.holes.fetch_add(n, Relaxed);
+                        return Err(e);
+                    }
+                }
+            }
         };
         w.last_read = Some(max);
         self.counters.confirmations.fetch_add(1, Relaxed);
-        while max > w.top && w.pending.is_some() {
-            self.decide_pending(&mut w, started, deadline).await?;
+        if w.broken.is_some() {
+            self.counters.holes.fetch_add(n, Relaxed);
+            drop(w);
+            return self.quorum.round(n, deadline).await;
         }
-        let keep = self.mutant == Some(WindowMutant::KeepDeadWindow) && w.available() >= n;
-        if (!w.alive || max > w.top) && !keep {
-            self.counters.confirmations_failed.fetch_add(1, Relaxed);
-            self.died.notify_one();
-            self.kill(&mut w);
-            return self.fresh(&mut w, n, deadline).await;
-        }
-        if max < w.top && self.mutant.is_none() {
+        if max < known_top && self.mutant.is_none() {
             let reason = format!(
-                "a majority read {max} below {}, which a majority accepted: a node lost \
-                 acknowledged writes (check every node's appendfsync and disk)",
-                w.top
+                "a majority read {max} below {known_top}, which a majority accepted: a node \
+                 lost acknowledged writes (check every node's appendfsync and disk)"
             );
             tracing::error!(%reason, "window serving switched off");
             w.broken = Some(reason);
             self.kill(&mut w);
+            self.counters.holes.fetch_add(n, Relaxed);
+            drop(w);
             return self.quorum.round(n, deadline).await;
         }
-        let range = IdRange {
-            lo: w.next,
-            hi: w.next + n - 1,
-        };
-        match range.hi.checked_add(1) {
-            Some(next) => w.next = next,
-            None => w.alive = false,
+        // Above the TOP the IDs were taken under: one of our own reservations may explain
+        // it (decided first: a win extends the same window), else another writer did.
+        while max > w.top && w.generation == generation && w.pending.is_some() {
+            self.decide_pending(&mut w, started, deadline).await?;
         }
-        w.served += n;
-        self.refill(&mut w);
-        Ok(range)
+        let confirmed = max <= known_top || (w.generation == generation && w.alive && max <= w.top);
+        let keep = self.mutant == Some(WindowMutant::KeepDeadWindow);
+        if confirmed || keep {
+            return Ok(range);
+        }
+        self.counters.holes.fetch_add(n, Relaxed);
+        if w.generation == generation && w.alive {
+            self.counters.confirmations_failed.fetch_add(1, Relaxed);
+            self.died.notify_one();
+            self.kill(&mut w);
+        }
+        // Else another batch found it dead already and may have started a fresh window.
+        // Its TOP, too, is on a majority: at or above `max`, it serves this batch.
+        if w.available() >= n && max <= w.top {
+            let range = w.take(n);
+            self.refill(&mut w);
+            return Ok(range);
+        }
+        self.fresh(&mut w, n, deadline).await
     }
 
     /// Waits (within `deadline`) for the reservation in flight, if any: a win extends
@@ -377,6 +433,7 @@ impl<Q: WindowQuorum> WindowSource<Q> {
             self.counters.holes.fetch_add(left, Relaxed);
         }
         w.alive = false;
+        w.generation += 1;
     }
 
     /// Adapts the size to demand and starts the next contiguous reservation when less
@@ -450,6 +507,11 @@ mod tests {
         lose: Mutex<u64>,
         reads: AtomicU64,
         reserves: AtomicU64,
+        /// Each read takes this long (on the paused clock), for overlapping reads.
+        read_delay: Mutex<Duration>,
+        /// Reads under way now, and the most ever at once.
+        reading: AtomicU64,
+        most_reading: AtomicU64,
     }
 
     impl WindowQuorum for Fake {
@@ -473,6 +535,13 @@ mod tests {
 
         async fn read_max(&self, _: Instant) -> Result<u64, IdError> {
             self.reads.fetch_add(1, Relaxed);
+            let delay = *self.read_delay.lock().unwrap();
+            if !delay.is_zero() {
+                let now = self.reading.fetch_add(1, Relaxed) + 1;
+                self.most_reading.fetch_max(now, Relaxed);
+                tokio::time::sleep(delay).await;
+                self.reading.fetch_sub(1, Relaxed);
+            }
             let mut c = self.current.lock().unwrap();
             *c += std::mem::take(&mut *self.bump_before_read.lock().unwrap());
             Ok(*c - *self.lose.lock().unwrap())
@@ -508,6 +577,61 @@ mod tests {
         let r = w.next_ids_until(1000, later()).await.unwrap();
         assert!(r.holds_exactly(1000) && r.lo > last, "{r:?} after {last}");
         assert!(w.stats().holes > 0);
+    }
+
+    /// Confirmations of concurrent batches overlap (the window is not locked during a
+    /// read), and every batch still gets its own read and its own IDs.
+    #[tokio::test(start_paused = true)]
+    async fn confirmations_of_concurrent_batches_overlap() {
+        let fake = Arc::new(Fake::default());
+        let w = Arc::new(WindowSource::new(fake.clone()));
+        let first = w.next_ids_until(1, later()).await.unwrap();
+        *fake.read_delay.lock().unwrap() = Duration::from_millis(1);
+        let batches = (1..=8u64).map(|n| {
+            let w = w.clone();
+            tokio::spawn(async move { w.next_ids_until(n, later()).await })
+        });
+        let mut ranges = vec![first];
+        for b in futures::future::join_all(batches).await {
+            ranges.push(b.unwrap().unwrap());
+        }
+        assert_eq!(fake.reads.load(Relaxed), 8, "one confirmation per batch");
+        assert_eq!(fake.most_reading.load(Relaxed), 8, "the reads overlapped");
+        ranges.sort_by_key(|r| r.lo);
+        for pair in ranges.windows(2) {
+            assert!(pair[0].hi < pair[1].lo, "overlapping: {ranges:?}");
+        }
+        let s = w.stats();
+        assert_eq!(
+            (s.fresh_windows, s.confirmations_failed, s.holes),
+            (1, 0, 0),
+            "{s:?}"
+        );
+    }
+
+    /// A confirmation that ends after another batch found the window dead does not
+    /// serve from it: it is served by a fresh window above the other writer.
+    #[tokio::test(start_paused = true)]
+    async fn a_window_killed_during_a_read_is_not_served_from() {
+        let fake = Arc::new(Fake::default());
+        let w = Arc::new(WindowSource::new(fake.clone()));
+        w.next_ids_until(1, later()).await.unwrap();
+        *fake.read_delay.lock().unwrap() = Duration::from_millis(1);
+        // The first read to run sees another writer 5000 above; the second overlaps it.
+        *fake.bump_before_read.lock().unwrap() = 5000;
+        let a = tokio::spawn({
+            let w = w.clone();
+            async move { w.next_ids_until(1, later()).await }
+        });
+        let b = tokio::spawn({
+            let w = w.clone();
+            async move { w.next_ids_until(1, later()).await }
+        });
+        let (a, b) = (a.await.unwrap().unwrap(), b.await.unwrap().unwrap());
+        assert!(a.lo > 5000 && b.lo > 5000, "{a:?} {b:?}");
+        assert_ne!(a, b);
+        let s = w.stats();
+        assert!(s.confirmations_failed >= 1, "{s:?}");
     }
 
     #[tokio::test]

@@ -74,6 +74,12 @@ struct Flags {
     /// `rounds` runs one write round per batch. Both keep every guarantee (DESIGN.md).
     #[arg(long, value_enum, default_value_t = Serve::Window)]
     serve: Serve,
+    /// `--serve window`: batches confirmed at once. A batch closes as soon as fewer
+    /// are out and starts its own majority read (after it closed, as the guarantee
+    /// needs); more lowers latency, fewer makes larger batches (fewer reads per ID).
+    /// `--serve rounds` always runs one write round at a time.
+    #[arg(long, value_name = "N", default_value_t = broker::DEFAULT_PIPELINE)]
+    pipeline: usize,
     /// `--serve window`: a follower stands for election after no change of the leader's
     /// heartbeat for a random time in [T, 2T) of this T; a leader steps down after T
     /// without refreshing a majority, milliseconds.
@@ -141,6 +147,10 @@ impl Config {
             max_connections: f.max_connections,
             max_in_flight_per_conn: f.max_in_flight,
             max_count: f.max_count,
+            pipeline: match f.serve {
+                Serve::Window => f.pipeline,
+                Serve::Rounds => 1,
+            },
             stats_interval: Duration::from_secs(f.stats_interval_secs),
             auth_token: f.auth_token_file.as_deref().map(read_token).transpose()?,
             ..BrokerConfig::default()
