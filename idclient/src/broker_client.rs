@@ -492,10 +492,17 @@ async fn coalesced(
             reason: "the client's dispatcher stopped".into(),
         }],
     };
-    match timeout_at(deadline, queue.send(waiter)).await {
-        Err(_) => return Err(deadline_error(invoked, deadline)),
-        Ok(Err(_)) => return Err(stopped()),
-        Ok(Ok(())) => {}
+    // The queue has room but under floods: only then does the send need a timer.
+    match queue.try_send(waiter) {
+        Ok(()) => {}
+        Err(mpsc::error::TrySendError::Closed(_)) => return Err(stopped()),
+        Err(mpsc::error::TrySendError::Full(waiter)) => {
+            match timeout_at(deadline, queue.send(waiter)).await {
+                Err(_) => return Err(deadline_error(invoked, deadline)),
+                Ok(Err(_)) => return Err(stopped()),
+                Ok(Ok(())) => {}
+            }
+        }
     }
     if let Ok(answer) = timeout_at(deadline, &mut rx).await {
         return answer.unwrap_or_else(|_| Err(stopped()));

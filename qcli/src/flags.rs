@@ -276,6 +276,11 @@ pub struct BrokerArgs {
     /// Connections to the broker, shared by all requests (broker mode).
     #[arg(long, value_name = "N", default_value_t = broker_client::DEFAULT_CONNECTIONS)]
     pub connections: usize,
+    /// Requests kept out at once (broker mode): callers arriving while that many are
+    /// out go together as one request for their total count (coalescing); 0 sends every
+    /// call on its own.
+    #[arg(long, value_name = "N", default_value_t = broker_client::DEFAULT_IN_FLIGHT)]
+    pub in_flight: usize,
     /// File holding the brokers' shared secret (their `--auth-token-file`), sent in
     /// every handshake; needed when the brokers require one.
     #[arg(long, value_name = "FILE")]
@@ -312,6 +317,7 @@ impl BrokerArgs {
             deadline,
             connect_timeout,
             connections: self.connections,
+            in_flight: self.in_flight,
             token,
             ..BrokerClientConfig::default()
         })
