@@ -11,6 +11,7 @@ use common::{Mode, Proxy};
 use idclient::{ClientConfig, IdError, IdRange, IdSource, Protocol, QuorumClient};
 use idtools::cluster::LocalQuorum;
 use idtools::history::{check, monotonic_ns, Event};
+use idtools::proc::{Announced, START_TIMEOUT};
 use std::net::SocketAddr;
 use std::time::Duration;
 
@@ -261,35 +262,26 @@ async fn broker_partitioned_from_majority() {
 /// timing of the leader tests; killed (by its pid) on drop. Returns once it said
 /// `listening on ADDR` (it leads or knows the leader).
 struct Idbroker {
-    _proc: common::Proc,
+    _proc: Announced,
     addr: String,
 }
 
 impl Idbroker {
     fn start(urls: &[String]) -> Idbroker {
-        use std::io::BufRead;
-        let mut cmd = std::process::Command::new(common::bin("idbroker"));
-        cmd.args(["--listen", "127.0.0.1:0", "--nodes", &urls.join(",")])
-            .args(["--election-timeout-ms", "200", "--heartbeat-ms", "50"])
-            .args(["--reply-timeout-ms", "200", "--connect-timeout-ms", "200"])
-            .stdout(std::process::Stdio::piped())
-            .stderr(std::process::Stdio::inherit());
-        let mut proc = common::Proc::spawn("idbroker", &mut cmd);
-        let stdout = proc
-            .child
-            .as_mut()
-            .and_then(|c| c.stdout.take())
-            .expect("idbroker stdout");
-        let mut line = String::new();
-        std::io::BufReader::new(stdout)
-            .read_line(&mut line)
-            .expect("read idbroker stdout");
-        let addr = line
-            .trim()
-            .strip_prefix("listening on ")
-            .unwrap_or_else(|| panic!("idbroker did not start: said {line:?}"))
-            .to_string();
-        Idbroker { _proc: proc, addr }
+        let proc = Announced::start(
+            std::process::Command::new(common::bin("idbroker"))
+                .args(["--listen", "127.0.0.1:0", "--nodes", &urls.join(",")])
+                .args(["--election-timeout-ms", "200", "--heartbeat-ms", "50"])
+                .args(["--reply-timeout-ms", "200", "--connect-timeout-ms", "200"])
+                .stderr(std::process::Stdio::inherit()),
+            &["listening on "],
+            START_TIMEOUT,
+        )
+        .expect("idbroker starts");
+        Idbroker {
+            addr: proc.addr().to_string(),
+            _proc: proc,
+        }
     }
 
     async fn role(&self) -> (String, u64) {

@@ -8,10 +8,10 @@ use idclient::{IdSource, Token};
 use idproto::framed::FrameReader;
 use idproto::wire::{self, ServerMsg};
 use idtools::cluster::LocalQuorum;
-use std::io::{BufRead, BufReader};
+use idtools::proc::{Announced, START_TIMEOUT};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
@@ -20,7 +20,7 @@ const SECRET: &str = "tok-7f3a9c2e-do-not-log";
 
 /// An idbroker process with a token, its stderr in a file; killed (by pid) on drop.
 struct Broker {
-    child: Child,
+    _proc: Announced,
     addr: String,
     resp: String,
     stderr: PathBuf,
@@ -32,33 +32,24 @@ impl Broker {
         let dir = tempfile::tempdir().expect("temp dir");
         let token = write_token(dir.path(), &format!("  {SECRET}\n"), 0o600);
         let stderr = dir.path().join("stderr");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_idbroker"))
-            .args(["--listen", listen, "--resp-listen", "127.0.0.1:0"])
-            .args(["--nodes", &quorum.urls_arg(), "--serve", "rounds"])
-            .arg("--auth-token-file")
-            .arg(&token)
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(&stderr).expect("stderr file"))
-            .spawn()
-            .expect("start idbroker");
-        let mut out = BufReader::new(child.stdout.take().expect("idbroker stdout"));
-        let mut line = |prefix: &str| {
-            let mut l = String::new();
-            out.read_line(&mut l).expect("read idbroker stdout");
-            l.trim().strip_prefix(prefix).map(str::to_string)
-        };
-        let (Some(addr), Some(resp)) = (line("listening on "), line("resp listening on ")) else {
-            let _ = child.kill();
-            let status = child.wait();
-            panic!(
-                "idbroker did not start (exit {status:?}): {}",
-                std::fs::read_to_string(&stderr).unwrap_or_default()
-            );
-        };
+        let proc = Announced::start(
+            Command::new(env!("CARGO_BIN_EXE_idbroker"))
+                .args(["--listen", listen, "--resp-listen", "127.0.0.1:0"])
+                .args(["--nodes", &quorum.urls_arg(), "--serve", "rounds"])
+                .arg("--auth-token-file")
+                .arg(&token)
+                .stderr(std::fs::File::create(&stderr).expect("stderr file")),
+            &["listening on ", "resp listening on "],
+            START_TIMEOUT,
+        )
+        .unwrap_or_else(|e| {
+            let log = std::fs::read_to_string(&stderr).unwrap_or_default();
+            panic!("idbroker did not start: {e}: {log}")
+        });
         Broker {
-            child,
-            addr,
-            resp,
+            addr: proc.addr().to_string(),
+            resp: proc.value(1).to_string(),
+            _proc: proc,
             stderr,
             _dir: dir,
         }
@@ -69,11 +60,25 @@ impl Broker {
     }
 }
 
-impl Drop for Broker {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+/// Starts idbroker on the wildcard address with `extra` flags until it announces its
+/// listener, then stops it: its stderr.
+fn wildcard_broker_log(q: &LocalQuorum, stderr: &Path, extra: &[&std::ffi::OsStr]) -> String {
+    let started = Announced::start(
+        Command::new(env!("CARGO_BIN_EXE_idbroker"))
+            .args(["--listen", "0.0.0.0:0", "--nodes", &q.urls_arg()])
+            .args(["--serve", "rounds"])
+            .args(extra)
+            .stderr(std::fs::File::create(stderr).expect("stderr file")),
+        &["listening on "],
+        START_TIMEOUT,
+    );
+    // Stopped before its log is read: everything it wrote is in the file.
+    let started = started.map(|mut p| p.kill());
+    let log = std::fs::read_to_string(stderr).expect("stderr");
+    if let Err(e) = started {
+        panic!("idbroker did not start: {e}: {log}");
     }
+    log
 }
 
 fn write_token(dir: &Path, content: &str, mode: u32) -> PathBuf {
@@ -258,55 +263,17 @@ fn shared_token_files_and_open_listeners_are_warned_about() {
     let dir = tempfile::tempdir().expect("temp dir");
     let token = write_token(dir.path(), SECRET, 0o644);
     let stderr = dir.path().join("stderr");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_idbroker"))
-        .args([
-            "--listen",
-            "0.0.0.0:0",
-            "--nodes",
-            &q.urls_arg(),
-            "--serve",
-            "rounds",
-        ])
-        .arg("--auth-token-file")
-        .arg(&token)
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(&stderr).expect("stderr file"))
-        .spawn()
-        .expect("start idbroker");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("read stdout");
-    let _ = child.kill();
-    let _ = child.wait();
-    let log = std::fs::read_to_string(&stderr).expect("stderr");
-    assert!(line.starts_with("listening on "), "{line} {log}");
+    let log = wildcard_broker_log(
+        &q,
+        &stderr,
+        &["--auth-token-file".as_ref(), token.as_os_str()],
+    );
     assert!(log.contains("readable by group or others"), "{log}");
     // With a token, a wildcard listener is not warned about.
     assert!(!log.contains("no --auth-token-file"), "{log}");
     assert!(!log.contains(SECRET), "{log}");
 
     // Without a token on a wildcard address: warned.
-    let mut child = Command::new(env!("CARGO_BIN_EXE_idbroker"))
-        .args([
-            "--listen",
-            "0.0.0.0:0",
-            "--nodes",
-            &q.urls_arg(),
-            "--serve",
-            "rounds",
-        ])
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(&stderr).expect("stderr file"))
-        .spawn()
-        .expect("start idbroker");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("read stdout");
-    let _ = child.kill();
-    let _ = child.wait();
-    let log = std::fs::read_to_string(&stderr).expect("stderr");
-    assert!(line.starts_with("listening on "), "{line} {log}");
+    let log = wildcard_broker_log(&q, &stderr, &[]);
     assert!(log.contains("no --auth-token-file is set"), "{log}");
 }

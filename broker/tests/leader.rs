@@ -13,8 +13,8 @@ use idproto::framed::FrameReader;
 use idproto::wire::{self, BrokerStats, ClientMsg, ServerMsg};
 use idtools::cluster::LocalQuorum;
 use idtools::history::{check, monotonic_ns, Event};
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use idtools::proc::{Announced, START_TIMEOUT};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -28,53 +28,35 @@ const HEARTBEAT_MS: u64 = 50;
 
 /// An idbroker process, killed (by its pid) on drop.
 struct Broker {
-    child: Child,
+    proc: Announced,
     addr: String,
 }
 
 impl Broker {
     fn start(quorum: &LocalQuorum) -> Broker {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_idbroker"))
-            .args(["--listen", "127.0.0.1:0", "--nodes", &quorum.urls_arg()])
-            .args(["--election-timeout-ms", &ELECTION_TIMEOUT_MS.to_string()])
-            .args(["--heartbeat-ms", &HEARTBEAT_MS.to_string()])
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start idbroker");
-        let stdout = child.stdout.take().expect("idbroker stdout");
-        let mut line = String::new();
-        BufReader::new(stdout)
-            .read_line(&mut line)
-            .expect("read idbroker stdout");
-        let Some(addr) = line.trim().strip_prefix("listening on ") else {
-            let _ = child.kill();
-            let status = child.wait();
-            panic!("idbroker did not start (said {line:?}, exit {status:?})");
-        };
+        let proc = Announced::start(
+            Command::new(env!("CARGO_BIN_EXE_idbroker"))
+                .args(["--listen", "127.0.0.1:0", "--nodes", &quorum.urls_arg()])
+                .args(["--election-timeout-ms", &ELECTION_TIMEOUT_MS.to_string()])
+                .args(["--heartbeat-ms", &HEARTBEAT_MS.to_string()])
+                .stderr(Stdio::inherit()),
+            &["listening on "],
+            START_TIMEOUT,
+        )
+        .expect("idbroker starts");
         Broker {
-            addr: addr.to_string(),
-            child,
+            addr: proc.addr().to_string(),
+            proc,
         }
     }
 
     fn signal(&self, sig: libc::c_int) {
-        let pid = libc::pid_t::try_from(self.child.id()).expect("pid fits pid_t");
-        // SAFETY: kill(2) on the pid of a child we started and have not reaped.
-        let rc = unsafe { libc::kill(pid, sig) };
-        assert_eq!(rc, 0, "kill({pid}, {sig}) failed");
+        self.proc.signal(sig);
     }
 
+    /// kill -9 (SIGKILL ends a stopped process too) and reap.
     fn kill9(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Broker {
-    fn drop(&mut self) {
-        // SIGKILL ends a stopped process too.
-        self.kill9();
+        self.proc.kill();
     }
 }
 

@@ -7,7 +7,7 @@
 use idclient::broker_client::{BrokerClient, BrokerClientConfig};
 use idclient::IdSource;
 use idtools::cluster::{free_port, LocalQuorum};
-use std::io::{BufRead, BufReader};
+use idtools::proc::{Announced, START_TIMEOUT};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
@@ -17,40 +17,27 @@ const HTTP_TIMEOUT: Duration = Duration::from_secs(10);
 
 /// An idbroker process with its metrics endpoint, killed (by its pid) on drop.
 struct Broker {
-    child: Child,
+    _proc: Announced,
     addr: String,
     metrics: String,
 }
 
 impl Broker {
     fn start(nodes: &str, extra: &[&str]) -> Broker {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_idbroker"))
-            .args(["--listen", "127.0.0.1:0", "--nodes", nodes])
-            .args(["--metrics-listen", "127.0.0.1:0"])
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start idbroker");
-        let mut stdout = BufReader::new(child.stdout.take().expect("idbroker stdout"));
-        let mut line = || {
-            let mut l = String::new();
-            stdout.read_line(&mut l).expect("read idbroker stdout");
-            l.trim().to_string()
-        };
-        let (first, second) = (line(), line());
-        let (Some(addr), Some(metrics)) = (
-            first.strip_prefix("listening on "),
-            second.strip_prefix("metrics listening on "),
-        ) else {
-            let _ = child.kill();
-            let status = child.wait();
-            panic!("idbroker did not start (said {first:?}, {second:?}; exit {status:?})");
-        };
+        let proc = Announced::start(
+            Command::new(env!("CARGO_BIN_EXE_idbroker"))
+                .args(["--listen", "127.0.0.1:0", "--nodes", nodes])
+                .args(["--metrics-listen", "127.0.0.1:0"])
+                .args(extra)
+                .stderr(Stdio::inherit()),
+            &["listening on ", "metrics listening on "],
+            START_TIMEOUT,
+        )
+        .expect("idbroker starts with its metrics endpoint");
         Broker {
-            addr: addr.to_string(),
-            metrics: metrics.to_string(),
-            child,
+            addr: proc.addr().to_string(),
+            metrics: proc.value(1).to_string(),
+            _proc: proc,
         }
     }
 
@@ -58,13 +45,6 @@ impl Broker {
         qmetrics::get(&self.metrics, path, HTTP_TIMEOUT)
             .await
             .unwrap_or_else(|e| panic!("{e}"))
-    }
-}
-
-impl Drop for Broker {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 

@@ -7,8 +7,8 @@ use idproto::framed::FrameReader;
 use idproto::wire::{self, ClientMsg, ServerMsg};
 use idtools::cluster::LocalQuorum;
 use idtools::history::{check, monotonic_ns, Event};
-use std::io::{BufRead, BufReader};
-use std::process::{Child, Command, Stdio};
+use idtools::proc::{Announced, START_TIMEOUT};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
@@ -18,44 +18,29 @@ use tokio::time::Instant;
 
 /// An idbroker process, killed (by its pid) on drop.
 struct Broker {
-    child: Child,
+    proc: Announced,
     addr: String,
 }
 
 impl Broker {
     fn start(quorum: &LocalQuorum, extra: &[&str]) -> Broker {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_idbroker"))
-            .args(["--listen", "127.0.0.1:0", "--nodes", &quorum.urls_arg()])
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start idbroker");
-        let stdout = child.stdout.take().expect("idbroker stdout");
-        let mut line = String::new();
-        BufReader::new(stdout)
-            .read_line(&mut line)
-            .expect("read idbroker stdout");
-        let Some(addr) = line.trim().strip_prefix("listening on ") else {
-            let _ = child.kill();
-            let status = child.wait();
-            panic!("idbroker did not start (said {line:?}, exit {status:?})");
-        };
+        let proc = Announced::start(
+            Command::new(env!("CARGO_BIN_EXE_idbroker"))
+                .args(["--listen", "127.0.0.1:0", "--nodes", &quorum.urls_arg()])
+                .args(extra)
+                .stderr(Stdio::inherit()),
+            &["listening on "],
+            START_TIMEOUT,
+        )
+        .expect("idbroker starts");
         Broker {
-            addr: addr.to_string(),
-            child,
+            addr: proc.addr().to_string(),
+            proc,
         }
     }
 
     fn kill9(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Broker {
-    fn drop(&mut self) {
-        self.kill9();
+        self.proc.kill();
     }
 }
 
@@ -502,11 +487,8 @@ async fn sigterm_answers_everyone_and_exits_cleanly() {
     let stop = Arc::new(AtomicBool::new(false));
     let tasks = spawn_callers(&c, 32, 1, &stop);
     tokio::time::sleep(Duration::from_millis(500)).await;
-    // SAFETY: kill(2) on the pid of a child we spawned and have not reaped.
-    unsafe {
-        libc::kill(b1.child.id() as libc::pid_t, libc::SIGTERM);
-    }
-    let status = tokio::task::block_in_place(|| b1.child.wait()).expect("wait idbroker");
+    b1.proc.signal(libc::SIGTERM);
+    let status = tokio::task::block_in_place(|| b1.proc.wait()).expect("wait idbroker");
     assert!(status.success(), "idbroker exit after SIGTERM: {status:?}");
     let stopped_ns = monotonic_ns();
     tokio::time::sleep(Duration::from_millis(300)).await;
@@ -534,7 +516,7 @@ async fn sigterm_answers_everyone_and_exits_cleanly() {
 fn wait_exit(b: &mut Broker, limit: Duration) -> Option<std::process::ExitStatus> {
     let t0 = std::time::Instant::now();
     loop {
-        if let Some(status) = b.child.try_wait().expect("try_wait idbroker") {
+        if let Some(status) = b.proc.try_wait().expect("try_wait idbroker") {
             return Some(status);
         }
         if t0.elapsed() > limit {
@@ -545,10 +527,7 @@ fn wait_exit(b: &mut Broker, limit: Duration) -> Option<std::process::ExitStatus
 }
 
 fn sigterm(b: &Broker) {
-    // SAFETY: kill(2) on the pid of a child we spawned and have not reaped.
-    unsafe {
-        libc::kill(b.child.id() as libc::pid_t, libc::SIGTERM);
-    }
+    b.proc.signal(libc::SIGTERM);
 }
 
 /// Shutdown does not wait for handshakes (nor half-sent frames): with a 120 s handshake

@@ -10,9 +10,10 @@ use idproto::framed::FrameReader;
 use idproto::wire::{self, ClientMsg, ServerMsg};
 use idtools::cluster::LocalQuorum;
 use idtools::history::{check, monotonic_ns, Event};
+use idtools::proc::{Announced, START_TIMEOUT};
 use std::future::Future;
-use std::io::{BufRead, BufReader, Write};
-use std::process::{Child, Command, Stdio};
+use std::io::Write;
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -23,46 +24,34 @@ use tokio::time::Instant;
 
 /// An idbroker process serving binary and RESP, killed (by its pid) on drop.
 struct Broker {
-    child: Child,
+    proc: Announced,
     addr: String,
     resp: String,
 }
 
 impl Broker {
     fn start(quorum: &LocalQuorum, extra: &[&str]) -> Broker {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_idbroker"))
-            .args(["--listen", "127.0.0.1:0", "--resp-listen", "127.0.0.1:0"])
-            .args(["--nodes", &quorum.urls_arg()])
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start idbroker");
-        let stdout = child.stdout.take().expect("idbroker stdout");
-        let mut lines = BufReader::new(stdout).lines();
-        let mut line = |prefix: &str| -> Option<String> {
-            let l = lines.next()?.ok()?;
-            l.strip_prefix(prefix).map(str::to_string)
-        };
-        let (Some(addr), Some(resp)) = (line("listening on "), line("resp listening on ")) else {
-            let _ = child.kill();
-            let status = child.wait();
-            panic!("idbroker did not start with both listeners (exit {status:?})");
-        };
-        Broker { child, addr, resp }
+        let proc = Announced::start(
+            Command::new(env!("CARGO_BIN_EXE_idbroker"))
+                .args(["--listen", "127.0.0.1:0", "--resp-listen", "127.0.0.1:0"])
+                .args(["--nodes", &quorum.urls_arg()])
+                .args(extra)
+                .stderr(Stdio::inherit()),
+            &["listening on ", "resp listening on "],
+            START_TIMEOUT,
+        )
+        .expect("idbroker starts with both listeners");
+        Broker {
+            addr: proc.addr().to_string(),
+            resp: proc.value(1).to_string(),
+            proc,
+        }
     }
 
     /// (host, port) of the RESP listener.
     fn resp_host_port(&self) -> (String, String) {
         let (host, port) = self.resp.rsplit_once(':').expect("host:port");
         (host.to_string(), port.to_string())
-    }
-}
-
-impl Drop for Broker {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -314,7 +303,7 @@ async fn still_served(b: &Broker) {
 
 /// The broker's resident memory, KiB (Linux).
 fn rss_kib(b: &Broker) -> u64 {
-    let status = std::fs::read_to_string(format!("/proc/{}/status", b.child.id()))
+    let status = std::fs::read_to_string(format!("/proc/{}/status", b.proc.pid()))
         .expect("read /proc/PID/status");
     status
         .lines()
@@ -458,12 +447,9 @@ async fn sigterm_closes_resp_connections_after_their_replies() {
         .await
         .expect("write");
     let first = read_range(&mut s).await;
-    // SAFETY: kill(2) on the pid of a child we spawned and have not reaped.
-    unsafe {
-        libc::kill(b.child.id() as libc::pid_t, libc::SIGTERM);
-    }
+    b.proc.signal(libc::SIGTERM);
     let rest = read_until_closed(&mut s).await;
-    let status = tokio::task::block_in_place(|| b.child.wait()).expect("wait idbroker");
+    let status = tokio::task::block_in_place(|| b.proc.wait()).expect("wait idbroker");
     assert!(status.success(), "idbroker exit after SIGTERM: {status:?}");
     let replies = rest;
     let mut ranges = vec![first];

@@ -9,11 +9,11 @@
 //! invoked after it: only a live broker can have served that request.
 
 use crate::history::{self, monotonic_ns, Event, Violation};
+use crate::proc::Announced;
 use idclient::broker_client::{fetch_stats, BrokerClient, BrokerClientConfig};
 use idproto::IdSource;
-use std::io::{BufRead, BufReader};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -105,77 +105,36 @@ impl FailoverReport {
     }
 }
 
-/// One `idbroker` process, killed and reaped (by its pid) on drop.
-struct BrokerProc {
-    child: Child,
-    addr: String,
-}
-
-impl Drop for BrokerProc {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-/// Starts an idbroker listening on `listen` and waits for its `listening on ADDR` line.
-fn spawn(config: &FailoverConfig, listen: &str) -> anyhow::Result<BrokerProc> {
-    let mut child = Command::new(&config.idbroker)
-        .args(["--listen", listen, "--nodes", &config.nodes.join(",")])
+/// Starts an idbroker listening on `listen` and waits (on a blocking thread, not a
+/// runtime worker) for its `listening on ADDR` line.
+async fn spawn(config: &FailoverConfig, listen: &str) -> anyhow::Result<Announced> {
+    let mut cmd = Command::new(&config.idbroker);
+    cmd.args(["--listen", listen, "--nodes", &config.nodes.join(",")])
         .args(&config.broker_args)
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .map_err(|e| anyhow::anyhow!("cannot start {}: {e}", config.idbroker.display()))?;
-    let stdout = child.stdout.take();
-    // Read on a thread: a broker that never prints must not block us past the timeout.
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        let mut line = String::new();
-        if let Some(out) = stdout {
-            let mut out = BufReader::new(out);
-            let _ = out.read_line(&mut line);
-            let _ = tx.send(line);
-            // Keep the pipe open (and drained) for the broker's lifetime.
-            let _ = std::io::copy(&mut out, &mut std::io::sink());
-        }
-    });
-    let mut proc = BrokerProc {
-        child,
-        addr: String::new(),
-    };
-    let line = rx.recv_timeout(START_TIMEOUT).unwrap_or_default();
-    match line.trim().strip_prefix("listening on ") {
-        Some(addr) => {
-            proc.addr = addr.to_string();
-            Ok(proc)
-        }
-        None => {
-            let status = proc.child.try_wait().ok().flatten();
-            anyhow::bail!(
-                "idbroker --listen {listen} did not start (said {line:?}, exit {status:?})"
-            )
-        }
-    }
+        .stderr(Stdio::null());
+    let started = tokio::task::spawn_blocking(move || {
+        Announced::start(&mut cmd, &["listening on "], START_TIMEOUT)
+    })
+    .await?;
+    started.map_err(|e| anyhow::anyhow!("idbroker --listen {listen}: {e}"))
 }
 
 /// The one broker all live brokers agree leads, waiting up to `timeout` for it.
-async fn one_leader(brokers: &[BrokerProc], timeout: Duration) -> anyhow::Result<usize> {
+async fn one_leader(brokers: &[Announced], timeout: Duration) -> anyhow::Result<usize> {
     let until = Instant::now() + timeout;
     let mut seen = String::new();
     loop {
         let mut leaders = Vec::new();
         seen.clear();
         for (i, b) in brokers.iter().enumerate() {
-            match fetch_stats(&b.addr).await {
+            match fetch_stats(b.addr()).await {
                 Ok(s) => {
-                    seen.push_str(&format!(" {}={}/{}", b.addr, s.role, s.term));
+                    seen.push_str(&format!(" {}={}/{}", b.addr(), s.role, s.term));
                     if s.role == "leader" {
                         leaders.push(i);
                     }
                 }
-                Err(e) => seen.push_str(&format!(" {}=({e})", b.addr)),
+                Err(e) => seen.push_str(&format!(" {}=({e})", b.addr())),
             }
         }
         if let [one] = leaders[..] {
@@ -248,9 +207,9 @@ pub async fn run(
     );
     let mut brokers = Vec::new();
     for _ in 0..config.brokers {
-        brokers.push(spawn(config, "127.0.0.1:0")?);
+        brokers.push(spawn(config, "127.0.0.1:0").await?);
     }
-    let addrs: Vec<String> = brokers.iter().map(|b| b.addr.clone()).collect();
+    let addrs: Vec<String> = brokers.iter().map(|b| b.addr().to_string()).collect();
     one_leader(&brokers, config.settle_timeout).await?;
     let client = Arc::new(
         BrokerClient::connect(
@@ -290,7 +249,7 @@ pub async fn run(
 /// The kill loop of [`run`].
 async fn kill_leaders(
     config: &FailoverConfig,
-    brokers: &mut [BrokerProc],
+    brokers: &mut [Announced],
     load: &Load,
     report: &mut FailoverReport,
     progress: &mut impl FnMut(&str),
@@ -303,9 +262,8 @@ async fn kill_leaders(
         while load.successes.load(Relaxed) == before && Instant::now() < until {
             tokio::time::sleep(POLL).await;
         }
-        let addr = brokers[leader].addr.clone();
-        let _ = brokers[leader].child.kill();
-        let _ = brokers[leader].child.wait();
+        let addr = brokers[leader].addr().to_string();
+        brokers[leader].kill();
         let killed_at = monotonic_ns();
         load.first_after.store(u64::MAX, Relaxed);
         load.killed_at.store(killed_at, Relaxed);
@@ -335,10 +293,10 @@ async fn kill_leaders(
 }
 
 /// Starts a broker again on `addr`, retrying while the port is still being released.
-async fn respawn(config: &FailoverConfig, addr: &str) -> anyhow::Result<BrokerProc> {
+async fn respawn(config: &FailoverConfig, addr: &str) -> anyhow::Result<Announced> {
     let mut last = None;
     for _ in 0..50 {
-        match spawn(config, addr) {
+        match spawn(config, addr).await {
             Ok(b) => return Ok(b),
             Err(e) => last = Some(e),
         }

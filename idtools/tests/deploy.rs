@@ -7,8 +7,8 @@
 
 mod common;
 use common::{idbroker_bin, idctl, text};
+use idtools::proc::{Announced, START_TIMEOUT};
 use std::collections::BTreeMap;
-use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -250,15 +250,6 @@ fn idbroker_help() -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
-/// An idbroker process, killed (by its own pid) on drop.
-struct Broker(Child);
-impl Drop for Broker {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// idbroker-`b`.env names only variables idbroker reads, and with only its node list and
 /// address moved to the test's, it starts a broker that serves IDs.
 fn broker_env_file_serves(b: &str, urls: &str) {
@@ -289,24 +280,16 @@ fn broker_env_file_serves(b: &str, urls: &str) {
     for (k, v) in &vars {
         cmd.env(k, v);
     }
-    let mut broker = cmd
-        .env("QLIST_NODES", urls)
-        .env("IDBROKER_LISTEN", "127.0.0.1:0")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map(Broker)
-        .expect("start idbroker");
-    let mut line = String::new();
-    BufReader::new(broker.0.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("read idbroker stdout");
-    let addr = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap_or_else(|| panic!("{name}: idbroker did not start: {line:?}"))
-        .to_string();
-    let next = idctl(&["next", "--broker", &addr]);
+    let broker = Announced::start(
+        cmd.env("QLIST_NODES", urls)
+            .env("IDBROKER_LISTEN", "127.0.0.1:0")
+            .stderr(Stdio::inherit()),
+        &["listening on "],
+        START_TIMEOUT,
+    )
+    .unwrap_or_else(|e| panic!("{name}: {e}"));
+    let addr = broker.addr();
+    let next = idctl(&["next", "--broker", addr]);
     assert!(next.status.success(), "{name}: {}", text(&next));
 }
 

@@ -5,9 +5,10 @@
 mod common;
 use common::{idbroker_bin, text};
 use idtools::cluster::LocalQuorum;
-use std::io::{BufRead, BufReader, Read};
+use idtools::proc::{Announced, START_TIMEOUT};
+use std::io::Read;
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Command, Output, Stdio};
 
 const PASSWORD: &str = "Env-Pw-51d0-never-print";
 
@@ -262,15 +263,6 @@ fn a_bad_variable_is_named_without_its_value() {
     assert!(!text(&out).contains(PASSWORD), "{}", text(&out));
 }
 
-/// An idbroker process, killed (by its own pid) on drop.
-struct Broker(Child);
-impl Drop for Broker {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
 /// Every line of `stderr` as a JSON object; panics on one that is not.
 fn json_lines(stderr: &str) -> Vec<serde_json::Value> {
     stderr
@@ -292,37 +284,25 @@ fn message(v: &serde_json::Value) -> &str {
 fn log_format_json_makes_every_stderr_line_json() {
     let q = LocalQuorum::temp(3).expect("cannot start redis-server quorum");
     // The flag: a broker that serves, then stops on SIGTERM.
-    let mut broker = command(
-        &idbroker_bin(),
-        &["--log-format", "json", "--listen", "127.0.0.1:0"],
-        &[("QLIST_NODES", &q.urls_arg()), ("RUST_LOG", "info")],
+    let mut broker = Announced::start(
+        command(
+            &idbroker_bin(),
+            &["--log-format", "json", "--listen", "127.0.0.1:0"],
+            &[("QLIST_NODES", &q.urls_arg()), ("RUST_LOG", "info")],
+        )
+        .stderr(Stdio::piped()),
+        &["listening on "],
+        START_TIMEOUT,
     )
-    .stdout(Stdio::piped())
-    .stderr(Stdio::piped())
-    .spawn()
-    .map(Broker)
-    .expect("start idbroker");
-    let mut line = String::new();
-    BufReader::new(broker.0.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("read idbroker stdout");
-    let addr = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap_or_else(|| panic!("idbroker did not start: {line:?}"))
-        .to_string();
-    let next = run(idctl_bin(), &["next", "--broker", &addr], &[]);
+    .expect("idbroker starts");
+    let next = run(idctl_bin(), &["next", "--broker", broker.addr()], &[]);
     assert_eq!(reserved(&next), 1);
-    let pid = libc::pid_t::try_from(broker.0.id()).expect("pid");
-    // SAFETY: kill(2) on the pid of our own child, which we have not reaped yet.
-    assert_eq!(unsafe { libc::kill(pid, libc::SIGTERM) }, 0);
-    let status = broker.0.wait().expect("wait for idbroker");
+    broker.signal(libc::SIGTERM);
+    let status = broker.wait().expect("wait for idbroker");
     assert!(status.success(), "idbroker exited {status}");
     let mut logs = String::new();
     broker
-        .0
-        .stderr
-        .take()
+        .take_stderr()
         .expect("stderr")
         .read_to_string(&mut logs)
         .expect("read idbroker stderr");

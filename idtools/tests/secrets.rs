@@ -8,19 +8,11 @@
 mod common;
 use common::{idbroker_bin, idctl, text};
 use idtools::cluster::LocalQuorum;
-use std::io::{BufRead, BufReader, Read};
-use std::process::{Child, Command, Stdio};
+use idtools::proc::{Announced, START_TIMEOUT};
+use std::io::Read;
+use std::process::{Command, Stdio};
 
 const PASSWORD: &str = "Pw-7f3a9c-do-not-print";
-
-/// An idbroker process, killed (by its own pid) on drop.
-struct Broker(Child);
-impl Drop for Broker {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
 
 /// Sets a password on every node of `q` (they start without one).
 async fn require_password(q: &LocalQuorum) {
@@ -68,23 +60,16 @@ async fn no_output_of_a_failing_run_carries_a_node_password() {
     assert!(text(&check).contains(":***@127.0.0.1:"), "{}", text(&check));
     assert_no_password("idctl check", &text(&check));
 
-    let mut broker = Command::new(idbroker_bin())
-        .args(["--listen", "127.0.0.1:0", "--nodes", &urls])
-        .env("RUST_LOG", "debug")
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .map(Broker)
-        .expect("start idbroker");
-    let mut line = String::new();
-    BufReader::new(broker.0.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("read idbroker stdout");
-    let addr = line
-        .trim()
-        .strip_prefix("listening on ")
-        .unwrap_or_else(|| panic!("idbroker did not start: {line:?}"))
-        .to_string();
+    let mut broker = Announced::start(
+        Command::new(idbroker_bin())
+            .args(["--listen", "127.0.0.1:0", "--nodes", &urls])
+            .env("RUST_LOG", "debug")
+            .stderr(Stdio::piped()),
+        &["listening on "],
+        START_TIMEOUT,
+    )
+    .expect("idbroker starts");
+    let addr = broker.addr().to_string();
     let next = idctl(&["next", "--broker", &addr]);
     assert!(next.status.success(), "{}", text(&next));
 
@@ -115,13 +100,10 @@ async fn no_output_of_a_failing_run_carries_a_node_password() {
     assert!(text(&next).contains("no quorum"), "{}", text(&next));
     assert_no_password("idctl next --broker (the broker's reply)", &text(&next));
 
-    let _ = broker.0.kill();
-    let _ = broker.0.wait();
+    broker.kill();
     let mut logs = String::new();
     broker
-        .0
-        .stderr
-        .take()
+        .take_stderr()
         .expect("stderr")
         .read_to_string(&mut logs)
         .expect("read idbroker stderr");
