@@ -24,8 +24,8 @@ pub const MAGIC: [u8; 4] = *b"QIDB";
 
 /// The protocol version this code speaks. The broker refuses any other. Version 2 added
 /// [`ServerMsg::Redirect`] and the leader and window fields of [`BrokerStats`]; version 3
-/// the `token` of [`ClientMsg::Hello`].
-pub const VERSION: u32 = 3;
+/// the `token` of [`ClientMsg::Hello`]; version 4 [`BrokerStats::forwarded`].
+pub const VERSION: u32 = 4;
 
 /// The [`ServerMsg::Refused`] reason for a Hello whose token is missing or wrong (the
 /// broker has `--auth-token-file`). It never says what was sent.
@@ -153,6 +153,9 @@ pub struct BrokerStats {
     pub leader: Option<String>,
     /// Requests answered with a redirect to the leader.
     pub redirects: u64,
+    /// RESP requests a follower forwarded to the leader and answered with its reply
+    /// (version 4).
+    pub forwarded: u64,
     /// Window serving (`--serve window`): the current target window size, majority reads
     /// that confirmed a batch and that found another writer, contiguous reservations won
     /// and lost, and IDs of dead windows never served (holes).
