@@ -306,7 +306,7 @@ mod tests {
         });
         assert_eq!(
             bytes,
-            [13, 0, 0, 0, 0, 0, 0, 0, b'Q', b'I', b'D', b'B', 3, 0, 0, 0, 0]
+            [13, 0, 0, 0, 0, 0, 0, 0, b'Q', b'I', b'D', b'B', 4, 0, 0, 0, 0]
         );
         let bytes = frame(&ClientMsg::Hello {
             magic: MAGIC,
@@ -314,7 +314,7 @@ mod tests {
             token: Some("s3".into()),
         });
         let mut want = vec![
-            23, 0, 0, 0, 0, 0, 0, 0, b'Q', b'I', b'D', b'B', 3, 0, 0, 0, 1,
+            23, 0, 0, 0, 0, 0, 0, 0, b'Q', b'I', b'D', b'B', 4, 0, 0, 0, 1,
         ];
         want.extend_from_slice(&2u64.to_le_bytes());
         want.extend_from_slice(b"s3");
@@ -370,9 +370,9 @@ mod tests {
             max_count: 1_048_576,
             max_in_flight: 1024,
         });
-        // docs/wire-protocol.md shows these bytes: 14000000 00000000 03000000
+        // docs/wire-protocol.md shows these bytes: 14000000 00000000 04000000
         // 0000100000000000 00040000.
-        let mut want = vec![20, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0];
+        let mut want = vec![20, 0, 0, 0, 0, 0, 0, 0, 4, 0, 0, 0];
         want.extend_from_slice(&1_048_576u64.to_le_bytes());
         want.extend_from_slice(&1024u32.to_le_bytes());
         assert_eq!(bytes, want);
