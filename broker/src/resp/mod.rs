@@ -459,7 +459,7 @@ impl Reader<'_> {
         let deadline = Instant::now() + requested;
         stats.requests.fetch_add(1, Relaxed);
         tokio::spawn(async move {
-            let msg = match forward.next_ids(count, deadline, requested).await {
+            let (msg, permit) = match forward.next_ids(count, deadline, requested).await {
                 Forwarded::Local => {
                     let pending = Pending {
                         id: seq,
@@ -469,54 +469,37 @@ impl Reader<'_> {
                         reply: out_tx.clone(),
                         permit: Some(permit),
                     };
-                    let Err(refused) = batch_tx.send(pending).await else {
-                        return;
-                    };
-                    // The batcher stopped (the broker is shutting down).
-                    let failure = idproto::NodeFailure {
-                        addr: "idbroker".into(),
-                        reason: "broker is shutting down; the request was not started".into(),
-                    };
-                    let error = IdError::BrokersUnavailable {
-                        failures: vec![failure],
-                    };
-                    let p = refused.0;
-                    stats.requests_failed.fetch_add(1, Relaxed);
-                    let msg = ServerMsg::Failed { id: seq, error };
-                    let _ = out_tx
-                        .send(Outgoing {
-                            msg,
-                            permit: p.permit,
-                        })
-                        .await;
-                    return;
+                    match batch_tx.send(pending).await {
+                        Ok(()) => return, // the batcher answers it
+                        Err(refused) => {
+                            stats.requests_failed.fetch_add(1, Relaxed);
+                            let error = shutting_down();
+                            (ServerMsg::Failed { id: seq, error }, refused.0.permit)
+                        }
+                    }
                 }
                 Forwarded::Ids(range) => {
                     stats.forwarded.fetch_add(1, Relaxed);
                     stats.requests_ok.fetch_add(1, Relaxed);
-                    ServerMsg::ids(seq, range)
+                    (ServerMsg::ids(seq, range), Some(permit))
                 }
                 Forwarded::Failed(error) => {
                     stats.forwarded.fetch_add(1, Relaxed);
                     stats.requests_failed.fetch_add(1, Relaxed);
-                    ServerMsg::Failed { id: seq, error }
+                    (ServerMsg::Failed { id: seq, error }, Some(permit))
                 }
                 Forwarded::NoLeader => {
                     stats.requests_failed.fetch_add(1, Relaxed);
                     // Answered as "no leader is known now (an election is under way)".
-                    ServerMsg::Redirect {
+                    let msg = ServerMsg::Redirect {
                         id: seq,
                         leader: None,
-                    }
+                    };
+                    (msg, Some(permit))
                 }
             };
             // Only a connection that is gone refuses it: nobody is left to tell.
-            let _ = out_tx
-                .send(Outgoing {
-                    msg,
-                    permit: Some(permit),
-                })
-                .await;
+            let _ = out_tx.send(Outgoing { msg, permit }).await;
         });
     }
 
@@ -537,6 +520,18 @@ impl Reader<'_> {
             .send(local)
             .await
             .map_err(|_| RespError::WriterGone)
+    }
+}
+
+/// The error of a request this broker would serve itself after its batcher stopped.
+fn shutting_down() -> IdError {
+    let failure = idproto::NodeFailure {
+        addr: "idbroker".into(),
+        reason: "broker is shutting down; the request was not started, retry on another broker"
+            .into(),
+    };
+    IdError::BrokersUnavailable {
+        failures: vec![failure],
     }
 }
 
