@@ -56,6 +56,13 @@ pub trait RoundSource: Send + Sync + 'static {
     fn redirect(&self) -> Option<Option<String>> {
         None
     }
+
+    /// The election this source serves under, if any: while it does not lead, RESP
+    /// `QLIST.NEXT` requests are forwarded to the leader it names (`broker/src/forward.rs`).
+    /// The default takes part in none.
+    fn election(&self) -> Option<Arc<crate::leader::Election>> {
+        None
+    }
 }
 
 impl RoundSource for QuorumClient {

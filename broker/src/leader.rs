@@ -39,7 +39,7 @@ use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::Notify;
+use tokio::sync::{watch, Notify};
 use tokio::task::JoinHandle;
 use tokio::time::{sleep_until, Instant};
 
@@ -235,20 +235,38 @@ pub struct Election {
     leading: AtomicBool,
     redirects: AtomicU64,
     elections: AtomicU64,
+    /// This broker's own address (`--advertise`): never a leader to forward to while it
+    /// does not lead (a heartbeat of its own from before a restart can name it).
+    advertise: String,
+    /// Every change of `status`, for whoever waits for a leader (RESP forwarding).
+    changes: watch::Sender<Status>,
 }
 
 impl Election {
-    fn new() -> Election {
+    pub(crate) fn new(advertise: String) -> Election {
+        let status = Status {
+            role: Role::Follower,
+            term: 0,
+            leader: None,
+        };
         Election {
-            status: Mutex::new(Status {
-                role: Role::Follower,
-                term: 0,
-                leader: None,
-            }),
+            status: Mutex::new(status.clone()),
             leading: AtomicBool::new(false),
             redirects: AtomicU64::new(0),
             elections: AtomicU64::new(0),
+            advertise,
+            changes: watch::channel(status).0,
         }
+    }
+
+    /// This broker's advertised address.
+    pub fn advertise(&self) -> &str {
+        &self.advertise
+    }
+
+    /// Sees every later change of [`Election::status`] (the current one is marked seen).
+    pub fn subscribe(&self) -> watch::Receiver<Status> {
+        self.changes.subscribe()
     }
 
     /// Where the election stands now.
@@ -283,7 +301,7 @@ impl Election {
         self.status.lock().unwrap_or_else(|p| p.into_inner())
     }
 
-    fn set(&self, role: Role, term: u64, leader: Option<String>) {
+    pub(crate) fn set(&self, role: Role, term: u64, leader: Option<String>) {
         let mut s = self.lock();
         if s.role != role || s.term != term || s.leader != leader {
             tracing::info!(
@@ -293,7 +311,12 @@ impl Election {
                 "election"
             );
         }
-        *s = Status { role, term, leader };
+        let new = Status { role, term, leader };
+        if *s != new {
+            // Under the lock, so waiters see changes in the order they were made.
+            self.changes.send_replace(new.clone());
+        }
+        *s = new;
         self.leading.store(role == Role::Leader, Relaxed);
     }
 }
@@ -547,7 +570,7 @@ impl<Q: WindowQuorum> LeaderSource<Q> {
         config: ElectionConfig,
     ) -> Result<LeaderSource<Q>, String> {
         config.validate()?;
-        let election = Arc::new(Election::new());
+        let election = Arc::new(Election::new(config.advertise.clone()));
         let heartbeat = config.heartbeat;
         let resign = {
             let quorum = quorum.clone();
@@ -626,6 +649,10 @@ impl<Q: WindowQuorum> RoundSource for LeaderSource<Q> {
         let leader = self.election.lock().leader.clone();
         self.election.redirects.fetch_add(1, Relaxed);
         Some(leader)
+    }
+
+    fn election(&self) -> Option<Arc<Election>> {
+        Some(self.election.clone())
     }
 }
 

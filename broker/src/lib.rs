@@ -28,6 +28,7 @@
 
 pub mod batcher;
 mod conn;
+mod forward;
 pub mod leader;
 pub mod metrics;
 mod resp;
@@ -298,6 +299,7 @@ pub async fn run_with<S: RoundSource>(
         let source = source.clone();
         Arc::new(move || source.redirect())
     };
+    let election = source.election();
     let batcher = tokio::spawn(batcher::run(
         source,
         batch_rx,
@@ -307,8 +309,13 @@ pub async fn run_with<S: RoundSource>(
     ));
     let logger = tokio::spawn(log_stats(stats.clone(), config.stats_interval));
     let (done_tx, mut done_rx) = mpsc::channel::<()>(1);
+    // Only RESP requests are forwarded (binary clients follow redirects themselves).
+    let forward = election
+        .filter(|_| resp.is_some())
+        .map(|election| Arc::new(forward::Forwarder::new(election, &config)));
     let mut acceptor = Acceptor::new(config, stats.clone(), batch_tx, stopping, done_tx);
     acceptor.redirect = Some(redirect);
+    acceptor.forward = forward;
     tracing::info!(listen = %name, "broker serving");
     if let Some(addr) = resp.as_ref().and_then(|l| l.local_addr().ok()) {
         tracing::info!(listen = %addr, "broker serving RESP");
@@ -349,6 +356,9 @@ struct Acceptor {
     next_conn: u64,
     /// The source's redirect check (none: serve everything).
     redirect: Option<conn::Redirect>,
+    /// Forwarding of RESP requests to the leader, when the source takes part in an
+    /// election.
+    forward: Option<Arc<forward::Forwarder>>,
 }
 
 impl Acceptor {
@@ -365,6 +375,7 @@ impl Acceptor {
             conns: Arc::default(),
             next_conn: 0,
             redirect: None,
+            forward: None,
             config,
             stats,
             batch_tx,
@@ -444,9 +455,10 @@ impl Acceptor {
         lock(&self.conns).insert(key, state.clone());
         let conns = self.conns.clone();
         let done = self.done.clone();
+        let forward = self.forward.clone();
         tokio::spawn(async move {
             if is_resp {
-                resp::serve(stream, peer, ctx, state).await;
+                resp::serve(stream, peer, ctx, state, forward).await;
             } else {
                 conn::serve(stream, peer, ctx, state).await;
             }

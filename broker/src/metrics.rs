@@ -283,6 +283,12 @@ impl Collector for BrokerMetrics {
         )?;
         counter(
             e,
+            "qlist_broker_forwarded",
+            "RESP requests a follower forwarded to the leader (also counted by outcome)",
+            s.forwarded,
+        )?;
+        counter(
+            e,
             "qlist_broker_ids",
             "IDs handed out (holes excluded)",
             s.ids,

@@ -24,8 +24,8 @@ pub const MAGIC: [u8; 4] = *b"QIDB";
 
 /// The protocol version this code speaks. The broker refuses any other. Version 2 added
 /// [`ServerMsg::Redirect`] and the leader and window fields of [`BrokerStats`]; version 3
-/// the `token` of [`ClientMsg::Hello`].
-pub const VERSION: u32 = 3;
+/// the `token` of [`ClientMsg::Hello`]; version 4 [`BrokerStats::forwarded`].
+pub const VERSION: u32 = 4;
 
 /// The [`ServerMsg::Refused`] reason for a Hello whose token is missing or wrong (the
 /// broker has `--auth-token-file`). It never says what was sent.
@@ -153,6 +153,9 @@ pub struct BrokerStats {
     pub leader: Option<String>,
     /// Requests answered with a redirect to the leader.
     pub redirects: u64,
+    /// RESP requests a follower forwarded to the leader and answered with its reply
+    /// (version 4).
+    pub forwarded: u64,
     /// Window serving (`--serve window`): the current target window size, majority reads
     /// that confirmed a batch and that found another writer, contiguous reservations won
     /// and lost, and IDs of dead windows never served (holes).
@@ -303,7 +306,7 @@ mod tests {
         });
         assert_eq!(
             bytes,
-            [13, 0, 0, 0, 0, 0, 0, 0, b'Q', b'I', b'D', b'B', 3, 0, 0, 0, 0]
+            [13, 0, 0, 0, 0, 0, 0, 0, b'Q', b'I', b'D', b'B', 4, 0, 0, 0, 0]
         );
         let bytes = frame(&ClientMsg::Hello {
             magic: MAGIC,
@@ -311,7 +314,7 @@ mod tests {
             token: Some("s3".into()),
         });
         let mut want = vec![
-            23, 0, 0, 0, 0, 0, 0, 0, b'Q', b'I', b'D', b'B', 3, 0, 0, 0, 1,
+            23, 0, 0, 0, 0, 0, 0, 0, b'Q', b'I', b'D', b'B', 4, 0, 0, 0, 1,
         ];
         want.extend_from_slice(&2u64.to_le_bytes());
         want.extend_from_slice(b"s3");
@@ -367,9 +370,9 @@ mod tests {
             max_count: 1_048_576,
             max_in_flight: 1024,
         });
-        // docs/wire-protocol.md shows these bytes: 14000000 00000000 03000000
+        // docs/wire-protocol.md shows these bytes: 14000000 00000000 04000000
         // 0000100000000000 00040000.
-        let mut want = vec![20, 0, 0, 0, 0, 0, 0, 0, 3, 0, 0, 0];
+        let mut want = vec![20, 0, 0, 0, 0, 0, 0, 0, 4, 0, 0, 0];
         want.extend_from_slice(&1_048_576u64.to_le_bytes());
         want.extend_from_slice(&1024u32.to_le_bytes());
         assert_eq!(bytes, want);

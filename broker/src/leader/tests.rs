@@ -320,7 +320,7 @@ async fn of_two_leaders_the_lower_term_steps_down() {
             isolated: AtomicBool::new(false),
             failing_reads: Default::default(),
         });
-        let shared = Arc::new(Election::new());
+        let shared = Arc::new(Election::new(addr.to_string()));
         let mut m = Machine::new(view, config(addr), shared.clone(), Arc::new(Notify::new()));
         m.role = Role::Leader;
         m.term = term;

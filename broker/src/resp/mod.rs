@@ -19,17 +19,25 @@
 //! told why (`-ERR ...`) and closed; a client that pipelines without reading stops being
 //! read at the in-flight cap.
 //!
+//! Followers: on a broker that does not lead (leader election), `QLIST.NEXT` is
+//! forwarded to the leader ([`crate::forward`]) by a task of its own that holds the
+//! request's in-flight permit and sequence number, so its reply takes its place in
+//! order like any other, and later requests wait for it at most until its deadline.
+//!
 //! Inline commands (`PING\r\n` typed into telnet) are refused rather than supported: no
 //! Redis client sends them, and the RESP decoder is the only parser here.
 
 mod command;
 mod reply;
 
-use crate::batcher::Outgoing;
+use crate::batcher::{Outgoing, Pending};
 use crate::conn::{self, ConnState, Ctx};
+use crate::forward::{Forwarded, Forwarder};
 use crate::stats::Stats;
 use crate::BrokerConfig;
 use command::{command, Action, Session};
+use idproto::wire::ServerMsg;
+use idproto::IdError;
 use redis_protocol::resp2::decode::decode;
 use redis_protocol::resp2::types::OwnedFrame as Frame2;
 use reply::{echo, server_reply, Proto, Reply};
@@ -122,12 +130,26 @@ struct Local {
 /// Serves one RESP connection until the peer leaves (or says `QUIT`), misbehaves, idles
 /// out, is evicted or the broker stops, and every request it sent has been answered.
 /// Never fails: problems are logged.
-pub(crate) async fn serve(stream: TcpStream, peer: SocketAddr, ctx: Ctx, state: Arc<ConnState>) {
+/// `forward`: the broker takes part in an election; `QLIST.NEXT` is forwarded to the
+/// leader while it does not lead.
+pub(crate) async fn serve(
+    stream: TcpStream,
+    peer: SocketAddr,
+    ctx: Ctx,
+    state: Arc<ConnState>,
+    forward: Option<Arc<Forwarder>>,
+) {
     let stats = ctx.stats.clone();
-    conn::counted(&stats, peer, "RESP connection", handle(stream, ctx, state)).await;
+    let work = handle(stream, ctx, state, forward);
+    conn::counted(&stats, peer, "RESP connection", work).await;
 }
 
-async fn handle(stream: TcpStream, ctx: Ctx, state: Arc<ConnState>) -> Result<(), RespError> {
+async fn handle(
+    stream: TcpStream,
+    ctx: Ctx,
+    state: Arc<ConnState>,
+    forward: Option<Arc<Forwarder>>,
+) -> Result<(), RespError> {
     let _ = stream.set_nodelay(true);
     let (rd, wr) = stream.into_split();
     let slots = ctx.config.max_in_flight_per_conn + CONTROL_SLOTS;
@@ -152,6 +174,7 @@ async fn handle(stream: TcpStream, ctx: Ctx, state: Arc<ConnState>) -> Result<()
         local_tx,
         ctx: &ctx,
         state: &state,
+        forward,
         session: Session {
             authenticated: ctx.config.auth_token.is_none(),
             proto: Proto::Resp2,
@@ -227,6 +250,7 @@ struct Reader<'a> {
     local_tx: mpsc::Sender<Local>,
     ctx: &'a Ctx,
     state: &'a ConnState,
+    forward: Option<Arc<Forwarder>>,
     session: Session,
 }
 
@@ -390,10 +414,13 @@ impl Reader<'_> {
         self.seq += 1;
         let token = self.ctx.config.auth_token.as_ref();
         match command(&args, &self.session, &self.ctx.stats, token) {
-            Action::Next(count) => {
-                // Deadline 0: the broker's default, as for a binary client sending none.
-                conn::next_ids(&self.out_tx, self.ctx, (seq, count, 0), permit).await?;
-            }
+            Action::Next(count) => match self.forwarding(count) {
+                Some(forward) => self.forward(forward, seq, count, permit),
+                None => {
+                    // Deadline 0: the broker's default, as for a binary client sending none.
+                    conn::next_ids(&self.out_tx, self.ctx, (seq, count, 0), permit).await?;
+                }
+            },
             Action::Reply(reply, switch) => {
                 self.session.proto = switch.unwrap_or(self.session.proto);
                 self.local(seq, reply, switch, permit).await?;
@@ -409,6 +436,71 @@ impl Reader<'_> {
             }
         }
         Ok(Next::Continue)
+    }
+
+    /// The forwarder, when this request goes to the leader: this broker takes part in an
+    /// election and does not lead, and `count` is valid (a bad one is answered here).
+    fn forwarding(&self, count: u64) -> Option<Arc<Forwarder>> {
+        let valid = (1..=self.ctx.config.max_count).contains(&count);
+        self.forward
+            .as_ref()
+            .filter(|f| valid && !f.leading())
+            .cloned()
+    }
+
+    /// Forwards request `seq` to the leader in a task of its own, which answers it (in
+    /// order, by the writer) with the leader's reply, or queues it for this broker's own
+    /// batcher if it leads by then. It holds the request's in-flight permit throughout.
+    fn forward(&self, forward: Arc<Forwarder>, seq: u64, count: u64, permit: OwnedSemaphorePermit) {
+        let ctx = self.ctx;
+        let (stats, batch_tx, out_tx) =
+            (ctx.stats.clone(), ctx.batch_tx.clone(), self.out_tx.clone());
+        let requested = ctx.config.default_deadline;
+        let deadline = Instant::now() + requested;
+        stats.requests.fetch_add(1, Relaxed);
+        tokio::spawn(async move {
+            let (msg, permit) = match forward.next_ids(count, deadline, requested).await {
+                Forwarded::Local => {
+                    let pending = Pending {
+                        id: seq,
+                        count,
+                        deadline,
+                        requested,
+                        reply: out_tx.clone(),
+                        permit: Some(permit),
+                    };
+                    match batch_tx.send(pending).await {
+                        Ok(()) => return, // the batcher answers it
+                        Err(refused) => {
+                            stats.requests_failed.fetch_add(1, Relaxed);
+                            let error = shutting_down();
+                            (ServerMsg::Failed { id: seq, error }, refused.0.permit)
+                        }
+                    }
+                }
+                Forwarded::Ids(range) => {
+                    stats.forwarded.fetch_add(1, Relaxed);
+                    stats.requests_ok.fetch_add(1, Relaxed);
+                    (ServerMsg::ids(seq, range), Some(permit))
+                }
+                Forwarded::Failed(error) => {
+                    stats.forwarded.fetch_add(1, Relaxed);
+                    stats.requests_failed.fetch_add(1, Relaxed);
+                    (ServerMsg::Failed { id: seq, error }, Some(permit))
+                }
+                Forwarded::NoLeader => {
+                    stats.requests_failed.fetch_add(1, Relaxed);
+                    // Answered as "no leader is known now (an election is under way)".
+                    let msg = ServerMsg::Redirect {
+                        id: seq,
+                        leader: None,
+                    };
+                    (msg, Some(permit))
+                }
+            };
+            // Only a connection that is gone refuses it: nobody is left to tell.
+            let _ = out_tx.send(Outgoing { msg, permit }).await;
+        });
     }
 
     async fn local(
@@ -428,6 +520,18 @@ impl Reader<'_> {
             .send(local)
             .await
             .map_err(|_| RespError::WriterGone)
+    }
+}
+
+/// The error of a request this broker would serve itself after its batcher stopped.
+fn shutting_down() -> IdError {
+    let failure = idproto::NodeFailure {
+        addr: "idbroker".into(),
+        reason: "broker is shutting down; the request was not started, retry on another broker"
+            .into(),
+    };
+    IdError::BrokersUnavailable {
+        failures: vec![failure],
     }
 }
 

@@ -188,8 +188,10 @@ pub(super) fn server_reply(msg: ServerMsg) -> Reply {
             Reply::Bulk(hi.to_string().into_bytes()),
         ]),
         ServerMsg::Failed { error, .. } => Reply::err(format!("ERR {error}")),
-        // Plain Redis clients follow no redirect. Forwarding the request to the leader
-        // instead is the next step (issue 14).
+        // Plain Redis clients follow no redirect: a follower forwards their requests
+        // (crate::forward). This is left for a broker that stepped down between the
+        // check and the queueing of a request, and, with no leader, for a forward that
+        // found none within its deadline.
         ServerMsg::Redirect {
             leader: Some(leader),
             ..

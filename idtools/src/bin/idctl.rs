@@ -441,11 +441,12 @@ async fn broker_stats(addr: String, token: Option<idclient::Token>) -> Result<()
         .await
         .with_context(|| format!("broker {addr}"))?;
     println!(
-        "role {}  term {}  leader {}  redirects {}",
+        "role {}  term {}  leader {}  redirects {}  forwarded {}",
         s.role,
         s.term,
         s.leader.as_deref().unwrap_or("-"),
-        s.redirects
+        s.redirects,
+        s.forwarded
     );
     println!(
         "uptime_ms {}  connections {} open / {} total / {} dropped",
@@ -500,6 +501,7 @@ async fn broker_stats(addr: String, token: Option<idclient::Token>) -> Result<()
         "term": s.term,
         "leader": s.leader,
         "redirects": s.redirects,
+        "forwarded": s.forwarded,
         "window_size": s.window_size,
         "confirmations": s.confirmations,
         "confirmations_failed": s.confirmations_failed,

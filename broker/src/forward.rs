@@ -1,0 +1,310 @@
+//! RESP on a follower: `QLIST.NEXT` forwarded to the leader (DESIGN.md, "Leader and
+//! followers"; docs/wire-protocol.md, RESP).
+//!
+//! A binary client that asks a follower is redirected and resends to the leader itself
+//! ([`BrokerClient`] does). Plain Redis clients follow no redirect, so a
+//! follower serves their `QLIST.NEXT` by asking the leader over the binary protocol, with
+//! a [`BrokerClient`] it keeps per leader (made on first use, replaced when the election
+//! names another leader), presenting its own `--auth-token-file` token (the brokers of
+//! one quorum share it) and the request's remaining deadline. The cost is one extra hop.
+//!
+//! Where a request goes is decided from the election's status ([`route`]): this broker
+//! leads: its own batcher; a leader other than itself is known: forwarded; none is known
+//! (an election under way), or only this broker's own address (a heartbeat from before
+//! a restart): it waits, within the deadline, for the status to change. A forward in
+//! flight is abandoned when the status names another route (a new leader, or this broker
+//! itself) and the request goes there: its first wire request's outcome is unknown, so its
+//! IDs, if any, become a hole and are never handed out (the [`BrokerClient`] drops a
+//! reply no caller waits for).
+//!
+//! No forwarding loop is possible: only RESP requests are forwarded, and they reach the
+//! leader over the BINARY protocol, which a broker never forwards: a broker that is not
+//! the leader (anymore) answers a binary request with a redirect, which the
+//! [`BrokerClient`] follows or, naming nobody it knows, retries within the deadline.
+//!
+//! Order and guarantees: the forwarded request is sent after the RESP request arrived and
+//! its reply is written after the leader answered, so the leader's real-time order holds
+//! for it as for any client; the RESP connection puts the reply back in request order.
+
+use crate::leader::{Election, Role, Status};
+use crate::BrokerConfig;
+use idclient::broker_client::{BrokerClient, BrokerClientConfig};
+use idclient::{IdError, IdRange};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::sync::OnceCell;
+use tokio::time::{timeout_at, Instant};
+
+/// Where a `QLIST.NEXT` goes, given the election's status.
+#[derive(Debug, PartialEq, Eq)]
+pub(crate) enum Route {
+    /// This broker leads: its own batcher serves it.
+    Local,
+    /// Forwarded to this leader (its advertised binary address).
+    Forward(String),
+    /// No leader to ask (an election is under way): wait for one.
+    Wait,
+}
+
+/// The route for `status`, on the broker advertised as `own`. Never forwards to `own`:
+/// a broker that does not lead would only redirect the request back (to itself).
+pub(crate) fn route(status: &Status, own: &str) -> Route {
+    match (&status.role, &status.leader) {
+        (Role::Leader, _) => Route::Local,
+        (_, Some(leader)) if leader != own => Route::Forward(leader.clone()),
+        _ => Route::Wait,
+    }
+}
+
+/// How a forwarded request ended.
+#[derive(Debug)]
+pub(crate) enum Forwarded {
+    /// The leader's IDs.
+    Ids(IdRange),
+    /// The leader's error, or no answer from it within the deadline.
+    Failed(IdError),
+    /// No leader was known before the deadline.
+    NoLeader,
+    /// This broker leads now: its own batcher must serve the request.
+    Local,
+}
+
+/// The client config forwarding uses: the broker's token (brokers of one quorum share
+/// it), one connection (it pipelines and coalesces every forwarded request). Every
+/// client option of the broker's own (TLS, ...) belongs here.
+pub(crate) fn forward_client_config(config: &BrokerConfig) -> BrokerClientConfig {
+    BrokerClientConfig {
+        token: config.auth_token.clone(),
+        connections: 1,
+        deadline: config.default_deadline,
+        ..BrokerClientConfig::default()
+    }
+}
+
+/// The client of the current leader, connected on first use.
+struct Target {
+    leader: String,
+    client: Arc<OnceCell<BrokerClient>>,
+}
+
+/// A follower's forwarding of RESP `QLIST.NEXT` requests (one per broker).
+pub(crate) struct Forwarder {
+    election: Arc<Election>,
+    config: BrokerClientConfig,
+    target: Mutex<Option<Target>>,
+}
+
+impl Forwarder {
+    pub(crate) fn new(election: Arc<Election>, config: &BrokerConfig) -> Forwarder {
+        Forwarder {
+            election,
+            config: forward_client_config(config),
+            target: Mutex::new(None),
+        }
+    }
+
+    /// Whether this broker leads now (its own batcher serves the request).
+    pub(crate) fn leading(&self) -> bool {
+        self.election.status().role == Role::Leader
+    }
+
+    /// The client of `leader`: the one kept if it is the current target, else a new
+    /// (not yet connected) one replacing it.
+    fn client(&self, leader: &str) -> Arc<OnceCell<BrokerClient>> {
+        // Plain replacements: a panic elsewhere cannot leave it inconsistent.
+        let mut target = self.target.lock().unwrap_or_else(|p| p.into_inner());
+        match &*target {
+            Some(t) if t.leader == leader => t.client.clone(),
+            _ => {
+                let client = Arc::new(OnceCell::new());
+                *target = Some(Target {
+                    leader: leader.to_string(),
+                    client: client.clone(),
+                });
+                client
+            }
+        }
+    }
+
+    /// `count` IDs from the leader, giving up at `deadline`; `requested` is the deadline
+    /// as a duration, for the error message.
+    pub(crate) async fn next_ids(
+        &self,
+        count: u64,
+        deadline: Instant,
+        requested: Duration,
+    ) -> Forwarded {
+        let mut changes = self.election.subscribe();
+        let own = self.election.advertise();
+        let mut status = self.election.status();
+        loop {
+            let leader = match route(&status, own) {
+                Route::Local => return Forwarded::Local,
+                Route::Forward(leader) => leader,
+                Route::Wait => {
+                    // Changes after `subscribe` are seen, so none is missed since `status`.
+                    match timeout_at(deadline, changes.changed()).await {
+                        Ok(Ok(())) => {
+                            status = changes.borrow_and_update().clone();
+                            continue;
+                        }
+                        // The election outlives every connection; a closed channel would
+                        // mean it is gone: nobody will name a leader.
+                        Ok(Err(_)) | Err(_) => return Forwarded::NoLeader,
+                    }
+                }
+            };
+            let attempt = self.ask(&leader, count, deadline, requested);
+            tokio::pin!(attempt);
+            // Runs the attempt until it ends, or the status routes the request elsewhere.
+            // A status without a leader (a follower standing for election) keeps it: the
+            // leader may well answer.
+            loop {
+                tokio::select! {
+                    r = &mut attempt => return r,
+                    changed = timeout_at(deadline, changes.changed()) => {
+                        let Ok(Ok(())) = changed else {
+                            // Deadline or no election: the attempt ends by the deadline.
+                            return attempt.await;
+                        };
+                        status = changes.borrow_and_update().clone();
+                        match route(&status, own) {
+                            Route::Forward(l) if l == leader => {}
+                            Route::Wait => {}
+                            Route::Local | Route::Forward(_) => break,
+                        }
+                    }
+                }
+            }
+            tracing::debug!(
+                from = %leader,
+                "leader changed while forwarding: the request goes to the new one"
+            );
+        }
+    }
+
+    /// One forward to `leader`, connecting its client if needed.
+    async fn ask(
+        &self,
+        leader: &str,
+        count: u64,
+        deadline: Instant,
+        requested: Duration,
+    ) -> Forwarded {
+        let cell = self.client(leader);
+        let attempt = async {
+            let client = cell
+                .get_or_try_init(|| {
+                    let mut config = self.config.clone();
+                    // Connecting (the handshake included) may take what is left.
+                    config.deadline = deadline
+                        .saturating_duration_since(Instant::now())
+                        .max(Duration::from_millis(1));
+                    BrokerClient::connect(vec![leader.to_string()], config)
+                })
+                .await?;
+            client.next_ids_until(count, deadline).await
+        };
+        match timeout_at(deadline, attempt).await {
+            Ok(Ok(range)) => Forwarded::Ids(range),
+            Ok(Err(e)) => Forwarded::Failed(e),
+            Err(_) => Forwarded::Failed(IdError::Deadline {
+                deadline: requested,
+                rounds: 0,
+            }),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn status(role: Role, leader: Option<&str>) -> Status {
+        Status {
+            role,
+            term: 1,
+            leader: leader.map(str::to_string),
+        }
+    }
+
+    #[test]
+    fn routes_follow_the_election() {
+        let own = "me:1";
+        assert_eq!(route(&status(Role::Leader, Some(own)), own), Route::Local);
+        assert_eq!(
+            route(&status(Role::Follower, Some("other:2")), own),
+            Route::Forward("other:2".into())
+        );
+        assert_eq!(route(&status(Role::Follower, None), own), Route::Wait);
+        assert_eq!(route(&status(Role::Candidate, None), own), Route::Wait);
+        // Never to itself: a follower would only redirect the request back to itself.
+        assert_eq!(route(&status(Role::Follower, Some(own)), own), Route::Wait);
+    }
+
+    fn forwarder(election: &Arc<Election>) -> Forwarder {
+        Forwarder::new(election.clone(), &BrokerConfig::default())
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn no_leader_within_the_deadline_is_no_leader() {
+        let election = Arc::new(Election::new("me:1".into()));
+        let f = forwarder(&election);
+        let requested = Duration::from_secs(2);
+        let start = Instant::now();
+        let r = f.next_ids(1, start + requested, requested).await;
+        assert!(matches!(r, Forwarded::NoLeader), "{r:?}");
+        assert_eq!(start.elapsed(), requested);
+        // Its own address named as leader while not leading is no leader either.
+        election.set(Role::Follower, 3, Some("me:1".into()));
+        let r = f.next_ids(1, Instant::now() + requested, requested).await;
+        assert!(matches!(r, Forwarded::NoLeader), "{r:?}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_request_waiting_for_a_leader_is_served_locally_once_it_leads() {
+        let election = Arc::new(Election::new("me:1".into()));
+        let f = forwarder(&election);
+        let requested = Duration::from_secs(5);
+        let wait = f.next_ids(1, Instant::now() + requested, requested);
+        let elect = async {
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            election.set(Role::Candidate, 1, None);
+            tokio::time::sleep(Duration::from_millis(300)).await;
+            election.set(Role::Leader, 1, Some("me:1".into()));
+        };
+        let (r, ()) = tokio::join!(wait, elect);
+        assert!(matches!(r, Forwarded::Local), "{r:?}");
+        assert!(f.leading());
+    }
+
+    #[tokio::test]
+    async fn a_leader_that_cannot_be_reached_fails_within_the_deadline() {
+        // A port nobody listens on: bound, then closed.
+        let addr = {
+            let l = std::net::TcpListener::bind("127.0.0.1:0").expect("bind");
+            l.local_addr().expect("addr").to_string()
+        };
+        let election = Arc::new(Election::new("me:1".into()));
+        election.set(Role::Follower, 1, Some(addr.clone()));
+        let f = forwarder(&election);
+        let requested = Duration::from_millis(300);
+        let r = f.next_ids(1, Instant::now() + requested, requested).await;
+        let Forwarded::Failed(e) = r else {
+            panic!("forwarding to {addr} gave {r:?}");
+        };
+        assert!(e.to_string().contains(&addr), "{e}");
+    }
+
+    #[test]
+    fn the_forwarding_client_presents_the_broker_token() {
+        let token = idproto::auth::Token::new("s3cret").expect("a token");
+        let config = BrokerConfig {
+            auth_token: Some(token),
+            ..BrokerConfig::default()
+        };
+        let client = forward_client_config(&config);
+        assert!(client.token.as_ref().is_some_and(|t| t.matches(b"s3cret")));
+        assert_eq!(client.deadline, config.default_deadline);
+    }
+}

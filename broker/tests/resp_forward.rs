@@ -1,0 +1,509 @@
+//! RESP on a follower: three real `idbroker` processes elect a leader on one real redis
+//! quorum; Redis clients (redis-cli, the Rust `redis` crate, a raw pipelining client)
+//! talking to a FOLLOWER's RESP port get their IDs, forwarded to the leader, in the same
+//! history as binary clients of the leader; through a kill -9 of the leader; and with an
+//! auth token the leader requires.
+
+use idclient::broker_client::{fetch_stats_with_token, BrokerClient, BrokerClientConfig};
+use idclient::{IdRange, IdSource, Token};
+use idproto::wire::BrokerStats;
+use idtools::cluster::LocalQuorum;
+use idtools::history::{check, monotonic_ns, Event};
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::time::Instant;
+
+/// An idbroker process serving binary and RESP, killed (by its pid) on drop.
+struct Broker {
+    child: Child,
+    addr: String,
+    resp: String,
+}
+
+impl Broker {
+    fn start(quorum: &LocalQuorum, extra: &[&str]) -> Broker {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_idbroker"))
+            .args(["--listen", "127.0.0.1:0", "--resp-listen", "127.0.0.1:0"])
+            .args(["--nodes", &quorum.urls_arg()])
+            .args(["--election-timeout-ms", "200", "--heartbeat-ms", "50"])
+            .args(extra)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::inherit())
+            .spawn()
+            .expect("start idbroker");
+        let stdout = child.stdout.take().expect("idbroker stdout");
+        let mut lines = BufReader::new(stdout).lines();
+        let mut line = |prefix: &str| -> Option<String> {
+            let l = lines.next()?.ok()?;
+            l.strip_prefix(prefix).map(str::to_string)
+        };
+        let (Some(addr), Some(resp)) = (line("listening on "), line("resp listening on ")) else {
+            let _ = child.kill();
+            let status = child.wait();
+            panic!("idbroker did not start with both listeners (exit {status:?})");
+        };
+        Broker { child, addr, resp }
+    }
+
+    fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Broker {
+    fn drop(&mut self) {
+        self.kill9();
+    }
+}
+
+fn quorum() -> LocalQuorum {
+    LocalQuorum::temp(3).expect("start a 3-node redis quorum (is redis-server installed?)")
+}
+
+async fn stats(addr: &str, token: Option<&Token>) -> Option<BrokerStats> {
+    tokio::time::timeout(Duration::from_secs(2), fetch_stats_with_token(addr, token))
+        .await
+        .ok()?
+        .ok()
+}
+
+/// Polls (bounded) until exactly one of `alive` leads and every other one follows it in
+/// its term; its index.
+async fn wait_settled(
+    brokers: &[Broker],
+    alive: &[usize],
+    token: Option<&Token>,
+    limit: Duration,
+) -> usize {
+    let end = Instant::now() + limit;
+    loop {
+        let mut all = Vec::new();
+        for &i in alive {
+            all.push((i, stats(&brokers[i].addr, token).await));
+        }
+        let leaders: Vec<_> = all
+            .iter()
+            .filter(|(_, s)| s.as_ref().is_some_and(|s| s.role == "leader"))
+            .collect();
+        if let [(l, Some(lead))] = leaders.as_slice() {
+            let follow = all.iter().all(|(i, s)| {
+                i == l
+                    || s.as_ref().is_some_and(|s| {
+                        s.role == "follower"
+                            && s.term == lead.term
+                            && s.leader.as_deref() == Some(brokers[*l].addr.as_str())
+                    })
+            });
+            if follow {
+                return *l;
+            }
+        }
+        let roles: Vec<_> = all
+            .iter()
+            .map(|(i, s)| (i, s.as_ref().map(|s| (s.role.clone(), s.term))))
+            .collect();
+        assert!(
+            Instant::now() < end,
+            "not settled within {limit:?}: {roles:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+#[track_caller]
+fn parse_range(lo: &str, hi: &str) -> IdRange {
+    let lo = lo.trim().parse().expect("lo is a decimal u64");
+    let hi = hi.trim().parse().expect("hi is a decimal u64");
+    IdRange { lo, hi }
+}
+
+/// `redis-cli` against `resp` (`host:port`) with `args` and `stdin`: its stdout.
+fn redis_cli(resp: &str, args: &[&str], stdin: &[u8]) -> String {
+    let (host, port) = resp.rsplit_once(':').expect("host:port");
+    let mut child = Command::new("redis-cli")
+        .args(["-h", host, "-p", port])
+        .args(args)
+        .stdin(Stdio::piped())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::inherit())
+        .spawn()
+        .expect("run redis-cli (Debian package redis-tools; scripts/deps.sh installs it)");
+    child
+        .stdin
+        .take()
+        .expect("stdin")
+        .write_all(stdin)
+        .expect("write redis-cli stdin");
+    let out = child.wait_with_output().expect("redis-cli output");
+    assert!(out.status.success(), "redis-cli {args:?}: {:?}", out.status);
+    String::from_utf8(out.stdout).expect("utf-8 output")
+}
+
+fn assert_linearizable(events: &[Event]) {
+    if let Err(v) = check(events) {
+        panic!("history check failed: {v}");
+    }
+}
+
+/// The follower's RESP port answers `QLIST.NEXT` with the leader's IDs: redis-cli, then
+/// `redis` crate callers on the follower interleaved with binary callers of the leader,
+/// all in one linearizable history; the follower reserves nothing itself and counts what
+/// it forwarded.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_followers_resp_port_serves_the_leaders_ids() {
+    let q = quorum();
+    let brokers: Vec<Broker> = (0..3).map(|_| Broker::start(&q, &[])).collect();
+    let l = wait_settled(&brokers, &[0, 1, 2], None, Duration::from_secs(10)).await;
+    let (leader, follower) = (&brokers[l], &brokers[(l + 1) % 3]);
+
+    let out = tokio::task::block_in_place(|| {
+        redis_cli(&follower.resp, &[], "QLIST.NEXT 3\n".repeat(10).as_bytes())
+    });
+    let lines: Vec<&str> = out.lines().collect();
+    let cli: Vec<IdRange> = lines.chunks(2).map(|c| parse_range(c[0], c[1])).collect();
+    assert_eq!(cli.len(), 10, "{out:?}");
+    for w in cli.windows(2) {
+        assert!(w[0].len() == 3 && w[1].lo > w[0].hi, "{cli:?}");
+    }
+
+    let binary = Arc::new(
+        BrokerClient::connect(vec![leader.addr.clone()], BrokerClientConfig::default())
+            .await
+            .expect("binary client connects"),
+    );
+    let mut resp = Vec::new();
+    for protocol in ["resp2", "resp3"] {
+        let url = format!("redis://{}/?protocol={protocol}", follower.resp);
+        let client = redis::Client::open(url).expect("redis URL");
+        let con = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("redis crate connects to the follower");
+        resp.push(con);
+    }
+    let mut tasks = Vec::new();
+    for caller in 0..16 {
+        let binary = binary.clone();
+        let mut con = resp[caller % 2].clone();
+        tasks.push(tokio::spawn(async move {
+            let mut events = Vec::new();
+            for i in 0..30 {
+                let invoke_ns = monotonic_ns();
+                let outcome = if (caller + i) % 2 == 0 {
+                    binary.next_ids(2).await.ok()
+                } else {
+                    let reply: Result<(String, String), _> =
+                        redis::cmd("QLIST.NEXT").arg(2).query_async(&mut con).await;
+                    Some(
+                        reply
+                            .map(|(lo, hi)| parse_range(&lo, &hi))
+                            .expect("a forwarded QLIST.NEXT"),
+                    )
+                };
+                events.push(Event {
+                    invoke_ns,
+                    return_ns: monotonic_ns(),
+                    outcome,
+                });
+            }
+            events
+        }));
+    }
+    let mut events = Vec::new();
+    for t in tasks {
+        events.extend(t.await.expect("caller task"));
+    }
+    assert!(
+        events.iter().all(|e| e.outcome.is_some()),
+        "a request failed"
+    );
+    assert_linearizable(&events);
+
+    let f = stats(&follower.addr, None).await.expect("follower stats");
+    let lead = stats(&leader.addr, None).await.expect("leader stats");
+    assert_eq!(f.role, "follower");
+    // 10 from redis-cli, 16 x 15 from the redis crate, all answered by the leader.
+    let forwarded = 10 + 16 * 15;
+    assert_eq!((f.forwarded, f.requests_ok), (forwarded, forwarded));
+    assert_eq!(f.ids, 0, "the follower handed out IDs of its own");
+    assert_eq!(lead.forwarded, 0);
+    // Every ID the leader handed out went to one of these callers (no hole in between).
+    assert_eq!(lead.ids, 10 * 3 + 16 * 30 * 2);
+    let cli_stats =
+        tokio::task::block_in_place(|| redis_cli(&follower.resp, &["-3", "QLIST.STATS"], b""));
+    assert!(
+        cli_stats.contains(&format!("forwarded {forwarded}\n")),
+        "{cli_stats:?}"
+    );
+}
+
+/// A raw RESP client pipelining `QLIST.NEXT 1` in batches of `BATCH` on one connection
+/// until `stop`: every reply's event (IDs or none), and the error lines it got.
+async fn pipeline(resp: String, stop: Arc<AtomicBool>) -> (Vec<Event>, Vec<String>) {
+    const BATCH: usize = 16;
+    let cmd = b"*2\r\n$10\r\nQLIST.NEXT\r\n$1\r\n1\r\n".repeat(BATCH);
+    let mut s = TcpStream::connect(&resp)
+        .await
+        .expect("connect to the follower");
+    let (mut events, mut errors) = (Vec::new(), Vec::new());
+    let mut buf = Vec::new();
+    while !stop.load(Relaxed) {
+        let invoke_ns = monotonic_ns();
+        s.write_all(&cmd).await.expect("write a pipelined batch");
+        for _ in 0..BATCH {
+            let reply = read_reply(&mut s, &mut buf).await;
+            let return_ns = monotonic_ns();
+            let outcome = match reply.as_slice() {
+                [head, lo, hi] if head == "*2" => Some(parse_range(lo, hi)),
+                [line] if line.starts_with("-ERR ") => {
+                    errors.push(line.clone());
+                    None
+                }
+                other => panic!("not a QLIST.NEXT reply: {other:?}"),
+            };
+            events.push(Event {
+                invoke_ns,
+                return_ns,
+                outcome,
+            });
+        }
+    }
+    (events, errors)
+}
+
+/// One reply: `["*2", lo, hi]` or `[error line]`. Every reply must arrive within 10 s
+/// (the broker's deadline is 5 s): the connection never hangs.
+async fn read_reply(s: &mut TcpStream, buf: &mut Vec<u8>) -> Vec<String> {
+    let end = Instant::now() + Duration::from_secs(10);
+    loop {
+        let text = String::from_utf8_lossy(buf).into_owned();
+        let lines: Vec<&str> = text.split("\r\n").collect();
+        let complete = lines.len().saturating_sub(1);
+        let need = if text.starts_with('*') { 5 } else { 1 };
+        if complete >= need {
+            let used: usize = lines[..need].iter().map(|l| l.len() + 2).sum();
+            let reply = if need == 5 {
+                vec![
+                    lines[0].to_string(),
+                    lines[2].to_string(),
+                    lines[4].to_string(),
+                ]
+            } else {
+                vec![lines[0].to_string()]
+            };
+            buf.drain(..used);
+            return reply;
+        }
+        let mut chunk = [0u8; 4096];
+        let n = tokio::time::timeout_at(end, s.read(&mut chunk))
+            .await
+            .expect("a reply within 10 s")
+            .expect("read");
+        assert!(n > 0, "the follower closed the connection: {text:?}");
+        buf.extend_from_slice(&chunk[..n]);
+    }
+}
+
+/// kill -9 of the leader while raw clients pipeline against a follower: each request gets
+/// IDs (forwarded to the new leader once elected, or served by the follower if it is
+/// elected) or a clear `-ERR`; the connection never breaks; no ID is handed out twice and
+/// real-time order holds, with binary clients of every broker in the same history.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_killed_leader_under_pipelined_resp_load_on_a_follower() {
+    let q = quorum();
+    let mut brokers: Vec<Broker> = (0..3).map(|_| Broker::start(&q, &[])).collect();
+    let l = wait_settled(&brokers, &[0, 1, 2], None, Duration::from_secs(10)).await;
+    let f = (l + 1) % 3;
+    let stop = Arc::new(AtomicBool::new(false));
+    let pipes: Vec<_> = (0..2)
+        .map(|_| tokio::spawn(pipeline(brokers[f].resp.clone(), stop.clone())))
+        .collect();
+    // Binary callers of every broker (the BrokerClient follows redirects) meanwhile.
+    let addrs: Vec<String> = brokers.iter().map(|b| b.addr.clone()).collect();
+    let binary = Arc::new(
+        BrokerClient::connect(addrs, BrokerClientConfig::default())
+            .await
+            .expect("binary client connects"),
+    );
+    let seen = Arc::new(Mutex::new(Vec::new()));
+    let callers: Vec<_> = (0..4)
+        .map(|_| {
+            let (binary, stop, seen) = (binary.clone(), stop.clone(), seen.clone());
+            tokio::spawn(async move {
+                while !stop.load(Relaxed) {
+                    let invoke_ns = monotonic_ns();
+                    let outcome = binary.next_ids(1).await.ok();
+                    let e = Event {
+                        invoke_ns,
+                        return_ns: monotonic_ns(),
+                        outcome,
+                    };
+                    seen.lock().expect("seen lock").push(e);
+                }
+            })
+        })
+        .collect();
+
+    // Forwarding under way before the kill.
+    let end = Instant::now() + Duration::from_secs(10);
+    while stats(&brokers[f].addr, None)
+        .await
+        .map_or(0, |s| s.forwarded)
+        < 100
+    {
+        assert!(Instant::now() < end, "the follower forwarded nothing");
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    brokers[l].kill9();
+    let killed_ns = monotonic_ns();
+    let alive: Vec<usize> = (0..3).filter(|&i| i != l).collect();
+    let n = wait_settled(&brokers, &alive, None, Duration::from_secs(10)).await;
+    let settled_ns = monotonic_ns();
+    let forwarded_then = stats(&brokers[f].addr, None)
+        .await
+        .map_or(0, |s| s.forwarded);
+    // Requests invoked after the new leader settled are served (bounded wait).
+    let end = Instant::now() + Duration::from_secs(10);
+    let served_after = |events: &[Event]| {
+        events
+            .iter()
+            .any(|e| e.invoke_ns > settled_ns && e.outcome.is_some())
+    };
+    loop {
+        let f_stats = stats(&brokers[f].addr, None).await;
+        let done = f_stats.is_some_and(|s| s.requests_ok > 0)
+            && served_after(&seen.lock().expect("seen lock"));
+        if done {
+            break;
+        }
+        assert!(Instant::now() < end, "nothing served after the new leader");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    let forwarded_now = stats(&brokers[f].addr, None)
+        .await
+        .map_or(0, |s| s.forwarded);
+    stop.store(true, Relaxed);
+
+    let mut events = std::mem::take(&mut *seen.lock().expect("seen lock"));
+    for c in callers {
+        c.await.expect("binary caller");
+    }
+    events.extend(std::mem::take(&mut *seen.lock().expect("seen lock")));
+    let mut resp_events = Vec::new();
+    let mut errors = Vec::new();
+    for p in pipes {
+        let (ev, err) = p.await.expect("pipelining client");
+        resp_events.extend(ev);
+        errors.extend(err);
+    }
+    let after: Vec<&Event> = resp_events
+        .iter()
+        .filter(|e| e.invoke_ns > settled_ns)
+        .collect();
+    assert!(
+        after.iter().any(|e| e.outcome.is_some()),
+        "no RESP request on the follower was served after the new leader (broker {n}) settled"
+    );
+    // Errors say what happened: no leader yet, or the old leader unreachable in time.
+    for e in &errors {
+        let clear = e.contains("not the leader")
+            || e.contains("no broker reachable")
+            || e.contains("deadline");
+        assert!(clear, "unclear error: {e}");
+    }
+    let failed_before_kill = resp_events
+        .iter()
+        .filter(|e| e.return_ns < killed_ns && e.outcome.is_none())
+        .count();
+    assert_eq!(failed_before_kill, 0, "errors before the kill: {errors:?}");
+    if n != f {
+        // Still a follower: it forwards to the new leader.
+        assert!(
+            forwarded_now > forwarded_then,
+            "nothing forwarded to the new leader"
+        );
+    }
+    eprintln!(
+        "RESP on the follower through the kill: {} served, {} errors ({:?}); the new \
+         leader is {}",
+        resp_events.iter().filter(|e| e.outcome.is_some()).count(),
+        errors.len(),
+        errors.first(),
+        if n == f {
+            "that follower"
+        } else {
+            "the other follower"
+        }
+    );
+    events.extend(resp_events);
+    assert_linearizable(&events);
+}
+
+/// A quorum whose brokers require a token: the follower presents its own to the leader,
+/// and its RESP clients still have to `AUTH` to it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_with_a_token_forwards_to_a_leader_requiring_it() {
+    let q = quorum();
+    let dir = tempfile::tempdir().expect("temp dir");
+    let secret = "forward-s3cret";
+    let path = dir.path().join("token");
+    write_private(&path, secret);
+    let file = path.to_str().expect("utf-8 path");
+    let token = Token::new(secret).expect("token");
+    let brokers: Vec<Broker> = (0..3)
+        .map(|_| Broker::start(&q, &["--auth-token-file", file]))
+        .collect();
+    let l = wait_settled(&brokers, &[0, 1, 2], Some(&token), Duration::from_secs(10)).await;
+    let follower = &brokers[(l + 1) % 3];
+
+    let url = format!("redis://:{secret}@{}/", follower.resp);
+    let mut con = redis::Client::open(url)
+        .expect("redis URL")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("redis crate connects with AUTH");
+    let mut ranges = Vec::new();
+    for _ in 0..20 {
+        let (lo, hi): (String, String) = redis::cmd("QLIST.NEXT")
+            .arg(4)
+            .query_async(&mut con)
+            .await
+            .expect("a forwarded QLIST.NEXT with the token");
+        ranges.push(parse_range(&lo, &hi));
+    }
+    for w in ranges.windows(2) {
+        assert!(w[0].len() == 4 && w[1].lo > w[0].hi, "{ranges:?}");
+    }
+    // Without AUTH the follower refuses, as Redis with requirepass does.
+    let out = tokio::task::block_in_place(|| redis_cli(&follower.resp, &["QLIST.NEXT"], b""));
+    assert!(out.contains("NOAUTH"), "{out:?}");
+    let f = stats(&follower.addr, Some(&token))
+        .await
+        .expect("follower stats");
+    assert_eq!((f.role.as_str(), f.forwarded), ("follower", 20));
+    let lead = stats(&brokers[l].addr, Some(&token))
+        .await
+        .expect("leader stats");
+    assert_eq!(lead.ids, 20 * 4);
+}
+
+/// Writes `content` to a new file readable by its owner only.
+fn write_private(path: &Path, content: &str) {
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create_new(true)
+        .mode(0o600)
+        .open(path)
+        .expect("create the token file");
+    f.write_all(content.as_bytes())
+        .expect("write the token file");
+}
