@@ -9,9 +9,10 @@ use idclient::{IdRange, IdSource, Token};
 use idproto::wire::BrokerStats;
 use idtools::cluster::LocalQuorum;
 use idtools::history::{check, monotonic_ns, Event};
-use std::io::{BufRead, BufReader, Write};
+use idtools::proc::{Announced, START_TIMEOUT};
+use std::io::Write;
 use std::path::Path;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -21,45 +22,33 @@ use tokio::time::Instant;
 
 /// An idbroker process serving binary and RESP, killed (by its pid) on drop.
 struct Broker {
-    child: Child,
+    proc: Announced,
     addr: String,
     resp: String,
 }
 
 impl Broker {
     fn start(quorum: &LocalQuorum, extra: &[&str]) -> Broker {
-        let mut child = Command::new(env!("CARGO_BIN_EXE_idbroker"))
-            .args(["--listen", "127.0.0.1:0", "--resp-listen", "127.0.0.1:0"])
-            .args(["--nodes", &quorum.urls_arg()])
-            .args(["--election-timeout-ms", "200", "--heartbeat-ms", "50"])
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(Stdio::inherit())
-            .spawn()
-            .expect("start idbroker");
-        let stdout = child.stdout.take().expect("idbroker stdout");
-        let mut lines = BufReader::new(stdout).lines();
-        let mut line = |prefix: &str| -> Option<String> {
-            let l = lines.next()?.ok()?;
-            l.strip_prefix(prefix).map(str::to_string)
-        };
-        let (Some(addr), Some(resp)) = (line("listening on "), line("resp listening on ")) else {
-            let _ = child.kill();
-            let status = child.wait();
-            panic!("idbroker did not start with both listeners (exit {status:?})");
-        };
-        Broker { child, addr, resp }
+        let proc = Announced::start(
+            Command::new(env!("CARGO_BIN_EXE_idbroker"))
+                .args(["--listen", "127.0.0.1:0", "--resp-listen", "127.0.0.1:0"])
+                .args(["--nodes", &quorum.urls_arg()])
+                .args(["--election-timeout-ms", "200", "--heartbeat-ms", "50"])
+                .args(extra)
+                .stderr(Stdio::inherit()),
+            &["listening on ", "resp listening on "],
+            START_TIMEOUT,
+        )
+        .expect("idbroker starts with both listeners");
+        Broker {
+            addr: proc.addr().to_string(),
+            resp: proc.value(1).to_string(),
+            proc,
+        }
     }
 
     fn kill9(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-impl Drop for Broker {
-    fn drop(&mut self) {
-        self.kill9();
+        self.proc.kill();
     }
 }
 
