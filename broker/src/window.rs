@@ -50,7 +50,10 @@ pub const MIN_WINDOW: u64 = 256;
 pub const MAX_WINDOW: u64 = 1 << 20;
 
 /// A window holds what the broker serves in about this many reservation round times.
-pub const ROUNDS_OF_DEMAND: u64 = 4;
+/// Each reservation is an fsync'd write on every node: at four, reservations cost the
+/// nodes more CPU than every confirmation together (BENCHMARKS.md); a dead window costs
+/// at most this much demand in holes.
+pub const ROUNDS_OF_DEMAND: u64 = 32;
 
 /// Time a background reservation may take.
 const RESERVE_TIMEOUT: Duration = Duration::from_secs(2);
