@@ -8,6 +8,7 @@
 //! - [`mod@bench`]: the closed-loop load driver behind `idctl bench` and the fault tests.
 //! - [`failover`]: leader failover under load, measured (`idctl failover`).
 //! - [`chart`]: the benchmark sweep as an SVG picture (`idctl chart`, BENCHMARKS.md).
+//! - [`pki`]: throwaway certificates for the TLS tests.
 //!
 //! The binary `idctl` (src/bin/idctl.rs) is the command-line face of them all.
 
@@ -16,4 +17,5 @@ pub mod chart;
 pub mod cluster;
 pub mod failover;
 pub mod history;
+pub mod pki;
 pub mod sim;

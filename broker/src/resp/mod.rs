@@ -28,8 +28,10 @@ mod reply;
 use crate::batcher::Outgoing;
 use crate::conn::{self, ConnState, Ctx};
 use crate::stats::Stats;
+use crate::tls::{self, TlsError};
 use crate::BrokerConfig;
 use command::{command, Action, Session};
+use idclient::broker_tls::{ReadHalf, WriteHalf};
 use redis_protocol::resp2::decode::decode;
 use redis_protocol::resp2::types::OwnedFrame as Frame2;
 use reply::{echo, server_reply, Proto, Reply};
@@ -39,7 +41,6 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio::time::{sleep_until, Instant};
@@ -85,6 +86,8 @@ enum RespError {
     WriterGone,
     #[error("batcher stopped")]
     BatcherGone,
+    #[error("{0}")]
+    Tls(#[from] TlsError),
 }
 
 impl RespError {
@@ -124,12 +127,21 @@ struct Local {
 /// Never fails: problems are logged.
 pub(crate) async fn serve(stream: TcpStream, peer: SocketAddr, ctx: Ctx, state: Arc<ConnState>) {
     let stats = ctx.stats.clone();
-    conn::counted(&stats, peer, "RESP connection", handle(stream, ctx, state)).await;
+    let work = async {
+        match tls::accept(stream, &ctx, &state, tls::Proto::Resp).await? {
+            Some((rd, wr)) => handle(rd, wr, ctx, state).await,
+            None => Ok(()),
+        }
+    };
+    conn::counted(&stats, peer, "RESP connection", work).await;
 }
 
-async fn handle(stream: TcpStream, ctx: Ctx, state: Arc<ConnState>) -> Result<(), RespError> {
-    let _ = stream.set_nodelay(true);
-    let (rd, wr) = stream.into_split();
+async fn handle(
+    rd: ReadHalf,
+    wr: WriteHalf,
+    ctx: Ctx,
+    state: Arc<ConnState>,
+) -> Result<(), RespError> {
     let slots = ctx.config.max_in_flight_per_conn + CONTROL_SLOTS;
     let (out_tx, out_rx) = mpsc::channel(slots);
     let (local_tx, local_rx) = mpsc::channel(slots);
@@ -197,7 +209,7 @@ async fn handle(stream: TcpStream, ctx: Ctx, state: Arc<ConnState>) -> Result<()
 /// After an error reply and our FIN: reads what the client still sends, for a moment,
 /// so that closing with unread bytes (which makes the kernel send a reset) does not
 /// destroy the error before the client has read it.
-async fn linger(rd: &mut OwnedReadHalf) {
+async fn linger(rd: &mut ReadHalf) {
     let mut sink = [0u8; READ_CHUNK];
     let mut left = LINGER_BYTES;
     let drain = async {
@@ -214,7 +226,7 @@ async fn linger(rd: &mut OwnedReadHalf) {
 /// The reading half of a connection: its buffer, the bound on the request in progress,
 /// and the sequence number the next request takes.
 struct Reader<'a> {
-    rd: OwnedReadHalf,
+    rd: ReadHalf,
     buf: Vec<u8>,
     /// Where the unread part of `buf` starts.
     start: usize,
@@ -489,7 +501,7 @@ type Held = BTreeMap<u64, (Reply, Option<Proto>, Option<OwnedSemaphorePermit>)>;
 /// Writes replies in request order, as many per write as are ready, until every sender
 /// is gone; then shuts the write side down.
 async fn write_loop(
-    mut wr: OwnedWriteHalf,
+    mut wr: WriteHalf,
     mut out_rx: mpsc::Receiver<Outgoing>,
     mut local_rx: mpsc::Receiver<Local>,
     state: Arc<ConnState>,
@@ -528,7 +540,12 @@ async fn write_loop(
         if bytes.is_empty() {
             continue;
         }
-        match tokio::time::timeout(write_timeout, wr.write_all(&bytes)).await {
+        // Flushed too: a TLS stream may hold the last record until then.
+        let write = async {
+            wr.write_all(&bytes).await?;
+            wr.flush().await
+        };
+        match tokio::time::timeout(write_timeout, write).await {
             Ok(r) => r?,
             Err(_) => return Err(RespError::WriteTimeout(write_timeout)),
         }
