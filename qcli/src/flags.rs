@@ -501,6 +501,28 @@ mod tests {
     }
 
     #[test]
+    fn broker_tls_flags_are_checked_and_name_the_file() {
+        let f = flags(&["--broker", "b:1"]).expect("parses");
+        let Source::Brokers { config, .. } = f.source.source().expect("valid") else {
+            panic!("broker mode expected")
+        };
+        assert!(config.tls.is_none(), "plain TCP by default");
+        let f = flags(&["--broker", "b:1", "--broker-tls-ca", "/no/such/ca.pem"]).expect("parses");
+        let e = f.source.source().expect_err("an unreadable CA file");
+        assert!(e.to_string().contains("/no/such/ca.pem"), "{e}");
+        for lone in [
+            &["--broker-tls-server-name", "b"][..],
+            &["--broker-tls-cert", "c.pem", "--broker-tls-key", "c.key"][..],
+            &["--broker-tls-ca", "ca.pem", "--broker-tls-cert", "c.pem"][..],
+        ] {
+            let mut args = vec!["--broker", "b:1"];
+            args.extend_from_slice(lone);
+            let e = flags(&args).expect_err("a TLS flag without the ones it needs");
+            assert_eq!(e.exit_code(), 2, "{args:?}");
+        }
+    }
+
+    #[test]
     fn defaults_are_the_client_defaults() {
         let f = flags(&["--nodes", "redis://a:1"]).expect("parses");
         let Source::Nodes(c) = f.source.source().expect("valid") else {
