@@ -205,6 +205,21 @@ async fn every_client_gets_ids_over_tls_with_the_token() {
     assert!(ranges[0].0 > ids[1], "{ranges:?}");
     assert!(ranges.windows(2).all(|w| w[1].0 > w[0].1), "{ranges:?}");
 
+    // Clients that left (without a TLS close_notify, most of them) closed normally: once
+    // only the stats connection is open, none counts as dropped.
+    let mut stats = stats;
+    for _ in 0..100 {
+        stats = fetch_stats_with(&b.addr, Some(&token), Some(&tls))
+            .await
+            .expect("stats over TLS");
+        if stats.connections_open == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    assert_eq!(stats.connections_open, 1, "{stats:?}");
+    assert_eq!(stats.connections_dropped, 0, "{stats:?}");
+
     // Loopback listeners with a token and TLS: no warning, and the token is never logged.
     let err = b.stderr();
     assert!(!err.contains("clear text"), "{err}");

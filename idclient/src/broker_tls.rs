@@ -216,7 +216,15 @@ impl AsyncRead for ReadHalf {
     ) -> Poll<io::Result<()>> {
         match self.get_mut() {
             ReadHalf::Plain(r) => Pin::new(r).poll_read(cx, buf),
-            ReadHalf::Tls(r) => Pin::new(r).poll_read(cx, buf),
+            ReadHalf::Tls(r) => match Pin::new(r).poll_read(cx, buf) {
+                // A peer that closes without TLS close_notify (most clients, on exit):
+                // an end of stream like TCP's. Both protocols delimit their messages,
+                // so a message cut short is still seen as truncated.
+                Poll::Ready(Err(e)) if e.kind() == io::ErrorKind::UnexpectedEof => {
+                    Poll::Ready(Ok(()))
+                }
+                other => other,
+            },
         }
     }
 }
