@@ -1,6 +1,7 @@
 //! One client connection: a reader (handshake, frames, timeouts, backpressure) and a
 //! writer task (batches replies into few writes, bounded by a write timeout), both over
-//! idproto's framed connection ([`idproto::framed`]), the one the broker client uses too.
+//! idproto's framed connection ([`idproto::framed`]), the one the broker client uses too,
+//! over plain TCP or TLS (`crate::tls`: the handshake comes first, in this task).
 //!
 //! Every wait of the reader is bounded: the handshake by the handshake timeout, every
 //! partial frame (header included) by the frame timeout, a connection with nothing in

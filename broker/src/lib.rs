@@ -11,7 +11,8 @@
 //! - [`run`]: the server, generic over a [`RoundSource`] (production passes
 //!   [`idclient::QuorumClient`]; tests pass fakes), stopped by a future; [`run_with`]
 //!   also serves RESP (any Redis client, `QLIST.NEXT`) on a second listener.
-//! - [`BrokerConfig`]: every limit, with defaults from the named constants below.
+//! - [`BrokerConfig`]: every limit, with defaults from the named constants below, the
+//!   token, and [`ListenTls`] (TLS on both listeners, `--listen-tls-cert`).
 //! - [`Stats`]: counters, readable over the wire (`ClientMsg::Stats`) and logged.
 //! - [`WindowSource`] (`--serve window`): batches served from confirmed windows; wrapped
 //!   in a [`LeaderSource`] ([`leader`]) it serves only while elected, and otherwise
