@@ -1,6 +1,7 @@
 //! One client connection: a reader (handshake, frames, timeouts, backpressure) and a
 //! writer task (batches replies into few writes, bounded by a write timeout), both over
-//! idproto's framed connection ([`idproto::framed`]), the one the broker client uses too.
+//! idproto's framed connection ([`idproto::framed`]), the one the broker client uses too,
+//! over plain TCP or TLS (`crate::tls`: the handshake comes first, in this task).
 //!
 //! Every wait of the reader is bounded: the handshake by the handshake timeout, every
 //! partial frame (header included) by the frame timeout, a connection with nothing in
@@ -9,9 +10,11 @@
 
 use crate::batcher::{Outgoing, Pending};
 use crate::stats::Stats;
+use crate::tls::{self, Proto, TlsError};
 use crate::BrokerConfig;
+use idclient::broker_tls::{ReadHalf, WriteHalf};
 use idclient::IdError;
-use idproto::framed::{self, FrameReader, FrameWriter, Timeouts};
+use idproto::framed::{FrameReader, FrameWriter};
 use idproto::wire::{self, ClientMsg, ServerMsg, WireError};
 use std::future::Future;
 use std::net::SocketAddr;
@@ -19,7 +22,6 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::{sleep_until, Instant};
@@ -55,6 +57,8 @@ pub(crate) enum ConnError {
     WriterGone,
     #[error("batcher stopped")]
     BatcherGone,
+    #[error("{0}")]
+    Tls(#[from] TlsError),
 }
 
 impl From<WireError> for ConnError {
@@ -87,7 +91,7 @@ impl ConnError {
 /// What the accept loop sees of a connection, to pick one to evict at the cap.
 #[derive(Debug)]
 pub(crate) struct ConnState {
-    epoch: Instant,
+    pub(crate) epoch: Instant,
     /// Milliseconds after `epoch` of the last frame read or reply written.
     last_active_ms: AtomicU64,
     /// Part of a frame is buffered: the peer is mid-message, not idle.
@@ -150,7 +154,13 @@ pub(crate) struct Ctx {
 /// problems are logged.
 pub(crate) async fn serve(stream: TcpStream, peer: SocketAddr, ctx: Ctx, state: Arc<ConnState>) {
     let stats = ctx.stats.clone();
-    counted(&stats, peer, "connection", handle(stream, ctx, state)).await;
+    let work = async {
+        match tls::accept(stream, &ctx, &state, Proto::Binary).await? {
+            Some((rd, wr)) => handle(rd, wr, ctx, state).await,
+            None => Ok(()),
+        }
+    };
+    counted(&stats, peer, "connection", work).await;
 }
 
 /// Runs one connection's `work` (of either protocol), counted open while it runs and
@@ -173,12 +183,14 @@ pub(crate) async fn counted<E: std::fmt::Display>(
     stats.connections_open.fetch_sub(1, Relaxed);
 }
 
-async fn handle(stream: TcpStream, ctx: Ctx, state: Arc<ConnState>) -> Result<(), ConnError> {
-    let timeouts = Timeouts {
-        frame: ctx.config.frame_timeout,
-        write: ctx.config.write_timeout,
-    };
-    let (mut rd, wr) = framed::split(stream, timeouts).map_err(WireError::from)?;
+async fn handle(
+    rd: ReadHalf,
+    wr: WriteHalf,
+    ctx: Ctx,
+    state: Arc<ConnState>,
+) -> Result<(), ConnError> {
+    let mut rd = FrameReader::new(rd, ctx.config.frame_timeout);
+    let wr = FrameWriter::new(wr, ctx.config.write_timeout);
     let max_in_flight = ctx.config.max_in_flight_per_conn;
     let (out_tx, out_rx) = mpsc::channel(max_in_flight + CONTROL_SLOTS);
     let writer = tokio::spawn(write_loop(wr, out_rx, state.clone()));
@@ -233,7 +245,7 @@ impl Wait {
 /// The next message, or `None` when the peer closed at a frame boundary or the broker is
 /// stopping. Every wait is bounded (see [`Wait`]). `handshake` is set for the Hello.
 async fn next_msg(
-    rd: &mut FrameReader<OwnedReadHalf>,
+    rd: &mut FrameReader<ReadHalf>,
     out_tx: &mpsc::Sender<Outgoing>,
     ctx: &Ctx,
     state: &ConnState,
@@ -295,7 +307,7 @@ async fn next_msg(
 /// Reads the Hello and answers it: `Ok(false)` if the peer left (or the broker stops)
 /// before sending it.
 async fn handshake(
-    rd: &mut FrameReader<OwnedReadHalf>,
+    rd: &mut FrameReader<ReadHalf>,
     out_tx: &mpsc::Sender<Outgoing>,
     ctx: &Ctx,
     state: &ConnState,
@@ -342,7 +354,7 @@ async fn handshake(
 
 /// Handshake, then requests until the peer leaves or the broker stops.
 async fn read_loop(
-    rd: &mut FrameReader<OwnedReadHalf>,
+    rd: &mut FrameReader<ReadHalf>,
     out_tx: &mpsc::Sender<Outgoing>,
     ctx: &Ctx,
     state: &ConnState,
@@ -434,7 +446,7 @@ async fn reply(
 /// Writes replies as they come, as many per write as are queued, until every sender is
 /// gone; then shuts the write side down.
 async fn write_loop(
-    mut wr: FrameWriter<OwnedWriteHalf>,
+    mut wr: FrameWriter<WriteHalf>,
     mut rx: mpsc::Receiver<Outgoing>,
     state: Arc<ConnState>,
 ) -> Result<(), ConnError> {
@@ -461,7 +473,7 @@ async fn write_loop(
 
 /// Encodes `msg`; a reply too large for a frame (an error listing absurdly many nodes)
 /// is replaced by a short error so the request still gets its answer.
-fn push(w: &mut FrameWriter<OwnedWriteHalf>, msg: &ServerMsg) {
+fn push(w: &mut FrameWriter<WriteHalf>, msg: &ServerMsg) {
     if let Err(e) = w.push(msg) {
         tracing::error!("reply not encodable ({e}): sending a short error instead");
         let reason = format!("reply not encodable: {e}");

@@ -11,7 +11,8 @@
 //! - [`run`]: the server, generic over a [`RoundSource`] (production passes
 //!   [`idclient::QuorumClient`]; tests pass fakes), stopped by a future; [`run_with`]
 //!   also serves RESP (any Redis client, `QLIST.NEXT`) on a second listener.
-//! - [`BrokerConfig`]: every limit, with defaults from the named constants below.
+//! - [`BrokerConfig`]: every limit, with defaults from the named constants below, the
+//!   token, and [`ListenTls`] (TLS on both listeners, `--listen-tls-cert`).
 //! - [`Stats`]: counters, readable over the wire (`ClientMsg::Stats`) and logged.
 //! - [`WindowSource`] (`--serve window`): batches served from confirmed windows; wrapped
 //!   in a [`LeaderSource`] ([`leader`]) it serves only while elected, and otherwise
@@ -33,6 +34,7 @@ pub mod leader;
 pub mod metrics;
 mod resp;
 pub mod stats;
+mod tls;
 pub mod window;
 
 pub use batcher::RoundSource;
@@ -40,6 +42,7 @@ pub use idproto::wire::BrokerStats;
 pub use leader::{ElectionConfig, ElectionQuorum, LeaderSource, QuorumElection};
 pub use resp::MAX_REQUEST_LEN as MAX_RESP_REQUEST_LEN;
 pub use stats::Stats;
+pub use tls::ListenTls;
 pub use window::{WindowMutant, WindowQuorum, WindowSource, WindowStats};
 
 use idproto::framed::FrameWriter;
@@ -154,6 +157,9 @@ pub struct BrokerConfig {
     /// The shared secret clients must present (`--auth-token-file`): in the binary
     /// Hello, and with `AUTH` on RESP. `None`: no authentication.
     pub auth_token: Option<idproto::auth::Token>,
+    /// TLS on both listeners (`--listen-tls-cert`, `--listen-tls-key`); `None`: plain
+    /// TCP.
+    pub tls: Option<ListenTls>,
 }
 
 impl Default for BrokerConfig {
@@ -175,6 +181,7 @@ impl Default for BrokerConfig {
             stats_interval: STATS_INTERVAL,
             queue_capacity: QUEUE_CAPACITY,
             auth_token: None,
+            tls: None,
         }
     }
 }
@@ -419,6 +426,10 @@ impl Acceptor {
                     _ = &mut shutdown => return,
                     room = make_room(&self.limit, &self.conns, self.config.evict_min_idle) => match room {
                         Some(p) => p,
+                        None if self.config.tls.is_some() => {
+                            tls::refuse_at_cap(peer, &self.stats);
+                            continue;
+                        }
                         None if is_resp => {
                             resp::refuse_at_cap(stream, peer, &self.refusing, &self.stats);
                             continue;

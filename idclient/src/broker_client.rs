@@ -39,6 +39,7 @@
 //! happen per wire request, as for a single caller.
 
 use crate::backoff::Backoff;
+use crate::broker_tls::{self, BrokerTls, ReadHalf, WriteHalf};
 use crate::{IdError, IdRange, IdSource};
 use idproto::auth::Token;
 use idproto::framed::{self, FrameReader, FrameWriter, Timeouts};
@@ -48,7 +49,6 @@ use std::collections::HashMap;
 use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, oneshot, watch, Semaphore};
 use tokio::time::{timeout_at, Instant};
@@ -131,6 +131,9 @@ pub struct BrokerClientConfig {
     /// The brokers' shared secret (their `--auth-token-file`), sent in every Hello;
     /// `None` sends none. Its `Debug` never shows it.
     pub token: Option<Token>,
+    /// TLS to brokers that listen with it (`idbroker --listen-tls-cert`); `None`: plain
+    /// TCP. Set it whenever a token is: otherwise the token travels in clear text.
+    pub tls: Option<BrokerTls>,
 }
 
 impl BrokerClientConfig {
@@ -153,6 +156,7 @@ impl Default for BrokerClientConfig {
             write_timeout: framed::WRITE_TIMEOUT,
             in_flight: DEFAULT_IN_FLIGHT,
             token: None,
+            tls: None,
         }
     }
 }
@@ -859,12 +863,7 @@ impl Inner {
             }
             let until = deadline.min(now + self.config.connect_timeout);
             let addr = &self.addrs[b];
-            let reason = match timeout_at(
-                until,
-                open(b, addr, self.config.timeouts(), self.config.token.as_ref()),
-            )
-            .await
-            {
+            let reason = match timeout_at(until, open(b, addr, &self.config)).await {
                 Ok(Ok(conn)) => {
                     self.preferred.store(b, Relaxed);
                     self.max_count.store(conn.max_count, Relaxed);
@@ -1016,7 +1015,7 @@ fn wire_error(addr: &str, e: WireError) -> IdError {
         }],
     };
     match e {
-        WireError::Io(e) => unreachable(e.to_string()),
+        WireError::Io(e) => unreachable(broker_tls::describe(&e)),
         e @ (WireError::FrameTimeout(_) | WireError::WriteTimeout(_)) => unreachable(e.to_string()),
         e => IdError::Protocol {
             addr: addr.to_string(),
@@ -1038,13 +1037,15 @@ fn open_failure(e: IdError) -> String {
 }
 
 /// A framed connection to `addr` after the handshake, and the broker's `max_count`.
-type Handshaken = (FrameReader<OwnedReadHalf>, FrameWriter<OwnedWriteHalf>, u64);
+type Handshaken = (FrameReader<ReadHalf>, FrameWriter<WriteHalf>, u64);
 
-/// Connects and handshakes; returns the framed connection and the broker's `max_count`.
+/// Connects (over TLS with `tls`) and handshakes; returns the framed connection and the
+/// broker's `max_count`.
 async fn handshake(
     addr: &str,
     timeouts: Timeouts,
     token: Option<&Token>,
+    tls: Option<&BrokerTls>,
 ) -> Result<Handshaken, IdError> {
     let io = |e: std::io::Error| wire_error(addr, WireError::Io(e));
     let protocol = |reason: String| IdError::Protocol {
@@ -1052,7 +1053,24 @@ async fn handshake(
         reason,
     };
     let stream = TcpStream::connect(addr).await.map_err(io)?;
-    let (mut rd, mut wr) = framed::split(stream, timeouts).map_err(io)?;
+    let (rd, wr) = match tls {
+        None => broker_tls::split_plain(stream).map_err(io)?,
+        Some(tls) => {
+            stream.set_nodelay(true).map_err(io)?;
+            let stream =
+                tls.connect(addr, stream)
+                    .await
+                    .map_err(|reason| IdError::BrokersUnavailable {
+                        failures: vec![NodeFailure {
+                            addr: addr.to_string(),
+                            reason,
+                        }],
+                    })?;
+            broker_tls::split_tls(stream)
+        }
+    };
+    let mut rd = FrameReader::new(rd, timeouts.frame);
+    let mut wr = FrameWriter::new(wr, timeouts.write);
     let hello = ClientMsg::Hello {
         magic: wire::MAGIC,
         version: wire::VERSION,
@@ -1079,13 +1097,14 @@ async fn handshake(
 }
 
 /// Opens a connection to broker `broker` at `addr` and starts its reader and writer.
-async fn open(
-    broker: usize,
-    addr: &str,
-    timeouts: Timeouts,
-    token: Option<&Token>,
-) -> Result<Conn, IdError> {
-    let (rd, wr, max_count) = handshake(addr, timeouts, token).await?;
+async fn open(broker: usize, addr: &str, config: &BrokerClientConfig) -> Result<Conn, IdError> {
+    let (rd, wr, max_count) = handshake(
+        addr,
+        config.timeouts(),
+        config.token.as_ref(),
+        config.tls.as_ref(),
+    )
+    .await?;
     let (dead, _) = watch::channel(false);
     let shared = Arc::new(Shared {
         addr: addr.to_string(),
@@ -1105,7 +1124,7 @@ async fn open(
 }
 
 /// Routes replies to their callers until the connection ends; then fails the rest.
-async fn read_loop(mut rd: FrameReader<OwnedReadHalf>, shared: Arc<Shared>) {
+async fn read_loop(mut rd: FrameReader<ReadHalf>, shared: Arc<Shared>) {
     let mut dead = shared.dead.subscribe();
     let reason = loop {
         // Cancel safe: a reply half-read when `dead` wins stays buffered (and is moot).
@@ -1139,7 +1158,7 @@ async fn read_loop(mut rd: FrameReader<OwnedReadHalf>, shared: Arc<Shared>) {
 
 /// Writes queued requests, as many per system call as are waiting.
 async fn write_loop(
-    mut wr: FrameWriter<OwnedWriteHalf>,
+    mut wr: FrameWriter<WriteHalf>,
     mut rx: mpsc::Receiver<ClientMsg>,
     shared: Arc<Shared>,
 ) {
@@ -1181,6 +1200,19 @@ pub async fn fetch_stats_with_token(
     addr: &str,
     token: Option<&Token>,
 ) -> Result<BrokerStats, IdError> {
+    fetch_stats_with(addr, token, None).await
+}
+
+/// [`fetch_stats_with_token`] from a broker that listens with TLS (`tls`).
+///
+/// # Errors
+/// As [`fetch_stats_with_token`]; [`IdError::BrokersUnavailable`] saying why for a
+/// failed TLS handshake (e.g. "certificate verification failed").
+pub async fn fetch_stats_with(
+    addr: &str,
+    token: Option<&Token>,
+    tls: Option<&BrokerTls>,
+) -> Result<BrokerStats, IdError> {
     let unavailable = |reason: String| IdError::BrokersUnavailable {
         failures: vec![NodeFailure {
             addr: addr.to_string(),
@@ -1188,7 +1220,7 @@ pub async fn fetch_stats_with_token(
         }],
     };
     let work = async {
-        let (mut rd, mut wr, _) = handshake(addr, Timeouts::default(), token).await?;
+        let (mut rd, mut wr, _) = handshake(addr, Timeouts::default(), token, tls).await?;
         wr.send(&ClientMsg::Stats { id: 1 })
             .await
             .map_err(|e| wire_error(addr, e))?;
@@ -1297,7 +1329,7 @@ mod tests {
         }
     }
 
-    async fn write(wr: &mut OwnedWriteHalf, msg: &ServerMsg) {
+    async fn write(wr: &mut tokio::net::tcp::OwnedWriteHalf, msg: &ServerMsg) {
         let mut buf = Vec::new();
         wire::encode(msg, &mut buf).expect("encode");
         wr.write_all(&buf).await.expect("fake broker write");

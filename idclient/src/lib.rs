@@ -19,6 +19,8 @@
 //! - `backoff`: the one seedable backoff of every retry loop.
 //! - [`broker_client`] (public): [`BrokerClient`](broker_client::BrokerClient), the client
 //!   of `idbroker`, with its config and `fetch_stats`.
+//! - [`broker_tls`] (public): TLS to the brokers' own listeners ([`BrokerTls`]), and a
+//!   connection's halves, plain or TLS, which the broker's connections use too.
 //!
 //! What is public, and why:
 //! - the client: [`QuorumClient`], [`ClientConfig`] (with [`TlsConfig`] and [`ClientCert`]
@@ -40,6 +42,7 @@
 
 mod backoff;
 pub mod broker_client;
+pub mod broker_tls;
 mod combine;
 mod node;
 mod quorum;
@@ -47,6 +50,7 @@ mod register;
 mod rendezvous;
 mod script;
 
+pub use broker_tls::BrokerTls;
 pub use idproto::auth::Token;
 pub use idproto::{error, IdError, IdRange, IdSource, NodeFailure};
 pub use node::heartbeat::{

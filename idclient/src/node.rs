@@ -11,7 +11,7 @@ use redis::{AsyncConnectionConfig, Value};
 use std::future::Future;
 use std::time::{Duration, Instant};
 
-mod tls;
+pub(crate) mod tls;
 pub use tls::{ClientCert, TlsConfig};
 
 /// After a failed connect, further rounds fail fast on this node for this long instead of

@@ -1,6 +1,6 @@
 //! `rediss://` nodes on real redis-server processes that speak TLS only (`--port 0
-//! --tls-port`), with certificates made here (rcgen): a CA, a server certificate for
-//! 127.0.0.1, a client certificate, and a second CA that signed none of them.
+//! --tls-port`), with throwaway certificates ([`idtools::pki`]): a CA, a server certificate
+//! for 127.0.0.1, a client certificate, and a second CA that signed none of them.
 
 use idclient::{
     ClientCert, ClientConfig, Combine, IdError, IdSource, Protocol, QuorumClient, TlsConfig,
@@ -8,85 +8,16 @@ use idclient::{
 use idtools::bench::{self, BenchConfig};
 use idtools::cluster::{LocalQuorum, TlsNodes};
 use idtools::history::check;
-use rcgen::{
-    BasicConstraints, CertificateParams, DnType, ExtendedKeyUsagePurpose, IsCa, KeyPair,
-    KeyUsagePurpose,
-};
-use std::path::{Path, PathBuf};
+use idtools::pki::Pki;
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
 /// A password in the nodes' URLs: it must never show in an error.
 const PASSWORD: &str = "tls-test-s3cret";
 
-/// The test's certificates, as PEM files in a temp dir.
-struct Pki {
-    dir: tempfile::TempDir,
-    ca: PathBuf,
-    server_cert: PathBuf,
-    server_key: PathBuf,
-    client_cert: PathBuf,
-    client_key: PathBuf,
-    /// A CA that signed nothing the nodes present.
-    other_ca: PathBuf,
-}
-
-fn ca(name: &str) -> (rcgen::Certificate, KeyPair) {
-    let key = KeyPair::generate().expect("CA key");
-    let mut params = CertificateParams::new(Vec::<String>::new()).expect("CA params");
-    params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
-    params.distinguished_name.push(DnType::CommonName, name);
-    params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
-    let cert = params.self_signed(&key).expect("self-signed CA");
-    (cert, key)
-}
-
-fn leaf(
-    sans: Vec<String>,
-    name: &str,
-    usage: ExtendedKeyUsagePurpose,
-    (ca, ca_key): &(rcgen::Certificate, KeyPair),
-) -> (String, String) {
-    let key = KeyPair::generate().expect("key");
-    let mut params = CertificateParams::new(sans).expect("params");
-    params.distinguished_name.push(DnType::CommonName, name);
-    params.extended_key_usages = vec![usage];
-    let cert = params.signed_by(&key, ca, ca_key).expect("signed");
-    (cert.pem(), key.serialize_pem())
-}
-
-fn write(dir: &Path, name: &str, pem: &str) -> PathBuf {
-    let path = dir.join(name);
-    std::fs::write(&path, pem).expect("write PEM");
-    path
-}
-
 fn pki() -> Pki {
-    let dir = tempfile::tempdir().expect("temp dir");
-    let root = ca("qlist test CA");
-    let other = ca("some other CA");
-    let (server_cert, server_key) = leaf(
-        vec!["127.0.0.1".to_string()],
-        "127.0.0.1",
-        ExtendedKeyUsagePurpose::ServerAuth,
-        &root,
-    );
-    let (client_cert, client_key) = leaf(
-        Vec::new(),
-        "qlist",
-        ExtendedKeyUsagePurpose::ClientAuth,
-        &root,
-    );
-    let d = dir.path();
-    Pki {
-        ca: write(d, "ca.pem", &root.0.pem()),
-        server_cert: write(d, "server.pem", &server_cert),
-        server_key: write(d, "server.key", &server_key),
-        client_cert: write(d, "client.pem", &client_cert),
-        client_key: write(d, "client.key", &client_key),
-        other_ca: write(d, "other-ca.pem", &other.0.pem()),
-        dir,
-    }
+    Pki::new().expect("make the test certificates")
 }
 
 fn quorum(pki: &Pki, require_client_cert: bool) -> LocalQuorum {

@@ -303,7 +303,9 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
         encode(msg, &mut self.buf)
     }
 
-    /// Writes everything buffered (nothing if the buffer is empty).
+    /// Writes everything buffered (nothing if the buffer is empty), and flushes the
+    /// stream: a TLS stream may hold the last record until flushed (a TCP one holds
+    /// nothing, so that costs it nothing).
     ///
     /// # Errors
     /// I/O errors; [`WireError::WriteTimeout`] if the peer does not take the bytes
@@ -312,7 +314,11 @@ impl<W: AsyncWrite + Unpin> FrameWriter<W> {
         if self.buf.is_empty() {
             return Ok(());
         }
-        match timeout(self.write_timeout, self.wr.write_all(&self.buf)).await {
+        let write = async {
+            self.wr.write_all(&self.buf).await?;
+            self.wr.flush().await
+        };
+        match timeout(self.write_timeout, write).await {
             Err(_) => return Err(WireError::WriteTimeout(self.write_timeout)),
             Ok(r) => r?,
         }

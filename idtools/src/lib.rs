@@ -10,6 +10,7 @@
 //! - [`chart`]: the benchmark sweep as an SVG picture (`idctl chart`, BENCHMARKS.md).
 //! - [`proc`]: child processes that announce their addresses (`idbroker`), killed by pid
 //!   on drop: for `idctl failover` and the real-process tests.
+//! - [`pki`]: throwaway certificates for the TLS tests.
 //!
 //! The binary `idctl` (src/bin/idctl.rs) is the command-line face of them all.
 
@@ -18,5 +19,6 @@ pub mod chart;
 pub mod cluster;
 pub mod failover;
 pub mod history;
+pub mod pki;
 pub mod proc;
 pub mod sim;

@@ -3,7 +3,7 @@
 use crate::exit::{usage, EXIT_CODES_HELP};
 use clap::{ArgGroup, Args, CommandFactory, FromArgMatches, ValueEnum};
 use idclient::broker_client::{self, BrokerClientConfig};
-use idclient::{ClientCert, ClientConfig, Combine, Protocol, TlsConfig};
+use idclient::{BrokerTls, ClientCert, ClientConfig, Combine, IdError, Protocol, TlsConfig};
 use std::path::PathBuf;
 use std::time::Duration;
 
@@ -285,6 +285,56 @@ pub struct BrokerArgs {
     /// every handshake; needed when the brokers require one.
     #[arg(long, value_name = "FILE")]
     pub broker_token_file: Option<std::path::PathBuf>,
+    #[command(flatten)]
+    pub tls: BrokerTlsArgs,
+}
+
+/// TLS to brokers that listen with it (their `--listen-tls-cert`): `--broker-tls-ca`,
+/// `--broker-tls-server-name`, and a client certificate for brokers that require one.
+#[derive(Debug, Clone, Args)]
+pub struct BrokerTlsArgs {
+    /// Connect to the brokers over TLS, trusting the CA(s) in this PEM file (the one that
+    /// signed their --listen-tls-cert). Needed whenever the brokers listen with TLS.
+    #[arg(long, value_name = "FILE")]
+    pub broker_tls_ca: Option<PathBuf>,
+    /// The name the brokers' certificates must be issued to (default: the host of each
+    /// broker address, a DNS name or an IP address). Needs --broker-tls-ca.
+    #[arg(long, value_name = "NAME", requires = "broker_tls_ca")]
+    pub broker_tls_server_name: Option<String>,
+    /// PEM client certificate, for brokers started with --listen-tls-client-ca. Needs
+    /// --broker-tls-ca and --broker-tls-key.
+    #[arg(long, value_name = "FILE", requires_all = ["broker_tls_key", "broker_tls_ca"])]
+    pub broker_tls_cert: Option<PathBuf>,
+    /// PEM private key of --broker-tls-cert.
+    #[arg(long, value_name = "FILE", requires = "broker_tls_cert")]
+    pub broker_tls_key: Option<PathBuf>,
+}
+
+impl BrokerTlsArgs {
+    /// The TLS settings these flags describe, files read and checked now (`None`: plain
+    /// TCP).
+    ///
+    /// # Errors
+    /// a usage error ([`crate::usage`]) naming a file that cannot be read or holds no
+    /// usable certificate or key (never a key's content), or a bad server name.
+    pub fn tls(&self) -> anyhow::Result<Option<BrokerTls>> {
+        let Some(ca) = &self.broker_tls_ca else {
+            return Ok(None);
+        };
+        let client_cert = match (&self.broker_tls_cert, &self.broker_tls_key) {
+            (Some(cert_file), Some(key_file)) => Some(ClientCert {
+                cert_file: cert_file.clone(),
+                key_file: key_file.clone(),
+            }),
+            _ => None,
+        };
+        BrokerTls::new(ca, self.broker_tls_server_name.clone(), client_cert)
+            .map(Some)
+            .map_err(|e| match e {
+                IdError::Config(m) => usage(format!("broker TLS: {m}")),
+                e => usage(format!("broker TLS: {e}")),
+            })
+    }
 }
 
 impl BrokerArgs {
@@ -319,6 +369,7 @@ impl BrokerArgs {
             connections: self.connections,
             in_flight: self.in_flight,
             token,
+            tls: self.tls.tls()?,
             ..BrokerClientConfig::default()
         })
     }
@@ -451,6 +502,28 @@ mod tests {
             let mut args = vec!["--nodes", "rediss://a:1"];
             args.extend_from_slice(half);
             let e = flags(&args).expect_err("a certificate without its key, or the reverse");
+            assert_eq!(e.exit_code(), 2, "{args:?}");
+        }
+    }
+
+    #[test]
+    fn broker_tls_flags_are_checked_and_name_the_file() {
+        let f = flags(&["--broker", "b:1"]).expect("parses");
+        let Source::Brokers { config, .. } = f.source.source().expect("valid") else {
+            panic!("broker mode expected")
+        };
+        assert!(config.tls.is_none(), "plain TCP by default");
+        let f = flags(&["--broker", "b:1", "--broker-tls-ca", "/no/such/ca.pem"]).expect("parses");
+        let e = f.source.source().expect_err("an unreadable CA file");
+        assert!(e.to_string().contains("/no/such/ca.pem"), "{e}");
+        for lone in [
+            &["--broker-tls-server-name", "b"][..],
+            &["--broker-tls-cert", "c.pem", "--broker-tls-key", "c.key"][..],
+            &["--broker-tls-ca", "ca.pem", "--broker-tls-cert", "c.pem"][..],
+        ] {
+            let mut args = vec!["--broker", "b:1"];
+            args.extend_from_slice(lone);
+            let e = flags(&args).expect_err("a TLS flag without the ones it needs");
             assert_eq!(e.exit_code(), 2, "{args:?}");
         }
     }

@@ -4,7 +4,7 @@
 //! It owns:
 //! - the ID-source flags, as clap structs to `#[command(flatten)]`: [`QuorumArgs`] (the
 //!   quorum nodes and everything [`idclient::ClientConfig`] exposes to a user),
-//!   [`BrokerArgs`] (brokers, connections), [`DeadlineArgs`] (`--deadline-ms`), and
+//!   [`BrokerArgs`] (brokers, connections, token, TLS: [`BrokerTlsArgs`]), [`DeadlineArgs`] (`--deadline-ms`), and
 //!   [`SourceArgs`], "either `--nodes` or `--broker`", turned into a [`Source`];
 //! - [`parse`]: clap parsing with per-binary defaults and the exit-code table in `--help`;
 //! - [`mod@env`]: every flag of every binary from an environment variable too
@@ -24,7 +24,7 @@ mod logging;
 
 pub use exit::{cause_of, exit, fail, id_error_cause, usage, Cause, Failure, EXIT_CODES_HELP};
 pub use flags::{
-    parse, BrokerArgs, CombineArg, DeadlineArgs, NodeList, NodeTimeouts, QuorumArgs, Source,
-    SourceArgs, TlsArgs,
+    parse, BrokerArgs, BrokerTlsArgs, CombineArg, DeadlineArgs, NodeList, NodeTimeouts, QuorumArgs,
+    Source, SourceArgs, TlsArgs,
 };
 pub use logging::{init_logging, LogFormat};

@@ -9,8 +9,8 @@
 use anyhow::Context;
 use broker::metrics::{Timed, Timings};
 use broker::{
-    BrokerConfig, ElectionConfig, LeaderSource, QuorumElection, Stats, WindowQuorum, WindowSource,
-    WindowStats,
+    BrokerConfig, ElectionConfig, LeaderSource, ListenTls, QuorumElection, Stats, WindowQuorum,
+    WindowSource, WindowStats,
 };
 use clap::Parser;
 use idclient::{ClientConfig, QuorumClient};
@@ -105,6 +105,18 @@ struct Flags {
     /// RESP. Keep the file readable by this user only. Off by default.
     #[arg(long, value_name = "FILE")]
     auth_token_file: Option<std::path::PathBuf>,
+    /// Serve both listeners (--listen and --resp-listen) over TLS with this certificate
+    /// (PEM, leaf first, then intermediates); needs --listen-tls-key. Clients then need
+    /// the CA that signed it (--broker-tls-ca of idctl and producer). Off by default.
+    #[arg(long, value_name = "FILE", requires = "listen_tls_key")]
+    listen_tls_cert: Option<std::path::PathBuf>,
+    /// The private key of --listen-tls-cert (PEM). Keep it readable by this user only.
+    #[arg(long, value_name = "FILE", requires = "listen_tls_cert")]
+    listen_tls_key: Option<std::path::PathBuf>,
+    /// With TLS: require every client to present a certificate signed by a CA in this
+    /// PEM file (--broker-tls-cert/--broker-tls-key of idctl and producer).
+    #[arg(long, value_name = "FILE", requires = "listen_tls_cert")]
+    listen_tls_client_ca: Option<std::path::PathBuf>,
 }
 
 /// How the broker serves batches (`--serve`).
@@ -153,6 +165,7 @@ impl Config {
             },
             stats_interval: Duration::from_secs(f.stats_interval_secs),
             auth_token: f.auth_token_file.as_deref().map(read_token).transpose()?,
+            tls: listen_tls(&f)?,
             ..BrokerConfig::default()
         };
         broker.validate().map_err(|e| qcli::usage(e.to_string()))?;
@@ -188,11 +201,34 @@ fn read_token(path: &std::path::Path) -> anyhow::Result<idproto::auth::Token> {
     Ok(token)
 }
 
+/// The listeners' TLS (`--listen-tls-cert`, `--listen-tls-key`, `--listen-tls-client-ca`;
+/// clap makes sure the first two come together).
+///
+/// # Errors
+/// A usage error naming the file that cannot be read or holds no usable certificate or
+/// key (never the key's content).
+fn listen_tls(f: &Flags) -> anyhow::Result<Option<ListenTls>> {
+    let (Some(cert), Some(key)) = (&f.listen_tls_cert, &f.listen_tls_key) else {
+        return Ok(None);
+    };
+    let tls = ListenTls::load(cert, key, f.listen_tls_client_ca.as_deref())
+        .map_err(|e| qcli::usage(format!("--listen-tls-cert/--listen-tls-key: {e}")))?;
+    if idproto::auth::Token::file_is_shared(key) {
+        tracing::warn!(file = %key.display(), "--listen-tls-key is readable by group or others: chmod 600 it");
+    }
+    Ok(Some(tls))
+}
+
 /// Warns when `addr` (a listener named by `flag`) is reachable from other hosts while
-/// no token is required.
+/// no token is required, or while the token is sent in clear text (no TLS).
 fn warn_if_open(flag: &str, addr: std::net::SocketAddr, config: &BrokerConfig) {
-    if config.auth_token.is_none() && !addr.ip().is_loopback() {
+    if addr.ip().is_loopback() {
+        return;
+    }
+    if config.auth_token.is_none() {
         tracing::warn!(%addr, "{flag} is not a loopback address and no --auth-token-file is set: anyone who can reach it can take IDs");
+    } else if config.tls.is_none() {
+        tracing::warn!(%addr, "{flag} is not a loopback address and has no TLS (--listen-tls-cert): the --auth-token-file token travels in clear text");
     }
 }
 

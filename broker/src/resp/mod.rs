@@ -34,8 +34,10 @@ use crate::batcher::{Outgoing, Pending};
 use crate::conn::{self, ConnState, Ctx};
 use crate::forward::{Forwarded, Forwarder};
 use crate::stats::Stats;
+use crate::tls::{self, TlsError};
 use crate::BrokerConfig;
 use command::{command, Action, Session};
+use idclient::broker_tls::{ReadHalf, WriteHalf};
 use idproto::wire::ServerMsg;
 use idproto::IdError;
 use redis_protocol::resp2::decode::decode;
@@ -47,7 +49,6 @@ use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
 use tokio::time::{sleep_until, Instant};
@@ -93,6 +94,8 @@ enum RespError {
     WriterGone,
     #[error("batcher stopped")]
     BatcherGone,
+    #[error("{0}")]
+    Tls(#[from] TlsError),
 }
 
 impl RespError {
@@ -140,18 +143,22 @@ pub(crate) async fn serve(
     forward: Option<Arc<Forwarder>>,
 ) {
     let stats = ctx.stats.clone();
-    let work = handle(stream, ctx, state, forward);
+    let work = async {
+        match tls::accept(stream, &ctx, &state, tls::Proto::Resp).await? {
+            Some((rd, wr)) => handle(rd, wr, ctx, state, forward).await,
+            None => Ok(()),
+        }
+    };
     conn::counted(&stats, peer, "RESP connection", work).await;
 }
 
 async fn handle(
-    stream: TcpStream,
+    rd: ReadHalf,
+    wr: WriteHalf,
     ctx: Ctx,
     state: Arc<ConnState>,
     forward: Option<Arc<Forwarder>>,
 ) -> Result<(), RespError> {
-    let _ = stream.set_nodelay(true);
-    let (rd, wr) = stream.into_split();
     let slots = ctx.config.max_in_flight_per_conn + CONTROL_SLOTS;
     let (out_tx, out_rx) = mpsc::channel(slots);
     let (local_tx, local_rx) = mpsc::channel(slots);
@@ -220,7 +227,7 @@ async fn handle(
 /// After an error reply and our FIN: reads what the client still sends, for a moment,
 /// so that closing with unread bytes (which makes the kernel send a reset) does not
 /// destroy the error before the client has read it.
-async fn linger(rd: &mut OwnedReadHalf) {
+async fn linger(rd: &mut ReadHalf) {
     let mut sink = [0u8; READ_CHUNK];
     let mut left = LINGER_BYTES;
     let drain = async {
@@ -237,7 +244,7 @@ async fn linger(rd: &mut OwnedReadHalf) {
 /// The reading half of a connection: its buffer, the bound on the request in progress,
 /// and the sequence number the next request takes.
 struct Reader<'a> {
-    rd: OwnedReadHalf,
+    rd: ReadHalf,
     buf: Vec<u8>,
     /// Where the unread part of `buf` starts.
     start: usize,
@@ -593,7 +600,7 @@ type Held = BTreeMap<u64, (Reply, Option<Proto>, Option<OwnedSemaphorePermit>)>;
 /// Writes replies in request order, as many per write as are ready, until every sender
 /// is gone; then shuts the write side down.
 async fn write_loop(
-    mut wr: OwnedWriteHalf,
+    mut wr: WriteHalf,
     mut out_rx: mpsc::Receiver<Outgoing>,
     mut local_rx: mpsc::Receiver<Local>,
     state: Arc<ConnState>,
@@ -632,7 +639,12 @@ async fn write_loop(
         if bytes.is_empty() {
             continue;
         }
-        match tokio::time::timeout(write_timeout, wr.write_all(&bytes)).await {
+        // Flushed too: a TLS stream may hold the last record until then.
+        let write = async {
+            wr.write_all(&bytes).await?;
+            wr.flush().await
+        };
+        match tokio::time::timeout(write_timeout, write).await {
             Ok(r) => r?,
             Err(_) => return Err(RespError::WriteTimeout(write_timeout)),
         }

@@ -77,24 +77,31 @@ impl TlsConfig {
     }
 }
 
-fn read(path: &Path, what: &str) -> Result<Vec<u8>, String> {
+/// The content of `path`, or an error naming it as `what` (never its content).
+pub(crate) fn read(path: &Path, what: &str) -> Result<Vec<u8>, String> {
     std::fs::read(path).map_err(|e| format!("{what} {}: cannot read it: {e}", path.display()))
 }
 
-/// Checks that `pem` holds at least one certificate, and only well-formed ones.
-fn certificates(pem: &[u8], path: &Path, what: &str) -> Result<(), String> {
-    let mut count = 0;
+/// The certificates in `pem` (read from `path`, named `what` in errors): at least one,
+/// and only well-formed ones.
+pub(crate) fn certificates(
+    pem: &[u8],
+    path: &Path,
+    what: &str,
+) -> Result<Vec<CertificateDer<'static>>, String> {
+    let mut certs = Vec::new();
     for cert in CertificateDer::pem_slice_iter(pem) {
-        cert.map_err(|e| format!("{what} {}: bad PEM certificate: {e}", path.display()))?;
-        count += 1;
+        certs.push(
+            cert.map_err(|e| format!("{what} {}: bad PEM certificate: {e}", path.display()))?,
+        );
     }
-    if count == 0 {
+    if certs.is_empty() {
         return Err(format!(
             "{what} {}: no PEM certificate in it (expected -----BEGIN CERTIFICATE-----)",
             path.display()
         ));
     }
-    Ok(())
+    Ok(certs)
 }
 
 /// Makes rustls' `ring` provider the process default, unless one is already installed:

@@ -87,6 +87,9 @@ enum Command {
         /// File holding the broker's shared secret (its `--auth-token-file`).
         #[arg(long, value_name = "FILE")]
         broker_token_file: Option<std::path::PathBuf>,
+        /// The broker's TLS, if it listens with TLS.
+        #[command(flatten)]
+        tls: qcli::BrokerTlsArgs,
     },
     /// Measure leader failover under load: start --brokers idbroker processes, run
     /// --clients callers over all of them, kill -9 the leader --kills times (restarting
@@ -209,6 +212,7 @@ fn run(cli: Cli) -> Result<()> {
         Command::BrokerStats {
             addr,
             broker_token_file,
+            tls,
         } => {
             let token = broker_token_file
                 .map(|path| {
@@ -216,7 +220,8 @@ fn run(cli: Cli) -> Result<()> {
                         .map_err(|e| qcli::usage(format!("--broker-token-file: {e}")))
                 })
                 .transpose()?;
-            runtime()?.block_on(broker_stats(addr, token))
+            let tls = tls.tls()?;
+            runtime()?.block_on(broker_stats(addr, token, tls))
         }
         Command::Failover {
             nodes,
@@ -436,8 +441,12 @@ async fn broker_client(
 }
 
 /// `idctl broker-stats ADDR`: the broker's counters, human-readable, then one JSON line.
-async fn broker_stats(addr: String, token: Option<idclient::Token>) -> Result<()> {
-    let s = idclient::broker_client::fetch_stats_with_token(&addr, token.as_ref())
+async fn broker_stats(
+    addr: String,
+    token: Option<idclient::Token>,
+    tls: Option<idclient::BrokerTls>,
+) -> Result<()> {
+    let s = idclient::broker_client::fetch_stats_with(&addr, token.as_ref(), tls.as_ref())
         .await
         .with_context(|| format!("broker {addr}"))?;
     println!(

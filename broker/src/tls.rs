@@ -1,0 +1,218 @@
+//! TLS on the broker's own listeners (`--listen-tls-cert`, `--listen-tls-key`, and
+//! optionally `--listen-tls-client-ca`): one layer under both protocols, binary and RESP.
+//!
+//! The TLS handshake runs in the connection's own task ([`accept`]), never in the accept
+//! loop, and within the handshake timeout counted from accept (the same budget as the
+//! binary `Hello`, which follows it): a client that opens TCP and sends nothing costs
+//! only its slot until then. A client that speaks plain TCP to a TLS listener is told so
+//! in its own protocol (a `Refused` frame, a RESP `-ERR`), in clear text, and closed.
+//!
+//! Connections then read and write through [`ReadHalf`] and [`WriteHalf`] (idclient's,
+//! the broker client's too): tokio's owned TCP halves for plain connections, as before,
+//! `tokio::io::split` halves of the TLS stream otherwise.
+
+use crate::conn::{ConnState, Ctx};
+use crate::stats::Stats;
+use idclient::broker_tls::{self, load_certs, load_key, ReadHalf, WriteHalf};
+use idproto::wire::{self, ServerMsg};
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::Ordering::Relaxed;
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::TcpStream;
+use tokio::time::{sleep, timeout, timeout_at};
+use tokio_rustls::rustls::server::WebPkiClientVerifier;
+use tokio_rustls::rustls::{RootCertStore, ServerConfig};
+use tokio_rustls::{TlsAcceptor, TlsStream};
+
+/// The first two bytes of every TLS connection: a handshake record (22), version 3.x.
+/// A binary frame cannot start so unless its length is at least 0x0316 and a RESP
+/// request starts with `*`, so a mismatch is a plain-TCP client.
+const TLS_RECORD_START: [u8; 2] = [0x16, 0x03];
+
+/// Pause between two looks at a connection whose first byte came alone.
+const PEEK_PAUSE: Duration = Duration::from_millis(10);
+
+/// How long a plain-TCP client on a TLS listener may take to receive its refusal (and
+/// is drained meanwhile, so our close does not turn into a reset that hides it).
+const REFUSE_LINGER: Duration = Duration::from_millis(500);
+
+/// The listeners' certificate and key, and the CA client certificates must chain to
+/// (if any). Its `Debug` names the files, never their contents.
+#[derive(Clone)]
+pub struct ListenTls {
+    cert_file: PathBuf,
+    client_ca_file: Option<PathBuf>,
+    acceptor: TlsAcceptor,
+}
+
+impl std::fmt::Debug for ListenTls {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ListenTls")
+            .field("cert_file", &self.cert_file)
+            .field("client_ca_file", &self.client_ca_file)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ListenTls {
+    /// Loads the certificate chain in `cert_file` (PEM, leaf first) and its private key
+    /// in `key_file`; with `client_ca_file`, clients must present a certificate that
+    /// chains to a CA in it.
+    ///
+    /// # Errors
+    /// A file that cannot be read or holds no usable certificate (or key), or a key that
+    /// does not match the certificate: named, without any of the key's content.
+    pub fn load(
+        cert_file: &Path,
+        key_file: &Path,
+        client_ca_file: Option<&Path>,
+    ) -> Result<ListenTls, String> {
+        if tokio_rustls::rustls::crypto::CryptoProvider::get_default().is_none() {
+            // Losing a race to another installer is fine: one is installed either way.
+            let _ = tokio_rustls::rustls::crypto::ring::default_provider().install_default();
+        }
+        let chain = load_certs(cert_file, "TLS certificate")?;
+        let key = load_key(key_file, "TLS key")?;
+        let builder = match client_ca_file {
+            None => ServerConfig::builder().with_no_client_auth(),
+            Some(path) => {
+                let mut roots = RootCertStore::empty();
+                for cert in load_certs(path, "TLS client CA file")? {
+                    roots.add(cert).map_err(|e| {
+                        format!("TLS client CA file {}: unusable CA: {e}", path.display())
+                    })?;
+                }
+                let verifier = WebPkiClientVerifier::builder(Arc::new(roots))
+                    .build()
+                    .map_err(|e| format!("TLS client CA file {}: {e}", path.display()))?;
+                ServerConfig::builder().with_client_cert_verifier(verifier)
+            }
+        };
+        let config = builder.with_single_cert(chain, key).map_err(|e| {
+            format!(
+                "TLS certificate {} and key {}: {e}",
+                cert_file.display(),
+                key_file.display()
+            )
+        })?;
+        Ok(ListenTls {
+            cert_file: cert_file.to_path_buf(),
+            client_ca_file: client_ca_file.map(Path::to_path_buf),
+            acceptor: TlsAcceptor::from(Arc::new(config)),
+        })
+    }
+}
+
+/// Which protocol a listener speaks: how a plain-TCP client is told that it needs TLS.
+#[derive(Debug, Clone, Copy)]
+pub(crate) enum Proto {
+    Binary,
+    Resp,
+}
+
+/// Why a connection ended before its TLS handshake completed.
+#[derive(Debug, thiserror::Error)]
+pub(crate) enum TlsError {
+    #[error("no TLS handshake within {0:?}")]
+    Timeout(Duration),
+    #[error("plain TCP on a TLS listener (told to use TLS)")]
+    NotTls,
+    #[error("evicted during the TLS handshake: the broker is at its connection cap")]
+    Evicted,
+    #[error("{0}")]
+    Handshake(String),
+    #[error("socket: {0}")]
+    Io(#[from] std::io::Error),
+}
+
+/// The connection's halves: at once for a plain listener, after the TLS handshake for
+/// a TLS one. `Ok(None)`: the client left, or the broker began stopping, first.
+///
+/// # Errors
+/// A handshake that failed, timed out, or never began (plain TCP: told so first), or
+/// the connection evicted meanwhile.
+pub(crate) async fn accept(
+    stream: TcpStream,
+    ctx: &Ctx,
+    state: &ConnState,
+    proto: Proto,
+) -> Result<Option<(ReadHalf, WriteHalf)>, TlsError> {
+    let Some(tls) = &ctx.config.tls else {
+        return Ok(Some(broker_tls::split_plain(stream)?));
+    };
+    stream.set_nodelay(true)?;
+    let limit = ctx.config.handshake_timeout;
+    let mut stopping = ctx.stopping.clone();
+    let stream = tokio::select! {
+        biased;
+        _ = stopping.wait_for(|s| *s) => return Ok(None),
+        () = state.evict.notified() => return Err(TlsError::Evicted),
+        s = timeout_at(state.epoch + limit, handshake(&tls.acceptor, stream, proto)) => match s {
+            Ok(s) => s?,
+            Err(_) => return Err(TlsError::Timeout(limit)),
+        },
+    };
+    Ok(stream.map(broker_tls::split_tls))
+}
+
+/// Waits for the client's first bytes: a TLS handshake record is accepted, anything
+/// else is told to use TLS. `Ok(None)`: closed before sending anything.
+async fn handshake(
+    acceptor: &TlsAcceptor,
+    mut stream: TcpStream,
+    proto: Proto,
+) -> Result<Option<TlsStream<TcpStream>>, TlsError> {
+    let mut first = [0u8; 2];
+    loop {
+        match stream.peek(&mut first).await? {
+            0 => return Ok(None),
+            1 if first[0] == TLS_RECORD_START[0] => sleep(PEEK_PAUSE).await,
+            _ => break,
+        }
+    }
+    if first != TLS_RECORD_START {
+        refuse_plain(&mut stream, proto).await;
+        return Err(TlsError::NotTls);
+    }
+    match acceptor.accept(stream).await {
+        Ok(s) => Ok(Some(TlsStream::Server(s))),
+        Err(e) => Err(TlsError::Handshake(broker_tls::describe(&e))),
+    }
+}
+
+/// Tells a plain-TCP client, in its protocol, that this listener speaks TLS only.
+async fn refuse_plain(stream: &mut TcpStream, proto: Proto) {
+    let reason = "this broker listens with TLS only: connect with TLS";
+    let bytes = match proto {
+        Proto::Binary => {
+            let mut out = Vec::new();
+            let refused = ServerMsg::Refused {
+                reason: format!("{reason} (--broker-tls-ca)"),
+            };
+            if wire::encode(&refused, &mut out).is_err() {
+                return;
+            }
+            out
+        }
+        Proto::Resp => format!("-ERR {reason} (redis-cli --tls --cacert FILE)\r\n").into_bytes(),
+    };
+    let refuse = async {
+        stream.write_all(&bytes).await?;
+        stream.shutdown().await?;
+        let mut sink = [0u8; 512];
+        while stream.read(&mut sink).await? > 0 {}
+        Ok::<(), std::io::Error>(())
+    };
+    let _ = timeout(REFUSE_LINGER, refuse).await;
+}
+
+/// A connection over the cap on a TLS listener: closed without a word (saying why would
+/// take a TLS handshake); its client sees the close and tries another broker.
+pub(crate) fn refuse_at_cap(peer: SocketAddr, stats: &Stats) {
+    stats.connections_total.fetch_add(1, Relaxed);
+    stats.connections_dropped.fetch_add(1, Relaxed);
+    tracing::info!(%peer, "TLS connection closed: connection cap reached");
+}
