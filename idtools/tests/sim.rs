@@ -443,6 +443,9 @@ fn add_stats(a: &mut SimStats, b: &SimStats) {
     a.pauses += b.pauses;
     a.closes += b.closes;
     a.longest_lease = a.longest_lease.max(b.longest_lease);
+    a.heartbeats += b.heartbeats;
+    a.heartbeats_refused += b.heartbeats_refused;
+    a.resigned += b.resigned;
 }
 
 /// Runs `run` for every seed and checks each history; a violation panics with the seed
@@ -892,8 +895,8 @@ type Reply = tokio::sync::oneshot::Sender<Result<IdRange, IdError>>;
 
 /// The broker's batcher in miniature: a batch is every request queued when the previous
 /// call returned, closed before the source is called; its range is split in arrival order.
-async fn mini_batcher(
-    source: Arc<WindowSource<SimWindowQuorum>>,
+async fn mini_batcher<S: RoundSource>(
+    source: Arc<S>,
     mut rx: tokio::sync::mpsc::UnboundedReceiver<(u64, Reply)>,
 ) {
     while let Some(first) = rx.recv().await {
@@ -1120,3 +1123,8 @@ fn broken_window_rules_are_caught() {
         assert!(matches!(v, Violation::RealTime { .. }), "{mutant:?}: {v}");
     }
 }
+
+// ---- Leader election (broker::leader), in tests/sim/election.rs ----------------------
+
+#[path = "sim/election.rs"]
+mod election;
