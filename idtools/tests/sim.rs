@@ -3,8 +3,12 @@
 //! duplication and node crashes, on tokio's paused clock. Every seed's history of ID
 //! requests is checked with `idtools::history::check`.
 //!
+//! The leader election (three `broker::LeaderSource`s over the simulated nodes, with
+//! broker pauses, kills and restarts) is in `sim/election.rs`, a module of this test.
+//!
 //! - `QLIST_SIM_SEEDS=N` sets how many seeds the quorum simulation runs (default
-//!   [`DEFAULT_SEEDS`]); the broker simulation runs a tenth of that.
+//!   [`DEFAULT_SEEDS`]); the other workloads run a fraction of that (their divisors:
+//!   the broker simulation a tenth, the election half).
 //! - `QLIST_SIM_SEED=S` runs only seed S (what a failure message tells you to do).
 //!
 //! A failure prints the seed; the same seed replays the same run (the test

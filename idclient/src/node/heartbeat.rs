@@ -100,7 +100,7 @@ impl Heartbeat {
 }
 
 /// The leader's heartbeat on one node, as the election sees it (the semantics of
-/// [`HEARTBEAT`], [`RESIGN`] and a GET): volatile, with an expiry, conditional on the
+/// `HEARTBEAT`, `RESIGN` and a GET): volatile, with an expiry, conditional on the
 /// term. [`Node`] (Redis) is the production implementation.
 pub trait HeartbeatNode: Register {
     /// Sets the heartbeat `hb` expiring after `ttl`, unless the node holds the heartbeat
