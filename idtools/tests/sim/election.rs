@@ -764,3 +764,76 @@ fn a_broken_election_is_caught_and_windows_keep_it_safe() {
         );
     }
 }
+
+/// The simulated nodes' heartbeat does what the Lua scripts do on Redis
+/// (`idclient/tests/heartbeat.rs` checks the same on real nodes): conditional on the
+/// term, answered with the higher one, expiring, resigned only by its own term; and it is
+/// volatile where the term register is durable: a crash loses the one, not the other.
+#[test]
+fn the_simulated_heartbeat_behaves_as_the_scripts_do() {
+    use idclient::{read_heartbeats, refresh_heartbeat, resign_heartbeat};
+    const KEY: &str = "current:leader";
+    let hb = |term, seq| Heartbeat {
+        term,
+        seq,
+        addr: advertise(term as usize),
+    };
+    runtime(false).block_on(async {
+        let config = SimConfig {
+            nodes: 3,
+            loss: 0.0,
+            duplicate: 0.0,
+            max_delay: Duration::from_millis(1),
+            ..SimConfig::default()
+        };
+        let cluster = SimCluster::new(config, 1);
+        let nodes = cluster.nodes();
+        let soon = || Instant::now() + Duration::from_secs(1);
+        let ttl = Duration::from_secs(30);
+        let all = |seen: &[Option<Heartbeat>], want: Option<Heartbeat>| {
+            seen.len() >= 2 && seen.iter().all(|h| *h == want)
+        };
+        let seen = read_heartbeats(&nodes, KEY, soon()).await.expect("read");
+        assert!(all(&seen, None), "{seen:?}");
+        let r = refresh_heartbeat(&nodes, KEY, &hb(2, 1), ttl, soon()).await;
+        assert_eq!((r.acked, r.higher, r.failures.len()), (3, None, 0));
+        let r = refresh_heartbeat(&nodes, KEY, &hb(1, 99), ttl, soon()).await;
+        assert_eq!((r.acked, r.higher), (0, Some(hb(2, 1))));
+        let r = refresh_heartbeat(&nodes, KEY, &hb(10, 1), ttl, soon()).await;
+        assert_eq!(r.acked, 3);
+        let r = refresh_heartbeat(&nodes, KEY, &hb(9, 5), ttl, soon()).await;
+        assert_eq!((r.acked, r.higher), (0, Some(hb(10, 1))));
+        // Only the term held resigns it.
+        assert_eq!(resign_heartbeat(&nodes, KEY, 1, soon()).await, 0);
+        assert_eq!(resign_heartbeat(&nodes, KEY, 10, soon()).await, 3);
+        let seen = read_heartbeats(&nodes, KEY, soon()).await.expect("read");
+        assert!(all(&seen, None), "{seen:?}");
+        // Expiry on the virtual clock.
+        let short = Duration::from_millis(100);
+        let r = refresh_heartbeat(&nodes, KEY, &hb(11, 1), short, soon()).await;
+        assert_eq!(r.acked, 3);
+        tokio::time::sleep(short).await;
+        let seen = read_heartbeats(&nodes, KEY, soon()).await.expect("read");
+        assert!(all(&seen, None), "expired: {seen:?}");
+        // A crash loses the heartbeat (volatile), never the term register (durable).
+        let terms = QuorumClient::with_nodes(
+            cluster.nodes(),
+            QuorumElection::<SimNode>::term_key("current"),
+            Protocol::Fast,
+            Duration::from_secs(1),
+        )
+        .expect("a term client");
+        assert!(terms.reserve(12, 12, soon()).await.expect("claim term 12"));
+        let r = refresh_heartbeat(&nodes, KEY, &hb(12, 1), ttl, soon()).await;
+        assert_eq!(r.acked, 3);
+        for i in 0..3 {
+            cluster.crash(i);
+            cluster.restart(i);
+        }
+        let seen = read_heartbeats(&nodes, KEY, soon()).await.expect("read");
+        assert!(all(&seen, None), "after a crash: {seen:?}");
+        assert_eq!(terms.read_max(soon()).await.expect("read terms"), 12);
+        let s = cluster.stats();
+        assert_eq!((s.heartbeats, s.heartbeats_refused, s.resigned), (12, 6, 3));
+    });
+}
