@@ -230,6 +230,9 @@ impl Run {
         let mut slots = lock(&self.slots);
         let slot = &mut slots[b];
         debug_assert!(slot.running.is_none());
+        // A new process runs at once; a killed one that was stopped stays stopped (what
+        // it had not sent yet is never sent before its pause ends).
+        slot.pause = Pause::default();
         let incarnation = slot.started;
         slot.started += 1;
         let jitter = self
