@@ -31,7 +31,10 @@
 use crate::batcher::RoundSource;
 use crate::window::{WindowQuorum, WindowSource};
 use futures::future::{BoxFuture, FutureExt};
-use idclient::{ClientConfig, Combine, Heartbeat, IdError, IdRange, Node, QuorumClient, Refresh};
+use idclient::{
+    ClientConfig, Combine, Heartbeat, HeartbeatNode, IdError, IdRange, Node, QuorumClient, Refresh,
+    Register,
+};
 use idproto::wire::BrokerStats;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -85,15 +88,19 @@ pub trait ElectionQuorum: Send + Sync + 'static {
     fn majority(&self) -> usize;
 }
 
-/// The election over real nodes: a [`QuorumClient`] on the term register `<key>:term`
-/// (its own connections, so election traffic never queues behind ID rounds), whose nodes
-/// also carry the heartbeat `<key>:leader`.
-pub struct QuorumElection {
-    terms: QuorumClient,
+/// The election over the quorum's nodes: a [`QuorumClient`] on the term register
+/// `<key>:term` (its own connections, so election traffic never queues behind ID rounds),
+/// whose nodes also carry the heartbeat `<key>:leader`.
+///
+/// Generic over the node type like [`QuorumClient`], so the deterministic simulation
+/// (`idtools/tests/sim/election.rs`) runs this very code over simulated nodes; production
+/// uses the default, [`Node`] (Redis).
+pub struct QuorumElection<N: Register = Node> {
+    terms: QuorumClient<N>,
     heartbeat_key: String,
 }
 
-impl QuorumElection {
+impl QuorumElection<Node> {
     /// Connects to the quorum `config` describes (its `key` is the ID register; the
     /// election uses `<key>:term` and `<key>:leader` beside it).
     ///
@@ -101,21 +108,36 @@ impl QuorumElection {
     /// As [`QuorumClient::connect`].
     pub async fn connect(config: &ClientConfig) -> Result<QuorumElection, IdError> {
         let mut terms = config.clone();
-        terms.key = format!("{}:term", config.key);
+        terms.key = Self::term_key(&config.key);
         // One candidate per broker, one write per election: nothing to combine.
         terms.combine = Combine::Never;
-        Ok(QuorumElection {
-            terms: QuorumClient::connect(terms).await?,
-            heartbeat_key: format!("{}:leader", config.key),
-        })
+        let terms = QuorumClient::connect(terms).await?;
+        Ok(QuorumElection::over(terms, &config.key))
+    }
+}
+
+impl<N: Register> QuorumElection<N> {
+    /// The term register's key beside the ID register `key`.
+    pub fn term_key(key: &str) -> String {
+        format!("{key}:term")
     }
 
-    fn nodes(&self) -> &[Node] {
+    /// The election of the ID register `key`'s brokers over `terms`, a client of the term
+    /// register ([`QuorumElection::term_key`]`(key)`, which it must use, combining
+    /// never), whose nodes carry the heartbeat `<key>:leader`.
+    pub fn over(terms: QuorumClient<N>, key: &str) -> QuorumElection<N> {
+        QuorumElection {
+            terms,
+            heartbeat_key: format!("{key}:leader"),
+        }
+    }
+
+    fn nodes(&self) -> &[N] {
         self.terms.nodes()
     }
 }
 
-impl ElectionQuorum for QuorumElection {
+impl<N: HeartbeatNode + 'static> ElectionQuorum for QuorumElection<N> {
     fn read_term(&self, deadline: Instant) -> impl Future<Output = Result<u64, IdError>> + Send {
         self.terms.read_max(deadline)
     }
@@ -531,7 +553,10 @@ impl<E: ElectionQuorum> Machine<E> {
             );
             return self.follow(self.term, None, &why);
         }
+        // Biased: the simulation replays a seed exactly only if nothing here draws from
+        // tokio's own (unseeded) RNG. A notification not taken now stays stored.
         tokio::select! {
+            biased;
             () = sleep_until(tick) => {}
             () = self.window_died.notified() => {
                 let deadline = Instant::now() + self.config.election_timeout;

@@ -11,7 +11,8 @@
 //!   conditional write and the read) and [`Rendezvous`] (join, close, finish, results).
 //! - `script` (the Lua scripts), `node` (one Redis node: [`Node`], implementing both).
 //! - `node::heartbeat`: the broker leader's volatile heartbeat on the nodes
-//!   ([`Heartbeat`], [`refresh_heartbeat`], [`read_heartbeats`], [`resign_heartbeat`]).
+//!   ([`Heartbeat`], [`refresh_heartbeat`], [`read_heartbeats`], [`resign_heartbeat`],
+//!   generic over [`HeartbeatNode`], what they need of one node).
 //! - `combine`: a client's subscription to batch results, and waiting for one.
 //! - `quorum`: [`QuorumClient`], the direct client. One conditional-write round per
 //!   request ([`Protocol::Fast`], the default) or read-then-write ([`Protocol::Classic`]);
@@ -30,7 +31,7 @@
 //!   [`BACKOFF_CAP`] (a CLI default), and the lease bounds [`MIN_LEASE`], [`MAX_LEASE`] and
 //!   [`SOLO_STREAK`], which tests and the simulation check behaviour against;
 //! - the node contract, for other node types (the simulation's `idtools::sim::SimNode`,
-//!   tests' fakes): [`Register`], [`Rendezvous`], [`NodeError`], [`WriteReply`],
+//!   tests' fakes): [`Register`], [`Rendezvous`], [`HeartbeatNode`], [`NodeError`], [`WriteReply`],
 //!   [`Written`] and the rendezvous types above; and the Redis node itself, [`Node`],
 //!   with what it shows ([`NodeAddr`], never a password) and reports ([`Identity`]);
 //! - the types every part shares ([`IdRange`], [`IdSource`], [`IdError`],
@@ -54,7 +55,7 @@ pub use broker_tls::BrokerTls;
 pub use idproto::auth::Token;
 pub use idproto::{error, IdError, IdRange, IdSource, NodeFailure};
 pub use node::heartbeat::{
-    read_heartbeats, refresh_heartbeat, resign_heartbeat, Heartbeat, Refresh,
+    read_heartbeats, refresh_heartbeat, resign_heartbeat, Heartbeat, HeartbeatNode, Refresh,
 };
 pub use node::{ClientCert, Identity, Node, NodeAddr, TlsConfig};
 pub use quorum::{

@@ -4,7 +4,8 @@
 //!   tests and benchmarks), and checks the server's version.
 //! - [`history`]: records ID requests and checks a history is linearizable.
 //! - [`sim`]: the deterministic simulation's in-memory node model (message loss, delay,
-//!   reordering, duplication, crashes, amnesia, mutants), driven on tokio's paused clock.
+//!   reordering, duplication, crashes, amnesia, mutants; the rendezvous, the broker
+//!   leader's heartbeat and term register), driven on tokio's paused clock.
 //! - [`mod@bench`]: the closed-loop load driver behind `idctl bench` and the fault tests.
 //! - [`failover`]: leader failover under load, measured (`idctl failover`).
 //! - [`chart`]: the benchmark sweep as an SVG picture (`idctl chart`, BENCHMARKS.md).

@@ -16,15 +16,24 @@
 //! volatile state with leases on the virtual clock, lost when the node crashes, and batch
 //! results published to subscribers through the same faulty network.
 //!
-//! [`SimNode`] implements [`Register`] and [`Rendezvous`], so the real [`idclient::QuorumClient`] runs over it
-//! unchanged. Run it on a tokio `current_thread` runtime with paused time
+//! And the broker leader's heartbeat (`idclient::node::heartbeat`): a volatile key per
+//! node with an expiry on the virtual clock, set only if the node holds no heartbeat of a
+//! higher term, lost when the node crashes (it never reaches the AOF). The election's
+//! term register is an ordinary register (`<key>:term`), durable like `<key>`.
+//!
+//! [`SimNode`] implements [`Register`], [`Rendezvous`] and [`HeartbeatNode`], so the real
+//! [`idclient::QuorumClient`] and the broker's real election (`broker::QuorumElection`)
+//! run over it unchanged. Run it on a tokio `current_thread` runtime with paused time
 //! (`start_paused = true`): delays are then virtual (a simulated second costs
 //! microseconds), and with every random choice drawn from the cluster's seeded RNG (and
 //! the clients' jitter seeded, [`idclient::QuorumClient::with_jitter_seed`]) one seed
 //! replays the same run exactly.
 
 use futures::stream::BoxStream;
-use idclient::{Close, Join, Leases, NodeError, Nonce, Register, Rendezvous, WriteReply, Written};
+use idclient::{
+    Close, Heartbeat, HeartbeatNode, Join, Leases, NodeError, Nonce, Register, Rendezvous,
+    WriteReply, Written,
+};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::collections::BTreeMap;
@@ -121,6 +130,12 @@ pub struct SimStats {
     pub closes: u64,
     /// The longest lease a `join` asked for (round or batch).
     pub longest_lease: Duration,
+    /// Heartbeats set (refreshes a node took).
+    pub heartbeats: u64,
+    /// Refreshes a node refused because it held the heartbeat of a higher term.
+    pub heartbeats_refused: u64,
+    /// Heartbeats deleted by a resigning leader.
+    pub resigned: u64,
 }
 
 #[derive(Debug)]
@@ -139,6 +154,9 @@ struct NodeState {
     /// Results subscriptions (key, sender): dropped when the node crashes, which ends
     /// the subscribers' streams as a closed connection would.
     subscribers: Vec<(String, mpsc::UnboundedSender<String>)>,
+    /// The leader's heartbeat per key, with its expiry: volatile, gone when the node
+    /// crashes (as the Redis key, kept out of the AOF).
+    heartbeats: BTreeMap<String, (Heartbeat, Instant)>,
 }
 
 /// One key's rendezvous state, with the expiry times the Redis keys would have.
@@ -204,15 +222,31 @@ enum Op {
         nonce: Nonce,
         message: String,
     },
+    Heartbeat {
+        key: String,
+        hb: Heartbeat,
+        ttl: Duration,
+    },
+    Resign {
+        key: String,
+        term: u64,
+    },
+    ReadHeartbeat {
+        key: String,
+    },
 }
 
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone)]
 enum Outcome {
     Write(WriteReply, bool),
     Read(u64),
     Join(Join),
     Close(Close),
     Finished,
+    /// A refresh: `Some(newer)` when the node held a heartbeat of a higher term.
+    Heartbeat(Option<Heartbeat>),
+    Resigned(bool),
+    ReadHeartbeat(Option<Heartbeat>),
     Down,
 }
 
@@ -228,6 +262,7 @@ impl SimCluster {
                 last_send: 0,
                 rendezvous: BTreeMap::new(),
                 subscribers: Vec::new(),
+                heartbeats: BTreeMap::new(),
             })
             .collect();
         SimCluster {
@@ -270,6 +305,7 @@ impl SimCluster {
             s.nodes[i].up = false;
             s.nodes[i].rendezvous.clear();
             s.nodes[i].subscribers.clear();
+            s.nodes[i].heartbeats.clear();
             s.stats.crashes += 1;
         }
     }
@@ -374,7 +410,60 @@ impl SimCluster {
                 self.finish(&mut s, i, key, *nonce, message, now);
                 Outcome::Finished
             }
+            Op::Heartbeat { key, hb, ttl } => {
+                Outcome::Heartbeat(Self::heartbeat(&mut s, i, key, hb, *ttl, now))
+            }
+            Op::Resign { key, term } => Outcome::Resigned(Self::resign(&mut s, i, key, *term, now)),
+            Op::ReadHeartbeat { key } => {
+                Outcome::ReadHeartbeat(Self::live_heartbeat(&mut s.nodes[i], key, now).cloned())
+            }
         }
+    }
+
+    /// The heartbeat `key` holds at `now` on `node`, dropping it if it expired.
+    fn live_heartbeat<'a>(
+        node: &'a mut NodeState,
+        key: &str,
+        now: Instant,
+    ) -> Option<&'a Heartbeat> {
+        if node.heartbeats.get(key).is_some_and(|(_, at)| *at <= now) {
+            node.heartbeats.remove(key);
+        }
+        node.heartbeats.get(key).map(|(hb, _)| hb)
+    }
+
+    /// The heartbeat script (`idclient::node::heartbeat::HEARTBEAT`) at node `i`: sets
+    /// `hb` for `ttl` unless the node holds the heartbeat of a higher term, which it
+    /// answers with.
+    fn heartbeat(
+        s: &mut State,
+        i: usize,
+        key: &str,
+        hb: &Heartbeat,
+        ttl: Duration,
+        now: Instant,
+    ) -> Option<Heartbeat> {
+        let node = &mut s.nodes[i];
+        if let Some(held) = Self::live_heartbeat(node, key, now).filter(|h| h.term > hb.term) {
+            let held = held.clone();
+            s.stats.heartbeats_refused += 1;
+            return Some(held);
+        }
+        node.heartbeats
+            .insert(key.to_string(), (hb.clone(), now + ttl));
+        s.stats.heartbeats += 1;
+        None
+    }
+
+    /// The resign script (`idclient::node::heartbeat::RESIGN`) at node `i`.
+    fn resign(s: &mut State, i: usize, key: &str, term: u64, now: Instant) -> bool {
+        let node = &mut s.nodes[i];
+        if Self::live_heartbeat(node, key, now).is_some_and(|h| h.term == term) {
+            node.heartbeats.remove(key);
+            s.stats.resigned += 1;
+            return true;
+        }
+        false
     }
 
     /// The conditional write of `lo..=hi` at node `i`, and whether another batch than
@@ -619,9 +708,7 @@ impl Register for SimNode {
         async move {
             match self.cluster.call(self.index, op).await? {
                 Outcome::Write(reply, combining) => Ok(Written { reply, combining }),
-                other => Err(NodeError::Unavailable(format!(
-                    "unexpected reply {other:?}"
-                ))),
+                other => Err(unexpected(&other)),
             }
         }
     }
@@ -633,9 +720,7 @@ impl Register for SimNode {
         async move {
             match self.cluster.call(self.index, op).await? {
                 Outcome::Read(value) => Ok(value),
-                other => Err(NodeError::Unavailable(format!(
-                    "unexpected reply {other:?}"
-                ))),
+                other => Err(unexpected(&other)),
             }
         }
     }
@@ -643,6 +728,61 @@ impl Register for SimNode {
     fn warm_up(&self) -> impl Future<Output = Result<(), NodeError>> + Send {
         std::future::ready(Ok(()))
     }
+}
+
+impl HeartbeatNode for SimNode {
+    fn heartbeat(
+        &self,
+        key: &str,
+        hb: &Heartbeat,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Option<Heartbeat>, NodeError>> + Send {
+        let op = Op::Heartbeat {
+            key: key.to_string(),
+            hb: hb.clone(),
+            ttl,
+        };
+        async move {
+            match self.cluster.call(self.index, op).await? {
+                Outcome::Heartbeat(newer) => Ok(newer),
+                other => Err(unexpected(&other)),
+            }
+        }
+    }
+
+    fn resign(&self, key: &str, term: u64) -> impl Future<Output = Result<bool, NodeError>> + Send {
+        let op = Op::Resign {
+            key: key.to_string(),
+            term,
+        };
+        async move {
+            match self.cluster.call(self.index, op).await? {
+                Outcome::Resigned(deleted) => Ok(deleted),
+                other => Err(unexpected(&other)),
+            }
+        }
+    }
+
+    fn read_heartbeat(
+        &self,
+        key: &str,
+    ) -> impl Future<Output = Result<Option<Heartbeat>, NodeError>> + Send {
+        let op = Op::ReadHeartbeat {
+            key: key.to_string(),
+        };
+        async move {
+            match self.cluster.call(self.index, op).await? {
+                Outcome::ReadHeartbeat(hb) => Ok(hb),
+                other => Err(unexpected(&other)),
+            }
+        }
+    }
+}
+
+/// A reply of another kind than the request's: a bug in the model, reported as a failed
+/// node so the client's own handling shows it.
+fn unexpected(other: &Outcome) -> NodeError {
+    NodeError::Unavailable(format!("unexpected reply {other:?}"))
 }
 
 impl Rendezvous for SimNode {
@@ -662,9 +802,7 @@ impl Rendezvous for SimNode {
         async move {
             match self.cluster.call(self.index, op).await? {
                 Outcome::Join(join) => Ok(join),
-                other => Err(NodeError::Unavailable(format!(
-                    "unexpected reply {other:?}"
-                ))),
+                other => Err(unexpected(&other)),
             }
         }
     }
@@ -683,9 +821,7 @@ impl Rendezvous for SimNode {
         async move {
             match self.cluster.call(self.index, op).await? {
                 Outcome::Close(close) => Ok(close),
-                other => Err(NodeError::Unavailable(format!(
-                    "unexpected reply {other:?}"
-                ))),
+                other => Err(unexpected(&other)),
             }
         }
     }
@@ -704,9 +840,7 @@ impl Rendezvous for SimNode {
         async move {
             match self.cluster.call(self.index, op).await? {
                 Outcome::Finished => Ok(()),
-                other => Err(NodeError::Unavailable(format!(
-                    "unexpected reply {other:?}"
-                ))),
+                other => Err(unexpected(&other)),
             }
         }
     }

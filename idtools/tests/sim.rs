@@ -3,8 +3,12 @@
 //! duplication and node crashes, on tokio's paused clock. Every seed's history of ID
 //! requests is checked with `idtools::history::check`.
 //!
+//! The leader election (three `broker::LeaderSource`s over the simulated nodes, with
+//! broker pauses, kills and restarts) is in `sim/election.rs`, a module of this test.
+//!
 //! - `QLIST_SIM_SEEDS=N` sets how many seeds the quorum simulation runs (default
-//!   [`DEFAULT_SEEDS`]); the broker simulation runs a tenth of that.
+//!   [`DEFAULT_SEEDS`]); the other workloads run a fraction of that (their divisors:
+//!   the broker simulation a tenth, the election half).
 //! - `QLIST_SIM_SEED=S` runs only seed S (what a failure message tells you to do).
 //!
 //! A failure prints the seed; the same seed replays the same run (the test
@@ -444,6 +448,9 @@ fn add_stats(a: &mut SimStats, b: &SimStats) {
     a.pauses += b.pauses;
     a.closes += b.closes;
     a.longest_lease = a.longest_lease.max(b.longest_lease);
+    a.heartbeats += b.heartbeats;
+    a.heartbeats_refused += b.heartbeats_refused;
+    a.resigned += b.resigned;
 }
 
 /// Runs `run` for every seed and checks each history; a violation panics with the seed
@@ -895,8 +902,8 @@ type Reply = tokio::sync::oneshot::Sender<Result<IdRange, IdError>>;
 /// is every request queued when fewer than [`PIPELINE`] batches are out, closed before
 /// the source is called; batches start in the order they closed, and each range is
 /// split in arrival order.
-async fn mini_batcher(
-    source: Arc<WindowSource<SimWindowQuorum>>,
+async fn mini_batcher<S: RoundSource>(
+    source: Arc<S>,
     mut rx: tokio::sync::mpsc::UnboundedReceiver<(u64, Reply)>,
 ) {
     let mut out = futures::stream::FuturesUnordered::new();
@@ -1150,3 +1157,8 @@ fn broken_window_rules_are_caught() {
         assert!(matches!(v, Violation::RealTime { .. }), "{mutant:?}: {v}");
     }
 }
+
+// ---- Leader election (broker::leader), in tests/sim/election.rs ----------------------
+
+#[path = "sim/election.rs"]
+mod election;

@@ -9,12 +9,19 @@
 //! miss it. `SEQ` grows with every refresh of one leader: a follower tells a live leader
 //! from a dead one by the heartbeat CHANGING, not by the key existing (a key outlives its
 //! leader by its expiry; a change does not).
+//!
+//! The three operations on one node are the trait [`HeartbeatNode`], which the Redis
+//! [`Node`] implements and so does the simulation's node (`idtools::sim::SimNode`): the
+//! quorum-wide functions below ([`refresh_heartbeat`], [`read_heartbeats`],
+//! [`resign_heartbeat`]) are generic over it, so the deterministic simulation runs the
+//! broker's real election over simulated nodes.
 
 use super::Node;
-use crate::register::NodeError;
+use crate::register::{NodeError, Register};
 use futures::stream::{FuturesUnordered, StreamExt};
 use idproto::{IdError, NodeFailure};
 use redis::Value;
+use std::future::Future;
 use std::sync::OnceLock;
 use std::time::Duration;
 use tokio::time::{timeout_at, Instant};
@@ -89,6 +96,60 @@ impl Heartbeat {
     /// Orders heartbeats by (term, seq): the later one of a leader, or a newer leader's.
     pub fn key(&self) -> (u64, u64) {
         (self.term, self.seq)
+    }
+}
+
+/// The leader's heartbeat on one node, as the election sees it (the semantics of
+/// `HEARTBEAT`, `RESIGN` and a GET): volatile, with an expiry, conditional on the
+/// term. [`Node`] (Redis) is the production implementation.
+pub trait HeartbeatNode: Register {
+    /// Sets the heartbeat `hb` expiring after `ttl`, unless the node holds the heartbeat
+    /// of a higher term: `Ok(None)` when set, `Ok(Some(newer))` when left alone.
+    ///
+    /// # Errors
+    /// Unavailable (the reason says why).
+    fn heartbeat(
+        &self,
+        key: &str,
+        hb: &Heartbeat,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Option<Heartbeat>, NodeError>> + Send;
+
+    /// Deletes the heartbeat if it is of `term`: `Ok(true)` when it was deleted.
+    ///
+    /// # Errors
+    /// Unavailable.
+    fn resign(&self, key: &str, term: u64) -> impl Future<Output = Result<bool, NodeError>> + Send;
+
+    /// The heartbeat the node holds now (`None`: none, expired, or not a heartbeat).
+    ///
+    /// # Errors
+    /// Unavailable.
+    fn read_heartbeat(
+        &self,
+        key: &str,
+    ) -> impl Future<Output = Result<Option<Heartbeat>, NodeError>> + Send;
+}
+
+impl HeartbeatNode for Node {
+    fn heartbeat(
+        &self,
+        key: &str,
+        hb: &Heartbeat,
+        ttl: Duration,
+    ) -> impl Future<Output = Result<Option<Heartbeat>, NodeError>> + Send {
+        Node::heartbeat(self, key, hb, ttl)
+    }
+
+    fn resign(&self, key: &str, term: u64) -> impl Future<Output = Result<bool, NodeError>> + Send {
+        Node::resign(self, key, term)
+    }
+
+    fn read_heartbeat(
+        &self,
+        key: &str,
+    ) -> impl Future<Output = Result<Option<Heartbeat>, NodeError>> + Send {
+        Node::read_heartbeat(self, key)
     }
 }
 
@@ -202,8 +263,8 @@ pub struct Refresh {
 
 /// Refreshes `hb` on every node in parallel, expiring after `ttl`, waiting for every
 /// answer until `deadline` (a node that has not answered by then counts as failed).
-pub async fn refresh_heartbeat(
-    nodes: &[Node],
+pub async fn refresh_heartbeat<N: HeartbeatNode>(
+    nodes: &[N],
     key: &str,
     hb: &Heartbeat,
     ttl: Duration,
@@ -242,7 +303,12 @@ pub async fn refresh_heartbeat(
 
 /// Deletes the heartbeat of `term` from every node that holds it, waiting for the answers
 /// until `deadline`: how many nodes deleted it.
-pub async fn resign_heartbeat(nodes: &[Node], key: &str, term: u64, deadline: Instant) -> usize {
+pub async fn resign_heartbeat<N: HeartbeatNode>(
+    nodes: &[N],
+    key: &str,
+    term: u64,
+    deadline: Instant,
+) -> usize {
     let mut pending: FuturesUnordered<_> = nodes.iter().map(|n| n.resign(key, term)).collect();
     let mut deleted = 0;
     while let Ok(Some(reply)) = timeout_at(deadline, pending.next()).await {
@@ -258,8 +324,8 @@ pub async fn resign_heartbeat(nodes: &[Node], key: &str, term: u64, deadline: In
 ///
 /// # Errors
 /// [`IdError::NoQuorum`] when too few nodes answer by `deadline`.
-pub async fn read_heartbeats(
-    nodes: &[Node],
+pub async fn read_heartbeats<N: HeartbeatNode>(
+    nodes: &[N],
     key: &str,
     deadline: Instant,
 ) -> Result<Vec<Option<Heartbeat>>, IdError> {
