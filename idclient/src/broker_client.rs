@@ -64,11 +64,12 @@ pub const DEFAULT_CONNECT_TIMEOUT: Duration = Duration::from_millis(500);
 /// a second spreads the decoding over both of the broker's threads.
 pub const DEFAULT_CONNECTIONS: usize = 2;
 
-/// Default number of wire requests a client keeps out while coalescing: two per default
-/// connection, so the broker always has the next request queued when a round ends (one
-/// would leave it idle for a client round trip), and few enough that callers arriving
-/// meanwhile share one request.
-pub const DEFAULT_IN_FLIGHT: usize = 4;
+/// Default number of wire requests a client keeps out while coalescing: one. A window
+/// broker pipelines confirmations itself (`idbroker --pipeline`), so a second request out
+/// buys little latency, and one request carrying every waiting caller costs the client,
+/// the broker and the nodes the least per ID: at 1, 16, 64 and 256 callers, 1 beat 2 and
+/// 4 in IDs/s and in p50 (BENCHMARKS.md, "Pipelined confirmations").
+pub const DEFAULT_IN_FLIGHT: usize = 1;
 
 /// Callers waiting to be coalesced. Beyond it callers wait (within their deadline) to
 /// join the queue, so a stalled broker cannot make the client queue without bound.
