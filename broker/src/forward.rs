@@ -70,11 +70,12 @@ pub(crate) enum Forwarded {
 }
 
 /// The client config forwarding uses: the broker's token (brokers of one quorum share
-/// it), one connection (it pipelines and coalesces every forwarded request). Every
-/// client option of the broker's own (TLS, ...) belongs here.
+/// it), TLS to the leader when brokers listen with TLS (`--peer-tls-ca`), one
+/// connection (it pipelines and coalesces every forwarded request).
 pub(crate) fn forward_client_config(config: &BrokerConfig) -> BrokerClientConfig {
     BrokerClientConfig {
         token: config.auth_token.clone(),
+        tls: config.peer_tls.clone(),
         connections: 1,
         deadline: config.default_deadline,
         ..BrokerClientConfig::default()

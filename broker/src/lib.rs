@@ -160,6 +160,9 @@ pub struct BrokerConfig {
     /// TLS on both listeners (`--listen-tls-cert`, `--listen-tls-key`); `None`: plain
     /// TCP.
     pub tls: Option<ListenTls>,
+    /// How a follower reaches the leader when it forwards RESP requests, when brokers
+    /// listen with TLS (`--peer-tls-ca`); `None`: plain TCP.
+    pub peer_tls: Option<idclient::BrokerTls>,
 }
 
 impl Default for BrokerConfig {
@@ -182,6 +185,7 @@ impl Default for BrokerConfig {
             queue_capacity: QUEUE_CAPACITY,
             auth_token: None,
             tls: None,
+            peer_tls: None,
         }
     }
 }

@@ -8,9 +8,9 @@ use idclient::broker_client::{fetch_stats_with, BrokerClient, BrokerClientConfig
 use idclient::{BrokerTls, ClientCert, IdError, IdSource, Token};
 use idtools::cluster::LocalQuorum;
 use idtools::pki::Pki;
-use std::io::{BufRead, BufReader};
+use idtools::proc::{Announced, START_TIMEOUT};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::Command;
 use std::time::Duration;
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
@@ -20,7 +20,7 @@ const SECRET: &str = "tls-tok-5b1d0e-never-logged";
 /// An idbroker process with TLS on both listeners and a token, its stderr in a file;
 /// killed (by pid) on drop.
 struct Broker {
-    child: Child,
+    _proc: Announced,
     addr: String,
     resp: String,
     stderr: PathBuf,
@@ -28,44 +28,53 @@ struct Broker {
 }
 
 impl Broker {
-    /// TLS with `pki`'s server certificate, the token, and `extra` arguments.
+    /// A `--serve rounds` broker with TLS (`pki`'s server certificate), the token, and
+    /// `extra` arguments.
     fn start(quorum: &LocalQuorum, pki: &Pki, extra: &[&str]) -> Broker {
+        Broker::spawn(quorum, pki, &[&["--serve", "rounds"], extra].concat())
+    }
+
+    /// A `--serve window` broker (it takes part in the election) with TLS, the token,
+    /// `--peer-tls-ca` (the CA of the other brokers' certificates: the same one) and
+    /// `extra` arguments.
+    fn start_window(quorum: &LocalQuorum, pki: &Pki, extra: &[&str]) -> Broker {
+        let ca = pki.ca.to_str().expect("utf-8 path");
+        let timing = ["--election-timeout-ms", "200", "--heartbeat-ms", "50"];
+        Broker::spawn(
+            quorum,
+            pki,
+            &[&timing, &["--peer-tls-ca", ca][..], extra].concat(),
+        )
+    }
+
+    fn spawn(quorum: &LocalQuorum, pki: &Pki, extra: &[&str]) -> Broker {
         let dir = tempfile::tempdir().expect("temp dir");
         let token = dir.path().join("token");
         std::fs::write(&token, SECRET).expect("write token file");
         let stderr = dir.path().join("stderr");
-        let mut child = Command::new(env!("CARGO_BIN_EXE_idbroker"))
-            .args(["--listen", "127.0.0.1:0", "--resp-listen", "127.0.0.1:0"])
-            .args(["--nodes", &quorum.urls_arg(), "--serve", "rounds"])
-            .arg("--auth-token-file")
-            .arg(&token)
-            .arg("--listen-tls-cert")
-            .arg(&pki.server_cert)
-            .arg("--listen-tls-key")
-            .arg(&pki.server_key)
-            .args(extra)
-            .stdout(Stdio::piped())
-            .stderr(std::fs::File::create(&stderr).expect("stderr file"))
-            .spawn()
-            .expect("start idbroker");
-        let mut out = BufReader::new(child.stdout.take().expect("idbroker stdout"));
-        let mut line = |prefix: &str| {
-            let mut l = String::new();
-            out.read_line(&mut l).expect("read idbroker stdout");
-            l.trim().strip_prefix(prefix).map(str::to_string)
-        };
-        let (Some(addr), Some(resp)) = (line("listening on "), line("resp listening on ")) else {
-            let _ = child.kill();
-            let status = child.wait();
-            panic!(
-                "idbroker did not start (exit {status:?}): {}",
-                std::fs::read_to_string(&stderr).unwrap_or_default()
-            );
-        };
+        let proc = Announced::start(
+            Command::new(env!("CARGO_BIN_EXE_idbroker"))
+                .args(["--listen", "127.0.0.1:0", "--resp-listen", "127.0.0.1:0"])
+                .args(["--nodes", &quorum.urls_arg()])
+                .arg("--auth-token-file")
+                .arg(&token)
+                .arg("--listen-tls-cert")
+                .arg(&pki.server_cert)
+                .arg("--listen-tls-key")
+                .arg(&pki.server_key)
+                .args(extra)
+                .stderr(std::fs::File::create(&stderr).expect("stderr file")),
+            &["listening on ", "resp listening on "],
+            START_TIMEOUT,
+        )
+        .unwrap_or_else(|e| {
+            let log = std::fs::read_to_string(&stderr).unwrap_or_default();
+            panic!("idbroker did not start: {e}: {log}")
+        });
         Broker {
-            child,
-            addr,
-            resp,
+            addr: proc.addr().to_string(),
+            resp: proc.value(1).to_string(),
+            _proc: proc,
             stderr,
             _dir: dir,
         }
@@ -77,13 +86,6 @@ impl Broker {
 
     fn resp_port(&self) -> &str {
         self.resp.rsplit_once(':').expect("host:port").1
-    }
-}
-
-impl Drop for Broker {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -224,6 +226,67 @@ async fn every_client_gets_ids_over_tls_with_the_token() {
     let err = b.stderr();
     assert!(!err.contains("clear text"), "{err}");
     assert!(!err.contains(SECRET), "{err}");
+}
+
+/// Three window brokers listening with TLS: a follower forwards a Redis client's
+/// `QLIST.NEXT` to the leader over TLS (`--peer-tls-ca`, presenting its own certificate
+/// to a leader that requires client certificates).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_forwards_resp_requests_to_the_leader_over_tls() {
+    let (q, pki) = (quorum(), pki());
+    let client_ca = pki.ca.to_str().expect("utf-8 path");
+    let brokers: Vec<Broker> = (0..3)
+        .map(|_| Broker::start_window(&q, &pki, &["--listen-tls-client-ca", client_ca]))
+        .collect();
+    let tls = BrokerTls::new(
+        &pki.ca,
+        None,
+        Some(ClientCert {
+            cert_file: pki.client_cert.clone(),
+            key_file: pki.client_key.clone(),
+        }),
+    )
+    .expect("client TLS");
+    let token = Token::new(SECRET).expect("token");
+    // A follower that knows the leader (each announced itself only once it did).
+    let mut follower = None;
+    for b in &brokers {
+        let s = fetch_stats_with(&b.addr, Some(&token), Some(&tls))
+            .await
+            .expect("stats over TLS");
+        if s.role == "follower" && s.leader.is_some() {
+            follower = Some(b);
+            break;
+        }
+    }
+    let f = follower.expect("two of three brokers follow");
+    let (out, err) = redis_cli(
+        f,
+        &[
+            "--tls",
+            "--cacert",
+            client_ca,
+            "--cert",
+            pki.client_cert.to_str().expect("utf-8 path"),
+            "--key",
+            pki.client_key.to_str().expect("utf-8 path"),
+            "--no-auth-warning",
+            "--pass",
+            SECRET,
+            "QLIST.NEXT",
+            "3",
+        ],
+    );
+    let ids: Vec<u64> = out.lines().filter_map(|l| l.trim().parse().ok()).collect();
+    assert!(
+        ids.len() == 2 && ids[1] == ids[0] + 2,
+        "{out} {err} {}",
+        f.stderr()
+    );
+    let s = fetch_stats_with(&f.addr, Some(&token), Some(&tls))
+        .await
+        .expect("stats over TLS");
+    assert_eq!((s.forwarded, s.ids), (1, 0), "{s:?}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -439,29 +502,18 @@ fn a_token_without_tls_on_a_public_address_is_warned_about() {
     let token = dir.path().join("token");
     std::fs::write(&token, SECRET).expect("write token file");
     let stderr = dir.path().join("stderr");
-    let mut child = Command::new(env!("CARGO_BIN_EXE_idbroker"))
-        .args([
-            "--listen",
-            "0.0.0.0:0",
-            "--nodes",
-            &q.urls_arg(),
-            "--serve",
-            "rounds",
-        ])
-        .arg("--auth-token-file")
-        .arg(&token)
-        .stdout(Stdio::piped())
-        .stderr(std::fs::File::create(&stderr).expect("stderr file"))
-        .spawn()
-        .expect("start idbroker");
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().expect("stdout"))
-        .read_line(&mut line)
-        .expect("read idbroker stdout");
-    let _ = child.kill();
-    let _ = child.wait();
+    let started = Announced::start(
+        Command::new(env!("CARGO_BIN_EXE_idbroker"))
+            .args(["--listen", "0.0.0.0:0", "--nodes", &q.urls_arg()])
+            .args(["--serve", "rounds", "--auth-token-file"])
+            .arg(&token)
+            .stderr(std::fs::File::create(&stderr).expect("stderr file")),
+        &["listening on "],
+        START_TIMEOUT,
+    )
+    .map(|mut p| p.kill());
     let log = std::fs::read_to_string(&stderr).expect("stderr");
-    assert!(line.starts_with("listening on "), "{line} {log}");
+    assert!(started.is_ok(), "{started:?} {log}");
     assert!(log.contains("token travels in clear text"), "{log}");
     assert!(!log.contains(SECRET), "{log}");
 }

@@ -38,13 +38,18 @@ impl Pki {
         let (server_cert, server_key) = leaf(
             vec!["127.0.0.1".to_string(), "localhost".to_string()],
             "127.0.0.1",
-            ExtendedKeyUsagePurpose::ServerAuth,
+            // A broker's certificate is also its client certificate when it forwards to
+            // the leader (`idbroker --peer-tls-ca`).
+            &[
+                ExtendedKeyUsagePurpose::ServerAuth,
+                ExtendedKeyUsagePurpose::ClientAuth,
+            ],
             &root,
         )?;
         let (client_cert, client_key) = leaf(
             Vec::new(),
             "qlist",
-            ExtendedKeyUsagePurpose::ClientAuth,
+            &[ExtendedKeyUsagePurpose::ClientAuth],
             &root,
         )?;
         let d = dir.path();
@@ -73,13 +78,13 @@ fn ca(name: &str) -> anyhow::Result<(rcgen::Certificate, KeyPair)> {
 fn leaf(
     sans: Vec<String>,
     name: &str,
-    usage: ExtendedKeyUsagePurpose,
+    usages: &[ExtendedKeyUsagePurpose],
     (ca, ca_key): &(rcgen::Certificate, KeyPair),
 ) -> anyhow::Result<(String, String)> {
     let key = KeyPair::generate()?;
     let mut params = CertificateParams::new(sans)?;
     params.distinguished_name.push(DnType::CommonName, name);
-    params.extended_key_usages = vec![usage];
+    params.extended_key_usages = usages.to_vec();
     let cert = params.signed_by(&key, ca, ca_key)?;
     Ok((cert.pem(), key.serialize_pem()))
 }

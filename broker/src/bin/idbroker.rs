@@ -117,6 +117,12 @@ struct Flags {
     /// PEM file (--broker-tls-cert/--broker-tls-key of idctl and producer).
     #[arg(long, value_name = "FILE", requires = "listen_tls_cert")]
     listen_tls_client_ca: Option<std::path::PathBuf>,
+    /// With TLS and --resp-listen: the CA (PEM) that signed the OTHER brokers'
+    /// --listen-tls-cert. A follower forwards RESP requests to the leader over TLS,
+    /// trusting it, and presents its own --listen-tls-cert (for leaders with
+    /// --listen-tls-client-ca). Without it a TLS follower cannot forward.
+    #[arg(long, value_name = "FILE", requires = "listen_tls_cert")]
+    peer_tls_ca: Option<std::path::PathBuf>,
 }
 
 /// How the broker serves batches (`--serve`).
@@ -166,6 +172,7 @@ impl Config {
             stats_interval: Duration::from_secs(f.stats_interval_secs),
             auth_token: f.auth_token_file.as_deref().map(read_token).transpose()?,
             tls: listen_tls(&f)?,
+            peer_tls: peer_tls(&f)?,
             ..BrokerConfig::default()
         };
         broker.validate().map_err(|e| qcli::usage(e.to_string()))?;
@@ -217,6 +224,32 @@ fn listen_tls(f: &Flags) -> anyhow::Result<Option<ListenTls>> {
         tracing::warn!(file = %key.display(), "--listen-tls-key is readable by group or others: chmod 600 it");
     }
     Ok(Some(tls))
+}
+
+/// How a follower reaches a TLS leader to forward RESP requests (`--peer-tls-ca`): its
+/// CA, and this broker's own listener certificate as client certificate. Warns when
+/// brokers listen with TLS and serve RESP but cannot forward.
+///
+/// # Errors
+/// A usage error naming the CA file that cannot be read or holds no usable certificate.
+fn peer_tls(f: &Flags) -> anyhow::Result<Option<idclient::BrokerTls>> {
+    let (Some(ca), Some(cert), Some(key)) = (&f.peer_tls_ca, &f.listen_tls_cert, &f.listen_tls_key)
+    else {
+        if f.listen_tls_cert.is_some() && f.resp_listen.is_some() && f.serve == Serve::Window {
+            tracing::warn!(
+                "TLS listeners without --peer-tls-ca: as a follower this broker cannot \
+                 forward RESP requests to the leader (they fail; binary clients are redirected)"
+            );
+        }
+        return Ok(None);
+    };
+    let own = idclient::ClientCert {
+        cert_file: cert.clone(),
+        key_file: key.clone(),
+    };
+    idclient::BrokerTls::new(ca, None, Some(own))
+        .map(Some)
+        .map_err(|e| qcli::usage(format!("--peer-tls-ca: {e}")))
 }
 
 /// Warns when `addr` (a listener named by `flag`) is reachable from other hosts while
