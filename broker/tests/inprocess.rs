@@ -150,8 +150,13 @@ async fn served(addrs: &[String]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn many_callers_one_broker_batches_and_checks() {
     let b = TestBroker::start(Arc::new(AtomicU64::new(0)), BrokerConfig::default()).await;
+    // Four requests out at once (the default is one), so the broker batches too.
+    let config = BrokerClientConfig {
+        in_flight: 4,
+        ..BrokerClientConfig::default()
+    };
     let client = Arc::new(
-        BrokerClient::connect(vec![b.addr.clone()], BrokerClientConfig::default())
+        BrokerClient::connect(vec![b.addr.clone()], config)
             .await
             .expect("connect"),
     );

@@ -134,7 +134,17 @@ async fn served(addr: &str) {
 async fn one_broker_many_callers_is_linearizable() {
     let q = quorum();
     let b = Broker::start(&q, &[]);
-    let c = client(&[&b.addr], Duration::from_secs(5)).await;
+    // Four requests out at once (the default is one), so the broker batches too.
+    let config = BrokerClientConfig {
+        deadline: Duration::from_secs(5),
+        in_flight: 4,
+        ..Default::default()
+    };
+    let c = Arc::new(
+        BrokerClient::connect(vec![b.addr.clone()], config)
+            .await
+            .expect("connect to broker"),
+    );
     let stop = Arc::new(AtomicBool::new(false));
     let tasks = spawn_callers(&c, 96, 1, &stop);
     let ranges = spawn_callers(&c, 4, 1000, &stop);
