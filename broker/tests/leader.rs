@@ -12,6 +12,7 @@ use idclient::{IdRange, IdSource};
 use idproto::framed::FrameReader;
 use idproto::wire::{self, BrokerStats, ClientMsg, ServerMsg};
 use idtools::cluster::LocalQuorum;
+use idtools::failover::settled_leader;
 use idtools::history::{check, monotonic_ns, Event};
 use idtools::proc::{Announced, START_TIMEOUT};
 use std::process::{Command, Stdio};
@@ -80,22 +81,12 @@ async fn wait_settled(brokers: &[Broker], alive: &[usize], limit: Duration) -> u
         for &i in alive {
             all.push((i, stats(&brokers[i].addr).await));
         }
-        let leaders: Vec<_> = all
+        let views: Vec<_> = all
             .iter()
-            .filter(|(_, s)| s.as_ref().is_some_and(|s| s.role == "leader"))
+            .map(|(i, s)| (*i, brokers[*i].addr.as_str(), s.as_ref()))
             .collect();
-        if let [(l, Some(lead))] = leaders.as_slice() {
-            let follow = all.iter().all(|(i, s)| {
-                i == l
-                    || s.as_ref().is_some_and(|s| {
-                        s.role == "follower"
-                            && s.term == lead.term
-                            && s.leader.as_deref() == Some(brokers[*l].addr.as_str())
-                    })
-            });
-            if follow {
-                return *l;
-            }
+        if let Some(l) = settled_leader(&views) {
+            return l;
         }
         let roles: Vec<_> = all
             .iter()

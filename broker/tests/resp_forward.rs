@@ -8,6 +8,7 @@ use idclient::broker_client::{fetch_stats_with_token, BrokerClient, BrokerClient
 use idclient::{IdRange, IdSource, Token};
 use idproto::wire::BrokerStats;
 use idtools::cluster::LocalQuorum;
+use idtools::failover::settled_leader;
 use idtools::history::{check, monotonic_ns, Event};
 use idtools::proc::{Announced, START_TIMEOUT};
 use std::io::Write;
@@ -77,22 +78,12 @@ async fn wait_settled(
         for &i in alive {
             all.push((i, stats(&brokers[i].addr, token).await));
         }
-        let leaders: Vec<_> = all
+        let views: Vec<_> = all
             .iter()
-            .filter(|(_, s)| s.as_ref().is_some_and(|s| s.role == "leader"))
+            .map(|(i, s)| (*i, brokers[*i].addr.as_str(), s.as_ref()))
             .collect();
-        if let [(l, Some(lead))] = leaders.as_slice() {
-            let follow = all.iter().all(|(i, s)| {
-                i == l
-                    || s.as_ref().is_some_and(|s| {
-                        s.role == "follower"
-                            && s.term == lead.term
-                            && s.leader.as_deref() == Some(brokers[*l].addr.as_str())
-                    })
-            });
-            if follow {
-                return *l;
-            }
+        if let Some(l) = settled_leader(&views) {
+            return l;
         }
         let roles: Vec<_> = all
             .iter()

@@ -11,6 +11,7 @@
 use crate::history::{self, monotonic_ns, Event, Violation};
 use crate::proc::Announced;
 use idclient::broker_client::{fetch_stats, BrokerClient, BrokerClientConfig};
+use idproto::wire::BrokerStats;
 use idproto::IdSource;
 use std::path::PathBuf;
 use std::process::{Command, Stdio};
@@ -145,6 +146,26 @@ async fn one_leader(brokers: &[Announced], timeout: Duration) -> anyhow::Result<
         }
         tokio::time::sleep(POLL).await;
     }
+}
+
+/// The index of the one broker that leads while every other one follows it in its
+/// term, naming it. `views`: each broker's index, address and stats (`None`: it did not
+/// answer). `None` while they do not agree (an election under way, two leaders, a
+/// follower that has not heard of the leader yet).
+pub fn settled_leader(views: &[(usize, &str, Option<&BrokerStats>)]) -> Option<usize> {
+    let mut leaders = views
+        .iter()
+        .filter(|(_, _, s)| s.is_some_and(|s| s.role == "leader"));
+    let (Some(&(l, addr, Some(lead))), None) = (leaders.next(), leaders.next()) else {
+        return None;
+    };
+    let followed = views.iter().all(|&(i, _, s)| {
+        i == l
+            || s.is_some_and(|s| {
+                s.role == "follower" && s.term == lead.term && s.leader.as_deref() == Some(addr)
+            })
+    });
+    followed.then_some(l)
 }
 
 /// The callers' shared state.
@@ -303,4 +324,43 @@ async fn respawn(config: &FailoverConfig, addr: &str) -> anyhow::Result<Announce
         tokio::time::sleep(Duration::from_millis(100)).await;
     }
     Err(last.unwrap_or_else(|| anyhow::anyhow!("cannot restart the broker on {addr}")))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stats(role: &str, term: u64, leader: Option<&str>) -> BrokerStats {
+        BrokerStats {
+            role: role.to_string(),
+            term,
+            leader: leader.map(str::to_string),
+            ..BrokerStats::default()
+        }
+    }
+
+    #[test]
+    fn a_leader_is_settled_once_every_other_broker_follows_it_in_its_term() {
+        let lead = stats("leader", 3, Some("a"));
+        let follow = stats("follower", 3, Some("a"));
+        let stale = stats("follower", 2, Some("b"));
+        let two = stats("leader", 2, Some("b"));
+        assert_eq!(
+            settled_leader(&[(0, "a", Some(&lead)), (1, "b", Some(&follow))]),
+            Some(0)
+        );
+        assert_eq!(
+            settled_leader(&[(0, "a", Some(&lead)), (1, "b", Some(&stale))]),
+            None
+        );
+        assert_eq!(
+            settled_leader(&[(0, "a", Some(&lead)), (1, "b", Some(&two))]),
+            None
+        );
+        assert_eq!(
+            settled_leader(&[(0, "a", Some(&lead)), (1, "b", None)]),
+            None
+        );
+        assert_eq!(settled_leader(&[(1, "b", Some(&follow))]), None);
+    }
 }
