@@ -329,7 +329,7 @@ impl Combining {
 const CUT_BY_DEADLINE: &str = "no reply before the deadline";
 
 /// A majority read asks the other nodes too once its answers take this many usual read
-/// times ([`QuorumClient::read_hedge`]).
+/// times.
 pub const READ_HEDGE_READS: u32 = 4;
 
 /// The shortest wait before a majority read asks the other nodes.
