@@ -334,7 +334,10 @@ impl<Q: WindowQuorum> WindowSource<Q> {
         // Above the TOP the IDs were taken under: one of our own reservations may explain
         // it (decided first: a win extends the same window), else another writer did.
         while max > w.top && w.generation == generation && w.pending.is_some() {
-            self.decide_pending(&mut w, started, deadline).await?;
+            if let Err(e) = self.decide_pending(&mut w, started, deadline).await {
+                self.counters.holes.fetch_add(n, Relaxed);
+                return Err(e);
+            }
         }
         let confirmed = max <= known_top || (w.generation == generation && w.alive && max <= w.top);
         let keep = self.mutant == Some(WindowMutant::KeepDeadWindow);
