@@ -870,9 +870,14 @@ impl<N: Register> QuorumClient<N> {
             }
             if answers >= need {
                 self.last_known.fetch_max(max, Ordering::Relaxed);
-                let took = started.elapsed().as_nanos() as u64;
-                let avg = self.read_ns.load(Ordering::Relaxed);
-                self.read_ns.store((avg * 7 + took) / 8, Ordering::Relaxed);
+                if !hedged {
+                    // Only reads the first majority answered count: a hedged read's time
+                    // is the hedge's, and feeding it back would grow the hedge with
+                    // every read that meets a silent node, up to half a reply timeout.
+                    let took = started.elapsed().as_nanos() as u64;
+                    let avg = self.read_ns.load(Ordering::Relaxed);
+                    self.read_ns.store((avg * 7 + took) / 8, Ordering::Relaxed);
+                }
                 return Ok(max);
             }
             if failures.len() > count - need {

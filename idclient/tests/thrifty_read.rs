@@ -142,3 +142,25 @@ async fn too_few_nodes_is_no_quorum() {
         other => panic!("expected NoQuorum, got {other:?}"),
     }
 }
+
+/// A silent node does not make the hedge grow: reads that needed it do not count in the
+/// usual read time, so every read that meets the silent node waits about the same.
+#[tokio::test(start_paused = true)]
+async fn the_hedge_does_not_grow_with_a_silent_node() {
+    use Behaviour::{Answer, Silent};
+    let (q, _) = quorum(&[Silent, Answer(3), Answer(4), Answer(3), Answer(3)]);
+    let mut waits = Vec::new();
+    for _ in 0..50 {
+        let started = Instant::now();
+        q.read_max(later()).await.expect("majority");
+        waits.push(started.elapsed());
+    }
+    // The first hedge is four initial read times (2 ms); it then falls to the minimum
+    // (0.5 ms, which tokio's millisecond timer rounds up to 1 ms), never higher.
+    let early = waits[..10].iter().max().copied().unwrap_or_default();
+    let late = waits[40..].iter().max().copied().unwrap_or_default();
+    assert!(
+        late <= early && late <= Duration::from_millis(1),
+        "the hedge grew: {waits:?}"
+    );
+}
