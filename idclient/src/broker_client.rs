@@ -706,6 +706,19 @@ fn note(failures: &mut Vec<NodeFailure>, failure: NodeFailure) {
     failures.push(failure);
 }
 
+/// Notes an attempt the request's deadline cut short: it says less than an earlier
+/// failure of the same broker (a refused token, a refused connection), whose cause is
+/// kept, with the cut said after it.
+fn note_cut(failures: &mut Vec<NodeFailure>, failure: NodeFailure) {
+    match failures.iter_mut().find(|f| f.addr == failure.addr) {
+        Some(earlier) if !earlier.reason.contains("(the last attempt: ") => {
+            earlier.reason = format!("{} (the last attempt: {})", earlier.reason, failure.reason);
+        }
+        Some(_) => {}
+        None => failures.push(failure),
+    }
+}
+
 impl Inner {
     /// None before the first failover of a request, then jittered and doubling from
     /// [`FAILOVER_PAUSE_BASE`] up to [`FAILOVER_PAUSE_CAP`].
@@ -864,22 +877,26 @@ impl Inner {
             }
             let until = deadline.min(now + self.config.connect_timeout);
             let addr = &self.addrs[b];
-            let reason = match timeout_at(until, open(b, addr, &self.config)).await {
+            let failure = |reason| NodeFailure {
+                addr: addr.clone(),
+                reason,
+            };
+            match timeout_at(until, open(b, addr, &self.config)).await {
                 Ok(Ok(conn)) => {
                     self.preferred.store(b, Relaxed);
                     self.max_count.store(conn.max_count, Relaxed);
                     return Some(Arc::new(conn));
                 }
-                Ok(Err(e)) => open_failure(e),
-                Err(_) => format!("no handshake within {:?}", until - now),
-            };
-            note(
-                failures,
-                NodeFailure {
-                    addr: addr.clone(),
-                    reason,
-                },
-            );
+                Ok(Err(e)) => note(failures, failure(open_failure(e))),
+                Err(_) if until == deadline => note_cut(
+                    failures,
+                    failure(format!("no handshake within {:?}", until - now)),
+                ),
+                Err(_) => note(
+                    failures,
+                    failure(format!("no handshake within {:?}", until - now)),
+                ),
+            }
         }
         None
     }
@@ -1856,6 +1873,28 @@ mod tests {
             assert_eq!(outcome(call).await, Err(no_quorum.clone()));
         }
         assert_eq!(b.requests(), 2);
+    }
+
+    /// A connection attempt cut short by the request's deadline keeps the cause an
+    /// earlier attempt on the same broker saw.
+    #[test]
+    fn a_cut_attempt_keeps_the_earlier_cause() {
+        let f = |addr: &str, reason: &str| NodeFailure {
+            addr: addr.into(),
+            reason: reason.into(),
+        };
+        let mut failures = vec![f("a", "broker a refused the token")];
+        note_cut(&mut failures, f("a", "no handshake within 3ms"));
+        note_cut(&mut failures, f("a", "no handshake within 1ms"));
+        note_cut(&mut failures, f("b", "no handshake within 2ms"));
+        let reasons: Vec<&str> = failures.iter().map(|f| f.reason.as_str()).collect();
+        assert_eq!(
+            reasons,
+            [
+                "broker a refused the token (the last attempt: no handshake within 3ms)",
+                "no handshake within 2ms",
+            ]
+        );
     }
 
     /// With `in_flight` 0 every call is its own request, as before coalescing.
