@@ -46,11 +46,13 @@ use idproto::framed::{self, FrameReader, FrameWriter, Timeouts};
 use idproto::wire::{self, BrokerStats, ClientMsg, ServerMsg, WireError};
 use idproto::NodeFailure;
 use std::collections::HashMap;
-use std::sync::atomic::{AtomicU64, AtomicU8, AtomicUsize, Ordering::Relaxed};
+use std::collections::VecDeque;
+use std::pin::Pin;
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering::Relaxed};
 use std::sync::{Arc, Mutex, MutexGuard};
 use std::time::Duration;
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, oneshot, watch, Semaphore};
+use tokio::sync::{mpsc, oneshot, watch, OwnedSemaphorePermit, Semaphore, TryAcquireError};
 use tokio::time::{timeout_at, Instant};
 
 /// Default total time one `next_ids` call may take, failovers included.
@@ -71,14 +73,14 @@ pub const DEFAULT_CONNECTIONS: usize = 2;
 /// 4 in IDs/s and in p50 (BENCHMARKS.md, "Pipelined confirmations").
 pub const DEFAULT_IN_FLIGHT: usize = 1;
 
-/// Callers waiting to be coalesced. Beyond it callers wait (within their deadline) to
-/// join the queue, so a stalled broker cannot make the client queue without bound.
+/// Callers waiting to be coalesced or answered. Beyond it callers wait (within their
+/// deadline) to join the queue, so a stalled broker cannot make the client queue without
+/// bound.
 const COALESCE_QUEUE: usize = 1 << 16;
 
-/// Times a finished request yields to the runtime before freeing its slot (see
-/// `dispatch`). Measured at 256 callers on a window-serving broker: none 240-266k IDs/s,
-/// one or two 320-330k; more changes little (BENCHMARKS.md).
-const HANDOFF_YIELDS: usize = 2;
+/// Most times a finished request yields to the runtime before freeing its slot, while
+/// the callers it answered keep queueing again (see `dispatch`).
+const HANDOFF_YIELDS: usize = 16;
 
 /// Most callers in one coalesced request: bounds the work of splitting one reply.
 const MAX_COALESCED: usize = 4096;
@@ -316,33 +318,32 @@ pub struct Coalescing {
     pub callers: u64,
 }
 
-/// A caller waiting in the coalescing queue. `state` decides, once, whether the
-/// dispatcher takes it into a request or the caller gives up at its deadline first.
+/// A caller waiting in the coalescing queue. The dispatcher owns it from the queue on:
+/// it either takes it into a request or answers it at its deadline. `_room` is the
+/// caller's place in the queue's bound, given back when the waiter is answered.
 struct Waiter {
     n: u64,
     invoked: Instant,
     deadline: Instant,
-    state: Arc<AtomicU8>,
     tx: oneshot::Sender<Result<IdRange, IdError>>,
+    _room: OwnedSemaphorePermit,
 }
 
-const QUEUED: u8 = 0;
-const TAKEN: u8 = 1;
-const ABANDONED: u8 = 2;
-
 impl Waiter {
-    /// Claims the waiter for a request; false if its caller already gave up (its
-    /// deadline passed, or its future was dropped: asking IDs for it would burn them).
-    fn take(&self) -> bool {
+    /// False if its caller is gone (its future was dropped): asking IDs for it would
+    /// only burn them.
+    fn wanted(&self) -> bool {
         !self.tx.is_closed()
-            && self
-                .state
-                .compare_exchange(QUEUED, TAKEN, Relaxed, Relaxed)
-                .is_ok()
     }
 
     fn expired(&self) -> IdError {
         deadline_error(self.invoked, self.deadline)
+    }
+
+    /// Answers `Deadline`: no request took it, so no ID of its exists anywhere.
+    fn expire(self) {
+        let expired = self.expired();
+        let _ = self.tx.send(Err(expired));
     }
 }
 
@@ -361,7 +362,7 @@ pub struct BrokerClient {
     inner: Arc<Inner>,
     /// The coalescing queue (`None` with `in_flight` 0). Its dispatcher ends when the
     /// last clone of the client is dropped.
-    queue: Option<mpsc::Sender<Waiter>>,
+    queue: Option<Arc<Queue>>,
 }
 
 impl std::fmt::Debug for BrokerClient {
@@ -427,10 +428,12 @@ impl BrokerClient {
         if in_flight == 0 {
             return Ok(client);
         }
-        let (tx, rx) = mpsc::channel(COALESCE_QUEUE);
-        tokio::spawn(dispatch(client.inner.clone(), rx, in_flight));
+        let (tx, rx) = mpsc::unbounded_channel();
+        let room = Arc::new(Semaphore::new(COALESCE_QUEUE));
+        tokio::spawn(dispatch(client.inner.clone(), rx, room.clone(), in_flight));
+        let queue = Queue { tx, room };
         Ok(BrokerClient {
-            queue: Some(tx),
+            queue: Some(Arc::new(queue)),
             ..client
         })
     }
@@ -454,6 +457,17 @@ impl BrokerClient {
     /// As [`IdSource::next_ids`]; [`IdError::BrokersUnavailable`] when no broker could
     /// be reached (or none replied) before the deadline.
     pub async fn next_ids_until(&self, n: u64, deadline: Instant) -> Result<IdRange, IdError> {
+        self.next_ids_between(n, Instant::now(), deadline).await
+    }
+
+    /// [`BrokerClient::next_ids_until`] for a caller that invoked at `invoked` (read
+    /// once by `next_ids`: clock reads were a tenth of a busy client's CPU).
+    async fn next_ids_between(
+        &self,
+        n: u64,
+        invoked: Instant,
+        deadline: Instant,
+    ) -> Result<IdRange, IdError> {
         if n == 0 {
             return Err(IdError::BadRequest("count must be at least 1".into()));
         }
@@ -462,7 +476,7 @@ impl BrokerClient {
             return Err(too_many(n, max_count));
         }
         match &self.queue {
-            Some(queue) => coalesced(queue, n, deadline).await,
+            Some(queue) => coalesced(queue, n, invoked, deadline).await,
             None => self.inner.request(n, deadline).await,
         }
     }
@@ -475,83 +489,184 @@ fn too_many(n: u64, max_count: u64) -> IdError {
 }
 
 /// One caller through the coalescing queue: queued, then answered by the request that
-/// took it, or [`IdError::Deadline`] at `deadline` if none took it by then.
+/// took it, or with [`IdError::Deadline`] by the dispatcher at `deadline` if none took it
+/// by then. The caller holds no timer of its own (one per caller was a tenth of a
+/// busy client's CPU): the dispatcher watches every queued deadline with one.
 async fn coalesced(
-    queue: &mpsc::Sender<Waiter>,
+    queue: &Queue,
     n: u64,
+    invoked: Instant,
     deadline: Instant,
 ) -> Result<IdRange, IdError> {
-    let invoked = Instant::now();
-    let state = Arc::new(AtomicU8::new(QUEUED));
-    let (tx, mut rx) = oneshot::channel();
-    let waiter = Waiter {
-        n,
-        invoked,
-        deadline,
-        state: state.clone(),
-        tx,
-    };
     let stopped = || IdError::BrokersUnavailable {
         failures: vec![NodeFailure {
             addr: "broker client".into(),
             reason: "the client's dispatcher stopped".into(),
         }],
     };
-    // The queue has room but under floods: only then does the send need a timer.
-    match queue.try_send(waiter) {
-        Ok(()) => {}
-        Err(mpsc::error::TrySendError::Closed(_)) => return Err(stopped()),
-        Err(mpsc::error::TrySendError::Full(waiter)) => {
-            match timeout_at(deadline, queue.send(waiter)).await {
+    // The queue has room but under floods: only then does joining it need a timer.
+    let room = match queue.room.clone().try_acquire_owned() {
+        Ok(room) => room,
+        Err(TryAcquireError::Closed) => return Err(stopped()),
+        Err(TryAcquireError::NoPermits) => {
+            match timeout_at(deadline, queue.room.clone().acquire_owned()).await {
                 Err(_) => return Err(deadline_error(invoked, deadline)),
                 Ok(Err(_)) => return Err(stopped()),
-                Ok(Ok(())) => {}
+                Ok(Ok(room)) => room,
             }
         }
+    };
+    let (tx, rx) = oneshot::channel();
+    let waiter = Waiter {
+        n,
+        invoked,
+        deadline,
+        tx,
+        _room: room,
+    };
+    if queue.tx.send(waiter).is_err() {
+        return Err(stopped());
     }
-    if let Ok(answer) = timeout_at(deadline, &mut rx).await {
-        return answer.unwrap_or_else(|_| Err(stopped()));
-    }
-    if state
-        .compare_exchange(QUEUED, ABANDONED, Relaxed, Relaxed)
-        .is_ok()
-    {
-        // Never sent: no ID of ours exists anywhere.
-        return Err(deadline_error(invoked, deadline));
-    }
-    // Taken into a request: it answers us at our deadline (or with its own outcome, if
-    // ours is its deadline), so this wait is short.
     rx.await.unwrap_or_else(|_| Err(stopped()))
 }
 
+/// The coalescing queue's sending side: callers join it while `room` has a permit.
+struct Queue {
+    tx: mpsc::UnboundedSender<Waiter>,
+    room: Arc<Semaphore>,
+}
+
+/// Callers queued in the dispatcher, oldest first, with a lower bound of their deadlines
+/// and the one timer that answers them at their deadlines.
+struct Pending {
+    waiters: VecDeque<Waiter>,
+    /// No queued deadline comes before it (it may be stale: a lower bound).
+    earliest: Option<Instant>,
+    timer: Pin<Box<tokio::time::Sleep>>,
+}
+
+impl Pending {
+    fn new() -> Pending {
+        Pending {
+            waiters: VecDeque::new(),
+            earliest: None,
+            timer: Box::pin(tokio::time::sleep_until(Instant::now())),
+        }
+    }
+
+    fn push(&mut self, w: Waiter) {
+        if self.earliest.is_none_or(|e| w.deadline < e) {
+            self.earliest = Some(w.deadline);
+            self.timer.as_mut().reset(w.deadline);
+        }
+        self.waiters.push_back(w);
+    }
+
+    /// The timer fired: answers every caller whose deadline passed, and sets the timer
+    /// for the earliest deadline left.
+    fn expire_due(&mut self) {
+        let now = Instant::now();
+        let (due, left): (VecDeque<Waiter>, VecDeque<Waiter>) =
+            self.waiters.drain(..).partition(|w| w.deadline <= now);
+        self.waiters = left;
+        for w in due {
+            w.expire();
+        }
+        self.earliest = self.waiters.iter().map(|w| w.deadline).min();
+        if let Some(e) = self.earliest {
+            self.timer.as_mut().reset(e);
+        }
+    }
+
+    /// Every caller still wanted, oldest first, up to `max_count` IDs in all (a caller
+    /// past its deadline is answered instead). Every caller taken has invoked already:
+    /// the request goes out after it.
+    fn take_batch(&mut self, max_count: u64) -> Vec<Waiter> {
+        let now = Instant::now();
+        let mut batch = Vec::new();
+        let mut total = 0u64;
+        while batch.len() < MAX_COALESCED {
+            let Some(front) = self.waiters.front() else {
+                break;
+            };
+            if !batch.is_empty() && total.saturating_add(front.n) > max_count {
+                break;
+            }
+            let Some(w) = self.waiters.pop_front() else {
+                break;
+            };
+            if !w.wanted() {
+                continue;
+            }
+            if w.deadline <= now {
+                w.expire();
+                continue;
+            }
+            total += w.n;
+            batch.push(w);
+        }
+        batch
+    }
+}
+
 /// The coalescing dispatcher: with fewer than `in_flight` requests out, every caller
-/// waiting goes out as one request. Ends when every handle of the client is gone.
-async fn dispatch(inner: Arc<Inner>, mut queue: mpsc::Receiver<Waiter>, in_flight: usize) {
+/// waiting goes out as one request; a caller still queued at its deadline is answered
+/// then. Ends when every handle of the client is gone and every caller is answered.
+async fn dispatch(
+    inner: Arc<Inner>,
+    mut queue: mpsc::UnboundedReceiver<Waiter>,
+    room: Arc<Semaphore>,
+    in_flight: usize,
+) {
     let slots = Arc::new(Semaphore::new(in_flight));
-    let mut carry = None;
+    let mut slot = Box::pin(slots.clone().acquire_owned());
+    let mut pending = Pending::new();
+    let mut open = true;
     let mut out = tokio::task::JoinSet::new();
-    loop {
-        let Ok(slot) = slots.clone().acquire_owned().await else {
-            return;
-        };
-        let Some(batch) = next_batch(&inner, &mut queue, &mut carry).await else {
-            break;
-        };
-        let inner = inner.clone();
-        out.spawn(async move {
-            send_batch(&inner, batch).await;
-            // The callers just answered mostly call again at once: let them queue before
-            // the freed slot goes, or it leaves with the first of them alone and the rest
-            // wait a whole round for the next slot.
-            for _ in 0..HANDOFF_YIELDS {
-                tokio::task::yield_now().await;
+    while open || !pending.waiters.is_empty() {
+        // Everyone queued by now joins the next request (callers answered by the last
+        // one queue again while its task yields, before its slot is free).
+        while let Ok(w) = queue.try_recv() {
+            pending.push(w);
+        }
+        tokio::select! {
+            biased;
+            permit = &mut slot, if !pending.waiters.is_empty() => {
+                slot.set(slots.clone().acquire_owned());
+                let Ok(permit) = permit else { break };
+                let batch = pending.take_batch(inner.max_count.load(Relaxed));
+                if batch.is_empty() {
+                    continue;
+                }
+                let inner = inner.clone();
+                let room = room.clone();
+                out.spawn(async move {
+                    send_batch(&inner, batch).await;
+                    // The callers just answered mostly call again at once: let them
+                    // queue before the freed slot goes, or it leaves with the first of
+                    // them alone and the rest wait a whole round for the next slot.
+                    // Yield while they keep coming (each one joining takes room).
+                    for _ in 0..HANDOFF_YIELDS {
+                        let before = room.available_permits();
+                        tokio::task::yield_now().await;
+                        if room.available_permits() >= before {
+                            break;
+                        }
+                    }
+                    drop(permit);
+                });
             }
-            drop(slot);
-        });
-        while let Some(done) = out.try_join_next() {
-            if let Err(e) = done {
-                tracing::error!("a coalesced request's task failed: {e}");
+            w = queue.recv(), if open => match w {
+                Some(w) => pending.push(w),
+                None => open = false,
+            },
+            () = pending.timer.as_mut(), if pending.earliest.is_some() => pending.expire_due(),
+            Some(done) = out.join_next(), if !out.is_empty() => {
+                if let Err(e) = done {
+                    tracing::error!("a coalesced request's task failed: {e}");
+                }
             }
+            else => break,
         }
     }
     // Requests still out answer their callers; wait for them, then end.
@@ -560,41 +675,6 @@ async fn dispatch(inner: Arc<Inner>, mut queue: mpsc::Receiver<Waiter>, in_fligh
             tracing::error!("a coalesced request's task failed: {e}");
         }
     }
-}
-
-/// Every caller waiting now (after the one that did not fit last time, `carry`), up to
-/// the broker's `max_count` in all; waits for the first. `None` once the queue closed.
-async fn next_batch(
-    inner: &Inner,
-    queue: &mut mpsc::Receiver<Waiter>,
-    carry: &mut Option<Waiter>,
-) -> Option<Vec<Waiter>> {
-    let max_count = inner.max_count.load(Relaxed);
-    let mut batch: Vec<Waiter> = Vec::new();
-    let mut total = 0u64;
-    while batch.is_empty() {
-        let first = match carry.take() {
-            Some(w) => w,
-            None => queue.recv().await?,
-        };
-        // Every caller taken here has invoked already: the request goes out after it.
-        if first.take() {
-            total = first.n;
-            batch.push(first);
-        }
-    }
-    while batch.len() < MAX_COALESCED {
-        let Ok(w) = queue.try_recv() else { break };
-        if total.saturating_add(w.n) > max_count {
-            *carry = Some(w);
-            break;
-        }
-        if w.take() {
-            total += w.n;
-            batch.push(w);
-        }
-    }
-    Some(batch)
 }
 
 /// Sends one request for the batch's total count, until its latest deadline, and
@@ -1018,7 +1098,8 @@ fn judge(shared: &Shared, n: u64, reply: ServerMsg) -> Attempt {
 
 impl IdSource for BrokerClient {
     async fn next_ids(&self, n: u64) -> Result<IdRange, IdError> {
-        self.next_ids_until(n, Instant::now() + self.inner.config.deadline)
+        let invoked = Instant::now();
+        self.next_ids_between(n, invoked, invoked + self.inner.config.deadline)
             .await
     }
 }
@@ -1723,8 +1804,10 @@ mod tests {
 
     /// Callers waiting in the coalescing queue.
     fn queued(c: &BrokerClient) -> usize {
+        // Callers that joined and are not answered yet (the tests' runtime has one
+        // thread, and a caller joins in one poll).
         let q = c.queue.as_ref().expect("coalescing is on");
-        q.max_capacity() - q.capacity()
+        COALESCE_QUEUE - q.room.available_permits()
     }
 
     /// Waits (polling) until `cond` holds; panics, naming `what`, after 10 s.
@@ -1832,6 +1915,24 @@ mod tests {
         assert_eq!(outcome(patient).await, Ok(IdRange { lo: 3, hi: 3 }));
         assert_eq!(c.next_ids(1).await, Ok(IdRange { lo: 4, hi: 4 }));
         assert_eq!(b.requests(), 3);
+    }
+
+    /// A caller whose future is dropped while it is queued is left out of the next
+    /// request: no ID is asked for it, so it leaves no hole.
+    #[tokio::test]
+    async fn a_caller_dropped_while_queued_is_left_out() {
+        let gate = Arc::new(Semaphore::new(0));
+        let b = FakeBroker::start_gated(Script::Normal, Some(gate.clone())).await;
+        let (c, first) = one_out(&b).await;
+        let calls = queue_up(&c, &[1, 5, 1], LONG).await;
+        let [before, dropped, after] = <[Call; 3]>::try_from(calls).expect("three calls");
+        dropped.abort();
+        assert!(dropped.await.expect_err("aborted").is_cancelled());
+        gate.add_permits(100);
+        assert_eq!(outcome(first).await, Ok(IdRange { lo: 1, hi: 1 }));
+        assert_eq!(outcome(before).await, Ok(IdRange { lo: 2, hi: 2 }));
+        assert_eq!(outcome(after).await, Ok(IdRange { lo: 3, hi: 3 }));
+        assert_eq!(b.requests(), 2);
     }
 
     /// A queue holding more than the broker's `max_count` (1000 here) goes out as
