@@ -6,7 +6,10 @@
 # single IDs and ranges of 1000. Each row also gives the CPU used during it (% of one
 # core, from /proc/<pid>/stat and /usr/bin/time) by the broker, the five redis-servers
 # together, and the bench client(s), and the broker's wire requests per second (client
-# coalescing: callers per wire request = requests/s / wire req/s).
+# coalescing: callers per wire request = requests/s / wire req/s). `rounds-single` is the
+# rounds broker with a client that does not coalesce (`--in-flight 0`), as the rounds
+# broker was measured before coalescing. The 1024 rows give the broker's own holes count
+# (one bench process would count the other processes' IDs as its holes).
 # Usage: scripts/bench-window.sh [SECONDS]   (default 5 per run)
 set -euo pipefail
 secs="${1:-5}"
@@ -42,8 +45,8 @@ ticks() { # CPU ticks (user + system) of the given pids together
   echo "$t"
 }
 hz=$(getconf CLK_TCK)
-requests() { # the broker's cumulative wire requests
-  "$bin/idctl" broker-stats "$1" 2>/dev/null | tail -n 1 | grep -o '"requests":[0-9]*' | cut -d: -f2
+counter() { # addr name: one cumulative counter of the broker
+  "$bin/idctl" broker-stats "$1" 2>/dev/null | tail -n 1 | grep -o "\"$2\":[0-9]*" | cut -d: -f2
 }
 
 echo "load before: $(uptime)"
@@ -51,13 +54,18 @@ echo
 echo "| mode | callers | count | IDs/s | requests/s | p50 us | p99 us | max us | holes % | errors | wire req/s | broker CPU % | redis CPU % | client CPU % |"
 echo "|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|--:|"
 row() { # mode callers count procs
-  local mode=$1 callers=$2 count=$3 procs=$4 target bpid="" baddr="" r0=0 r1=0
+  local mode=$1 callers=$2 count=$3 procs=$4 target bpid="" baddr="" r0=0 r1=0 h0=0 h1=0 i0=0 i1=0
   case $mode in
     direct) target=(--nodes "$nodes") ;;
     window) target=(--broker "$window_addr"); bpid=$window_pid; baddr=$window_addr ;;
     rounds) target=(--broker "$rounds_addr"); bpid=$rounds_pid; baddr=$rounds_addr ;;
+    # The client without coalescing (every call its own wire request): the rounds
+    # broker as it was measured before client coalescing existed.
+    rounds-single) target=(--broker "$rounds_addr" --in-flight 0); bpid=$rounds_pid; baddr=$rounds_addr ;;
   esac
-  [ -n "$baddr" ] && r0=$(requests "$baddr")
+  if [ -n "$baddr" ]; then
+    r0=$(counter "$baddr" requests); h0=$(counter "$baddr" holes); i0=$(counter "$baddr" ids)
+  fi
   local b0 s0 i bench=()
   b0=$(ticks $bpid); s0=$(ticks $redis_pids)
   for i in $(seq "$procs"); do
@@ -69,13 +77,20 @@ row() { # mode callers count procs
   wait "${bench[@]}"
   local b1 s1
   b1=$(ticks $bpid); s1=$(ticks $redis_pids)
-  [ -n "$baddr" ] && r1=$(requests "$baddr")
+  if [ -n "$baddr" ]; then
+    r1=$(counter "$baddr" requests); h1=$(counter "$baddr" holes); i1=$(counter "$baddr" ids)
+  fi
+  # One process sees the IDs of the others as holes in its own: with several, the
+  # broker's own count is the one that means something (none for direct clients).
+  local holes_from=bench
+  if [ "$procs" -gt 1 ]; then holes_from=$([ -n "$baddr" ] && echo broker || echo none); fi
   local client_s
   client_s=$(cat "$dir"/time.* | awk '{ s += $1 + $2 } END { print s }')
   rm -f "$dir"/time.*
   tail -q -n 1 "$dir"/out.* | awk -v m="$mode" -v c="$((callers * procs))" -v n="$count" \
     -v secs="$secs" -v hz="$hz" -v wire="$((r1 - r0))" -v b="$((b1 - b0))" -v s="$((s1 - s0))" \
-    -v cl="$client_s" -v broker="$bpid" '{
+    -v cl="$client_s" -v broker="$bpid" -v hf="$holes_from" -v bh="$((h1 - h0))" \
+    -v bi="$((i1 - i0))" '{
       gsub(/[{}"]/, ""); split($0, kv, ",");
       for (i in kv) { split(kv[i], f, ":"); v[f[1]] = f[2] }
       ids += v["ids_per_sec"]; reqs += v["requests_per_sec"]; errs += v["errors"]
@@ -84,8 +99,11 @@ row() { # mode callers count procs
     } END {
       w = broker == "" ? "" : sprintf("%d", wire / secs)
       bc = broker == "" ? "" : sprintf("%d", 100 * b / hz / secs)
-      printf "| %s | %d | %d | %d | %d | %d | %d | %d | %.3f | %d | %s | %s | %d | %d |\n",
-        m, c, n, ids, reqs, p50, p99, mx, holes, errs, w, bc, 100 * s / hz / secs, 100 * cl / secs }'
+      h = sprintf("%.3f", holes)
+      if (hf == "broker") h = sprintf("%.3f (broker)", bi + bh > 0 ? 100 * bh / (bi + bh) : 0)
+      if (hf == "none") h = "-"
+      printf "| %s | %d | %d | %d | %d | %d | %d | %d | %s | %d | %s | %s | %d | %d |\n",
+        m, c, n, ids, reqs, p50, p99, mx, h, errs, w, bc, 100 * s / hz / secs, 100 * cl / secs }'
   rm -f "$dir"/out.*
 }
 for count in 1 1000; do
@@ -93,7 +111,10 @@ for count in 1 1000; do
     for mode in direct rounds window; do row "$mode" "$callers" "$count" 1; done
   done
 done
-for mode in direct rounds window; do row "$mode" 256 1 4; done
+row rounds-single 256 1 1
+# Direct last: 1024 direct clients saturate the nodes, and the window leader can miss its
+# heartbeat and step down (its abandoned windows would count as holes of the next row).
+for mode in rounds window direct; do row "$mode" 256 1 4; done
 echo
 echo "load after: $(uptime)"
 echo
