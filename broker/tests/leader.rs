@@ -12,7 +12,7 @@ use idclient::{IdRange, IdSource};
 use idproto::framed::FrameReader;
 use idproto::wire::{self, BrokerStats, ClientMsg, ServerMsg};
 use idtools::cluster::LocalQuorum;
-use idtools::failover::settled_leader;
+use idtools::failover;
 use idtools::history::{check, monotonic_ns, Event};
 use idtools::proc::{Announced, START_TIMEOUT};
 use std::process::{Command, Stdio};
@@ -75,29 +75,13 @@ async fn stats(addr: &str) -> Option<BrokerStats> {
 /// Polls the brokers (bounded) until exactly one of `alive` leads and every other one
 /// follows it in its term; its index.
 async fn wait_settled(brokers: &[Broker], alive: &[usize], limit: Duration) -> usize {
-    let end = Instant::now() + limit;
-    loop {
-        let mut all = Vec::new();
-        for &i in alive {
-            all.push((i, stats(&brokers[i].addr).await));
-        }
-        let views: Vec<_> = all
-            .iter()
-            .map(|(i, s)| (*i, brokers[*i].addr.as_str(), s.as_ref()))
-            .collect();
-        if let Some(l) = settled_leader(&views) {
-            return l;
-        }
-        let roles: Vec<_> = all
-            .iter()
-            .map(|(i, s)| (i, s.as_ref().map(|s| (s.role.clone(), s.term))))
-            .collect();
-        assert!(
-            Instant::now() < end,
-            "not settled within {limit:?}: {roles:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let views: Vec<_> = alive
+        .iter()
+        .map(|&i| (i, brokers[i].addr.as_str()))
+        .collect();
+    failover::wait_settled(&views, None, limit)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// One `NextIds` on a fresh connection: the broker's reply, or why there was none.

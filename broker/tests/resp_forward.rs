@@ -8,7 +8,7 @@ use idclient::broker_client::{fetch_stats_with_token, BrokerClient, BrokerClient
 use idclient::{IdRange, IdSource, Token};
 use idproto::wire::BrokerStats;
 use idtools::cluster::LocalQuorum;
-use idtools::failover::settled_leader;
+use idtools::failover;
 use idtools::history::{check, monotonic_ns, Event};
 use idtools::proc::{Announced, START_TIMEOUT};
 use std::io::Write;
@@ -72,29 +72,13 @@ async fn wait_settled(
     token: Option<&Token>,
     limit: Duration,
 ) -> usize {
-    let end = Instant::now() + limit;
-    loop {
-        let mut all = Vec::new();
-        for &i in alive {
-            all.push((i, stats(&brokers[i].addr, token).await));
-        }
-        let views: Vec<_> = all
-            .iter()
-            .map(|(i, s)| (*i, brokers[*i].addr.as_str(), s.as_ref()))
-            .collect();
-        if let Some(l) = settled_leader(&views) {
-            return l;
-        }
-        let roles: Vec<_> = all
-            .iter()
-            .map(|(i, s)| (i, s.as_ref().map(|s| (s.role.clone(), s.term))))
-            .collect();
-        assert!(
-            Instant::now() < end,
-            "not settled within {limit:?}: {roles:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let views: Vec<_> = alive
+        .iter()
+        .map(|&i| (i, brokers[i].addr.as_str()))
+        .collect();
+    failover::wait_settled(&views, token, limit)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 #[track_caller]

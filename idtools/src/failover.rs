@@ -10,7 +10,10 @@
 
 use crate::history::{self, monotonic_ns, Event, Violation};
 use crate::proc::Announced;
-use idclient::broker_client::{fetch_stats, BrokerClient, BrokerClientConfig};
+use idclient::broker_client::{
+    fetch_stats, fetch_stats_with_token, BrokerClient, BrokerClientConfig,
+};
+use idproto::auth::Token;
 use idproto::wire::BrokerStats;
 use idproto::IdSource;
 use std::path::PathBuf;
@@ -166,6 +169,44 @@ pub fn settled_leader(views: &[(usize, &str, Option<&BrokerStats>)]) -> Option<u
             })
     });
     followed.then_some(l)
+}
+
+/// Polls `brokers` (each one's index and address; `token` for brokers that require one)
+/// until [`settled_leader`] holds for them, for at most `limit`: the leader's index.
+/// `Err` gives each broker's role and term at the last poll. A broker that does not
+/// answer within 2 s counts as not settled.
+///
+/// # Errors
+/// As above, when they did not settle within `limit`.
+pub async fn wait_settled(
+    brokers: &[(usize, &str)],
+    token: Option<&Token>,
+    limit: Duration,
+) -> Result<usize, String> {
+    let end = Instant::now() + limit;
+    loop {
+        let mut all = Vec::new();
+        for &(i, addr) in brokers {
+            let stats =
+                tokio::time::timeout(Duration::from_secs(2), fetch_stats_with_token(addr, token))
+                    .await
+                    .ok()
+                    .and_then(Result::ok);
+            all.push((i, addr, stats));
+        }
+        let views: Vec<_> = all.iter().map(|(i, a, s)| (*i, *a, s.as_ref())).collect();
+        if let Some(l) = settled_leader(&views) {
+            return Ok(l);
+        }
+        if Instant::now() >= end {
+            let roles: Vec<_> = all
+                .iter()
+                .map(|(i, _, s)| (i, s.as_ref().map(|s| (s.role.clone(), s.term))))
+                .collect();
+            return Err(format!("not settled within {limit:?}: {roles:?}"));
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
 }
 
 /// The callers' shared state.
