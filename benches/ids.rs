@@ -2,7 +2,9 @@
 //! when contended, the default; fast with every request in its own rounds, the baseline
 //! `direct-fast-uncombined`; classic) against the broker (`broker-window`: serving from
 //! a confirmed window, idbroker's default; `broker-rounds`: one write round per batch),
-//! at 1, 16, 64 and 256 concurrent callers, single IDs and ranges of 1000.
+//! at 1, 16, 64 and 256 concurrent callers, single IDs and ranges of 1000; and the two
+//! brokers at 1024 callers over 4 BrokerClients (`1024x4`: each client its own
+//! connections and coalescing queue, as 4 processes of 256 callers would be).
 //!
 //! Each run starts its own 5-node redis-server quorum (durable: fsync on every write) and
 //! two in-process brokers on free loopback ports, one per serve mode (measured one at a
@@ -10,7 +12,8 @@
 //! (own connections, like separate processes); broker callers share one BrokerClient.
 //! Throughput is reported in IDs (elements) per second.
 //!
-//! `cargo bench --bench ids`; `QLIST_BENCH_CALLERS=1,64` limits the caller counts.
+//! `cargo bench --bench ids`; `QLIST_BENCH_CALLERS=1,64` limits the caller counts
+//! (`1024x4`: 1024 callers over 4 broker clients, broker rows only).
 
 use broker::{BrokerConfig, RoundSource, WindowSource};
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
@@ -50,11 +53,23 @@ async fn run<S: IdSource + 'static>(sources: &[Arc<S>], iters: u64, count: u64) 
     started.elapsed()
 }
 
-fn callers() -> Vec<usize> {
+/// Caller counts, each with the number of broker clients they are spread over.
+fn callers() -> Vec<(usize, usize)> {
+    let parse = |s: &str| -> Option<(usize, usize)> {
+        match s.trim().split_once('x') {
+            Some((callers, clients)) => Some((callers.parse().ok()?, clients.parse().ok()?)),
+            None => Some((s.trim().parse().ok()?, 1)),
+        }
+    };
     std::env::var("QLIST_BENCH_CALLERS")
         .ok()
-        .map(|v| v.split(',').filter_map(|s| s.trim().parse().ok()).collect())
-        .unwrap_or_else(|| vec![1, 16, 64, 256])
+        .map(|v| {
+            v.split(',')
+                .filter_map(parse)
+                .filter(|&(_, k)| k > 0)
+                .collect()
+        })
+        .unwrap_or_else(|| vec![(1, 1), (16, 1), (64, 1), (256, 1), (1024, 4)])
 }
 
 fn ids(c: &mut Criterion) {
@@ -78,8 +93,19 @@ fn ids(c: &mut Criterion) {
         .sample_size(10)
         .warm_up_time(Duration::from_millis(500))
         .measurement_time(Duration::from_secs(3));
-    for callers in callers() {
+    for (callers, clients) in callers() {
+        // Several clients: broker rows only (1024 direct clients in one process starve
+        // each other: `scripts/bench-window.sh` has that row).
+        let split = clients > 1;
+        let param = if split {
+            format!("{callers}x{clients}")
+        } else {
+            callers.to_string()
+        };
         let direct = |protocol, combine| {
+            if split {
+                return Vec::new();
+            }
             rt.block_on(async {
                 let mut config = ClientConfig::new(quorum.urls());
                 config.protocol = protocol;
@@ -105,12 +131,16 @@ fn ids(c: &mut Criterion) {
                     deadline: Duration::from_secs(30),
                     ..Default::default()
                 };
-                let client = Arc::new(
-                    BrokerClient::connect(vec![addr.clone()], config)
-                        .await
-                        .expect("broker client"),
-                );
-                vec![client; callers]
+                let mut v = Vec::new();
+                for _ in 0..clients {
+                    let client = Arc::new(
+                        BrokerClient::connect(vec![addr.clone()], config.clone())
+                            .await
+                            .expect("broker client"),
+                    );
+                    v.extend(std::iter::repeat_n(client, callers / clients));
+                }
+                v
             })
         };
         let rounds = brokered(&rounds_addr);
@@ -118,36 +148,38 @@ fn ids(c: &mut Criterion) {
         for count in [1u64, 1000] {
             let size = if count == 1 { "single" } else { "range1000" };
             group.throughput(Throughput::Elements(count));
+            if !split {
+                group.bench_function(
+                    BenchmarkId::new(format!("direct-fast/{size}"), callers),
+                    |b| {
+                        b.to_async(&rt)
+                            .iter_custom(|iters| run(&fast, iters, count))
+                    },
+                );
+                group.bench_function(
+                    BenchmarkId::new(format!("direct-fast-uncombined/{size}"), callers),
+                    |b| {
+                        b.to_async(&rt)
+                            .iter_custom(|iters| run(&uncombined, iters, count))
+                    },
+                );
+                group.bench_function(
+                    BenchmarkId::new(format!("direct-classic/{size}"), callers),
+                    |b| {
+                        b.to_async(&rt)
+                            .iter_custom(|iters| run(&classic, iters, count))
+                    },
+                );
+            }
             group.bench_function(
-                BenchmarkId::new(format!("direct-fast/{size}"), callers),
-                |b| {
-                    b.to_async(&rt)
-                        .iter_custom(|iters| run(&fast, iters, count))
-                },
-            );
-            group.bench_function(
-                BenchmarkId::new(format!("direct-fast-uncombined/{size}"), callers),
-                |b| {
-                    b.to_async(&rt)
-                        .iter_custom(|iters| run(&uncombined, iters, count))
-                },
-            );
-            group.bench_function(
-                BenchmarkId::new(format!("direct-classic/{size}"), callers),
-                |b| {
-                    b.to_async(&rt)
-                        .iter_custom(|iters| run(&classic, iters, count))
-                },
-            );
-            group.bench_function(
-                BenchmarkId::new(format!("broker-rounds/{size}"), callers),
+                BenchmarkId::new(format!("broker-rounds/{size}"), &param),
                 |b| {
                     b.to_async(&rt)
                         .iter_custom(|iters| run(&rounds, iters, count))
                 },
             );
             group.bench_function(
-                BenchmarkId::new(format!("broker-window/{size}"), callers),
+                BenchmarkId::new(format!("broker-window/{size}"), &param),
                 |b| {
                     b.to_async(&rt)
                         .iter_custom(|iters| run(&window, iters, count))
