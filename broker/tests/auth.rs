@@ -133,12 +133,27 @@ async fn binary_clients_need_the_token() {
     let q = quorum();
     let b = Broker::start(&q, "127.0.0.1:0");
 
-    // Without a token, and with a wrong one: refused, with an error that says so.
+    // Without a token, and with a wrong one: refused, with an error that says so, after
+    // ONE connection (no retrying until the deadline: no retry changes the token).
+    let right = Token::new(SECRET).expect("token");
+    let connections = || async {
+        fetch_stats_with_token(&b.addr, Some(&right))
+            .await
+            .expect("stats with the token")
+            .connections_total
+    };
     for token in [None, Some("wrong-token")] {
+        let before = connections().await;
         let e = match BrokerClient::connect(vec![b.addr.clone()], config(token)).await {
             Ok(c) => c.next_ids(1).await.expect_err("served without the token"),
             Err(e) => e,
         };
+        // The stats connection counts itself.
+        assert_eq!(
+            connections().await - before,
+            2,
+            "one connection was refused"
+        );
         let e = e.to_string();
         assert!(
             e.contains(&format!("broker {} refused the token", b.addr)),

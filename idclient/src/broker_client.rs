@@ -920,18 +920,23 @@ impl Inner {
         let this = &self.slots[slot];
         let mut passes = 0;
         loop {
-            if let Some(conn) = self.open_any(deadline, failures).await {
-                let mut state = this.state();
-                state.conn = Some(conn.clone());
-                state.retry_at = None;
-                return Ok(conn);
-            }
+            let all_refused_token = match self.open_any(deadline, failures).await {
+                Ok(conn) => {
+                    let mut state = this.state();
+                    state.conn = Some(conn.clone());
+                    state.retry_at = None;
+                    return Ok(conn);
+                }
+                Err(all_refused_token) => all_refused_token,
+            };
             if let Some(conn) = self.any_usable(slot) {
                 this.state().retry_at = Some(Instant::now() + SLOT_RETRY);
                 return Ok(conn);
             }
+            // A wrong or missing token fails at once, as redis-cli with a wrong password
+            // does, instead of retrying until the deadline.
             let now = Instant::now();
-            if now >= deadline {
+            if now >= deadline || all_refused_token {
                 return Err(unavailable(failures));
             }
             let pause = self.reconnect_backoff.pause(RECONNECT_PAUSE_BASE, passes);
@@ -941,19 +946,21 @@ impl Inner {
     }
 
     /// One pass over the brokers from the preferred one: the first connection that
-    /// completes its handshake (before `deadline`), noting each failure.
+    /// completes its handshake (before `deadline`), noting each failure. `Err(true)`:
+    /// every broker refused the client's token, which no retry will change.
     async fn open_any(
         &self,
         deadline: Instant,
         failures: &mut Vec<NodeFailure>,
-    ) -> Option<Arc<Conn>> {
+    ) -> Result<Arc<Conn>, bool> {
         let n = self.addrs.len();
         let start = self.preferred.load(Relaxed);
+        let mut refused = 0;
         for k in 0..n {
             let b = (start + k) % n;
             let now = Instant::now();
             if now >= deadline {
-                return None;
+                return Err(false);
             }
             let until = deadline.min(now + self.config.connect_timeout);
             let addr = &self.addrs[b];
@@ -965,9 +972,12 @@ impl Inner {
                 Ok(Ok(conn)) => {
                     self.preferred.store(b, Relaxed);
                     self.max_count.store(conn.max_count, Relaxed);
-                    return Some(Arc::new(conn));
+                    return Ok(Arc::new(conn));
                 }
-                Ok(Err(e)) => note(failures, failure(open_failure(e))),
+                Ok(Err(e)) => {
+                    refused += usize::from(refused_token(&e));
+                    note(failures, failure(open_failure(e)));
+                }
                 Err(_) if until == deadline => note_cut(
                     failures,
                     failure(format!("no handshake within {:?}", until - now)),
@@ -978,7 +988,7 @@ impl Inner {
                 ),
             }
         }
-        None
+        Err(refused == n)
     }
 
     /// Sends one request on `conn` and waits for its reply until `deadline`.
@@ -989,6 +999,15 @@ impl Inner {
             Err(attempt) => attempt,
         }
     }
+}
+
+/// How the handshake error of a broker that refused the client's token (or its lack of
+/// one) ends.
+const TOKEN_REFUSED: &str = "refused the token";
+
+/// True if `e` is a broker's refusal of the client's token.
+fn refused_token(e: &IdError) -> bool {
+    matches!(e, IdError::Protocol { reason, .. } if reason.ends_with(TOKEN_REFUSED))
 }
 
 /// Every broker failed: the error, with what each one did.
@@ -1181,7 +1200,7 @@ async fn handshake(
             version, max_count, ..
         })) if version == wire::VERSION => Ok((rd, wr, max_count)),
         Ok(Some(ServerMsg::Refused { reason })) if reason == wire::AUTH_FAILED => {
-            Err(protocol(format!("broker {addr} refused the token")))
+            Err(protocol(format!("broker {addr} {TOKEN_REFUSED}")))
         }
         Ok(Some(ServerMsg::Refused { reason })) => {
             Err(protocol(format!("handshake refused: {reason}")))
