@@ -8,7 +8,7 @@ use idclient::{IdSource, Token};
 use idproto::framed::FrameReader;
 use idproto::wire::{self, ServerMsg};
 use idtools::cluster::LocalQuorum;
-use idtools::proc::{Announced, START_TIMEOUT};
+use idtools::proc::{Announced, TestBroker, START_TIMEOUT};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -18,46 +18,14 @@ use tokio::net::TcpStream;
 
 const SECRET: &str = "tok-7f3a9c2e-do-not-log";
 
-/// An idbroker process with a token, its stderr in a file; killed (by pid) on drop.
-struct Broker {
-    _proc: Announced,
-    addr: String,
-    resp: String,
-    stderr: PathBuf,
-    _dir: tempfile::TempDir,
-}
-
-impl Broker {
-    fn start(quorum: &LocalQuorum, listen: &str) -> Broker {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let token = write_token(dir.path(), &format!("  {SECRET}\n"), 0o600);
-        let stderr = dir.path().join("stderr");
-        let proc = Announced::start(
-            Command::new(env!("CARGO_BIN_EXE_idbroker"))
-                .args(["--listen", listen, "--resp-listen", "127.0.0.1:0"])
-                .args(["--nodes", &quorum.urls_arg(), "--serve", "rounds"])
-                .arg("--auth-token-file")
-                .arg(&token)
-                .stderr(std::fs::File::create(&stderr).expect("stderr file")),
-            &["listening on ", "resp listening on "],
-            START_TIMEOUT,
-        )
-        .unwrap_or_else(|e| {
-            let log = std::fs::read_to_string(&stderr).unwrap_or_default();
-            panic!("idbroker did not start: {e}: {log}")
-        });
-        Broker {
-            addr: proc.addr().to_string(),
-            resp: proc.value(1).to_string(),
-            _proc: proc,
-            stderr,
-            _dir: dir,
-        }
-    }
-
-    fn stderr(&self) -> String {
-        std::fs::read_to_string(&self.stderr).expect("idbroker stderr")
-    }
+/// A `--serve rounds` broker whose token file holds the token with blanks around it.
+fn token_broker(quorum: &LocalQuorum) -> TestBroker {
+    TestBroker::start(
+        env!("CARGO_BIN_EXE_idbroker"),
+        &quorum.urls_arg(),
+        Some(&format!("  {SECRET}\n")),
+        &["--serve", "rounds"],
+    )
 }
 
 /// Starts idbroker on the wildcard address with `extra` flags until it announces its
@@ -131,7 +99,7 @@ fn unreadable_or_empty_token_files_are_usage_errors_naming_the_file() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn binary_clients_need_the_token() {
     let q = quorum();
-    let b = Broker::start(&q, "127.0.0.1:0");
+    let b = token_broker(&q);
 
     // Without a token, and with a wrong one: refused, with an error that says so, after
     // ONE connection (no retrying until the deadline: no retry changes the token).

@@ -10,7 +10,7 @@ use idproto::framed::FrameReader;
 use idproto::wire::{self, ClientMsg, ServerMsg};
 use idtools::cluster::LocalQuorum;
 use idtools::history::{check, monotonic_ns, Event};
-use idtools::proc::{Announced, START_TIMEOUT};
+use idtools::proc::TestBroker;
 use std::future::Future;
 use std::io::Write;
 use std::process::{Command, Stdio};
@@ -22,37 +22,20 @@ use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
 use tokio::time::Instant;
 
-/// An idbroker process serving binary and RESP, killed (by its pid) on drop.
-struct Broker {
-    proc: Announced,
-    addr: String,
-    resp: String,
+/// An idbroker serving binary and RESP on `quorum`, with `extra` flags.
+fn broker(quorum: &LocalQuorum, extra: &[&str]) -> TestBroker {
+    TestBroker::start(
+        env!("CARGO_BIN_EXE_idbroker"),
+        &quorum.urls_arg(),
+        None,
+        extra,
+    )
 }
 
-impl Broker {
-    fn start(quorum: &LocalQuorum, extra: &[&str]) -> Broker {
-        let proc = Announced::start(
-            Command::new(env!("CARGO_BIN_EXE_idbroker"))
-                .args(["--listen", "127.0.0.1:0", "--resp-listen", "127.0.0.1:0"])
-                .args(["--nodes", &quorum.urls_arg()])
-                .args(extra)
-                .stderr(Stdio::inherit()),
-            &["listening on ", "resp listening on "],
-            START_TIMEOUT,
-        )
-        .expect("idbroker starts with both listeners");
-        Broker {
-            addr: proc.addr().to_string(),
-            resp: proc.value(1).to_string(),
-            proc,
-        }
-    }
-
-    /// (host, port) of the RESP listener.
-    fn resp_host_port(&self) -> (String, String) {
-        let (host, port) = self.resp.rsplit_once(':').expect("host:port");
-        (host.to_string(), port.to_string())
-    }
+/// (host, port) of the broker's RESP listener.
+fn resp_host_port(b: &TestBroker) -> (String, String) {
+    let (host, port) = b.resp.rsplit_once(':').expect("host:port");
+    (host.to_string(), port.to_string())
 }
 
 fn quorum() -> LocalQuorum {
@@ -60,8 +43,8 @@ fn quorum() -> LocalQuorum {
 }
 
 /// Runs `redis-cli` against the broker's RESP port with `args` (and `stdin`); its stdout.
-fn redis_cli(b: &Broker, args: &[&str], stdin: &[u8]) -> String {
-    let (host, port) = b.resp_host_port();
+fn redis_cli(b: &TestBroker, args: &[&str], stdin: &[u8]) -> String {
+    let (host, port) = resp_host_port(b);
     let mut child = Command::new("redis-cli")
         .args(["-h", &host, "-p", &port])
         .args(args)
@@ -102,7 +85,7 @@ fn assert_increasing(ranges: &[IdRange]) {
 #[test]
 fn redis_cli_session() {
     let q = quorum();
-    let b = Broker::start(&q, &[]);
+    let b = broker(&q, &[]);
     assert_eq!(redis_cli(&b, &["PING"], b""), "PONG\n");
     assert_eq!(redis_cli(&b, &["ping", "hello"], b""), "hello\n");
 
@@ -167,8 +150,8 @@ fn python() -> &'static str {
 #[test]
 fn redis_py_client() {
     let q = quorum();
-    let b = Broker::start(&q, &[]);
-    let (host, port) = b.resp_host_port();
+    let b = broker(&q, &[]);
+    let (host, port) = resp_host_port(&b);
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/resp_client.py");
     let out = Command::new(python())
         .args([script, &host, &port])
@@ -199,7 +182,7 @@ fn redis_py_client() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn binary_and_resp_clients_interleave_linearizably() {
     let q = quorum();
-    let b = Broker::start(&q, &[]);
+    let b = broker(&q, &[]);
     let binary = Arc::new(
         BrokerClient::connect(vec![b.addr.clone()], BrokerClientConfig::default())
             .await
@@ -265,7 +248,7 @@ async fn binary_and_resp_clients_interleave_linearizably() {
 
 /// Connects to the RESP port, sends `bytes`, and reads until the broker closes: what it
 /// sent back, lossily as text.
-async fn send_until_closed(b: &Broker, bytes: &[u8]) -> String {
+async fn send_until_closed(b: &TestBroker, bytes: &[u8]) -> String {
     let mut s = TcpStream::connect(&b.resp).await.expect("connect");
     // The broker may close before everything is written: that is the point.
     let _ = s.write_all(bytes).await;
@@ -287,7 +270,7 @@ async fn read_until_closed(s: &mut TcpStream) -> String {
 }
 
 /// A well-behaved client is still served.
-async fn still_served(b: &Broker) {
+async fn still_served(b: &TestBroker) {
     let client = redis::Client::open(format!("redis://{}/", b.resp)).expect("redis URL");
     let mut con = client
         .get_multiplexed_async_connection()
@@ -302,7 +285,7 @@ async fn still_served(b: &Broker) {
 }
 
 /// The broker's resident memory, KiB (Linux).
-fn rss_kib(b: &Broker) -> u64 {
+fn rss_kib(b: &TestBroker) -> u64 {
     let status = std::fs::read_to_string(format!("/proc/{}/status", b.proc.pid()))
         .expect("read /proc/PID/status");
     status
@@ -315,7 +298,7 @@ fn rss_kib(b: &Broker) -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_input_costs_only_that_connection() {
     let q = quorum();
-    let b = Broker::start(
+    let b = broker(
         &q,
         &[
             "--frame-timeout-ms",
@@ -396,7 +379,7 @@ async fn hostile_input_costs_only_that_connection() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pipelined_flood_is_answered_in_order() {
     let q = quorum();
-    let b = Broker::start(&q, &["--max-in-flight", "4"]);
+    let b = broker(&q, &["--max-in-flight", "4"]);
     let n = 3000;
     let mut flood = Vec::new();
     for i in 0..n {
@@ -441,7 +424,7 @@ async fn pipelined_flood_is_answered_in_order() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_closes_resp_connections_after_their_replies() {
     let q = quorum();
-    let mut b = Broker::start(&q, &[]);
+    let mut b = broker(&q, &[]);
     let mut s = TcpStream::connect(&b.resp).await.expect("connect");
     s.write_all(next_cmd(1).repeat(500).as_bytes())
         .await
@@ -469,7 +452,7 @@ async fn sigterm_closes_resp_connections_after_their_replies() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connection_cap_refuses_resp_clients_in_redis_words() {
     let q = quorum();
-    let b = Broker::start(
+    let b = broker(
         &q,
         &["--max-connections", "1", "--evict-min-idle-ms", "60000"],
     );

@@ -10,7 +10,7 @@ use idproto::wire::BrokerStats;
 use idtools::cluster::LocalQuorum;
 use idtools::failover;
 use idtools::history::{check, monotonic_ns, Event};
-use idtools::proc::{Announced, START_TIMEOUT};
+use idtools::proc::TestBroker;
 use std::io::Write;
 use std::path::Path;
 use std::process::{Command, Stdio};
@@ -21,36 +21,16 @@ use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-/// An idbroker process serving binary and RESP, killed (by its pid) on drop.
-struct Broker {
-    proc: Announced,
-    addr: String,
-    resp: String,
-}
-
-impl Broker {
-    fn start(quorum: &LocalQuorum, extra: &[&str]) -> Broker {
-        let proc = Announced::start(
-            Command::new(env!("CARGO_BIN_EXE_idbroker"))
-                .args(["--listen", "127.0.0.1:0", "--resp-listen", "127.0.0.1:0"])
-                .args(["--nodes", &quorum.urls_arg()])
-                .args(["--election-timeout-ms", "200", "--heartbeat-ms", "50"])
-                .args(extra)
-                .stderr(Stdio::inherit()),
-            &["listening on ", "resp listening on "],
-            START_TIMEOUT,
-        )
-        .expect("idbroker starts with both listeners");
-        Broker {
-            addr: proc.addr().to_string(),
-            resp: proc.value(1).to_string(),
-            proc,
-        }
-    }
-
-    fn kill9(&mut self) {
-        self.proc.kill();
-    }
+/// An idbroker serving binary and RESP on `quorum`, taking part in elections with
+/// short timeouts, with `extra` flags.
+fn broker(quorum: &LocalQuorum, extra: &[&str]) -> TestBroker {
+    let timing = ["--election-timeout-ms", "200", "--heartbeat-ms", "50"];
+    TestBroker::start(
+        env!("CARGO_BIN_EXE_idbroker"),
+        &quorum.urls_arg(),
+        None,
+        &[&timing[..], extra].concat(),
+    )
 }
 
 fn quorum() -> LocalQuorum {
@@ -67,7 +47,7 @@ async fn stats(addr: &str, token: Option<&Token>) -> Option<BrokerStats> {
 /// Polls (bounded) until exactly one of `alive` leads and every other one follows it in
 /// its term; its index.
 async fn wait_settled(
-    brokers: &[Broker],
+    brokers: &[TestBroker],
     alive: &[usize],
     token: Option<&Token>,
     limit: Duration,
@@ -123,7 +103,7 @@ fn assert_linearizable(events: &[Event]) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_followers_resp_port_serves_the_leaders_ids() {
     let q = quorum();
-    let brokers: Vec<Broker> = (0..3).map(|_| Broker::start(&q, &[])).collect();
+    let brokers: Vec<TestBroker> = (0..3).map(|_| broker(&q, &[])).collect();
     let l = wait_settled(&brokers, &[0, 1, 2], None, Duration::from_secs(10)).await;
     let (leader, follower) = (&brokers[l], &brokers[(l + 1) % 3]);
 
@@ -282,7 +262,7 @@ async fn read_reply(s: &mut TcpStream, buf: &mut Vec<u8>) -> Vec<String> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_leader_under_pipelined_resp_load_on_a_follower() {
     let q = quorum();
-    let mut brokers: Vec<Broker> = (0..3).map(|_| Broker::start(&q, &[])).collect();
+    let mut brokers: Vec<TestBroker> = (0..3).map(|_| broker(&q, &[])).collect();
     let l = wait_settled(&brokers, &[0, 1, 2], None, Duration::from_secs(10)).await;
     let f = (l + 1) % 3;
     let stop = Arc::new(AtomicBool::new(false));
@@ -325,7 +305,7 @@ async fn a_killed_leader_under_pipelined_resp_load_on_a_follower() {
         assert!(Instant::now() < end, "the follower forwarded nothing");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    brokers[l].kill9();
+    brokers[l].proc.kill();
     let killed_ns = monotonic_ns();
     let alive: Vec<usize> = (0..3).filter(|&i| i != l).collect();
     let n = wait_settled(&brokers, &alive, None, Duration::from_secs(10)).await;
@@ -422,8 +402,8 @@ async fn a_follower_with_a_token_forwards_to_a_leader_requiring_it() {
     write_private(&path, secret);
     let file = path.to_str().expect("utf-8 path");
     let token = Token::new(secret).expect("token");
-    let brokers: Vec<Broker> = (0..3)
-        .map(|_| Broker::start(&q, &["--auth-token-file", file]))
+    let brokers: Vec<TestBroker> = (0..3)
+        .map(|_| broker(&q, &["--auth-token-file", file]))
         .collect();
     let l = wait_settled(&brokers, &[0, 1, 2], Some(&token), Duration::from_secs(10)).await;
     let follower = &brokers[(l + 1) % 3];

@@ -8,8 +8,9 @@ use idclient::broker_client::{fetch_stats_with, BrokerClient, BrokerClientConfig
 use idclient::{BrokerTls, ClientCert, IdError, IdSource, Token};
 use idtools::cluster::LocalQuorum;
 use idtools::pki::Pki;
-use idtools::proc::{Announced, START_TIMEOUT};
-use std::path::{Path, PathBuf};
+use idtools::proc::{Announced, TestBroker, START_TIMEOUT};
+use std::ffi::OsStr;
+use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
 use tokio::io::AsyncReadExt;
@@ -17,76 +18,48 @@ use tokio::net::TcpStream;
 
 const SECRET: &str = "tls-tok-5b1d0e-never-logged";
 
-/// An idbroker process with TLS on both listeners and a token, its stderr in a file;
-/// killed (by pid) on drop.
-struct Broker {
-    _proc: Announced,
-    addr: String,
-    resp: String,
-    stderr: PathBuf,
-    _dir: tempfile::TempDir,
+/// A `--serve rounds` broker with TLS (`pki`'s server certificate), the token, and
+/// `extra` arguments.
+fn rounds_broker(quorum: &LocalQuorum, pki: &Pki, extra: &[&str]) -> TestBroker {
+    tls_broker(quorum, pki, &[&["--serve", "rounds"], extra].concat())
 }
 
-impl Broker {
-    /// A `--serve rounds` broker with TLS (`pki`'s server certificate), the token, and
-    /// `extra` arguments.
-    fn start(quorum: &LocalQuorum, pki: &Pki, extra: &[&str]) -> Broker {
-        Broker::spawn(quorum, pki, &[&["--serve", "rounds"], extra].concat())
-    }
+/// A `--serve window` broker (it takes part in the election) with TLS, the token,
+/// `--peer-tls-ca` (the CA of the other brokers' certificates: the same one) and
+/// `extra` arguments.
+fn window_broker(quorum: &LocalQuorum, pki: &Pki, extra: &[&str]) -> TestBroker {
+    let ca = pki.ca.to_str().expect("utf-8 path");
+    let timing = ["--election-timeout-ms", "200", "--heartbeat-ms", "50"];
+    tls_broker(
+        quorum,
+        pki,
+        &[&timing, &["--peer-tls-ca", ca][..], extra].concat(),
+    )
+}
 
-    /// A `--serve window` broker (it takes part in the election) with TLS, the token,
-    /// `--peer-tls-ca` (the CA of the other brokers' certificates: the same one) and
-    /// `extra` arguments.
-    fn start_window(quorum: &LocalQuorum, pki: &Pki, extra: &[&str]) -> Broker {
-        let ca = pki.ca.to_str().expect("utf-8 path");
-        let timing = ["--election-timeout-ms", "200", "--heartbeat-ms", "50"];
-        Broker::spawn(
-            quorum,
-            pki,
-            &[&timing, &["--peer-tls-ca", ca][..], extra].concat(),
-        )
-    }
+/// An idbroker with TLS on both listeners and the token, and `extra` arguments.
+fn tls_broker(quorum: &LocalQuorum, pki: &Pki, extra: &[&str]) -> TestBroker {
+    let tls = [
+        OsStr::new("--listen-tls-cert"),
+        pki.server_cert.as_os_str(),
+        OsStr::new("--listen-tls-key"),
+        pki.server_key.as_os_str(),
+    ];
+    let args: Vec<&OsStr> = tls
+        .into_iter()
+        .chain(extra.iter().map(OsStr::new))
+        .collect();
+    TestBroker::start(
+        env!("CARGO_BIN_EXE_idbroker"),
+        &quorum.urls_arg(),
+        Some(SECRET),
+        &args,
+    )
+}
 
-    fn spawn(quorum: &LocalQuorum, pki: &Pki, extra: &[&str]) -> Broker {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let token = dir.path().join("token");
-        std::fs::write(&token, SECRET).expect("write token file");
-        let stderr = dir.path().join("stderr");
-        let proc = Announced::start(
-            Command::new(env!("CARGO_BIN_EXE_idbroker"))
-                .args(["--listen", "127.0.0.1:0", "--resp-listen", "127.0.0.1:0"])
-                .args(["--nodes", &quorum.urls_arg()])
-                .arg("--auth-token-file")
-                .arg(&token)
-                .arg("--listen-tls-cert")
-                .arg(&pki.server_cert)
-                .arg("--listen-tls-key")
-                .arg(&pki.server_key)
-                .args(extra)
-                .stderr(std::fs::File::create(&stderr).expect("stderr file")),
-            &["listening on ", "resp listening on "],
-            START_TIMEOUT,
-        )
-        .unwrap_or_else(|e| {
-            let log = std::fs::read_to_string(&stderr).unwrap_or_default();
-            panic!("idbroker did not start: {e}: {log}")
-        });
-        Broker {
-            addr: proc.addr().to_string(),
-            resp: proc.value(1).to_string(),
-            _proc: proc,
-            stderr,
-            _dir: dir,
-        }
-    }
-
-    fn stderr(&self) -> String {
-        std::fs::read_to_string(&self.stderr).expect("idbroker stderr")
-    }
-
-    fn resp_port(&self) -> &str {
-        self.resp.rsplit_once(':').expect("host:port").1
-    }
+/// The port of the broker's RESP listener.
+fn resp_port(b: &TestBroker) -> &str {
+    b.resp.rsplit_once(':').expect("host:port").1
 }
 
 fn quorum() -> LocalQuorum {
@@ -117,9 +90,9 @@ async fn next_ids(addr: &str, config: BrokerClientConfig, n: u64) -> Result<(u64
 }
 
 /// `redis-cli` on the broker's RESP port with `args`; its stdout and stderr.
-fn redis_cli(b: &Broker, args: &[&str]) -> (String, String) {
+fn redis_cli(b: &TestBroker, args: &[&str]) -> (String, String) {
     let out = Command::new("redis-cli")
-        .args(["-h", "127.0.0.1", "-p", b.resp_port()])
+        .args(["-h", "127.0.0.1", "-p", resp_port(b)])
         .args(args)
         .output()
         .expect("run redis-cli (Debian package redis-tools; scripts/deps.sh installs it)");
@@ -141,7 +114,7 @@ fn python() -> &'static str {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_client_gets_ids_over_tls_with_the_token() {
     let (q, pki) = (quorum(), pki());
-    let b = Broker::start(&q, &pki, &[]);
+    let b = rounds_broker(&q, &pki, &[]);
     let ca = pki.ca.to_str().expect("utf-8 path");
 
     // The Rust client, by IP address (the certificate names 127.0.0.1)...
@@ -186,7 +159,7 @@ async fn every_client_gets_ids_over_tls_with_the_token() {
     // redis-py, ssl=True.
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/resp_tls_client.py");
     let out = Command::new(python())
-        .args([script, "127.0.0.1", b.resp_port(), ca, SECRET])
+        .args([script, "127.0.0.1", resp_port(&b), ca, SECRET])
         .output()
         .expect("run python3 (Debian packages python3, python3-redis)");
     assert!(
@@ -235,8 +208,8 @@ async fn every_client_gets_ids_over_tls_with_the_token() {
 async fn a_follower_forwards_resp_requests_to_the_leader_over_tls() {
     let (q, pki) = (quorum(), pki());
     let client_ca = pki.ca.to_str().expect("utf-8 path");
-    let brokers: Vec<Broker> = (0..3)
-        .map(|_| Broker::start_window(&q, &pki, &["--listen-tls-client-ca", client_ca]))
+    let brokers: Vec<TestBroker> = (0..3)
+        .map(|_| window_broker(&q, &pki, &["--listen-tls-client-ca", client_ca]))
         .collect();
     let tls = BrokerTls::new(
         &pki.ca,
@@ -292,7 +265,7 @@ async fn a_follower_forwards_resp_requests_to_the_leader_over_tls() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plain_clients_are_told_to_use_tls_and_others_are_served() {
     let (q, pki) = (quorum(), pki());
-    let b = Broker::start(&q, &pki, &[]);
+    let b = rounds_broker(&q, &pki, &[]);
 
     let e = next_ids(&b.addr, config(None), 1)
         .await
@@ -326,7 +299,7 @@ async fn plain_clients_are_told_to_use_tls_and_others_are_served() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_trusting_another_ca_fails_certificate_verification() {
     let (q, pki) = (quorum(), pki());
-    let b = Broker::start(&q, &pki, &[]);
+    let b = rounds_broker(&q, &pki, &[]);
 
     let e = next_ids(&b.addr, config(Some(trusting(&pki.other_ca))), 1)
         .await
@@ -374,7 +347,7 @@ async fn closed_by_broker(stream: &mut TcpStream, tries: usize) -> bool {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_clients_are_dropped_after_the_handshake_timeout_while_others_are_served() {
     let (q, pki) = (quorum(), pki());
-    let b = Broker::start(&q, &pki, &["--handshake-timeout-ms", "1500"]);
+    let b = rounds_broker(&q, &pki, &["--handshake-timeout-ms", "1500"]);
 
     // Connections that never send a ClientHello, on both listeners.
     let mut silent = Vec::new();
@@ -418,7 +391,7 @@ async fn silent_clients_are_dropped_after_the_handshake_timeout_while_others_are
 async fn a_required_client_certificate_is_checked() {
     let (q, pki) = (quorum(), pki());
     let client_ca = pki.ca.to_str().expect("utf-8 path");
-    let b = Broker::start(&q, &pki, &["--listen-tls-client-ca", client_ca]);
+    let b = rounds_broker(&q, &pki, &["--listen-tls-client-ca", client_ca]);
 
     let e = next_ids(&b.addr, config(Some(trusting(&pki.ca))), 1)
         .await

@@ -6,7 +6,10 @@
 //! on a thread (a process that never prints cannot block the caller past the timeout)
 //! and drained for the process's lifetime (a full pipe would stall it).
 
+use std::ffi::OsStr;
 use std::io::{BufRead, BufReader};
+use std::os::unix::fs::PermissionsExt;
+use std::path::PathBuf;
 use std::process::{Child, ChildStderr, Command, ExitStatus, Stdio};
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
@@ -154,6 +157,83 @@ impl Announced {
 impl Drop for Announced {
     fn drop(&mut self) {
         self.kill();
+    }
+}
+
+/// An `idbroker` under test: a binary and a RESP listener on free loopback ports, its
+/// stderr kept in a file ([`TestBroker::stderr`]; printed if the test panics while it
+/// runs), killed by its pid on drop. One harness for the broker's real-process tests.
+pub struct TestBroker {
+    pub proc: Announced,
+    /// `host:port` of the binary listener.
+    pub addr: String,
+    /// `host:port` of the RESP listener.
+    pub resp: String,
+    stderr: PathBuf,
+    _dir: tempfile::TempDir,
+}
+
+impl TestBroker {
+    /// Starts `bin` (a test's `env!("CARGO_BIN_EXE_idbroker")`) with `--listen
+    /// 127.0.0.1:0 --resp-listen 127.0.0.1:0 --nodes NODES`, with `--auth-token-file` of a
+    /// file (mode 0600) holding `token` if given, then `args`; waits until it announces
+    /// both listeners.
+    ///
+    /// # Panics
+    /// If it does not start within [`START_TIMEOUT`]: the message has its stderr.
+    pub fn start<A: AsRef<OsStr>>(
+        bin: &str,
+        nodes: &str,
+        token: Option<&str>,
+        args: &[A],
+    ) -> TestBroker {
+        let dir = tempfile::tempdir().expect("temp dir");
+        let stderr = dir.path().join("stderr");
+        let mut cmd = Command::new(bin);
+        cmd.args(["--listen", "127.0.0.1:0", "--resp-listen", "127.0.0.1:0"])
+            .args(["--nodes", nodes]);
+        if let Some(token) = token {
+            let path = dir.path().join("token");
+            std::fs::write(&path, token).expect("write token file");
+            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
+                .expect("chmod token file");
+            cmd.arg("--auth-token-file").arg(path);
+        }
+        cmd.args(args)
+            .stderr(std::fs::File::create(&stderr).expect("stderr file"));
+        let proc = Announced::start(
+            &mut cmd,
+            &["listening on ", "resp listening on "],
+            START_TIMEOUT,
+        )
+        .unwrap_or_else(|e| {
+            let log = std::fs::read_to_string(&stderr).unwrap_or_default();
+            panic!("idbroker did not start: {e}: {log}")
+        });
+        TestBroker {
+            addr: proc.addr().to_string(),
+            resp: proc.value(1).to_string(),
+            proc,
+            stderr,
+            _dir: dir,
+        }
+    }
+
+    /// What it wrote on stderr so far.
+    ///
+    /// # Panics
+    /// If the file cannot be read.
+    pub fn stderr(&self) -> String {
+        std::fs::read_to_string(&self.stderr).expect("idbroker stderr")
+    }
+}
+
+impl Drop for TestBroker {
+    fn drop(&mut self) {
+        if std::thread::panicking() {
+            let log = std::fs::read_to_string(&self.stderr).unwrap_or_default();
+            eprintln!("--- stderr of idbroker {} ---\n{log}", self.addr);
+        }
     }
 }
 
