@@ -45,8 +45,12 @@ ticks() { # CPU ticks (user + system) of the given pids together
   echo "$t"
 }
 hz=$(getconf CLK_TCK)
-counter() { # addr name: one cumulative counter of the broker
-  "$bin/idctl" broker-stats "$1" 2>/dev/null | tail -n 1 | grep -o "\"$2\":[0-9]*" | cut -d: -f2
+counters() { # addr: the broker's cumulative requests, holes and IDs, in one stats call
+  local json
+  json=$("$bin/idctl" broker-stats "$1" 2>/dev/null | tail -n 1)
+  for name in requests holes ids; do
+    echo "$json" | grep -o "\"$name\":[0-9]*" | cut -d: -f2
+  done | tr '\n' ' '
 }
 
 echo "load before: $(uptime)"
@@ -64,7 +68,7 @@ row() { # mode callers count procs
     rounds-single) target=(--broker "$rounds_addr" --in-flight 0); bpid=$rounds_pid; baddr=$rounds_addr ;;
   esac
   if [ -n "$baddr" ]; then
-    r0=$(counter "$baddr" requests); h0=$(counter "$baddr" holes); i0=$(counter "$baddr" ids)
+    read -r r0 h0 i0 <<<"$(counters "$baddr")"
   fi
   local b0 s0 i bench=()
   b0=$(ticks $bpid); s0=$(ticks $redis_pids)
@@ -78,7 +82,7 @@ row() { # mode callers count procs
   local b1 s1
   b1=$(ticks $bpid); s1=$(ticks $redis_pids)
   if [ -n "$baddr" ]; then
-    r1=$(counter "$baddr" requests); h1=$(counter "$baddr" holes); i1=$(counter "$baddr" ids)
+    read -r r1 h1 i1 <<<"$(counters "$baddr")"
   fi
   # One process sees the IDs of the others as holes in its own: with several, the
   # broker's own count is the one that means something (none for direct clients).
