@@ -2,9 +2,12 @@
 //!
 //! - [`shard`]: a producer's sublist, one RocksDB database `DIR/shard-<n>` (written by the
 //!   producer, read by the merger).
-//! - [`listbin`]: `list.bin`, the merger's output (writer, streaming reader, verifier).
+//! - [`listbin`]: `list.bin` version 1 (`QLIST001`): writer, streaming reader, verifier.
+//! - [`run`]: `list.bin` version 2 (`QLIST002`), a *run*: a sealed sublist, a merged list or
+//!   one part of a split merge; checksummed blocks, an index, a shard table, a footer.
 
 pub mod listbin;
+pub mod run;
 pub mod shard;
 
 /// The largest payload of one item anywhere in qlist: the producer refuses longer input
@@ -21,4 +24,42 @@ pub struct Record {
     pub shard: u32,
     pub seq: u64,
     pub payload: Vec<u8>,
+}
+
+/// An error reading a local list.bin of either version ([`read_list`]).
+#[derive(Debug, thiserror::Error)]
+pub enum ReadListError {
+    /// A version 1 list.bin is wrong.
+    #[error(transparent)]
+    V1(#[from] listbin::ListError),
+    /// A run (version 2) is wrong.
+    #[error(transparent)]
+    V2(#[from] run::RunError),
+}
+
+/// A list.bin's records, streamed ([`read_list`]).
+pub type ListRecords = Box<dyn Iterator<Item = Result<Record, ReadListError>>>;
+
+/// The records of a local list.bin of either version, in order, every check made as they
+/// stream (version 1: framing, order, count, CRC; version 2: metadata and each block).
+///
+/// # Errors
+/// The file cannot be opened, or its first bytes or (version 2) metadata are bad; later
+/// problems come as the iterator's items.
+pub fn read_list(path: &std::path::Path) -> Result<ListRecords, ReadListError> {
+    use std::io::Read;
+    let mut magic = [0u8; 8];
+    let n = std::fs::File::open(path)
+        .and_then(|mut f| f.read(&mut magic))
+        .map_err(|error| run::RunError::File {
+            path: path.to_path_buf(),
+            op: "open",
+            error,
+        })?;
+    if n == 8 && magic == listbin::MAGIC {
+        let reader = listbin::ListReader::open(path)?;
+        return Ok(Box::new(reader.map(|r| r.map_err(Into::into))));
+    }
+    let run = run::RunFile::open(path)?;
+    Ok(Box::new(run.map(|r| r.map_err(Into::into))))
 }

@@ -584,7 +584,7 @@ impl<R: Read> Iterator for ListReader<R> {
 }
 
 /// The fields of an encoded record head: id, shard, seq, payload length.
-fn decode_record_head(head: &[u8; RECORD_HEAD_LEN]) -> (u64, u32, u64, u64) {
+pub(crate) fn decode_record_head(head: &[u8; RECORD_HEAD_LEN]) -> (u64, u32, u64, u64) {
     (
         u64::from_le_bytes(le8(&head[0..8])),
         u32::from_le_bytes([head[8], head[9], head[10], head[11]]),
