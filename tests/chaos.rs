@@ -26,7 +26,6 @@ use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
-use sublist::listbin::ListReader;
 
 /// Default length of the fault window: the whole test stays well under a minute.
 const DEFAULT_SECS: u64 = 20;
@@ -447,7 +446,7 @@ fn chaos_pipeline() {
 
     let mut seen: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
     let mut list_ids = Vec::new();
-    for r in ListReader::open(&list).expect("open list.bin") {
+    for r in sublist::read_list(&list).expect("open list.bin") {
         let r = r.unwrap_or_else(|e| panic!("seed {seed}: bad record in list.bin: {e}"));
         assert!(
             r.shard < 4,

@@ -17,7 +17,6 @@ use idtools::history::{check, monotonic_ns, Event};
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
-use sublist::listbin::ListReader;
 
 /// Requests tried after the disk filled before giving up on seeing it fail: each write
 /// appends ~100 bytes to every node's AOF, and a node can fill at most the rest of its
@@ -190,7 +189,7 @@ fn producer_on_a_full_disk_exits_with_a_clear_error_then_resumes() {
         .expect("run merger verify");
     check_output(&out, "merger verify");
     let mut seqs = Vec::new();
-    for r in ListReader::open(&list).expect("open list.bin") {
+    for r in sublist::read_list(&list).expect("open list.bin") {
         let r = r.expect("valid record");
         assert_eq!(
             r.payload,

@@ -12,7 +12,6 @@ use common::{bin, check_output};
 use idtools::cluster::LocalQuorum;
 use std::collections::BTreeMap;
 use std::process::Command;
-use sublist::listbin::ListReader;
 use sublist::Record;
 
 const PAYLOAD_SIZE: usize = 64;
@@ -98,7 +97,7 @@ fn four_producers_then_merge() {
     check_output(&out, "merger verify");
 
     // Strict ID order, framing and checksum are checked by the reader itself.
-    let records: Vec<Record> = ListReader::open(&list)
+    let records: Vec<Record> = sublist::read_list(&list)
         .expect("open list.bin")
         .collect::<Result<_, _>>()
         .expect("valid list.bin");

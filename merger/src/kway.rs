@@ -18,22 +18,29 @@ pub const READ_AHEAD_RECORDS: usize = 128;
 pub const READ_AHEAD_BYTES: usize = 64 << 10;
 
 /// One sorted input of the merge: a name for error messages (e.g. the shard's path), the
-/// shard number every record must carry, and the records in strictly increasing ID order.
+/// shard numbers its records may carry, and the records in strictly increasing ID order.
 pub struct Source<I> {
     /// Names the source in errors.
     pub name: String,
-    /// The shard number every record of this source must carry.
-    pub shard: u32,
+    /// The shard numbers a record of this source may carry, ascending (one for a
+    /// sublist, the shard table's for a run).
+    pub shards: Vec<u32>,
     /// The records, ascending by ID.
     pub records: I,
 }
 
 impl<I> Source<I> {
-    /// Bundles a source.
+    /// A source of one shard (a sublist).
     pub fn new(name: impl Into<String>, shard: u32, records: I) -> Source<I> {
+        Source::with_shards(name, vec![shard], records)
+    }
+
+    /// A source of several shards (a run: a merge of merges).
+    pub fn with_shards(name: impl Into<String>, mut shards: Vec<u32>, records: I) -> Source<I> {
+        shards.sort_unstable();
         Source {
             name: name.into(),
-            shard,
+            shards,
             records,
         }
     }
@@ -41,7 +48,7 @@ impl<I> Source<I> {
 
 struct State<I> {
     name: String,
-    shard: u32,
+    shards: Vec<u32>,
     records: I,
     last_id: Option<u64>,
     /// Checked records read ahead, in order.
@@ -111,7 +118,7 @@ where
         .into_iter()
         .map(|s| State {
             name: s.name,
-            shard: s.shard,
+            shards: s.shards,
             records: s.records,
             last_id: None,
             ahead: VecDeque::new(),
@@ -167,17 +174,26 @@ where
     let record = match src.records.next() {
         None => return Ok(None),
         Some(Err(e)) => {
-            return Err(MergeError::Source {
-                source_name: src.name.clone(),
-                error: e.into(),
-            })
+            // A source that already says where (a run names its object and offset).
+            let error: Box<dyn std::error::Error + Send + Sync> = e.into();
+            return Err(match error.downcast::<MergeError>() {
+                Ok(e) => *e,
+                Err(error) => MergeError::Source {
+                    source_name: src.name.clone(),
+                    error,
+                },
+            });
         }
         Some(Ok(r)) => r,
     };
-    if record.shard != src.shard {
+    let listed = match src.shards.as_slice() {
+        [one] => *one == record.shard,
+        many => many.binary_search(&record.shard).is_ok(),
+    };
+    if !listed {
         return Err(MergeError::WrongShard {
             source_name: src.name.clone(),
-            expected: src.shard,
+            expected: src.shards.clone(),
             found: record.shard,
             id: record.id,
         });
@@ -310,7 +326,7 @@ mod tests {
                 Source<std::vec::IntoIter<Result<Record, Infallible>>>,
             >::new()))
             .expect("empty"),
-            vec![]
+            Vec::<u64>::new()
         );
     }
 
@@ -346,11 +362,11 @@ mod tests {
             matches!(
                 &err,
                 MergeError::WrongShard {
-                    expected: 7,
+                    expected,
                     found: 8,
                     id: 1,
                     ..
-                }
+                } if expected == &[7]
             ),
             "{err}"
         );

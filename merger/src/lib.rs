@@ -11,13 +11,22 @@
 //!
 //! The `merger` binary wraps these (`merger --out`, `merger verify`, `merger cat`).
 
+mod inputs;
+mod jobs;
 mod kway;
+pub mod runs;
+pub mod split;
+pub mod verify;
 
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
+pub use inputs::{merge_inputs, open_inputs, InputSpec, Inputs};
+pub use jobs::merge_jobs;
 pub use kway::{merge, Merge, Source, READ_AHEAD_BYTES, READ_AHEAD_RECORDS};
+use qstore::StoreError;
 use sublist::listbin::{ListError, ListWriter, Summary};
+use sublist::run::{Part, RunError};
 use sublist::shard::{ShardError, ShardReader};
 
 /// Sublist databases are directories named `shard-<n>` under the data dir (DESIGN.md).
@@ -65,11 +74,12 @@ pub enum MergeError {
     },
     /// A record names another shard than the source it came from.
     #[error(
-        "{source_name}: record id {id} says shard {found}, but this source is shard {expected}"
+        "{source_name}: record id {id} says shard {found}, but this source {}",
+        shard_list(expected)
     )]
     WrongShard {
         source_name: String,
-        expected: u32,
+        expected: Vec<u32>,
         found: u32,
         id: u64,
     },
@@ -102,12 +112,54 @@ pub enum MergeError {
     /// No input was given at all.
     #[error("no sublists to merge")]
     NoInputs,
-    /// Two inputs are the same shard (the same database twice, or a copy).
-    #[error("{} and {} are both shard {shard}", first.display(), second.display())]
+    /// Two inputs hold the same shard (the same database or run twice, or a copy).
+    #[error("{first} and {second} both hold shard {shard}: inputs must hold disjoint shards")]
     SameShard {
         shard: u32,
-        first: PathBuf,
-        second: PathBuf,
+        first: String,
+        second: String,
+    },
+    /// A run's bytes are wrong (truncated, corrupt, not a run), or a merge would write
+    /// a run that breaks its rules.
+    #[error("{name}: {error}")]
+    Run {
+        name: String,
+        /// In the message, not a `#[source]`: `{:#}` would print it twice.
+        error: RunError,
+    },
+    /// A version 1 list.bin given as an input: it has no shard table to check it by.
+    #[error("{name} is a version 1 list.bin (QLIST001): it has no shard table, so it cannot be merged again; merge its sublists or runs instead")]
+    VersionOne { name: String },
+    /// One part of a split merge given as an input: parts are concatenated, not merged.
+    #[error("{name} is {part} of a split merge: parts are read in order (merger verify, merger cat), not merged again; merge the runs they came from")]
+    PartInput { name: String, part: Part },
+    /// `--part` or `--jobs` with a RocksDB sublist: only runs have the index that
+    /// split points come from.
+    #[error("{} is a RocksDB sublist: --part and --jobs split runs by their index; seal it first (producer seal)", path.display())]
+    SplitNeedsRuns { path: PathBuf },
+    /// `--runs SRC` found nothing to merge.
+    #[error("no runs found: {src} holds no *.bin run")]
+    NoRuns { src: String },
+    /// `--expect-shards N`: shards missing or incomplete.
+    #[error("--expect-shards {expected}: {}", missing_shards(missing, incomplete))]
+    MissingShards {
+        expected: u32,
+        missing: Vec<u32>,
+        /// Shard number and the input that holds only part of it.
+        incomplete: Vec<(u32, String)>,
+    },
+    /// A list (or the parts of one) given to `merger verify` is not one valid list.
+    #[error("{name}: {what}")]
+    ListCheck { name: String, what: String },
+    /// Reading an input from its store failed (the message names the object).
+    #[error(transparent)]
+    Store(#[from] StoreError),
+    /// Writing the output to its store failed.
+    #[error("writing {out}: {error}")]
+    Output {
+        out: String,
+        /// In the message, not a `#[source]`: `{:#}` would print it twice.
+        error: StoreError,
     },
     /// A directory called `shard-<n>` holds another shard's database.
     #[error("{} holds shard {found}, but its name says shard {named}", path.display())]
@@ -125,6 +177,36 @@ pub enum MergeError {
     /// Writing list.bin failed.
     #[error(transparent)]
     List(#[from] ListError),
+}
+
+/// "is shard 3" or "holds shards 0, 1, 2".
+fn shard_list(shards: &[u32]) -> String {
+    match shards {
+        [one] => format!("is shard {one}"),
+        many => format!("holds shards {}", join(many.iter())),
+    }
+}
+
+fn join<T: std::fmt::Display>(items: impl Iterator<Item = T>) -> String {
+    items.map(|i| i.to_string()).collect::<Vec<_>>().join(", ")
+}
+
+/// What `--expect-shards` found wrong, in one sentence.
+fn missing_shards(missing: &[u32], incomplete: &[(u32, String)]) -> String {
+    let mut parts = Vec::new();
+    if !missing.is_empty() {
+        parts.push(format!(
+            "shards missing from every input: {}",
+            join(missing.iter())
+        ));
+    }
+    if !incomplete.is_empty() {
+        let list = join(incomplete.iter().map(|(s, name)| format!("{s} ({name})")));
+        parts.push(format!(
+            "shards present but incomplete (unfinished producer or only part of the shard): {list}"
+        ));
+    }
+    parts.join("; ")
 }
 
 /// Finds every `shard-<n>` entry under `data_dir`, sorted by shard number.
@@ -283,6 +365,8 @@ pub struct OpenShard {
     pub reader: ShardReader,
     /// Items the producer wrote (`next_seq` of its progress marker).
     pub items: u64,
+    /// The producer finished its input (`--allow-unfinished` merges one that did not).
+    pub finished: bool,
 }
 
 /// Opens every sublist read-only and checks them: each must be finished (unless
@@ -319,13 +403,14 @@ pub fn open_shards(
         if let Some(first) = seen.insert(shard, path.clone()) {
             return Err(MergeError::SameShard {
                 shard,
-                first,
-                second: path.clone(),
+                first: first.display().to_string(),
+                second: path.display().to_string(),
             });
         }
         let progress = reader.progress()?;
         let written = progress.as_ref().map_or(0, |p| p.next_seq);
-        if !progress.as_ref().is_some_and(|p| p.finished) {
+        let finished = progress.as_ref().is_some_and(|p| p.finished);
+        if !finished {
             if !allow_unfinished {
                 return Err(MergeError::Unfinished {
                     path: path.clone(),
@@ -337,6 +422,7 @@ pub fn open_shards(
         shards.push(OpenShard {
             reader,
             items: written,
+            finished,
         });
     }
     Ok(shards)

@@ -5,7 +5,7 @@ use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
-use sublist::listbin::{verify, ListReader};
+use sublist::listbin::{verify, ListWriter};
 use sublist::shard::{shard_db_path, Progress, ShardWriter};
 use sublist::Record;
 
@@ -129,7 +129,7 @@ fn merge_data_dir_then_verify_and_cat() {
         "temporary file left behind"
     );
 
-    let records: Vec<Record> = ListReader::open(&list)
+    let records: Vec<Record> = sublist::read_list(&list)
         .expect("open")
         .collect::<Result<_, _>>()
         .expect("read");
@@ -146,7 +146,7 @@ fn merge_data_dir_then_verify_and_cat() {
         );
         assert_eq!(r.payload, text_payload(r.id));
     }
-    assert_eq!(verify(&list).expect("verify").records, 30);
+    assert_eq!(records_in(&list, "verify"), 30);
 
     let out = run(&["verify", s(&list)]);
     assert!(
@@ -280,7 +280,9 @@ fn out_in_missing_directory() {
 fn usage_errors_exit_2() {
     let out = run(&["--out", "x.bin"]);
     assert_eq!(out.status.code(), Some(USAGE));
-    let out = run(&["--out", "x.bin", "--data-dir", "d", "extra"]);
+    let out = run(&["--out", "x.bin", "--data-dir", "d", "--part", "1"]);
+    assert_eq!(out.status.code(), Some(USAGE));
+    let out = run(&["--out", "x.bin", "--data-dir", "d", "--jobs", "0"]);
     assert_eq!(out.status.code(), Some(USAGE));
 }
 
@@ -313,7 +315,7 @@ fn same_shard_twice_and_unfinished() {
     assert_fails_with(
         &run(&["--out", s(&list), s(&a), s(&b)]),
         INPUT,
-        "are both shard 0",
+        "both hold shard 0",
     );
     let c = make_shard(&tmp.path().join("c"), 1, &[4, 7], text_payload, false);
     assert_fails_with(
@@ -328,7 +330,7 @@ fn same_shard_twice_and_unfinished() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert_eq!(verify(&list).expect("verify").records, 4);
+    assert_eq!(records_in(&list, "verify"), 4);
 }
 
 /// Every corruption of a valid list.bin gives a clear error from `merger verify`, with
@@ -336,16 +338,7 @@ fn same_shard_twice_and_unfinished() {
 #[test]
 fn verify_rejects_corrupt_files() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let data = tmp.path().join("data");
-    three_shards(&data);
-    let list = tmp.path().join("list.bin");
-    let out = run(&["--out", s(&list), "--data-dir", s(&data)]);
-    assert!(
-        out.status.success(),
-        "{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    let good = std::fs::read(&list).expect("read");
+    let good = version_one_bytes(tmp.path());
     let footer = good.len() - 4;
     // Record 0 starts at 16: 28 fixed bytes, then the payload "item-1".
     let checksum_at_footer = format!("byte {footer}: checksum mismatch");
@@ -365,8 +358,8 @@ fn verify_rejects_corrupt_files() {
         ),
         (
             "wrong magic",
-            [&b"QLIST002"[..], &good[8..]].concat(),
-            "byte 0: bad magic",
+            [&b"QLIST009"[..], &good[8..]].concat(),
+            "bad magic",
         ),
         (
             "count too high",
@@ -421,6 +414,36 @@ fn verify_rejects_corrupt_files() {
         INPUT,
         "absent.bin",
     );
+}
+
+/// The records of a valid list of either version, every check made (panics naming what
+/// is wrong).
+#[track_caller]
+fn records_in(list: &Path, what: &str) -> u64 {
+    let mut n = 0;
+    for r in sublist::read_list(list).unwrap_or_else(|e| panic!("{what}: {e}")) {
+        r.unwrap_or_else(|e| panic!("{what}: {e}"));
+        n += 1;
+    }
+    n
+}
+
+/// The three shards' 30 records as a version 1 list.bin (the merger writes version 2;
+/// `verify` and `cat` still read version 1, and these are its corruptions).
+fn version_one_bytes(dir: &Path) -> Vec<u8> {
+    let path = dir.join("v1.bin");
+    let mut w = ListWriter::create(&path).expect("create v1");
+    for id in 1..=30u64 {
+        let r = Record {
+            id,
+            shard: (id % 3) as u32,
+            seq: (id - 1) / 3,
+            payload: text_payload(id),
+        };
+        w.write(&r).expect("write v1");
+    }
+    w.finish().expect("finish v1");
+    std::fs::read(&path).expect("read v1")
 }
 
 fn flip(b: &[u8], at: usize) -> Vec<u8> {
@@ -511,7 +534,7 @@ fn kill_9_mid_merge_leaves_no_partial_list() {
         );
         if let Some(before) = before {
             assert!(!before.is_empty());
-            assert_eq!(verify(&list).expect("old list.bin still valid").records, 1);
+            assert_eq!(records_in(&list, "old list.bin still valid"), 1);
         }
     }
 
@@ -522,7 +545,7 @@ fn kill_9_mid_merge_leaves_no_partial_list() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert_eq!(verify(&list).expect("verify").records, 80_000);
+    assert_eq!(records_in(&list, "verify"), 80_000);
 }
 
 /// Issue 8: `--out` inside an input sublist (or spelled to reach one through a symlink or
@@ -588,7 +611,7 @@ fn out_that_would_destroy_an_input_is_refused() {
         "{}",
         String::from_utf8_lossy(&again.stderr)
     );
-    assert_eq!(verify(&list).expect("verify").records, 30);
+    assert_eq!(records_in(&list, "verify"), 30);
 }
 
 /// Issue 9: a producer killed while creating its sublist leaves only
@@ -639,5 +662,5 @@ fn a_sublist_that_was_never_created_is_refused() {
         "{}",
         String::from_utf8_lossy(&out.stderr)
     );
-    assert_eq!(verify(&list).expect("verify").records, 30);
+    assert_eq!(records_in(&list, "verify"), 30);
 }

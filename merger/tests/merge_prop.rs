@@ -197,11 +197,11 @@ fn wrong_shard_number_errors() {
         matches!(
             &err,
             MergeError::WrongShard {
-                expected: 2,
+                expected,
                 found: 3,
                 id: 1,
                 ..
-            }
+            } if expected == &[2]
         ),
         "{err}"
     );

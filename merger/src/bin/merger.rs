@@ -1,9 +1,9 @@
 //! `merger`: merge sublists into list.bin, verify a list.bin, print one.
 //!
 //! ```text
-//! merger --out list.bin (--data-dir DIR | SHARD_DB...)
-//! merger verify list.bin
-//! merger cat list.bin [--json]
+//! merger --out OUT (--data-dir DIR | --runs SRC | INPUT...) [--expect-shards N] [--part I/K] [--jobs J]
+//! merger verify FILE...
+//! merger cat FILE... [--json]
 //! ```
 
 use std::io::{IsTerminal, Write};
@@ -13,21 +13,32 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
-use merger::MergeError;
+use merger::{InputSpec, MergeError};
 use qcli::Cause;
+use qstore::{Location, Store, StoreError, StoreOptions};
 use sublist::listbin::{verify, ListError, ListReader};
+use sublist::run::{Part, RunError};
 
 /// Test hook for crash tests: after this many records the merge stops making progress
 /// (it sleeps with its temporary file open) so a test can kill it mid-merge
 /// deterministically, without racing a fast machine.
 const STALL_ENV: &str = "QLIST_MERGER_TEST_STALL_AFTER";
+/// With [`STALL_ENV`]: stall this many milliseconds, then go on.
+const STALL_MS_ENV: &str = "QLIST_MERGER_TEST_STALL_MS";
 /// Plain-log progress interval when stderr is not a terminal.
 const LOG_EVERY: Duration = Duration::from_secs(5);
 
 #[derive(Parser)]
 #[command(
     name = "merger",
-    about = "Merge qlist sublists into one list.bin ordered by ID; verify or print a list.bin",
+    about = "Merge qlist sublists and runs into one list ordered by ID; verify or print a list",
+    long_about = "Merge qlist sublists and runs into one list ordered by ID; verify or print a list.\n\n\
+        Inputs are any mix of RocksDB sublists (a producer's DIR/shard-<n>), runs (sealed \
+        sublists or merged lists: list.bin version 2 files) and --runs SRC (every *.bin run \
+        in a directory or under an S3 prefix). The output is a run too, so merges compose. \
+        SRC, INPUT and --out may be s3://bucket/prefix URLs; the S3 endpoint and credentials \
+        come from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION, \
+        AWS_ENDPOINT_URL and AWS_ALLOW_HTTP=true (plain-http endpoints), never shown.",
     args_conflicts_with_subcommands = true,
     subcommand_negates_reqs = true
 )]
@@ -39,33 +50,75 @@ struct Cli {
 }
 
 #[derive(Args)]
-#[command(group = clap::ArgGroup::new("input").required(true).args(["data_dir", "shard_dbs"]))]
+#[command(group = clap::ArgGroup::new("input").required(true).multiple(true).args(["data_dir", "runs", "inputs"]))]
 struct MergeArgs {
-    /// Output file (written to a temporary file in the same directory, then renamed).
-    #[arg(long, required = true, value_name = "FILE")]
-    out: Option<PathBuf>,
-    /// Merge every shard-<n> database under DIR.
+    /// Output: a file (written to a temporary file in the same directory, then renamed) or
+    /// s3://bucket/key (a multipart upload, visible only once complete).
+    #[arg(long, required = true, value_name = "OUT")]
+    out: Option<String>,
+    /// Merge every shard-<n> sublist under DIR.
     #[arg(long, value_name = "DIR")]
     data_dir: Option<PathBuf>,
-    /// Sublist databases to merge (instead of --data-dir).
-    #[arg(value_name = "SHARD_DB")]
-    shard_dbs: Vec<PathBuf>,
+    /// Merge every *.bin run in directory SRC or under s3://bucket/prefix SRC (repeatable).
+    #[arg(long, value_name = "SRC")]
+    runs: Vec<String>,
+    /// Sublists (directories), run files or s3:// run objects to merge.
+    #[arg(value_name = "INPUT")]
+    inputs: Vec<String>,
+    /// Require every shard 0..N-1 to be present and complete, and no other shard.
+    #[arg(long, value_name = "N")]
+    expect_shards: Option<u32>,
+    /// Merge only part I (0-based) of K: the K parts split the ID space at points taken
+    /// from the runs' indexes, so K processes started independently agree; run them on
+    /// any scheduler, then `merger verify` (or read) the K outputs in order.
+    #[arg(long, value_name = "I/K", value_parser = parse_part)]
+    part: Option<(u32, u32)>,
+    /// Merge with J threads, each an ID range of the runs (the split of --part), into one output.
+    #[arg(long, value_name = "J", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+    jobs: u32,
     /// Merge sublists whose producer has not finished its input (normally refused).
     #[arg(long)]
     allow_unfinished: bool,
+    /// An S3 operation (a ranged read, one part of an upload) may take this long,
+    /// retries with backoff included, before the merge fails naming the object.
+    #[arg(long, value_name = "SECS", default_value_t = 60)]
+    store_deadline_secs: u64,
 }
+
+/// `I/K` with `I < K`.
+fn parse_part(s: &str) -> Result<(u32, u32), String> {
+    let (i, k) = s
+        .split_once('/')
+        .ok_or_else(|| format!("{s:?} is not I/K (e.g. 0/4)"))?;
+    let i: u32 = i
+        .parse()
+        .map_err(|_| format!("part {i:?} is not a number"))?;
+    let k: u32 = k
+        .parse()
+        .map_err(|_| format!("part count {k:?} is not a number"))?;
+    if k == 0 || i >= k || k > MAX_PARTS {
+        return Err(format!("part {i}/{k}: need 0 <= I < K <= {MAX_PARTS}"));
+    }
+    Ok((i, k))
+}
+
+/// More parts than this would be ranges smaller than a block of most lists.
+const MAX_PARTS: u32 = 1 << 16;
 
 #[derive(Subcommand)]
 enum Command {
-    /// Check a list.bin: magic, framing, count, checksum and strict ID order.
+    /// Check a list: format, checksums, strict ID order, every shard's seqs. Given the K
+    /// parts of a split merge in order, checks them as one list.
     Verify {
-        /// The file to check.
-        file: PathBuf,
+        /// The file(s) to check: a list.bin (version 1 or 2), or parts in order; s3:// too.
+        #[arg(required = true)]
+        files: Vec<String>,
     },
-    /// Print the records of a list.bin, one per line.
+    /// Print the records of a list (or of parts, in order), one per line.
     Cat {
-        /// The file to print.
-        file: PathBuf,
+        /// The file(s) to print.
+        #[arg(required = true)]
+        files: Vec<String>,
         /// One JSON object per line: {"id","shard","seq","payload"} (or "payload_hex"
         /// instead of "payload" when the payload is not UTF-8).
         #[arg(long)]
@@ -75,23 +128,26 @@ enum Command {
 
 /// What `merger --out` was asked to do.
 struct MergeConfig {
-    out: PathBuf,
-    input: Input,
+    out: Location,
+    data_dir: Option<PathBuf>,
+    runs: Vec<Location>,
+    inputs: Vec<String>,
+    expect_shards: Option<u32>,
+    part: Option<(u32, u32)>,
+    jobs: u32,
     allow_unfinished: bool,
+    store: StoreOptions,
     stall_after: Option<u64>,
-}
-
-enum Input {
-    DataDir(PathBuf),
-    Paths(Vec<PathBuf>),
 }
 
 fn main() -> ExitCode {
     qcli::init_logging("info");
     let cli: Cli = qcli::parse(|cmd| cmd);
     match cli.command {
-        Some(Command::Verify { file }) => qcli::exit("merger", run_verify(&file), read_cause),
-        Some(Command::Cat { file, json }) => qcli::exit("merger", run_cat(&file, json), read_cause),
+        Some(Command::Verify { files }) => qcli::exit("merger", run_verify(&files), read_cause),
+        Some(Command::Cat { files, json }) => {
+            qcli::exit("merger", run_cat(&files, json), read_cause)
+        }
         None => qcli::exit(
             "merger",
             config(cli.merge).and_then(|c| run_merge(&c)),
@@ -100,40 +156,45 @@ fn main() -> ExitCode {
     }
 }
 
-/// `verify` and `cat`: the list.bin is their input.
+/// `verify` and `cat`: the list is their input.
 fn read_cause(e: &(dyn std::error::Error + 'static)) -> Option<Cause> {
-    e.is::<ListError>().then_some(Cause::Input)
+    if let Some(MergeError::Store(StoreError::BadLocation { .. })) = e.downcast_ref::<MergeError>()
+    {
+        return Some(Cause::Usage);
+    }
+    (e.is::<ListError>() || e.is::<MergeError>() || e.is::<StoreError>()).then_some(Cause::Input)
 }
 
-/// The merge: the sublists are its input, list.bin its output.
+/// The merge: the sublists and runs are its input, the list its output.
 fn merge_cause(e: &(dyn std::error::Error + 'static)) -> Option<Cause> {
+    if let Some(StoreError::BadLocation { .. }) = e.downcast_ref::<StoreError>() {
+        return Some(Cause::Usage);
+    }
     Some(match e.downcast_ref::<MergeError>()? {
         MergeError::BadOut { .. } => Cause::Usage,
-        MergeError::List(_) => Cause::Output,
-        MergeError::Duplicate { .. }
-        | MergeError::OutOfOrder { .. }
-        | MergeError::WrongShard { .. }
-        | MergeError::Source { .. }
-        | MergeError::NoShards { .. }
-        | MergeError::DataDir { .. }
-        | MergeError::BadShardName { .. }
-        | MergeError::NeverCreated { .. }
-        | MergeError::NoInputs
-        | MergeError::SameShard { .. }
-        | MergeError::NameMismatch { .. }
-        | MergeError::Unfinished { .. }
-        | MergeError::Shard(_) => Cause::Input,
+        MergeError::Store(StoreError::BadLocation { .. }) => Cause::Usage,
+        MergeError::List(_) | MergeError::Output { .. } => Cause::Output,
+        MergeError::Run {
+            error: RunError::Io(_),
+            ..
+        } => Cause::Output,
+        _ => Cause::Input,
     })
 }
 
 fn config(args: MergeArgs) -> anyhow::Result<MergeConfig> {
     let Some(out) = args.out else {
-        return Err(qcli::usage("--out FILE is required"));
+        return Err(qcli::usage("--out OUT is required"));
     };
-    let input = match args.data_dir {
-        Some(dir) => Input::DataDir(dir),
-        None => Input::Paths(args.shard_dbs),
-    };
+    let out = Location::parse(&out).map_err(|e| qcli::usage(format!("--out: {e}")))?;
+    let runs = args
+        .runs
+        .iter()
+        .map(|r| Location::parse(r).map_err(|e| qcli::usage(format!("--runs: {e}"))))
+        .collect::<anyhow::Result<Vec<_>>>()?;
+    if args.part.is_some() && args.jobs > 1 {
+        return Err(qcli::usage("--part and --jobs cannot be combined: run the K parts as K processes, or one merge with --jobs"));
+    }
     let stall_after = match std::env::var(STALL_ENV) {
         Ok(v) => Some(
             v.parse()
@@ -143,57 +204,186 @@ fn config(args: MergeArgs) -> anyhow::Result<MergeConfig> {
     };
     Ok(MergeConfig {
         out,
-        input,
+        data_dir: args.data_dir,
+        runs,
+        inputs: args.inputs,
+        expect_shards: args.expect_shards,
+        part: args.part,
+        jobs: args.jobs,
         allow_unfinished: args.allow_unfinished,
+        store: StoreOptions {
+            deadline: Duration::from_secs(args.store_deadline_secs.max(1)),
+            ..StoreOptions::default()
+        },
         stall_after,
     })
 }
 
+/// Every input the command line names: the data dir's sublists, the runs under each
+/// `--runs`, and the positional inputs.
+fn input_specs(cfg: &MergeConfig, store: &Store) -> anyhow::Result<Vec<InputSpec>> {
+    let mut specs = Vec::new();
+    if let Some(dir) = &cfg.data_dir {
+        let shards = merger::find_shards_to_merge(dir, cfg.allow_unfinished)?;
+        specs.extend(shards.into_iter().map(InputSpec::Sublist));
+    }
+    for src in &cfg.runs {
+        let found = store.list_runs(src).map_err(MergeError::Store)?;
+        if found.is_empty() {
+            return Err(MergeError::NoRuns {
+                src: src.to_string(),
+            }
+            .into());
+        }
+        specs.extend(found.into_iter().map(InputSpec::Run));
+    }
+    for arg in &cfg.inputs {
+        specs.push(InputSpec::classify(arg)?);
+    }
+    Ok(specs)
+}
+
+/// Refuses an output that would destroy or shadow an input: a local output is checked
+/// as before (sublists, run files, the data dir); any output that lands among the runs
+/// of a `--runs` source would be read as an input by the next merge of that source.
+fn check_out(cfg: &MergeConfig, specs: &[InputSpec]) -> anyhow::Result<()> {
+    let bad = |reason: String| MergeError::BadOut {
+        out: PathBuf::from(cfg.out.to_string()),
+        reason,
+    };
+    for src in &cfg.runs {
+        if cfg.out.to_string().ends_with(".bin") && same_place(&cfg.out, src) {
+            return Err(bad(format!("it lands among the runs of --runs {src}: the next merge of {src} would read it as an input (write it elsewhere)")).into());
+        }
+    }
+    if let Some(run) = specs
+        .iter()
+        .find(|s| matches!(s, InputSpec::Run(l) if l.is_s3() && *l == cfg.out))
+    {
+        return Err(bad(format!("it is the input {run:?}")).into());
+    }
+    let Location::Dir(out) = &cfg.out else {
+        return Ok(());
+    };
+    check_out_dir(out)?;
+    let paths: Vec<PathBuf> = specs
+        .iter()
+        .filter_map(|s| match s {
+            InputSpec::Sublist(p) | InputSpec::Run(Location::Dir(p)) => Some(p.clone()),
+            InputSpec::Run(_) => None,
+        })
+        .collect();
+    merger::check_out_path(out, cfg.data_dir.as_deref(), &paths)?;
+    Ok(())
+}
+
+/// Whether `out` is an object directly inside `src` (the same directory or prefix).
+fn same_place(out: &Location, src: &Location) -> bool {
+    match (out, src) {
+        (Location::Dir(o), Location::Dir(s)) => {
+            let parent = match o.parent() {
+                Some(d) if !d.as_os_str().is_empty() => d,
+                _ => std::path::Path::new("."),
+            };
+            match (std::fs::canonicalize(parent), std::fs::canonicalize(s)) {
+                (Ok(a), Ok(b)) => a == b,
+                _ => false,
+            }
+        }
+        (Location::S3 { .. }, Location::S3 { .. }) => {
+            let o = out.to_string();
+            let parent = o.rsplit_once('/').map_or("", |(p, _)| p);
+            parent == src.to_string().trim_end_matches('/')
+        }
+        _ => false,
+    }
+}
+
 fn run_merge(cfg: &MergeConfig) -> anyhow::Result<()> {
-    // Fail on a bad --out before spending time opening sublists.
-    check_out_dir(&cfg.out)?;
-    let (paths, data_dir) = match &cfg.input {
-        Input::DataDir(dir) => (
-            merger::find_shards_to_merge(dir, cfg.allow_unfinished)?,
-            Some(dir.as_path()),
-        ),
-        Input::Paths(p) => (p.clone(), None),
-    };
-    merger::check_out_path(&cfg.out, data_dir, &paths)?;
-    let shards = merger::open_shards(&paths, cfg.allow_unfinished)?;
-    let total: u64 = shards.iter().map(|s| s.items).sum();
-    tracing::info!(shards = shards.len(), items = total, out = %cfg.out.display(), "merging");
-    let mut progress = Progress::new(total, cfg.stall_after);
-    let result = merger::merge_to_file(&cfg.out, &shards, &mut |records, bytes| {
-        progress.update(records, bytes)
-    });
+    let store = Store::new(cfg.store);
+    let specs = input_specs(cfg, &store)?;
+    // Fail on a bad --out before spending time opening inputs.
+    check_out(cfg, &specs)?;
+    let mut progress = Progress::new(0, cfg.stall_after);
+    let result = open_and_merge(cfg, &store, &specs, &mut progress);
     progress.finish();
-    let summary = match result {
-        Ok(summary) => summary,
-        // The list is in place; only its durability is in doubt, and the message says so.
-        Err(e @ merger::MergeError::List(sublist::listbin::ListError::NotDurable { .. })) => {
-            return Err(e.into())
-        }
-        Err(e) => {
-            return Err(anyhow::Error::new(e).context(format!(
-                "merge into {} failed; no list.bin written",
-                cfg.out.display()
-            )))
-        }
-    };
+    let (meta, bytes, part) = result.map_err(|e| {
+        anyhow::Error::new(e).context(format!(
+            "merge into {} failed; nothing written there",
+            cfg.out
+        ))
+    })?;
     let secs = progress.start.elapsed().as_secs_f64();
-    let mb = summary.file_bytes as f64 / 1e6;
+    let mb = bytes as f64 / 1e6;
+    let what = if part.is_whole() {
+        String::new()
+    } else {
+        format!(" ({part}, ids {}..={})", part.first_id, part.last_id)
+    };
     println!(
-        "merged {} items from {} shards into {}: {:.1} MB in {:.2}s ({:.1} MB/s, {:.0} items/s)",
-        summary.records,
-        shards.len(),
-        cfg.out.display(),
+        "merged {} items from {} shards into {}{what}: {:.1} MB in {:.2}s ({:.1} MB/s, {:.0} items/s)",
+        meta.records(),
+        meta.shards.len(),
+        cfg.out,
         mb,
         secs,
         mb / secs.max(1e-9),
-        summary.records as f64 / secs.max(1e-9),
+        meta.records() as f64 / secs.max(1e-9),
     );
     Ok(())
+}
+
+/// Opens the inputs, checks them, and merges them (the part asked for, if any).
+fn open_and_merge(
+    cfg: &MergeConfig,
+    store: &Store,
+    specs: &[InputSpec],
+    progress: &mut Progress,
+) -> Result<(sublist::run::RunMeta, u64, Part), MergeError> {
+    let inputs = merger::open_inputs(store, specs, cfg.allow_unfinished)?;
+    if let Some(n) = cfg.expect_shards {
+        inputs.check_expected(n)?;
+    }
+    let part = match cfg.part {
+        Some((i, k)) => merger::split::split(&inputs.metas(), k)[i as usize],
+        None => Part::WHOLE,
+    };
+    let total = if part.is_whole() { inputs.records() } else { 0 };
+    tracing::info!(inputs = specs.len(), items = total, out = %cfg.out, %part, jobs = cfg.jobs, "merging");
+    progress.set_total(total);
+    let (meta, bytes) = write_merge(cfg, store, &inputs, part, progress)?;
+    Ok((meta, bytes, part))
+}
+
+/// The merge into an atomic upload of `--out`: complete, or nothing under that name.
+fn write_merge(
+    cfg: &MergeConfig,
+    store: &Store,
+    inputs: &merger::Inputs,
+    part: Part,
+    progress: &mut Progress,
+) -> Result<(sublist::run::RunMeta, u64), MergeError> {
+    let out = cfg.out.to_string();
+    let output = |error| MergeError::Output {
+        out: out.clone(),
+        error,
+    };
+    let upload = store.create(&cfg.out).map_err(output)?;
+    let mut report = |records, bytes| progress.update(records, bytes);
+    let (upload, meta) = if cfg.jobs > 1 {
+        let tmp = match &cfg.out {
+            Location::Dir(p) => p
+                .parent()
+                .filter(|d| !d.as_os_str().is_empty())
+                .map_or_else(|| PathBuf::from("."), PathBuf::from),
+            Location::S3 { .. } => std::env::temp_dir(),
+        };
+        merger::merge_jobs(inputs, cfg.jobs, &tmp, upload, &out, &mut report)?
+    } else {
+        merger::merge_inputs(inputs, part, upload, &out, &mut report)?
+    };
+    let bytes = upload.finish().map_err(output)?;
+    Ok((meta, bytes))
 }
 
 /// `--out` must name a file in an existing directory.
@@ -250,6 +440,13 @@ impl Progress {
         }
     }
 
+    fn set_total(&mut self, total: u64) {
+        self.total = total;
+        if let Some(bar) = &self.bar {
+            bar.set_length(total);
+        }
+    }
+
     fn update(&mut self, records: u64, bytes: u64) {
         if let Some(bar) = &self.bar {
             bar.set_position(records);
@@ -264,6 +461,17 @@ impl Progress {
             tracing::info!(records, total, mb = bytes / 1_000_000, "merging");
         }
         if self.stall_after.is_some_and(|n| records >= n) {
+            // With STALL_MS_ENV the stall ends (once), so a test can change the world
+            // under a merge in progress (kill the S3 server, replace an object).
+            if let Some(ms) = std::env::var(STALL_MS_ENV)
+                .ok()
+                .and_then(|v| v.parse().ok())
+            {
+                tracing::warn!(records, "{STALL_ENV} set: stalling for {ms} ms");
+                self.stall_after = None;
+                std::thread::sleep(Duration::from_millis(ms));
+                return;
+            }
             tracing::warn!(records, "{STALL_ENV} set: stalling until killed");
             loop {
                 std::thread::sleep(Duration::from_secs(3600));
@@ -278,14 +486,58 @@ impl Progress {
     }
 }
 
-fn run_verify(file: &std::path::Path) -> anyhow::Result<()> {
+fn run_verify(files: &[String]) -> anyhow::Result<()> {
+    let first = files.first().map(String::as_str).unwrap_or_default();
+    if files.len() == 1 && is_version_one(first)? {
+        return verify_v1(std::path::Path::new(first));
+    }
+    let store = Store::new(StoreOptions::default());
+    let locations = files
+        .iter()
+        .map(|f| Location::parse(f))
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(MergeError::Store)?;
+    let s = merger::verify::verify_lists(&store, &locations)
+        .with_context(|| format!("{} is not a valid list.bin", files.join(" ")))?;
+    let ids = match s.ids {
+        Some((a, b)) => format!("ids {a}..={b}"),
+        None => "no ids".to_string(),
+    };
+    let parts = if s.files > 1 {
+        format!(" in {} parts", s.files)
+    } else {
+        String::new()
+    };
+    println!(
+        "{}: OK: {} records{parts}, {} bytes, {ids}, strictly increasing, {} shards complete, every block checksum verified",
+        files.join(" "),
+        s.records,
+        s.bytes,
+        s.shards,
+    );
+    Ok(())
+}
+
+/// A local file that starts with version 1's magic (an old list.bin).
+fn is_version_one(file: &str) -> anyhow::Result<bool> {
+    if file.starts_with("s3://") {
+        return Ok(false);
+    }
+    let mut magic = [0u8; 8];
+    let n = std::fs::File::open(file)
+        .and_then(|mut f| std::io::Read::read(&mut f, &mut magic))
+        .unwrap_or(0);
+    Ok(n == 8 && magic == sublist::listbin::MAGIC)
+}
+
+fn verify_v1(file: &std::path::Path) -> anyhow::Result<()> {
     let s = verify(file).with_context(|| format!("{} is not a valid list.bin", file.display()))?;
     let ids = match (s.first_id, s.last_id) {
         (Some(a), Some(b)) => format!("ids {a}..={b}"),
         _ => "no ids".to_string(),
     };
     println!(
-        "{}: OK: {} records, {} bytes, {}, strictly increasing, crc32 {:#010x}",
+        "{}: OK: {} records, {} bytes, {}, strictly increasing, crc32 {:#010x} (version 1)",
         file.display(),
         s.records,
         s.file_bytes,
@@ -295,15 +547,38 @@ fn run_verify(file: &std::path::Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-fn run_cat(file: &std::path::Path, json: bool) -> anyhow::Result<()> {
-    let reader = ListReader::open(file)?;
+type BoxedRecords = Box<dyn Iterator<Item = anyhow::Result<sublist::Record>>>;
+
+/// The records of the files in order: a version 1 list.bin, or runs (parts in order).
+fn records_of(files: &[String]) -> anyhow::Result<BoxedRecords> {
+    let first = files.first().map(String::as_str).unwrap_or_default();
+    if files.len() == 1 && is_version_one(first)? {
+        let reader = ListReader::open(std::path::Path::new(first))?;
+        return Ok(Box::new(reader.map(|r| r.map_err(anyhow::Error::from))));
+    }
+    let store = Store::new(StoreOptions::default());
+    let mut runs = Vec::new();
+    for f in files {
+        let loc = Location::parse(f).map_err(MergeError::Store)?;
+        runs.push(merger::runs::open_run(&store, &loc)?);
+    }
+    // Each run is read only when the one before it is done (its ranged reads are
+    // bounded, so memory does not grow with the list).
+    Ok(Box::new(runs.into_iter().flat_map(|run| {
+        run.records(0, u64::MAX)
+            .map(|r| r.map_err(anyhow::Error::from))
+    })))
+}
+
+fn run_cat(files: &[String], json: bool) -> anyhow::Result<()> {
+    let reader = records_of(files)?;
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
     for item in reader {
         let r = item.with_context(|| {
             format!(
                 "{} is not a valid list.bin (records above were printed)",
-                file.display()
+                files.join(" ")
             )
         })?;
         let line = if json {

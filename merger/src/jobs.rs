@@ -1,0 +1,103 @@
+//! `merger --jobs J`: the split of `--part` inside one process. The ID space is cut into
+//! J ranges by the same split points ([`crate::split::split`]); range 0 is merged straight
+//! into the output while ranges 1.. are merged at the same time, each by its own thread
+//! into a temporary run, and appended in order ([`RunWriter::append_run`]) as the output
+//! reaches them. The output is one whole list, as one merge would write it (the records
+//! are the same; block boundaries may differ where the ranges meet).
+
+use std::fs::File;
+use std::io::{BufWriter, Seek, SeekFrom, Write};
+use std::path::Path;
+
+use sublist::run::{Part, RunMeta, RunWriter, HEADER_LEN};
+
+use crate::inputs::{run_sources, Inputs};
+use crate::{MergeError, PROGRESS_EVERY};
+
+/// Buffer of a temporary run's writer: written once, sequentially.
+const SPILL_BUFFER: usize = 1 << 20;
+
+/// Merges `inputs` (runs only) with `jobs` threads into `sink`, a whole list.
+///
+/// # Errors
+/// [`MergeError::SplitNeedsRuns`] for a sublist among the inputs, every error of the
+/// merge, and [`MergeError::Run`] for a temporary file that cannot be written in `tmp_dir`.
+pub fn merge_jobs<W: Write>(
+    inputs: &Inputs,
+    jobs: u32,
+    tmp_dir: &Path,
+    sink: W,
+    out: &str,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<(W, RunMeta), MergeError> {
+    if let Some(s) = inputs.sublists.first() {
+        return Err(MergeError::SplitNeedsRuns {
+            path: s.reader.path().to_path_buf(),
+        });
+    }
+    let run_err = |error| MergeError::Run {
+        name: out.to_string(),
+        error,
+    };
+    let parts = crate::split::split(&inputs.metas(), jobs);
+    let specs = inputs.shard_specs();
+    std::thread::scope(|scope| {
+        let spills: Vec<_> = parts[1..]
+            .iter()
+            .map(|&part| {
+                let specs = specs.clone();
+                scope.spawn(move || spill(inputs, specs, part, tmp_dir, out))
+            })
+            .collect();
+        let mut writer = RunWriter::new(sink, specs.clone(), Part::WHOLE).map_err(run_err)?;
+        for record in crate::merge(run_sources(&inputs.runs, parts[0])) {
+            writer.write(&record?).map_err(run_err)?;
+            if writer.records() % PROGRESS_EVERY == 0 {
+                progress(writer.records(), writer.bytes());
+            }
+        }
+        for handle in spills {
+            let (mut file, meta) = handle.join().map_err(|_| MergeError::Run {
+                name: out.to_string(),
+                error: sublist::run::RunError::Io(std::io::Error::other("a merge thread panicked")),
+            })??;
+            file.seek(SeekFrom::Start(HEADER_LEN))
+                .map_err(|e| run_err(e.into()))?;
+            writer
+                .append_run(
+                    &meta,
+                    &mut std::io::BufReader::with_capacity(SPILL_BUFFER, file),
+                )
+                .map_err(run_err)?;
+            progress(writer.records(), writer.bytes());
+        }
+        let (sink, meta) = writer.finish().map_err(run_err)?;
+        progress(meta.records(), meta.file_len);
+        Ok((sink, meta))
+    })
+}
+
+/// Merges one range into an anonymous temporary file (gone when closed, even after kill -9).
+fn spill(
+    inputs: &Inputs,
+    specs: Vec<sublist::run::ShardSpec>,
+    part: Part,
+    tmp_dir: &Path,
+    out: &str,
+) -> Result<(File, RunMeta), MergeError> {
+    let run_err = |error| MergeError::Run {
+        name: format!("{out} (temporary file for {part} in {})", tmp_dir.display()),
+        error,
+    };
+    let file = tempfile::tempfile_in(tmp_dir).map_err(|e| run_err(e.into()))?;
+    let sink = BufWriter::with_capacity(SPILL_BUFFER, file);
+    let mut writer = RunWriter::new(sink, specs, part).map_err(run_err)?;
+    for record in crate::merge(run_sources(&inputs.runs, part)) {
+        writer.write(&record?).map_err(run_err)?;
+    }
+    let (sink, meta) = writer.finish().map_err(run_err)?;
+    let file = sink
+        .into_inner()
+        .map_err(|e| run_err(e.into_error().into()))?;
+    Ok((file, meta))
+}

@@ -1,0 +1,257 @@
+//! Reading runs (list.bin version 2) from a directory or an object store: the metadata
+//! from one read of the tail, then the blocks of an ID range with bounded ranged reads.
+
+use std::collections::VecDeque;
+use std::ops::Range;
+
+use qstore::{Location, Object, Store};
+use sublist::run::{decode_block, BlockEntry, Footer, RunError, RunMeta, TAIL_GUESS};
+use sublist::Record;
+
+use crate::MergeError;
+
+/// Consecutive blocks fetched by one ranged read, up to this many bytes: large enough
+/// that an object store's per-request latency is small next to the transfer, small
+/// enough that inputs x reads in flight x this stays within tens of MB.
+pub const READ_GROUP_BYTES: u64 = 4 << 20;
+
+/// An opened run: where it is, its metadata, and a handle for ranged reads.
+pub struct RunInput {
+    /// Its location (a file or an S3 object).
+    pub location: Location,
+    /// Footer, index and shard table.
+    pub meta: RunMeta,
+    object: Object,
+}
+
+fn run_err(location: &Location) -> impl FnOnce(RunError) -> MergeError + '_ {
+    move |error| MergeError::Run {
+        name: location.to_string(),
+        error,
+    }
+}
+
+/// Opens a run: one read of its tail (two when its metadata is larger than
+/// [`TAIL_GUESS`]), checked by [`RunMeta::decode`].
+///
+/// # Errors
+/// [`MergeError::Store`] (missing, unreadable, credentials), [`MergeError::Run`] (not a
+/// run, truncated, corrupt metadata), [`MergeError::VersionOne`] for a version 1 list.bin.
+pub fn open_run(store: &Store, location: &Location) -> Result<RunInput, MergeError> {
+    let object = store.open(location)?;
+    let len = object.len();
+    let mut tail = object.read_range(len - len.min(TAIL_GUESS)..len)?;
+    let footer = match Footer::decode(&tail, len) {
+        Ok(f) => f,
+        Err(e @ (RunError::BadMagic { .. } | RunError::TooShort { .. })) => {
+            // An old list.bin gets a better word than "bad magic".
+            if len >= 8 && object.read_range(0..8)?[..] == sublist::listbin::MAGIC {
+                return Err(MergeError::VersionOne {
+                    name: location.to_string(),
+                });
+            }
+            return Err(run_err(location)(e));
+        }
+        Err(e) => return Err(run_err(location)(e)),
+    };
+    let meta_len = footer.meta_len(len);
+    if meta_len > tail.len() as u64 {
+        tail = object.read_range(len - meta_len..len)?;
+    }
+    let meta = RunMeta::decode(len, &tail).map_err(run_err(location))?;
+    Ok(RunInput {
+        location: location.clone(),
+        meta,
+        object,
+    })
+}
+
+impl RunInput {
+    /// The records of IDs `first..=last`, streamed: only the blocks that may hold them are
+    /// read, in groups of up to [`READ_GROUP_BYTES`], with the store's bounded read-ahead.
+    pub fn records(&self, first: u64, last: u64) -> RunRecords {
+        let blocks = self.meta.blocks_in(first, last);
+        let base = blocks.first().map_or(0, |b| {
+            self.meta.blocks.partition_point(|x| x.offset < b.offset)
+        });
+        let ranges = group_ranges(blocks);
+        RunRecords {
+            name: self.location.to_string(),
+            blocks: blocks.iter().copied().collect(),
+            base: base as u64,
+            reader: Box::new(self.object.read_ranges(ranges)),
+            buf: Vec::new(),
+            out: VecDeque::new(),
+            first,
+            last,
+            failed: false,
+        }
+    }
+
+    /// Bytes of the blocks that may hold IDs `first..=last`.
+    pub fn bytes_in(&self, first: u64, last: u64) -> u64 {
+        self.meta
+            .blocks_in(first, last)
+            .iter()
+            .map(|b| u64::from(b.len))
+            .sum()
+    }
+}
+
+/// Consecutive blocks grouped into byte ranges of at most [`READ_GROUP_BYTES`] (a block
+/// larger than that is a range of its own).
+fn group_ranges(blocks: &[BlockEntry]) -> Vec<Range<u64>> {
+    let mut ranges: Vec<Range<u64>> = Vec::new();
+    for b in blocks {
+        match ranges.last_mut() {
+            Some(r)
+                if r.end == b.offset && r.end - r.start + u64::from(b.len) <= READ_GROUP_BYTES =>
+            {
+                r.end += u64::from(b.len)
+            }
+            _ => ranges.push(b.range()),
+        }
+    }
+    ranges
+}
+
+type Pieces = Box<dyn Iterator<Item = Result<(u64, bytes::Bytes), qstore::StoreError>> + Send>;
+
+/// The records of one run in an ID range ([`RunInput::records`]), each block checked
+/// ([`decode_block`]) before any of its records is yielded.
+pub struct RunRecords {
+    name: String,
+    /// The blocks still to decode, in order.
+    blocks: VecDeque<BlockEntry>,
+    /// Index number of the first block of the range (for error messages).
+    base: u64,
+    reader: Pieces,
+    /// Bytes read that do not yet make a whole block, starting at `blocks[0].offset`.
+    buf: Vec<u8>,
+    out: VecDeque<Record>,
+    first: u64,
+    last: u64,
+    failed: bool,
+}
+
+impl RunRecords {
+    /// Decodes the next block(s) into `out`; `Ok(false)` at the end.
+    fn fill(&mut self) -> Result<bool, MergeError> {
+        while self.out.is_empty() {
+            let Some(&next) = self.blocks.front() else {
+                return Ok(false);
+            };
+            let (offset, piece) = match self.reader.next() {
+                Some(p) => p?,
+                None => {
+                    return Err(self.bad(next, "the object ended before this block".into()));
+                }
+            };
+            let expected = next.offset + self.buf.len() as u64;
+            if offset != expected {
+                return Err(self.bad(
+                    next,
+                    format!("a read returned byte {offset}, {expected} expected"),
+                ));
+            }
+            if self.buf.is_empty() {
+                let used = self.decode_whole_blocks(&piece)?;
+                self.buf.extend_from_slice(&piece[used..]);
+            } else {
+                self.buf.extend_from_slice(&piece);
+                let buf = std::mem::take(&mut self.buf);
+                let used = self.decode_whole_blocks(&buf)?;
+                self.buf = buf[used..].to_vec();
+            }
+        }
+        Ok(true)
+    }
+
+    /// Decodes every whole block at the start of `bytes` (which start at the next
+    /// block's offset); returns the bytes used.
+    fn decode_whole_blocks(&mut self, bytes: &[u8]) -> Result<usize, MergeError> {
+        let mut used = 0usize;
+        while let Some(&b) = self.blocks.front() {
+            let len = b.len as usize;
+            if bytes.len() - used < len {
+                break;
+            }
+            let no = self.base;
+            let records = decode_block(&bytes[used..used + len], &b, no).map_err(|error| {
+                MergeError::Run {
+                    name: self.name.clone(),
+                    error,
+                }
+            })?;
+            let (first, last) = (self.first, self.last);
+            self.out.extend(
+                records
+                    .into_iter()
+                    .filter(|r| first <= r.id && r.id <= last),
+            );
+            self.blocks.pop_front();
+            self.base += 1;
+            used += len;
+        }
+        Ok(used)
+    }
+
+    fn bad(&self, b: BlockEntry, what: String) -> MergeError {
+        MergeError::Run {
+            name: self.name.clone(),
+            error: RunError::BadBlock {
+                offset: b.offset,
+                block: self.base,
+                what,
+            },
+        }
+    }
+}
+
+impl Iterator for RunRecords {
+    type Item = Result<Record, MergeError>;
+
+    fn next(&mut self) -> Option<Self::Item> {
+        if self.failed {
+            return None;
+        }
+        match self.fill() {
+            Ok(true) => self.out.pop_front().map(Ok),
+            Ok(false) => None,
+            Err(e) => {
+                self.failed = true;
+                Some(Err(e))
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn block(offset: u64, len: u32) -> BlockEntry {
+        BlockEntry {
+            first_id: offset,
+            last_id: offset,
+            offset,
+            records: 1,
+            len,
+        }
+    }
+
+    #[test]
+    fn ranges_group_consecutive_blocks_up_to_the_limit() {
+        let third = (READ_GROUP_BYTES / 3) as u32;
+        let blocks: Vec<BlockEntry> = (0..7)
+            .map(|i| block(8 + i * u64::from(third), third))
+            .collect();
+        let ranges = group_ranges(&blocks);
+        assert_eq!(ranges.len(), 3, "{ranges:?}");
+        assert_eq!(ranges[0], 8..8 + 3 * u64::from(third));
+        assert_eq!(ranges[2].end, 8 + 7 * u64::from(third));
+        let big = [block(8, (READ_GROUP_BYTES * 2) as u32)];
+        assert_eq!(group_ranges(&big), vec![8..8 + READ_GROUP_BYTES * 2]);
+        assert!(group_ranges(&[]).is_empty());
+    }
+}

@@ -1,0 +1,461 @@
+//! The `merger` binary on runs in a directory: runs from sublists, merges of merges,
+//! the checks across inputs, corrupt runs, and merges split into parts (`--part`,
+//! `--jobs`, `merger verify` of parts). The same against a real S3 server: tests/s3.rs.
+
+mod common;
+
+use std::path::{Path, PathBuf};
+use std::process::{Command, Stdio};
+
+use common::*;
+
+#[test]
+fn runs_merge_to_the_same_list_as_sublists_and_merges_compose() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let data = tmp.path().join("data");
+    let subs = make_shards(&data, 4, 20_000);
+    let direct = tmp.path().join("direct.bin");
+    let stdout = ok(&merger(&[
+        "--out",
+        s(&direct),
+        "--data-dir",
+        s(&data),
+        "--expect-shards",
+        "4",
+    ]));
+    assert!(
+        stdout.contains("merged 20000 items from 4 shards"),
+        "{stdout}"
+    );
+    let runs = tmp.path().join("runs");
+    seal_all(&subs, &runs);
+    let from_runs = tmp.path().join("from-runs.bin");
+    ok(&merger(&[
+        "--out",
+        s(&from_runs),
+        "--runs",
+        s(&runs),
+        "--expect-shards",
+        "4",
+    ]));
+    let expected = cat(&[&direct]);
+    assert_eq!(expected.len(), 20_000);
+    assert_eq!(cat(&[&from_runs]), expected);
+    // The same list, the same bytes: a merge is deterministic.
+    assert_eq!(
+        std::fs::read(&direct).expect("read"),
+        std::fs::read(&from_runs).expect("read")
+    );
+    // A merge of merges, with a mix of a run, a sublist and a run file.
+    let m01 = tmp.path().join("m01.bin");
+    ok(&merger(&[
+        "--out",
+        s(&m01),
+        s(&runs.join("shard-0.bin")),
+        s(&subs[1]),
+    ]));
+    let m23 = tmp.path().join("m23.bin");
+    ok(&merger(&["--out", s(&m23), s(&subs[2]), s(&subs[3])]));
+    let both = tmp.path().join("both.bin");
+    ok(&merger(&[
+        "--out",
+        s(&both),
+        s(&m01),
+        s(&m23),
+        "--expect-shards",
+        "4",
+    ]));
+    assert_eq!(cat(&[&both]), expected);
+    let v = ok(&merger(&["verify", s(&both)]));
+    assert!(v.contains("OK: 20000 records"), "{v}");
+    // The library's own reader agrees, record for record.
+    let mut n = 0;
+    for r in sublist::read_list(&both).expect("open") {
+        r.expect("record");
+        n += 1;
+    }
+    assert_eq!(n, 20_000);
+}
+
+#[test]
+fn inputs_are_checked_across_each_other() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let data = tmp.path().join("data");
+    let subs = make_shards(&data, 3, 3000);
+    let runs = tmp.path().join("runs");
+    seal_all(&subs, &runs);
+    let out = tmp.path().join("out.bin");
+    let run0 = runs.join("shard-0.bin");
+    // A shard in two inputs: a run and the sublist it came from.
+    fails(
+        &merger(&["--out", s(&out), s(&run0), s(&subs[0])]),
+        INPUT,
+        &["both hold shard 0", "shard-0.bin", s(&subs[0])],
+    );
+    // --expect-shards: a missing shard, and an extra one.
+    let e = fails(
+        &merger(&["--out", s(&out), "--runs", s(&runs), "--expect-shards", "5"]),
+        INPUT,
+        &["--expect-shards 5", "missing from every input: 3, 4"],
+    );
+    assert!(!e.contains("incomplete"), "{e}");
+    fails(
+        &merger(&["--out", s(&out), "--runs", s(&runs), "--expect-shards", "2"]),
+        INPUT,
+        &["2 (", "beyond --expect-shards"],
+    );
+    // An unfinished sublist, merged with --allow-unfinished, is an incomplete shard.
+    let unfinished = make_shard(&tmp.path().join("u"), 3, &[100_000, 100_001], false);
+    let partial = tmp.path().join("partial.bin");
+    ok(&merger(&[
+        "--out",
+        s(&partial),
+        "--allow-unfinished",
+        s(&unfinished),
+    ]));
+    fails(
+        &merger(&[
+            "--out",
+            s(&out),
+            "--runs",
+            s(&runs),
+            s(&partial),
+            "--expect-shards",
+            "4",
+        ]),
+        INPUT,
+        &["not finished"],
+    );
+    fails(
+        &merger(&[
+            "--out",
+            s(&out),
+            "--runs",
+            s(&runs),
+            s(&partial),
+            "--allow-unfinished",
+            "--expect-shards",
+            "4",
+        ]),
+        INPUT,
+        &["incomplete", "3 (", "partial.bin"],
+    );
+    // An empty --runs directory, a missing one.
+    let empty = tmp.path().join("empty");
+    std::fs::create_dir(&empty).expect("mkdir");
+    fails(
+        &merger(&["--out", s(&out), "--runs", s(&empty)]),
+        INPUT,
+        &["no runs found", s(&empty)],
+    );
+    fails(
+        &merger(&["--out", s(&out), "--runs", s(&tmp.path().join("nope"))]),
+        INPUT,
+        &["nope"],
+    );
+    // --out among the runs it reads, or onto an input run.
+    fails(
+        &merger(&["--out", s(&runs.join("all.bin")), "--runs", s(&runs)]),
+        USAGE,
+        &["lands among the runs"],
+    );
+    fails(
+        &merger(&["--out", s(&run0), s(&run0)]),
+        USAGE,
+        &["refusing --out"],
+    );
+    assert!(!out.exists(), "a failed merge left {}", out.display());
+    // A version 1 list.bin is no input.
+    let v1 = tmp.path().join("v1.bin");
+    let w = sublist::listbin::ListWriter::create(&v1).expect("v1");
+    w.finish().expect("finish v1");
+    fails(
+        &merger(&["--out", s(&out), s(&v1)]),
+        INPUT,
+        &["version 1 list.bin", "v1.bin"],
+    );
+    // Bad spellings of an S3 location are usage errors.
+    fails(
+        &merger(&["--out", "gs://bucket/x.bin", s(&run0)]),
+        USAGE,
+        &["gs://"],
+    );
+    fails(
+        &merger(&["--out", s(&out), "--runs", "s3://"]),
+        USAGE,
+        &["s3://"],
+    );
+    fails(
+        &merger(&["--out", s(&out), s(&run0), "--part", "4/4"]),
+        USAGE,
+        &["4/4"],
+    );
+}
+
+#[test]
+fn a_corrupt_run_is_named_with_the_offset() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let subs = make_shards(&tmp.path().join("data"), 2, 5000);
+    let runs = tmp.path().join("runs");
+    seal_all(&subs, &runs);
+    let good = std::fs::read(runs.join("shard-1.bin")).expect("read");
+    let meta = sublist::run::RunMeta::decode(good.len() as u64, &good).expect("meta");
+    assert!(meta.blocks.len() >= 2, "want several blocks");
+    let block1 = meta.blocks[1];
+    let out = tmp.path().join("out.bin");
+    let bad = runs.join("shard-1.bin");
+    let cases: Vec<(&str, Vec<u8>, String)> = vec![
+        (
+            "a flipped payload byte",
+            {
+                let mut b = good.clone();
+                b[block1.offset as usize + 40] ^= 1;
+                b
+            },
+            format!(
+                "byte {}: block 1 checksum mismatch",
+                block1.offset + u64::from(block1.len) - 4
+            ),
+        ),
+        (
+            "truncated",
+            good[..good.len() - 100].to_vec(),
+            "bad magic".to_string(),
+        ),
+        (
+            "cut to 50 bytes",
+            good[..50].to_vec(),
+            "shorter than the 80-byte minimum".to_string(),
+        ),
+        (
+            "a flipped index byte",
+            {
+                let mut b = good.clone();
+                b[meta.footer.index_offset as usize + 3] ^= 0x10;
+                b
+            },
+            "metadata checksum mismatch".to_string(),
+        ),
+    ];
+    for (name, bytes, needle) in cases {
+        std::fs::write(&bad, &bytes).expect("write");
+        let e = fails(
+            &merger(&["--out", s(&out), "--runs", s(&runs)]),
+            INPUT,
+            &[&needle, "shard-1.bin"],
+        );
+        assert!(
+            e.contains("no list.bin written") || e.contains("nothing written"),
+            "{name}: {e}"
+        );
+        assert!(!out.exists(), "{name}: a failed merge left its output");
+        fails(&merger(&["verify", s(&bad)]), INPUT, &[&needle]);
+        assert_eq!(
+            merger(&["cat", s(&bad)]).status.code(),
+            Some(INPUT),
+            "{name}: cat"
+        );
+    }
+    assert_eq!(
+        names(tmp.path()),
+        vec!["data", "runs"],
+        "temporary files left behind"
+    );
+}
+
+/// Every K in 1..=8: the K parts as separate processes, verified as one list, are the
+/// records of one merge; parts out of order or missing are refused by name.
+#[test]
+fn parts_are_the_list_in_order() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let subs = make_shards(&tmp.path().join("data"), 5, 60_000);
+    let runs = tmp.path().join("runs");
+    seal_all(&subs, &runs);
+    let whole = tmp.path().join("whole.bin");
+    ok(&merger(&["--out", s(&whole), "--runs", s(&runs)]));
+    let expected = cat(&[&whole]);
+    for k in 1..=8u32 {
+        let dir = tmp.path().join(format!("k{k}"));
+        std::fs::create_dir(&dir).expect("mkdir");
+        let parts: Vec<PathBuf> = (0..k)
+            .map(|i| {
+                let out = dir.join(format!("part-{i}.bin"));
+                ok(&merger(&[
+                    "--out",
+                    s(&out),
+                    "--runs",
+                    s(&runs),
+                    "--part",
+                    &format!("{i}/{k}"),
+                ]));
+                out
+            })
+            .collect();
+        let refs: Vec<&Path> = parts.iter().map(PathBuf::as_path).collect();
+        assert_eq!(cat(&refs), expected, "k={k}");
+        let mut args = vec!["verify"];
+        args.extend(refs.iter().map(|p| s(p)));
+        let v = ok(&merger(&args));
+        assert!(v.contains("OK: 60000 records"), "k={k}: {v}");
+        if k >= 3 {
+            let mut swapped = args.clone();
+            swapped.swap(1, 2);
+            fails(
+                &merger(&swapped),
+                INPUT,
+                &["part-1.bin", "is part 1/", "given as file 1"],
+            );
+            let mut missing = args.clone();
+            missing.remove(2);
+            fails(&merger(&missing), INPUT, &["part-2.bin"]);
+            let mut last_missing = args.clone();
+            last_missing.pop();
+            fails(
+                &merger(&last_missing),
+                INPUT,
+                &[&format!("part {} is missing", k - 1)],
+            );
+        }
+    }
+}
+
+#[test]
+fn a_part_may_be_empty_and_parts_need_runs() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let data = tmp.path().join("data");
+    let subs = vec![make_shard(&data, 0, &[10, 11, 12], true)];
+    let runs = tmp.path().join("runs");
+    seal_all(&subs, &runs);
+    let parts: Vec<PathBuf> = (0..4)
+        .map(|i| {
+            let out = tmp.path().join(format!("p{i}.bin"));
+            ok(&merger(&[
+                "--out",
+                s(&out),
+                "--runs",
+                s(&runs),
+                "--part",
+                &format!("{i}/4"),
+            ]));
+            out
+        })
+        .collect();
+    let counts: Vec<usize> = parts.iter().map(|p| cat(&[p]).len()).collect();
+    assert_eq!(counts.iter().sum::<usize>(), 3);
+    assert!(
+        counts.contains(&0),
+        "one block of 3 items in 4 parts: {counts:?}"
+    );
+    let refs: Vec<&Path> = parts.iter().map(PathBuf::as_path).collect();
+    let mut args = vec!["verify"];
+    args.extend(refs.iter().map(|p| s(p)));
+    ok(&merger(&args));
+    fails(
+        &merger(&[
+            "--out",
+            s(&tmp.path().join("x.bin")),
+            "--data-dir",
+            s(&data),
+            "--part",
+            "0/2",
+        ]),
+        INPUT,
+        &["is a RocksDB sublist", "seal it first"],
+    );
+    fails(
+        &merger(&[
+            "--out",
+            s(&tmp.path().join("x.bin")),
+            "--runs",
+            s(&runs),
+            "--part",
+            "0/2",
+            "--jobs",
+            "2",
+        ]),
+        USAGE,
+        &["cannot be combined"],
+    );
+}
+
+#[test]
+fn jobs_write_the_list_one_merge_writes() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let subs = make_shards(&tmp.path().join("data"), 4, 50_000);
+    let runs = tmp.path().join("runs");
+    seal_all(&subs, &runs);
+    let whole = tmp.path().join("whole.bin");
+    ok(&merger(&["--out", s(&whole), "--runs", s(&runs)]));
+    let expected = cat(&[&whole]);
+    for j in 1..=4 {
+        let out = tmp.path().join(format!("jobs-{j}.bin"));
+        ok(&merger(&[
+            "--out",
+            s(&out),
+            "--runs",
+            s(&runs),
+            "--jobs",
+            &j.to_string(),
+        ]));
+        assert_eq!(cat(&[&out]), expected, "--jobs {j}");
+        ok(&merger(&["verify", s(&out)]));
+    }
+    // No temporary file of the jobs is left (they are anonymous).
+    let left: Vec<String> = names(tmp.path())
+        .into_iter()
+        .filter(|n| n.starts_with('.'))
+        .collect();
+    assert!(left.is_empty(), "{left:?}");
+}
+
+/// kill -9 of a part process leaves no part file; running it again completes the list.
+#[test]
+fn a_killed_part_leaves_nothing_and_reruns() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let subs = make_shards(&tmp.path().join("data"), 3, 40_000);
+    let runs = tmp.path().join("runs");
+    seal_all(&subs, &runs);
+    let dir = tmp.path().join("parts");
+    std::fs::create_dir(&dir).expect("mkdir");
+    let part = |i: u32| dir.join(format!("part-{i}.bin"));
+    ok(&merger(&[
+        "--out",
+        s(&part(0)),
+        "--runs",
+        s(&runs),
+        "--part",
+        "0/2",
+    ]));
+    let mut child = Command::new(MERGER)
+        .args(["--out", s(&part(1)), "--runs", s(&runs), "--part", "1/2"])
+        .env("QLIST_MERGER_TEST_STALL_AFTER", "5000")
+        .env("RUST_LOG", "warn")
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("spawn merger");
+    let stderr = child.stderr.take().expect("stderr");
+    let stalled = std::io::BufRead::lines(std::io::BufReader::new(stderr))
+        .map_while(Result::ok)
+        .any(|l| l.contains("stalling until killed"));
+    assert!(stalled, "the part exited before its stall point");
+    child.kill().expect("kill -9 by pid");
+    assert!(!child.wait().expect("wait").success());
+    assert!(!part(1).exists(), "a killed part left its output");
+    assert_eq!(
+        names(&dir)
+            .into_iter()
+            .filter(|n| n.ends_with(".bin"))
+            .count(),
+        1
+    );
+    ok(&merger(&[
+        "--out",
+        s(&part(1)),
+        "--runs",
+        s(&runs),
+        "--part",
+        "1/2",
+    ]));
+    let v = ok(&merger(&["verify", s(&part(0)), s(&part(1))]));
+    assert!(v.contains("OK: 40000 records in 2 parts"), "{v}");
+}
