@@ -10,7 +10,9 @@
 //! became durable are holes, never duplicates).
 //!
 //! Main items: [`Config`], [`Producer`] (open, then [`Producer::run`]), [`run`],
-//! [`generate_payload`] (the deterministic `--generate` items), [`ProducerError`].
+//! [`generate_payload`] (the deterministic `--generate` items), [`ProducerError`];
+//! [`seal()`] turns a finished sublist into a run in a directory or an S3 bucket
+//! ([`mod@seal`]).
 //!
 //! While batch k is being written (fsync), the ID range of batch k+1 is already being
 //! fetched: the two waits overlap. That is safe: the range of k+1 is requested after the
@@ -18,9 +20,11 @@
 
 pub mod input;
 pub mod metrics;
+pub mod seal;
 
 pub use input::{generate_payload, scan_file, InputSpec, ItemReader};
 pub use metrics::ProducerMetrics;
+pub use seal::{seal, SealError, SealSummary};
 
 use idclient::{IdError, IdRange, IdSource};
 use indicatif::{ProgressBar, ProgressStyle};

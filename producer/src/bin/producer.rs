@@ -1,37 +1,93 @@
-//! `producer`: stamps items with quorum IDs and writes shard N's sublist (see `docs/producer.md`).
+//! `producer`: stamps items with quorum IDs and writes shard N's sublist; `producer seal`
+//! (and `--seal-to`) turns a finished sublist into a run (see `docs/producer.md`).
 
 use anyhow::Context;
-use clap::{ArgGroup, Parser};
+use clap::{ArgGroup, Args, Parser, Subcommand};
 use idclient::broker_client::{BrokerClient, BrokerClientConfig};
 use idclient::{IdError, QuorumClient};
 use producer::{
-    Config, Display, InputSpec, Producer, ProducerError, DEFAULT_BATCH, DEFAULT_PAYLOAD_SIZE,
+    Config, Display, InputSpec, Producer, ProducerError, SealError, DEFAULT_BATCH,
+    DEFAULT_PAYLOAD_SIZE,
 };
 use qcli::{Cause, Source, SourceArgs};
+use qstore::{Location, Store, StoreError, StoreOptions};
 use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
-/// Stamp items with globally ordered IDs and write them to the sublist DIR/shard-<N>.
+/// Stamp items with globally ordered IDs and write them to the sublist DIR/shard-<N>;
+/// `producer seal` turns a finished sublist into a run (DIR/shard-<N> -> DEST/shard-<N>.bin).
 ///
 /// Killed at any moment and started again with the same arguments, it resumes after the
 /// last durable batch: every item ends up in the sublist exactly once. Started on a
-/// finished sublist it does nothing. Exit codes: 0 done, 2 bad arguments, 3 bad,
-/// unreadable or changed input, 4 sublist refused or failing (in use by another producer,
-/// another shard's, written from different input, not a sublist, disk full), 5 ID
-/// generator unavailable or unsafe (no quorum before the deadline, unsafe node, IDs gone
-/// backwards; every batch before the failure is durable), 1 other.
+/// finished sublist it does nothing (but seal, with --seal-to). Exit codes: 0 done, 2 bad
+/// arguments, 3 bad, unreadable or changed input, 4 sublist refused or failing (in use by
+/// another producer, another shard's, written from different input, not a sublist, disk
+/// full) or the run's destination not writable, 5 ID generator unavailable or unsafe (no
+/// quorum before the deadline, unsafe node, IDs gone backwards; every batch before the
+/// failure is durable), 1 other.
 #[derive(Parser, Debug)]
-#[command(name = "producer", version)]
-#[command(group(ArgGroup::new("source").required(true).args(["input", "generate"])))]
-struct Flags {
+#[command(
+    name = "producer",
+    version,
+    args_conflicts_with_subcommands = true,
+    subcommand_negates_reqs = true
+)]
+struct Cli {
+    #[command(subcommand)]
+    command: Option<Command>,
+    #[command(flatten)]
+    produce: Flags,
+}
+
+/// How DEST is written and where S3 credentials come from (`--seal-to`, `seal --to`).
+const DEST_HELP: &str = "DEST is a local directory (it must exist; the run is written to a \
+hidden temporary file there, fsynced and renamed into place) or s3://bucket/prefix (a \
+multipart upload, completed only once every byte is sent). For S3, the endpoint, region and \
+credentials come from the usual environment variables, whose values are never shown: \
+AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY (and AWS_SESSION_TOKEN), AWS_REGION, \
+AWS_ENDPOINT_URL (another S3-compatible store: MinIO, Ceph, SeaweedFS, GCS's \
+interoperability endpoint) and AWS_ALLOW_HTTP=true (an http:// endpoint).";
+
+#[derive(Subcommand, Debug)]
+enum Command {
+    /// Seal a finished sublist: write DIR/shard-<N> as the run DEST/shard-<N>.bin.
+    ///
+    /// A run is one immutable file (list.bin version 2): the sublist's items in ID order,
+    /// in checksummed blocks, with an index and a shard table; the merger reads it from a
+    /// directory or S3. The run appears atomically (a reader never sees part of it) and
+    /// sealing is deterministic: sealing again writes the same bytes, so a seal that was
+    /// killed is simply run again. An unfinished sublist is refused (exit 3): run its
+    /// producer again to finish it first.
+    #[command(after_long_help = DEST_HELP)]
+    Seal(SealArgs),
+}
+
+#[derive(Args, Debug)]
+struct SealArgs {
     /// Shard number N (u32): the sublist is DIR/shard-<N>.
     #[arg(long)]
     shard: u32,
-    /// Directory holding the sublists (created if missing).
+    /// Directory holding the sublists.
     #[arg(long, value_name = "DIR")]
     data_dir: PathBuf,
+    /// Where the run goes: a local directory or s3://bucket/prefix (the run is
+    /// DEST/shard-<N>.bin; see below for S3 settings).
+    #[arg(long, value_name = "DEST")]
+    to: String,
+}
+
+/// Producing (the default command, without a subcommand).
+#[derive(Args, Debug)]
+#[command(group(ArgGroup::new("source").required(true).args(["input", "generate"])))]
+struct Flags {
+    /// Shard number N (u32): the sublist is DIR/shard-<N>.
+    #[arg(long, required = true)]
+    shard: Option<u32>,
+    /// Directory holding the sublists (created if missing).
+    #[arg(long, value_name = "DIR", required = true)]
+    data_dir: Option<PathBuf>,
     /// Where IDs come from: exactly one of --nodes (direct) and --broker.
     #[command(flatten)]
     ids: SourceArgs,
@@ -64,6 +120,11 @@ struct Flags {
     /// address (host:port; port 0 picks a free one); see docs/operations.md. Off by default.
     #[arg(long, value_name = "ADDR")]
     metrics_listen: Option<String>,
+    /// Once the input is finished (now, or by an earlier run), seal the sublist into the
+    /// run DEST/shard-<N>.bin: a local directory or s3://bucket/prefix (see `producer seal
+    /// --help`). Killed while sealing, run again with the same arguments: it seals again.
+    #[arg(long, value_name = "DEST")]
+    seal_to: Option<String>,
 }
 
 /// Test hook for crash and edit tests, see [`Config::test_stall_after`].
@@ -83,6 +144,14 @@ fn seconds(name: &str, v: f64) -> anyhow::Result<Duration> {
             ))
             .into()
         })
+}
+
+/// `--shard` and `--data-dir`: required by clap unless a subcommand is given.
+fn target(flags: &Flags) -> anyhow::Result<(u32, PathBuf)> {
+    match (flags.shard, &flags.data_dir) {
+        (Some(shard), Some(dir)) => Ok((shard, dir.clone())),
+        _ => Err(qcli::usage("--shard N and --data-dir DIR are required")),
+    }
 }
 
 fn config(flags: &Flags) -> anyhow::Result<(Config, Source)> {
@@ -119,9 +188,10 @@ fn config(flags: &Flags) -> anyhow::Result<(Config, Source)> {
         ),
         Err(_) => None,
     };
+    let (shard, data_dir) = target(flags)?;
     let cfg = Config {
-        shard: flags.shard,
-        data_dir: flags.data_dir.clone(),
+        shard,
+        data_dir,
         input,
         batch: flags.batch,
         display,
@@ -141,8 +211,8 @@ async fn run_with_broker(
     p.run(&client).await
 }
 
-async fn run(flags: Flags) -> anyhow::Result<()> {
-    let (cfg, ids) = config(&flags)?;
+async fn run(flags: &Flags) -> anyhow::Result<()> {
+    let (cfg, ids) = config(flags)?;
     if flags.ids.quorum.unsafe_skip_durability_check {
         tracing::warn!("--unsafe-skip-durability-check: nodes that lose acknowledged writes can make IDs repeat");
     }
@@ -210,19 +280,128 @@ impl idclient::IdSource for NoIds {
 
 fn main() -> ExitCode {
     qcli::init_logging("info");
-    let flags: Flags =
+    let cli: Cli =
         qcli::parse(|cmd| cmd.mut_arg("deadline_ms", |a| a.default_value(DEFAULT_DEADLINE_MS)));
-    qcli::exit("producer", start(flags), |e| {
-        e.downcast_ref::<ProducerError>()
-            .map(|p| Cause::from_code(p.exit_code()))
+    let result = match cli.command {
+        Some(Command::Seal(args)) => run_seal(&args),
+        None => start(&cli.produce),
+    };
+    qcli::exit("producer", result, classify)
+}
+
+/// The producer's own errors: [`ProducerError`] and [`SealError`] carry their exit code;
+/// a [`StoreError`] outside a seal (a bad DEST, the S3 configuration) is usage or output.
+fn classify(e: &(dyn std::error::Error + 'static)) -> Option<Cause> {
+    if let Some(p) = e.downcast_ref::<ProducerError>() {
+        return Some(Cause::from_code(p.exit_code()));
+    }
+    if let Some(s) = e.downcast_ref::<SealError>() {
+        return Some(Cause::from_code(s.exit_code()));
+    }
+    e.downcast_ref::<StoreError>().map(|e| match e {
+        StoreError::BadLocation { .. } => Cause::Usage,
+        _ => Cause::Output,
     })
 }
 
-fn start(flags: Flags) -> anyhow::Result<()> {
+fn start(flags: &Flags) -> anyhow::Result<()> {
+    // A bad DEST fails now, not after the whole input is stamped.
+    let dest = flags.seal_to.as_deref().map(Dest::parse).transpose()?;
+    let (shard, data_dir) = target(flags)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
         .enable_all()
         .build()
         .context("cannot start the async runtime")?;
-    rt.block_on(run(flags))
+    rt.block_on(run(flags))?;
+    drop(rt);
+    // The producer closed the sublist when its run ended; the store's calls block, so
+    // they run here, outside the async runtime.
+    if let Some(dest) = dest {
+        dest.seal(&data_dir, shard).with_context(|| {
+            format!("shard {shard}: the sublist is finished and kept; run again with the same arguments to seal it")
+        })?;
+    }
+    Ok(())
+}
+
+/// `producer seal`.
+fn run_seal(args: &SealArgs) -> anyhow::Result<()> {
+    Dest::parse(&args.to)?.seal(&args.data_dir, args.shard)
+}
+
+/// Where runs are sealed to: the parsed DEST and the store that writes there.
+struct Dest {
+    location: Location,
+    store: Store,
+}
+
+impl Dest {
+    /// Parses DEST and sets up its store (S3: reads the AWS_* variables). A local DEST must
+    /// be an existing directory.
+    fn parse(dest: &str) -> anyhow::Result<Dest> {
+        let location = Location::parse(dest)?;
+        if let Location::Dir(dir) = &location {
+            if !dir.is_dir() {
+                return Err(qcli::fail(
+                    Cause::Output,
+                    format!("seal destination {}: no such directory", dir.display()),
+                ));
+            }
+        }
+        let store = Store::new(StoreOptions::default());
+        Ok(Dest { location, store })
+    }
+
+    /// Seals shard `shard` of `data_dir` here and prints what it did.
+    fn seal(&self, data_dir: &std::path::Path, shard: u32) -> anyhow::Result<()> {
+        let stall_after = test_seal_stall_after()?;
+        let mut last_log = Instant::now();
+        let mut on_progress = |records: u64, bytes: u64| {
+            if last_log.elapsed() >= SEAL_LOG_EVERY {
+                last_log = Instant::now();
+                tracing::info!(shard, records, mb = bytes / 1_000_000, "sealing");
+            }
+            if stall_after.is_some_and(|n| records >= n) {
+                test_seal_stall(records);
+            }
+        };
+        let summary = producer::seal(
+            data_dir,
+            shard,
+            &self.store,
+            &self.location,
+            &mut on_progress,
+        )?;
+        println!("{summary}");
+        Ok(())
+    }
+}
+
+/// Log a sealing progress line this often.
+const SEAL_LOG_EVERY: Duration = Duration::from_secs(5);
+
+/// Test hook for crash tests: once this many items are written into the run, the seal
+/// stops making progress (it announces [`producer::STALL_ANNOUNCE`] on stderr and sleeps
+/// with its upload open) so a test can kill it mid-seal deterministically.
+const SEAL_STALL_ENV: &str = "QLIST_PRODUCER_TEST_SEAL_STALL_AFTER";
+
+fn test_seal_stall_after() -> anyhow::Result<Option<u64>> {
+    match std::env::var(SEAL_STALL_ENV) {
+        Ok(v) => Ok(Some(v.parse().map_err(|_| {
+            qcli::usage(format!("{SEAL_STALL_ENV}={v:?} is not a number"))
+        })?)),
+        Err(_) => Ok(None),
+    }
+}
+
+/// The stall of [`SEAL_STALL_ENV`]: never returns; the test kills the process.
+fn test_seal_stall(records: u64) -> ! {
+    eprintln!(
+        "{} sealing: {records} items written",
+        producer::STALL_ANNOUNCE
+    );
+    loop {
+        std::thread::sleep(Duration::from_secs(3600));
+    }
 }
