@@ -51,25 +51,30 @@ done
 broker_list="${brokers[0]},${brokers[1]}"
 echo "   brokers at $broker_list"
 
-echo "== 3/5 producers: 4 processes, $items items each, batches of $batch (shards 0-1 direct, 2-3 via brokers)"
+echo "== 3/5 producers: 4 processes, $items items each, batches of $batch (shards 0-1 direct, 2-3 via brokers),"
+echo "   each sealing its sublist into the shared run directory $dir/runs"
+mkdir -p "$dir/runs"
 start_ms=$(( $(date +%s%N) / 1000000 ))
 pids=()
 for shard in 0 1 2 3; do
   if [ "$shard" -lt 2 ]; then src=(--nodes "$nodes"); else src=(--broker "$broker_list"); fi
+  # Each producer seals its finished sublist into the shared run directory, as producers
+  # on many machines would into a mounted volume or an s3:// prefix.
   "$bin/producer" --shard "$shard" --data-dir "$dir/data" "${src[@]}" --generate "$items" --batch "$batch" \
-    --no-progress-bar >"$dir/logs/producer$shard.log" 2>&1 &
+    --no-progress-bar --seal-to "$dir/runs" >"$dir/logs/producer$shard.log" 2>&1 &
   pids+=($!)
 done
 for i in "${!pids[@]}"; do
   if ! wait "${pids[$i]}"; then
     echo "demo: producer $i failed:" >&2; tail -n 5 "$dir/logs/producer$i.log" >&2; exit 1
   fi
-  echo "   $(tail -n 1 "$dir/logs/producer$i.log")"
+  echo "   $(grep -v '^sealed' "$dir/logs/producer$i.log" | tail -n 1)"
+  echo "   $(grep '^sealed' "$dir/logs/producer$i.log" | tail -n 1)"
 done
 ms=$(( $(date +%s%N) / 1000000 - start_ms ))
 
-echo "== 4/5 merger: k-way merge of the 4 sublists"
-if ! merged=$("$bin/merger" --out "$dir/list.bin" --data-dir "$dir/data" 2>"$dir/logs/merger.log"); then
+echo "== 4/5 merger: k-way merge of the 4 runs in $dir/runs (every shard present and complete)"
+if ! merged=$("$bin/merger" --out "$dir/list.bin" --runs "$dir/runs" --expect-shards 4 2>"$dir/logs/merger.log"); then
   echo "demo: merger failed:" >&2; tail -n 5 "$dir/logs/merger.log" >&2; exit 1
 fi
 echo "   $merged"
