@@ -141,6 +141,19 @@ pub(crate) fn mask_userinfo(s: &str) -> String {
     }
 }
 
+/// `s3:/x`, `s3:bucket`, `gs:/b`: a scheme followed by one slash or none, which would
+/// otherwise be taken for a relative local directory named `s3:`.
+fn looks_like_a_mistyped_url(s: &str) -> bool {
+    match s.split_once(':') {
+        Some((scheme, rest)) => {
+            !scheme.is_empty()
+                && scheme.chars().all(|c| c.is_ascii_alphanumeric())
+                && !rest.starts_with("//")
+        }
+        None => false,
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -218,18 +231,5 @@ mod tests {
             "/data/runs/shard-3.bin"
         );
         assert_eq!(dir.join("shard-3.bin").name(), "shard-3.bin");
-    }
-}
-
-/// `s3:/x`, `s3:bucket`, `gs:/b`: a scheme followed by one slash or none, which would
-/// otherwise be taken for a relative local directory named `s3:`.
-fn looks_like_a_mistyped_url(s: &str) -> bool {
-    match s.split_once(':') {
-        Some((scheme, rest)) => {
-            !scheme.is_empty()
-                && scheme.chars().all(|c| c.is_ascii_alphanumeric())
-                && !rest.starts_with("//")
-        }
-        None => false,
     }
 }
