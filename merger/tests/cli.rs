@@ -1,59 +1,15 @@
 //! The `merger` binary against real RocksDB sublists: merging, verify, cat, bad input,
 //! corrupt list.bin files and a kill -9 in the middle of a merge.
 
+mod common;
+
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output, Stdio};
 
+use common::{make_shard_with, merger as run, s, INPUT, MERGER, USAGE};
 use sublist::listbin::{verify, ListWriter};
-use sublist::shard::{shard_db_path, Progress, ShardWriter};
 use sublist::Record;
-
-const MERGER: &str = env!("CARGO_BIN_EXE_merger");
-
-/// Writes shard `shard` under `dir` holding `ids` (ascending) with payloads from `payload`.
-fn make_shard(
-    dir: &Path,
-    shard: u32,
-    ids: &[u64],
-    payload: impl Fn(u64) -> Vec<u8>,
-    finished: bool,
-) -> PathBuf {
-    let mut w = ShardWriter::open(dir, shard).expect("open shard writer");
-    // Batches like a producer's, so big shards do not build one giant WriteBatch.
-    let mut seq = 0u64;
-    for chunk in ids.chunks(10_000) {
-        let recs: Vec<Record> = chunk
-            .iter()
-            .map(|&id| {
-                let r = Record {
-                    id,
-                    shard,
-                    seq,
-                    payload: payload(id),
-                };
-                seq += 1;
-                r
-            })
-            .collect();
-        let last_id = chunk.last().copied().unwrap_or(0);
-        let p = Progress {
-            next_seq: seq,
-            finished: false,
-            last_id,
-            fingerprint: b"test".to_vec(),
-        };
-        w.write_batch(&recs, &p).expect("write batch");
-    }
-    let p = Progress {
-        next_seq: seq,
-        finished,
-        last_id: ids.last().copied().unwrap_or(0),
-        fingerprint: b"test".to_vec(),
-    };
-    w.write_batch(&[], &p).expect("write final marker");
-    shard_db_path(dir, shard)
-}
 
 fn text_payload(id: u64) -> Vec<u8> {
     format!("item-{id}").into_bytes()
@@ -64,26 +20,10 @@ fn three_shards(dir: &Path) -> Vec<PathBuf> {
     (0..3u32)
         .map(|s| {
             let ids: Vec<u64> = (1..=30).filter(|i| i % 3 == u64::from(s)).collect();
-            make_shard(dir, s, &ids, text_payload, true)
+            make_shard_with(dir, s, &ids, text_payload, true)
         })
         .collect()
 }
-
-fn run(args: &[&str]) -> Output {
-    Command::new(MERGER)
-        .args(args)
-        .env("RUST_LOG", "warn")
-        .output()
-        .expect("run merger binary")
-}
-
-fn s(p: &Path) -> &str {
-    p.to_str().expect("utf-8 temp path")
-}
-
-/// Exit codes (README, "Command-line conventions").
-const USAGE: i32 = 2;
-const INPUT: i32 = 3;
 
 #[track_caller]
 fn assert_fails_with(out: &Output, code: i32, needle: &str) {
@@ -178,14 +118,14 @@ fn merge_data_dir_then_verify_and_cat() {
 #[test]
 fn merge_explicit_paths_and_escaped_cat() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let a = make_shard(
+    let a = make_shard_with(
         &tmp.path().join("a"),
         0,
         &[2, 4],
         |_| vec![0, 255, b'\n'],
         true,
     );
-    let b = make_shard(
+    let b = make_shard_with(
         &tmp.path().join("b"),
         1,
         &[1, 3],
@@ -290,8 +230,8 @@ fn usage_errors_exit_2() {
 fn duplicate_id_across_shards_leaves_no_list() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let data = tmp.path().join("data");
-    make_shard(&data, 0, &[1, 5, 9], text_payload, true);
-    make_shard(&data, 1, &[2, 5, 10], text_payload, true);
+    make_shard_with(&data, 0, &[1, 5, 9], text_payload, true);
+    make_shard_with(&data, 1, &[2, 5, 10], text_payload, true);
     let out_dir = tmp.path().join("out");
     std::fs::create_dir(&out_dir).expect("mkdir");
     let list = out_dir.join("list.bin");
@@ -309,15 +249,15 @@ fn duplicate_id_across_shards_leaves_no_list() {
 #[test]
 fn same_shard_twice_and_unfinished() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let a = make_shard(&tmp.path().join("a"), 0, &[1, 2], text_payload, true);
-    let b = make_shard(&tmp.path().join("b"), 0, &[3], text_payload, true);
+    let a = make_shard_with(&tmp.path().join("a"), 0, &[1, 2], text_payload, true);
+    let b = make_shard_with(&tmp.path().join("b"), 0, &[3], text_payload, true);
     let list = tmp.path().join("list.bin");
     assert_fails_with(
         &run(&["--out", s(&list), s(&a), s(&b)]),
         INPUT,
         "both hold shard 0",
     );
-    let c = make_shard(&tmp.path().join("c"), 1, &[4, 7], text_payload, false);
+    let c = make_shard_with(&tmp.path().join("c"), 1, &[4, 7], text_payload, false);
     assert_fails_with(
         &run(&["--out", s(&list), s(&a), s(&c)]),
         INPUT,
@@ -481,7 +421,7 @@ fn kill_9_mid_merge_leaves_no_partial_list() {
     let payload = |id: u64| vec![(id % 251) as u8; 500];
     for s in 0..4u32 {
         let ids: Vec<u64> = (0..20_000u64).map(|i| i * 4 + u64::from(s) + 1).collect();
-        make_shard(&data, s, &ids, payload, true);
+        make_shard_with(&data, s, &ids, payload, true);
     }
     let out_dir = tmp.path().join("out");
     std::fs::create_dir(&out_dir).expect("mkdir");
@@ -489,7 +429,7 @@ fn kill_9_mid_merge_leaves_no_partial_list() {
 
     for old_list in [false, true] {
         if old_list {
-            let old = make_shard(&tmp.path().join("old"), 9, &[7], text_payload, true);
+            let old = make_shard_with(&tmp.path().join("old"), 9, &[7], text_payload, true);
             let out = run(&["--out", s(&list), s(&old)]);
             assert!(
                 out.status.success(),

@@ -110,35 +110,32 @@ fn runs_in_s3_merge_like_runs_in_a_directory() {
         &["--runs", &s3.url("runs/"), "--out", s(&from_s3)],
     ));
     assert_eq!(cat(&[&from_s3]), expected);
-    // Parts from S3 into S3, verified and read as one list.
-    let parts: Vec<String> = (0..3)
-        .map(|i| {
-            let url = s3.url(&format!("parts/part-{i}.bin"));
-            ok(&merger_s3(
-                &s3,
-                &[
-                    "--runs",
-                    &s3.url("runs"),
-                    "--part",
-                    &format!("{i}/3"),
-                    "--out",
-                    &url,
-                ],
-            ));
-            url
-        })
-        .collect();
-    let mut args = vec!["verify"];
-    args.extend(parts.iter().map(String::as_str));
-    let v = ok(&merger_s3(&s3, &args));
-    assert!(v.contains("OK: 30000 records in 3 parts"), "{v}");
-    args[0] = "cat";
-    args.insert(1, "--json");
-    let text = ok(&merger_s3(&s3, &args));
-    assert_eq!(
-        text.lines().map(str::to_string).collect::<Vec<_>>(),
-        expected
-    );
+    // Parts from S3 into S3, K = 1..=8 separate processes, verified and read as one list.
+    for k in 1..=8u32 {
+        let parts: Vec<String> = (0..k)
+            .map(|i| {
+                let url = s3.url(&format!("k{k}/part-{i}.bin"));
+                let part = format!("{i}/{k}");
+                ok(&merger_s3(
+                    &s3,
+                    &["--runs", &s3.url("runs"), "--part", &part, "--out", &url],
+                ));
+                url
+            })
+            .collect();
+        let mut args = vec!["verify"];
+        args.extend(parts.iter().map(String::as_str));
+        let v = ok(&merger_s3(&s3, &args));
+        assert!(v.contains("OK: 30000 records"), "k={k}: {v}");
+        args[0] = "cat";
+        args.insert(1, "--json");
+        let text = ok(&merger_s3(&s3, &args));
+        assert_eq!(
+            text.lines().map(str::to_string).collect::<Vec<_>>(),
+            expected,
+            "k={k}"
+        );
+    }
     assert!(
         s3.multipart_uploads().is_empty(),
         "uploads left open: {:?}",

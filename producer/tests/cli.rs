@@ -2,6 +2,9 @@
 //! RocksDB: parallel shards, real-time order, kill -9 crash loop with exactly-once check,
 //! broker mode, and every bad-input case of the issue.
 
+mod common;
+
+use common::{assert_exit, producer_cmd, quorum, run};
 use idtools::cluster::LocalQuorum;
 use producer::generate_payload;
 use rand::{Rng, SeedableRng};
@@ -11,41 +14,6 @@ use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
 use sublist::shard::{shard_db_path, ShardReader, ShardWriter};
 use sublist::Record;
-
-fn quorum(n: usize) -> LocalQuorum {
-    LocalQuorum::temp(n)
-        .expect("cannot start a local redis-server quorum (is redis-server installed?)")
-}
-
-fn producer_cmd(args: &[&str]) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_producer"));
-    c.args(args)
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    c
-}
-
-fn run(args: &[&str]) -> Output {
-    producer_cmd(args).output().expect("spawn producer")
-}
-
-#[track_caller]
-fn assert_exit(out: &Output, code: i32, stderr_has: &str) {
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(
-        out.status.code(),
-        Some(code),
-        "stdout: {}\nstderr: {stderr}",
-        String::from_utf8_lossy(&out.stdout)
-    );
-    assert!(
-        stderr.contains(stderr_has),
-        "stderr lacks {stderr_has:?}: {stderr}"
-    );
-    assert!(!stderr.contains("panicked"), "{stderr}");
-}
 
 fn items(dir: &Path, shard: u32) -> Vec<Record> {
     let r = ShardReader::open(&shard_db_path(dir, shard)).expect("open sublist");

@@ -3,10 +3,12 @@
 //! `producer seal` into a directory and into S3, idempotence and determinism, every error's
 //! exit code, kill -9 mid-seal, wrong credentials and an S3 server down when the seal starts.
 
-use idtools::cluster::LocalQuorum;
+mod common;
+
+use common::{assert_exit, producer_cmd, quorum, run};
 use qstore::testing::TestS3;
 use std::path::Path;
-use std::process::{Child, Command, Output, Stdio};
+use std::process::{Child, Output};
 use std::sync::mpsc::Receiver;
 use std::time::Duration;
 use sublist::run::{decode_block, RunMeta};
@@ -16,46 +18,11 @@ use sublist::Record;
 /// The seal's crash-test hook (see the binary): stall once this many items are in the run.
 const SEAL_STALL_ENV: &str = "QLIST_PRODUCER_TEST_SEAL_STALL_AFTER";
 
-fn quorum() -> LocalQuorum {
-    LocalQuorum::temp(3)
-        .expect("cannot start a local redis-server quorum (is redis-server installed?)")
-}
-
-fn producer_cmd(args: &[&str]) -> Command {
-    let mut c = Command::new(env!("CARGO_BIN_EXE_producer"));
-    c.args(args)
-        .env("RUST_LOG", "warn")
-        .stdin(Stdio::null())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped());
-    c
-}
-
-fn run(args: &[&str]) -> Output {
-    producer_cmd(args).output().expect("spawn producer")
-}
-
 fn run_env(args: &[&str], env: &[(String, String)]) -> Output {
     producer_cmd(args)
         .envs(env.iter().map(|(k, v)| (k, v)))
         .output()
         .expect("spawn producer")
-}
-
-#[track_caller]
-fn assert_exit(out: &Output, code: i32, stderr_has: &str) {
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(
-        out.status.code(),
-        Some(code),
-        "stdout: {}\nstderr: {stderr}",
-        String::from_utf8_lossy(&out.stdout)
-    );
-    assert!(
-        stderr.contains(stderr_has),
-        "stderr lacks {stderr_has:?}: {stderr}"
-    );
-    assert!(!stderr.contains("panicked"), "{stderr}");
 }
 
 #[track_caller]
@@ -168,7 +135,7 @@ fn spawn_seal_stalled(args: &[&str], env: &[(String, String)], after: u64) -> Ch
 
 #[test]
 fn seal_to_a_directory_holds_the_sublist_and_is_idempotent() {
-    let q = quorum();
+    let q = quorum(3);
     let tmp = tempfile::tempdir().expect("tempdir");
     let (data, runs, again) = (
         tmp.path().join("data"),
@@ -282,7 +249,7 @@ fn seal_errors_name_the_sublist_or_destination_with_their_exit_codes() {
 
 #[test]
 fn kill_9_while_sealing_leaves_no_run_and_rerunning_completes_it() {
-    let q = quorum();
+    let q = quorum(3);
     let tmp = tempfile::tempdir().expect("tempdir");
     let (data, runs, clean) = (
         tmp.path().join("data"),
@@ -325,7 +292,7 @@ fn kill_9_while_sealing_leaves_no_run_and_rerunning_completes_it() {
 
 #[test]
 fn seal_to_s3_matches_the_directory_seal_and_never_shows_a_partial_object() {
-    let q = quorum();
+    let q = quorum(3);
     let mut s3 = TestS3::start("qlist");
     let tmp = tempfile::tempdir().expect("tempdir");
     let (data, runs) = (tmp.path().join("data"), tmp.path().join("runs"));

@@ -12,8 +12,15 @@ pub const MERGER: &str = env!("CARGO_BIN_EXE_merger");
 pub const USAGE: i32 = 2;
 pub const INPUT: i32 = 3;
 
-/// Writes a finished (or not) sublist `shard` under `dir` holding `ids`, payloads from the id.
-pub fn make_shard(dir: &Path, shard: u32, ids: &[u64], finished: bool) -> PathBuf {
+/// Writes a finished (or not) sublist `shard` under `dir` holding `ids` (ascending),
+/// with payloads from `payload`, in batches like a producer's.
+pub fn make_shard_with(
+    dir: &Path,
+    shard: u32,
+    ids: &[u64],
+    payload: impl Fn(u64) -> Vec<u8>,
+    finished: bool,
+) -> PathBuf {
     let mut w = ShardWriter::open(dir, shard).expect("open shard writer");
     let mut seq = 0u64;
     for chunk in ids.chunks(10_000) {
@@ -45,6 +52,11 @@ pub fn make_shard(dir: &Path, shard: u32, ids: &[u64], finished: bool) -> PathBu
     };
     w.write_batch(&[], &p).expect("final marker");
     shard_db_path(dir, shard)
+}
+
+/// [`make_shard_with`] the payloads of [`payload`].
+pub fn make_shard(dir: &Path, shard: u32, ids: &[u64], finished: bool) -> PathBuf {
+    make_shard_with(dir, shard, ids, payload, finished)
 }
 
 pub fn payload(id: u64) -> Vec<u8> {

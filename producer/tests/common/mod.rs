@@ -1,0 +1,41 @@
+//! What the producer's process tests share: a local quorum, the binary run as a user runs
+//! it, and its exit.
+#![allow(dead_code)] // each test file uses its own subset
+
+use idtools::cluster::LocalQuorum;
+use std::process::{Command, Output, Stdio};
+
+pub fn quorum(n: usize) -> LocalQuorum {
+    LocalQuorum::temp(n)
+        .expect("cannot start a local redis-server quorum (is redis-server installed?)")
+}
+
+pub fn producer_cmd(args: &[&str]) -> Command {
+    let mut c = Command::new(env!("CARGO_BIN_EXE_producer"));
+    c.args(args)
+        .env("RUST_LOG", "warn")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    c
+}
+
+pub fn run(args: &[&str]) -> Output {
+    producer_cmd(args).output().expect("spawn producer")
+}
+
+#[track_caller]
+pub fn assert_exit(out: &Output, code: i32, stderr_has: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(
+        out.status.code(),
+        Some(code),
+        "stdout: {}\nstderr: {stderr}",
+        String::from_utf8_lossy(&out.stdout)
+    );
+    assert!(
+        stderr.contains(stderr_has),
+        "stderr lacks {stderr_has:?}: {stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
+}
