@@ -17,7 +17,9 @@
 //! at 10% and 100% mean memory does not grow with the item count.
 //!
 //! Group `kway` times the heap against `kmerge_by` alone, in memory. Group `listbin` times list.bin's record encoding and decoding by hand (what
-//! `sublist::listbin` does) against bincode, in memory (docs/list-format.md).
+//! `sublist::listbin` does) against bincode, with the payload as a plain `Vec<u8>` and
+//! through `serde_bytes`, in memory (docs/list-format.md); rows `v2_*` do the same in
+//! version 2's shape (records appended to 256 KiB blocks, one CRC per block).
 //!
 //! Run: `cargo bench --bench merge` (full size) or
 //! `QLIST_BENCH_ITEMS=200000 cargo bench --bench merge` (smoke test). The fixture is built
@@ -37,6 +39,7 @@ use sublist::listbin::{
     encode_record, encode_record_head, Crc32, ListReader, ListWriter, FOOTER_LEN, HEADER_LEN,
     MAGIC, RECORD_HEAD_LEN,
 };
+use sublist::run::{decode_block, BlockEntry, BLOCK_TARGET};
 use sublist::shard::{Progress, ShardReader, ShardWriter};
 use sublist::Record;
 
@@ -202,7 +205,8 @@ mod kmerge {
     pub struct Checked<I> {
         index: usize,
         name: String,
-        shard: u32,
+        /// The shard numbers this source's records may carry, ascending.
+        shards: Vec<u32>,
         records: I,
         last_id: Option<u64>,
         ahead: std::collections::VecDeque<Record>,
@@ -226,10 +230,14 @@ mod kmerge {
                 }
                 Some(Ok(r)) => r,
             };
-            if record.shard != self.shard {
+            let listed = match self.shards.as_slice() {
+                [one] => *one == record.shard,
+                many => many.binary_search(&record.shard).is_ok(),
+            };
+            if !listed {
                 return Err(MergeError::WrongShard {
                     source_name: self.name.clone(),
-                    expected: self.shard,
+                    expected: self.shards.clone(),
                     found: record.shard,
                     id: record.id,
                 });
@@ -316,7 +324,7 @@ mod kmerge {
         let checked = sources.into_iter().enumerate().map(|(index, s)| Checked {
             index,
             name: s.name,
-            shard: s.shard,
+            shards: s.shards,
             records: s.records,
             last_id: None,
             ahead: std::collections::VecDeque::new(),
@@ -472,6 +480,161 @@ fn encode_bincode(records: &[Record]) -> u32 {
     crc.finalize()
 }
 
+/// A list.bin record as bincode sees it through `serde_bytes`: the payload goes through
+/// serde's bytes methods (`serialize_bytes`, `deserialize_byte_buf`), which bincode 1.3
+/// writes as one length and one slice and reads into one buffer, instead of a `Vec<u8>`'s
+/// element-by-element sequence. Same bytes as [`Record`] (checked in [`bench_codec`]).
+#[derive(serde::Serialize, serde::Deserialize)]
+struct BytesRecord {
+    id: u64,
+    shard: u32,
+    seq: u64,
+    #[serde(with = "serde_bytes")]
+    payload: Vec<u8>,
+}
+
+/// [`encode_bincode`] with the payload through `serde_bytes`: the same reused buffer, one
+/// CRC call and one buffered write per record.
+fn encode_serde_bytes(records: &[BytesRecord]) -> u32 {
+    let mut out = BufWriter::with_capacity(1 << 20, std::io::sink());
+    let mut crc = Crc32::new();
+    let mut buf = Vec::with_capacity(RECORD_HEAD_LEN + PAYLOAD);
+    for r in records {
+        buf.clear();
+        bincode::serialize_into(&mut buf, r).expect("serialize");
+        crc.update(&buf);
+        out.write_all(&buf).expect("write");
+    }
+    out.flush().expect("flush");
+    crc.finalize()
+}
+
+/// One version-2 block: its CRC appended, written, the buffer cleared; returns the CRC.
+fn flush_block(block: &mut Vec<u8>, out: &mut impl Write) -> u32 {
+    let mut crc = Crc32::new();
+    crc.update(block);
+    let crc = crc.finalize();
+    block.extend_from_slice(&crc.to_le_bytes());
+    out.write_all(block).expect("write");
+    block.clear();
+    crc
+}
+
+/// Version 2's per-record work (`RunWriter::write` and `flush_block` without the order,
+/// range and seq checks): the record head by hand and the payload appended to a 256 KiB
+/// block buffer, one CRC and one write per block. Returns the XOR of the block CRCs.
+fn encode_v2_hand(records: &[Record], out: &mut impl Write) -> u32 {
+    let mut block = Vec::with_capacity(BLOCK_TARGET + RECORD_HEAD_LEN + PAYLOAD);
+    let mut crcs = 0;
+    for r in records {
+        block.extend_from_slice(&encode_record_head(r));
+        block.extend_from_slice(&r.payload);
+        if block.len() >= BLOCK_TARGET {
+            crcs ^= flush_block(&mut block, out);
+        }
+    }
+    if !block.is_empty() {
+        crcs ^= flush_block(&mut block, out);
+    }
+    crcs
+}
+
+/// [`encode_v2_hand`] with each record appended by bincode (payload through `serde_bytes`).
+fn encode_v2_serde_bytes(records: &[BytesRecord], out: &mut impl Write) -> u32 {
+    let mut block = Vec::with_capacity(BLOCK_TARGET + RECORD_HEAD_LEN + PAYLOAD);
+    let mut crcs = 0;
+    for r in records {
+        bincode::serialize_into(&mut block, r).expect("serialize");
+        if block.len() >= BLOCK_TARGET {
+            crcs ^= flush_block(&mut block, out);
+        }
+    }
+    if !block.is_empty() {
+        crcs ^= flush_block(&mut block, out);
+    }
+    crcs
+}
+
+/// Into a 1 MiB buffer over a sink, as the other encode rows.
+fn to_sink<T>(records: &[T], encode: fn(&[T], &mut BufWriter<std::io::Sink>) -> u32) -> u32 {
+    let mut out = BufWriter::with_capacity(1 << 20, std::io::sink());
+    let crcs = encode(records, &mut out);
+    out.flush().expect("flush");
+    crcs
+}
+
+/// The blocks of a version-2 run in memory (what [`encode_v2_hand`] writes), and their
+/// index entries, offsets counted from the start of the blocks.
+fn v2_blocks(records: &[Record]) -> (Vec<u8>, Vec<BlockEntry>) {
+    let mut bytes = Vec::new();
+    let mut index = Vec::new();
+    let mut start = 0;
+    while start < records.len() {
+        let (mut end, mut len) = (start, 0);
+        while end < records.len() && len < BLOCK_TARGET {
+            len += RECORD_HEAD_LEN + records[end].payload.len();
+            end += 1;
+        }
+        let offset = bytes.len() as u64;
+        encode_v2_hand(&records[start..end], &mut bytes);
+        index.push(BlockEntry {
+            first_id: records[start].id,
+            last_id: records[end - 1].id,
+            offset,
+            records: (end - start) as u32,
+            len: (bytes.len() as u64 - offset) as u32,
+        });
+        start = end;
+    }
+    (bytes, index)
+}
+
+/// Version 2's decoder, `sublist::run::decode_block` (CRC, framing, lengths, order,
+/// count, first and last ID of each block), over every block, plus order across blocks.
+fn decode_v2_hand(bytes: &[u8], index: &[BlockEntry]) -> u64 {
+    let (mut sum, mut last) = (0u64, None);
+    for (i, e) in index.iter().enumerate() {
+        let range = e.offset as usize..(e.offset + u64::from(e.len)) as usize;
+        let records = decode_block(&bytes[range], e, i as u64).expect("block");
+        assert!(last < Some(e.first_id), "ids must strictly increase");
+        last = Some(e.last_id);
+        sum = records.iter().fold(sum, |s, r| s.wrapping_add(r.id));
+    }
+    sum
+}
+
+/// [`decode_v2_hand`] with bincode (payload through `serde_bytes`) decoding the records:
+/// the same checks (CRC, a length limit, the block filled exactly, order, count, first and
+/// last ID), each block's records collected as `decode_block` returns them.
+fn decode_v2_serde_bytes(bytes: &[u8], index: &[BlockEntry]) -> u64 {
+    use bincode::Options;
+    let options = bincode::DefaultOptions::new()
+        .with_fixint_encoding()
+        .allow_trailing_bytes()
+        .with_limit((RECORD_HEAD_LEN + sublist::MAX_PAYLOAD) as u64);
+    let (mut sum, mut last) = (0u64, None);
+    for e in index {
+        let block = &bytes[e.offset as usize..(e.offset + u64::from(e.len)) as usize];
+        let (body, stored) = block.split_at(block.len() - 4);
+        let mut crc = Crc32::new();
+        crc.update(body);
+        assert_eq!(crc.finalize().to_le_bytes(), stored, "block checksum");
+        let mut input = body;
+        let mut records = Vec::with_capacity(e.records as usize);
+        while !input.is_empty() {
+            let r: BytesRecord = options.deserialize_from(&mut input).expect("record");
+            assert!(last < Some(r.id), "ids must strictly increase");
+            last = Some(r.id);
+            records.push(r);
+        }
+        assert_eq!(records.len(), e.records as usize, "records in block");
+        assert_eq!(records.first().map(|r| r.id), Some(e.first_id), "first id");
+        assert_eq!(records.last().map(|r| r.id), Some(e.last_id), "last id");
+        sum = records.iter().fold(sum, |s, r| s.wrapping_add(r.id));
+    }
+    sum
+}
+
 /// `ListReader` over a list.bin in memory: framing, lengths, order, count, checksum.
 fn decode_hand(list: &[u8]) -> u64 {
     let reader = ListReader::new(std::io::Cursor::new(list), list.len() as u64).expect("header");
@@ -509,6 +672,32 @@ fn decode_bincode(list: &[u8]) -> u64 {
     sum
 }
 
+/// [`decode_bincode`] with the payload through `serde_bytes`: same options (length limit),
+/// same order, count and checksum checks.
+fn decode_serde_bytes(list: &[u8]) -> u64 {
+    use bincode::Options;
+    let records_end = list.len() - FOOTER_LEN as usize;
+    let count = u64::from_le_bytes(list[8..16].try_into().expect("count"));
+    let options = bincode::DefaultOptions::new()
+        .with_fixint_encoding()
+        .allow_trailing_bytes()
+        .with_limit((RECORD_HEAD_LEN + sublist::MAX_PAYLOAD) as u64);
+    let records = &list[HEADER_LEN as usize..records_end];
+    let mut input = std::io::BufReader::with_capacity(1 << 20, records);
+    let (mut sum, mut last) = (0u64, None);
+    for _ in 0..count {
+        let r: BytesRecord = options.deserialize_from(&mut input).expect("record");
+        assert!(last < Some(r.id), "ids must strictly increase");
+        last = Some(r.id);
+        sum = sum.wrapping_add(r.id);
+    }
+    let footer = u32::from_le_bytes(list[records_end..].try_into().expect("footer"));
+    let mut crc = Crc32::new();
+    crc.update(records);
+    assert_eq!(crc.finalize(), footer, "checksum");
+    sum
+}
+
 /// list.bin's record encoding by hand (what `sublist::listbin` does) against bincode 1.3
 /// (whose legacy layout it matches byte for byte), encoding and decoding, in memory.
 fn bench_codec(c: &mut Criterion) {
@@ -525,16 +714,57 @@ fn bench_codec(c: &mut Criterion) {
     for r in &records {
         encode_record(r, &mut list);
     }
+    let bytes_records: Vec<BytesRecord> = records
+        .iter()
+        .map(|r| BytesRecord {
+            id: r.id,
+            shard: r.shard,
+            seq: r.seq,
+            payload: r.payload.clone(),
+        })
+        .collect();
     let crc = encode_hand(&records);
     assert_eq!(encode_bincode(&records), crc, "bincode writes other bytes");
+    assert_eq!(
+        encode_serde_bytes(&bytes_records),
+        crc,
+        "bincode with serde_bytes writes other bytes"
+    );
     list.extend_from_slice(&crc.to_le_bytes());
     assert_eq!(decode_hand(&list), decode_bincode(&list));
+    assert_eq!(decode_hand(&list), decode_serde_bytes(&list));
+    assert_eq!(
+        to_sink(&records, encode_v2_hand),
+        to_sink(&bytes_records, encode_v2_serde_bytes),
+        "version 2 blocks: bincode with serde_bytes writes other bytes"
+    );
+    let (blocks, index) = v2_blocks(&records);
+    assert_eq!(decode_v2_hand(&blocks, &index), decode_hand(&list));
+    assert_eq!(decode_v2_serde_bytes(&blocks, &index), decode_hand(&list));
     let mut g = c.benchmark_group("listbin");
     g.throughput(Throughput::Bytes(list.len() as u64));
     g.bench_function("encode_hand", |b| b.iter(|| encode_hand(&records)));
     g.bench_function("encode_bincode", |b| b.iter(|| encode_bincode(&records)));
+    g.bench_function("encode_serde_bytes", |b| {
+        b.iter(|| encode_serde_bytes(&bytes_records))
+    });
     g.bench_function("decode_hand", |b| b.iter(|| decode_hand(&list)));
     g.bench_function("decode_bincode", |b| b.iter(|| decode_bincode(&list)));
+    g.bench_function("decode_serde_bytes", |b| {
+        b.iter(|| decode_serde_bytes(&list))
+    });
+    g.bench_function("v2_encode_hand", |b| {
+        b.iter(|| to_sink(&records, encode_v2_hand))
+    });
+    g.bench_function("v2_encode_serde_bytes", |b| {
+        b.iter(|| to_sink(&bytes_records, encode_v2_serde_bytes))
+    });
+    g.bench_function("v2_decode_hand", |b| {
+        b.iter(|| decode_v2_hand(&blocks, &index))
+    });
+    g.bench_function("v2_decode_serde_bytes", |b| {
+        b.iter(|| decode_v2_serde_bytes(&blocks, &index))
+    });
     g.finish();
 }
 
