@@ -10,10 +10,28 @@ use sublist::Record;
 
 use crate::MergeError;
 
-/// Consecutive blocks fetched by one ranged read, up to this many bytes: large enough
-/// that an object store's per-request latency is small next to the transfer, small
-/// enough that inputs x reads in flight x this stays within tens of MB.
-pub const READ_GROUP_BYTES: u64 = 4 << 20;
+/// What all inputs of one merge may hold in reads in flight together: the store's read
+/// size is cut to fit (see [`read_options`]), so a merge of 64 runs holds about as much
+/// as one of 4, not 16 times as much.
+pub const READ_BUDGET: usize = 64 << 20;
+/// The smallest read worth its round trip to an object store (and one block, so a group
+/// of blocks is never cut).
+pub const MIN_READ_CHUNK: usize = 256 << 10;
+
+/// `base` with its read size cut so that `inputs` runs read by `jobs` threads, each with
+/// `base.in_flight` reads outstanding, stay within [`READ_BUDGET`].
+pub fn read_options(
+    base: qstore::StoreOptions,
+    inputs: usize,
+    jobs: usize,
+) -> qstore::StoreOptions {
+    let readers = inputs.max(1) * jobs.max(1) * base.in_flight.max(1);
+    let chunk = (READ_BUDGET / readers).clamp(MIN_READ_CHUNK, base.read_chunk.max(MIN_READ_CHUNK));
+    qstore::StoreOptions {
+        read_chunk: chunk,
+        ..base
+    }
+}
 
 /// An opened run: where it is, its metadata, and a handle for ranged reads.
 pub struct RunInput {
@@ -22,6 +40,9 @@ pub struct RunInput {
     /// Footer, index and shard table.
     pub meta: RunMeta,
     object: Object,
+    /// Bytes of consecutive blocks fetched by one ranged read: the store's read size, so
+    /// a read is never cut inside a group.
+    group_bytes: u64,
 }
 
 fn run_err(location: &Location) -> impl FnOnce(RunError) -> MergeError + '_ {
@@ -63,18 +84,19 @@ pub fn open_run(store: &Store, location: &Location) -> Result<RunInput, MergeErr
         location: location.clone(),
         meta,
         object,
+        group_bytes: store.options().read_chunk as u64,
     })
 }
 
 impl RunInput {
     /// The records of IDs `first..=last`, streamed: only the blocks that may hold them are
-    /// read, in groups of up to [`READ_GROUP_BYTES`], with the store's bounded read-ahead.
+    /// read, in groups of up to the store's read size, with its bounded read-ahead.
     pub fn records(&self, first: u64, last: u64) -> RunRecords {
         let blocks = self.meta.blocks_in(first, last);
         let base = blocks.first().map_or(0, |b| {
             self.meta.blocks.partition_point(|x| x.offset < b.offset)
         });
-        let ranges = group_ranges(blocks);
+        let ranges = group_ranges(blocks, self.group_bytes);
         RunRecords {
             name: self.location.to_string(),
             blocks: blocks.iter().copied().collect(),
@@ -98,15 +120,13 @@ impl RunInput {
     }
 }
 
-/// Consecutive blocks grouped into byte ranges of at most [`READ_GROUP_BYTES`] (a block
-/// larger than that is a range of its own).
-fn group_ranges(blocks: &[BlockEntry]) -> Vec<Range<u64>> {
+/// Consecutive blocks grouped into byte ranges of at most `limit` bytes (a block larger
+/// than that is a range of its own).
+fn group_ranges(blocks: &[BlockEntry], limit: u64) -> Vec<Range<u64>> {
     let mut ranges: Vec<Range<u64>> = Vec::new();
     for b in blocks {
         match ranges.last_mut() {
-            Some(r)
-                if r.end == b.offset && r.end - r.start + u64::from(b.len) <= READ_GROUP_BYTES =>
-            {
+            Some(r) if r.end == b.offset && r.end - r.start + u64::from(b.len) <= limit => {
                 r.end += u64::from(b.len)
             }
             _ => ranges.push(b.range()),
@@ -242,16 +262,35 @@ mod tests {
 
     #[test]
     fn ranges_group_consecutive_blocks_up_to_the_limit() {
-        let third = (READ_GROUP_BYTES / 3) as u32;
+        const LIMIT: u64 = 4 << 20;
+        let third = (LIMIT / 3) as u32;
         let blocks: Vec<BlockEntry> = (0..7)
             .map(|i| block(8 + i * u64::from(third), third))
             .collect();
-        let ranges = group_ranges(&blocks);
+        let ranges = group_ranges(&blocks, LIMIT);
         assert_eq!(ranges.len(), 3, "{ranges:?}");
         assert_eq!(ranges[0], 8..8 + 3 * u64::from(third));
         assert_eq!(ranges[2].end, 8 + 7 * u64::from(third));
-        let big = [block(8, (READ_GROUP_BYTES * 2) as u32)];
-        assert_eq!(group_ranges(&big), vec![8..8 + READ_GROUP_BYTES * 2]);
-        assert!(group_ranges(&[]).is_empty());
+        let big = [block(8, (LIMIT * 2) as u32)];
+        assert_eq!(group_ranges(&big, LIMIT), vec![8..8 + LIMIT * 2]);
+        assert!(group_ranges(&[], LIMIT).is_empty());
+    }
+
+    #[test]
+    fn read_ahead_fits_the_budget_whatever_the_input_count() {
+        let base = qstore::StoreOptions::default();
+        for (inputs, jobs) in [(1, 1), (4, 1), (64, 1), (64, 4), (1000, 1)] {
+            let o = read_options(base, inputs, jobs);
+            assert!(
+                o.read_chunk >= MIN_READ_CHUNK
+                    && o.read_chunk <= base.read_chunk.max(MIN_READ_CHUNK)
+            );
+            let held = inputs * jobs * o.in_flight * o.read_chunk;
+            assert!(
+                held <= READ_BUDGET || o.read_chunk == MIN_READ_CHUNK,
+                "{inputs}x{jobs}: {held}"
+            );
+        }
+        assert_eq!(read_options(base, 4, 1).read_chunk, base.read_chunk);
     }
 }

@@ -300,8 +300,9 @@ fn same_place(out: &Location, src: &Location) -> bool {
 }
 
 fn run_merge(cfg: &MergeConfig) -> anyhow::Result<()> {
-    let store = Store::new(cfg.store);
-    let specs = input_specs(cfg, &store)?;
+    let specs = input_specs(cfg, &Store::new(cfg.store))?;
+    let jobs = usize::try_from(cfg.jobs).unwrap_or(1);
+    let store = Store::new(merger::runs::read_options(cfg.store, specs.len(), jobs));
     // Fail on a bad --out before spending time opening inputs.
     check_out(cfg, &specs)?;
     let mut progress = Progress::new(0, cfg.stall_after);
