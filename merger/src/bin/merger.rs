@@ -302,7 +302,11 @@ fn same_place(out: &Location, src: &Location) -> bool {
 fn run_merge(cfg: &MergeConfig) -> anyhow::Result<()> {
     let specs = input_specs(cfg, &Store::new(cfg.store))?;
     let jobs = usize::try_from(cfg.jobs).unwrap_or(1);
-    let store = Store::new(merger::runs::read_options(cfg.store, specs.len(), jobs));
+    let s3 = cfg.out.is_s3()
+        || specs
+            .iter()
+            .any(|s| matches!(s, InputSpec::Run(l) if l.is_s3()));
+    let store = Store::new(merger::runs::read_options(cfg.store, specs.len(), jobs, s3));
     // Fail on a bad --out before spending time opening inputs.
     check_out(cfg, &specs)?;
     let mut progress = Progress::new(0, cfg.stall_after);
