@@ -300,6 +300,16 @@ fn parts_are_the_list_in_order() {
         if k >= 3 {
             let mut swapped = args.clone();
             swapped.swap(1, 2);
+            // `cat` prints what it reads, but not parts out of order as a list.
+            let mut cat_swapped = swapped.clone();
+            cat_swapped[0] = "cat";
+            if !cat(&[&parts[0]]).is_empty() && !cat(&[&parts[1]]).is_empty() {
+                fails(
+                    &merger(&cat_swapped),
+                    INPUT,
+                    &["not the parts of one list in order"],
+                );
+            }
             fails(
                 &merger(&swapped),
                 INPUT,

@@ -568,11 +568,25 @@ fn records_of(files: &[String]) -> anyhow::Result<BoxedRecords> {
         runs.push(merger::runs::open_run(&store, &loc)?);
     }
     // Each run is read only when the one before it is done (its ranged reads are
-    // bounded, so memory does not grow with the list).
-    Ok(Box::new(runs.into_iter().flat_map(|run| {
-        run.records(0, u64::MAX)
-            .map(|r| r.map_err(anyhow::Error::from))
-    })))
+    // bounded, so memory does not grow with the list). Within a run the blocks and the
+    // index vouch for the order; across files it is checked here.
+    let mut last: Option<u64> = None;
+    let records = runs
+        .into_iter()
+        .flat_map(|run| {
+            let name = run.location.to_string();
+            run.records(0, u64::MAX).map(move |r| (name.clone(), r))
+        })
+        .map(move |(name, r)| {
+            let r = r?;
+            if let Some(prev) = last.filter(|&p| r.id <= p) {
+                let what = format!("record id {} is not above the previous file's id {prev}: the files are not the parts of one list in order (merger verify names the misplaced one)", r.id);
+                return Err(MergeError::ListCheck { name, what }.into());
+            }
+            last = Some(r.id);
+            Ok(r)
+        });
+    Ok(Box::new(records))
 }
 
 fn run_cat(files: &[String], json: bool) -> anyhow::Result<()> {
