@@ -649,32 +649,17 @@ fn decode_hand(list: &[u8]) -> u64 {
 /// favourable as we could make it: the CRC is one call over the in-memory records, where
 /// a file reader would have to hash what bincode reads as it goes.
 fn decode_bincode(list: &[u8]) -> u64 {
-    use bincode::Options;
-    let records_end = list.len() - FOOTER_LEN as usize;
-    let count = u64::from_le_bytes(list[8..16].try_into().expect("count"));
-    let options = bincode::DefaultOptions::new()
-        .with_fixint_encoding()
-        .allow_trailing_bytes()
-        .with_limit((RECORD_HEAD_LEN + sublist::MAX_PAYLOAD) as u64);
-    let records = &list[HEADER_LEN as usize..records_end];
-    let mut input = std::io::BufReader::with_capacity(1 << 20, records);
-    let (mut sum, mut last) = (0u64, None);
-    for _ in 0..count {
-        let r: Record = options.deserialize_from(&mut input).expect("record");
-        assert!(last < Some(r.id), "ids must strictly increase");
-        last = Some(r.id);
-        sum = sum.wrapping_add(r.id);
-    }
-    let footer = u32::from_le_bytes(list[records_end..].try_into().expect("footer"));
-    let mut crc = Crc32::new();
-    crc.update(records);
-    assert_eq!(crc.finalize(), footer, "checksum");
-    sum
+    decode_bincode_as::<Record>(list, |r| r.id)
 }
 
 /// [`decode_bincode`] with the payload through `serde_bytes`: same options (length limit),
 /// same order, count and checksum checks.
 fn decode_serde_bytes(list: &[u8]) -> u64 {
+    decode_bincode_as::<BytesRecord>(list, |r| r.id)
+}
+
+/// Both bincode decoders: records of type `T` (whose ID `id` gives), every check made.
+fn decode_bincode_as<T: serde::de::DeserializeOwned>(list: &[u8], id: fn(&T) -> u64) -> u64 {
     use bincode::Options;
     let records_end = list.len() - FOOTER_LEN as usize;
     let count = u64::from_le_bytes(list[8..16].try_into().expect("count"));
@@ -686,10 +671,11 @@ fn decode_serde_bytes(list: &[u8]) -> u64 {
     let mut input = std::io::BufReader::with_capacity(1 << 20, records);
     let (mut sum, mut last) = (0u64, None);
     for _ in 0..count {
-        let r: BytesRecord = options.deserialize_from(&mut input).expect("record");
-        assert!(last < Some(r.id), "ids must strictly increase");
-        last = Some(r.id);
-        sum = sum.wrapping_add(r.id);
+        let r: T = options.deserialize_from(&mut input).expect("record");
+        let r = id(&r);
+        assert!(last < Some(r), "ids must strictly increase");
+        last = Some(r);
+        sum = sum.wrapping_add(r);
     }
     let footer = u32::from_le_bytes(list[records_end..].try_into().expect("footer"));
     let mut crc = Crc32::new();
