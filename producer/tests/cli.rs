@@ -4,7 +4,7 @@
 
 mod common;
 
-use common::{assert_exit, producer_cmd, quorum, run};
+use common::{assert_exit, producer_cmd, quorum, run, stderr_lines};
 use idtools::cluster::LocalQuorum;
 use producer::generate_payload;
 use rand::{Rng, SeedableRng};
@@ -831,22 +831,6 @@ fn release_with_stderr(
     drop(child.stdin.take());
     let status = child.wait().expect("wait");
     (status.code(), rx.iter().collect::<Vec<_>>().join("\n"))
-}
-
-/// Like [`stall_watch`], but forwards every stderr line, so a test can read the error.
-fn stderr_lines(child: &mut Child) -> std::sync::mpsc::Receiver<String> {
-    use std::io::BufRead;
-    let stderr = child.stderr.take().expect("piped stderr");
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stderr).lines() {
-            let Ok(line) = line else { break };
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    rx
 }
 
 /// Starts a stalled producer and returns it with a receiver of all its stderr lines.

@@ -5,11 +5,10 @@
 
 mod common;
 
-use common::{assert_exit, producer_cmd, quorum, run};
+use common::{assert_exit, producer_cmd, quorum, run, stderr_lines};
 use qstore::testing::TestS3;
 use std::path::Path;
 use std::process::{Child, Output};
-use std::sync::mpsc::Receiver;
 use std::time::Duration;
 use sublist::run::{decode_block, RunMeta};
 use sublist::shard::{shard_db_path, Progress, ShardReader, ShardWriter};
@@ -95,22 +94,6 @@ fn seal_args<'a>(shard: &'a str, data: &'a Path, to: &'a str) -> [&'a str; 7] {
         "--to",
         to,
     ]
-}
-
-/// Reads the child's stderr on a thread; returns every line.
-fn stderr_lines(child: &mut Child) -> Receiver<String> {
-    use std::io::BufRead;
-    let stderr = child.stderr.take().expect("piped stderr");
-    let (tx, rx) = std::sync::mpsc::channel();
-    std::thread::spawn(move || {
-        for line in std::io::BufReader::new(stderr).lines() {
-            let Ok(line) = line else { break };
-            if tx.send(line).is_err() {
-                break;
-            }
-        }
-    });
-    rx
 }
 
 /// Spawns `args` with the seal stall hook at `after` items; returns once it stalls.

@@ -3,7 +3,8 @@
 #![allow(dead_code)] // each test file uses its own subset
 
 use idtools::cluster::LocalQuorum;
-use std::process::{Command, Output, Stdio};
+use std::process::{Child, Command, Output, Stdio};
+use std::sync::mpsc::Receiver;
 
 pub fn quorum(n: usize) -> LocalQuorum {
     LocalQuorum::temp(n)
@@ -38,4 +39,21 @@ pub fn assert_exit(out: &Output, code: i32, stderr_has: &str) {
         "stderr lacks {stderr_has:?}: {stderr}"
     );
     assert!(!stderr.contains("panicked"), "{stderr}");
+}
+
+/// Reads the child's stderr on a thread and forwards every line, so a test can wait for
+/// one (a stall point) and still read the error at the end.
+pub fn stderr_lines(child: &mut Child) -> Receiver<String> {
+    use std::io::BufRead;
+    let stderr = child.stderr.take().expect("piped stderr");
+    let (tx, rx) = std::sync::mpsc::channel();
+    std::thread::spawn(move || {
+        for line in std::io::BufReader::new(stderr).lines() {
+            let Ok(line) = line else { break };
+            if tx.send(line).is_err() {
+                break;
+            }
+        }
+    });
+    rx
 }
