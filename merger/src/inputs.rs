@@ -256,13 +256,28 @@ pub fn merge_inputs<W: Write>(
         error,
     };
     let mut writer = RunWriter::new(sink, inputs.shard_specs(), part).map_err(run_err)?;
-    for record in crate::merge(sources(inputs, part)?) {
-        writer.write(&record?).map_err(run_err)?;
+    write_merged(&mut writer, sources(inputs, part)?, out, progress)?;
+    let (sink, meta) = writer.finish().map_err(run_err)?;
+    progress(meta.records(), meta.file_len);
+    Ok((sink, meta))
+}
+
+/// Merges `sources` into `writer`, calling `progress(records, bytes)` every
+/// [`PROGRESS_EVERY`] records; writer errors are named `out`.
+pub(crate) fn write_merged<W: Write>(
+    writer: &mut RunWriter<W>,
+    sources: Vec<Source<Records<'_>>>,
+    out: &str,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<(), MergeError> {
+    for record in crate::merge(sources) {
+        writer.write(&record?).map_err(|error| MergeError::Run {
+            name: out.to_string(),
+            error,
+        })?;
         if writer.records() % PROGRESS_EVERY == 0 {
             progress(writer.records(), writer.bytes());
         }
     }
-    let (sink, meta) = writer.finish().map_err(run_err)?;
-    progress(meta.records(), meta.file_len);
-    Ok((sink, meta))
+    Ok(())
 }

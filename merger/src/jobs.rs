@@ -11,8 +11,8 @@ use std::path::Path;
 
 use sublist::run::{Part, RunMeta, RunWriter, HEADER_LEN};
 
-use crate::inputs::{run_sources, Inputs};
-use crate::{MergeError, PROGRESS_EVERY};
+use crate::inputs::{run_sources, write_merged, Inputs};
+use crate::MergeError;
 
 /// Buffer of a temporary run's writer: written once, sequentially.
 const SPILL_BUFFER: usize = 1 << 20;
@@ -50,12 +50,12 @@ pub fn merge_jobs<W: Write>(
             })
             .collect();
         let mut writer = RunWriter::new(sink, specs.clone(), Part::WHOLE).map_err(run_err)?;
-        for record in crate::merge(run_sources(&inputs.runs, parts[0])) {
-            writer.write(&record?).map_err(run_err)?;
-            if writer.records() % PROGRESS_EVERY == 0 {
-                progress(writer.records(), writer.bytes());
-            }
-        }
+        write_merged(
+            &mut writer,
+            run_sources(&inputs.runs, parts[0]),
+            out,
+            progress,
+        )?;
         for handle in spills {
             let (mut file, meta) = handle.join().map_err(|_| MergeError::Run {
                 name: out.to_string(),
@@ -85,16 +85,20 @@ fn spill(
     tmp_dir: &Path,
     out: &str,
 ) -> Result<(File, RunMeta), MergeError> {
+    let name = format!("{out} (temporary file for {part} in {})", tmp_dir.display());
     let run_err = |error| MergeError::Run {
-        name: format!("{out} (temporary file for {part} in {})", tmp_dir.display()),
+        name: name.clone(),
         error,
     };
     let file = tempfile::tempfile_in(tmp_dir).map_err(|e| run_err(e.into()))?;
     let sink = BufWriter::with_capacity(SPILL_BUFFER, file);
     let mut writer = RunWriter::new(sink, specs, part).map_err(run_err)?;
-    for record in crate::merge(run_sources(&inputs.runs, part)) {
-        writer.write(&record?).map_err(run_err)?;
-    }
+    write_merged(
+        &mut writer,
+        run_sources(&inputs.runs, part),
+        &name,
+        &mut |_, _| {},
+    )?;
     let (sink, meta) = writer.finish().map_err(run_err)?;
     let file = sink
         .into_inner()
