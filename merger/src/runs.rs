@@ -122,15 +122,6 @@ impl RunInput {
             failed: false,
         }
     }
-
-    /// Bytes of the blocks that may hold IDs `first..=last`.
-    pub fn bytes_in(&self, first: u64, last: u64) -> u64 {
-        self.meta
-            .blocks_in(first, last)
-            .iter()
-            .map(|b| u64::from(b.len))
-            .sum()
-    }
 }
 
 /// Consecutive blocks grouped into byte ranges of at most `limit` bytes (a block larger

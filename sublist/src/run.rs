@@ -231,11 +231,6 @@ pub struct Footer {
 }
 
 impl Footer {
-    /// Where the metadata (index, shard table, footer) starts in a file of `file_len` bytes.
-    pub fn meta_offset(&self) -> u64 {
-        self.index_offset
-    }
-
     /// Encodes the footer; `meta_crc` is written as given.
     pub fn encode(&self) -> [u8; FOOTER_LEN as usize] {
         let mut b = [0u8; FOOTER_LEN as usize];
