@@ -467,6 +467,11 @@ fn encode_hand(records: &[Record]) -> u32 {
 /// `serde_bytes`), so each record goes into a reused buffer first, and the CRC and the
 /// buffered write take that buffer in one call each.
 fn encode_bincode(records: &[Record]) -> u32 {
+    encode_bincode_as(records)
+}
+
+/// Both bincode encoders, for records of type `T`.
+fn encode_bincode_as<T: serde::Serialize>(records: &[T]) -> u32 {
     let mut out = BufWriter::with_capacity(1 << 20, std::io::sink());
     let mut crc = Crc32::new();
     let mut buf = Vec::with_capacity(RECORD_HEAD_LEN + PAYLOAD);
@@ -496,17 +501,7 @@ struct BytesRecord {
 /// [`encode_bincode`] with the payload through `serde_bytes`: the same reused buffer, one
 /// CRC call and one buffered write per record.
 fn encode_serde_bytes(records: &[BytesRecord]) -> u32 {
-    let mut out = BufWriter::with_capacity(1 << 20, std::io::sink());
-    let mut crc = Crc32::new();
-    let mut buf = Vec::with_capacity(RECORD_HEAD_LEN + PAYLOAD);
-    for r in records {
-        buf.clear();
-        bincode::serialize_into(&mut buf, r).expect("serialize");
-        crc.update(&buf);
-        out.write_all(&buf).expect("write");
-    }
-    out.flush().expect("flush");
-    crc.finalize()
+    encode_bincode_as(records)
 }
 
 /// One version-2 block: its CRC appended, written, the buffer cleared; returns the CRC.
