@@ -295,6 +295,9 @@ enum Next {
     Done(Result<IdRange, IdError>),
     /// Join again: this batch gave the request nothing, but the rendezvous works.
     Rejoin,
+    /// This rendezvous failed (marked failed already): the request moves on to the next
+    /// one (the fallback), if it has not failed too.
+    Unavailable,
     /// Leave the rendezvous: the caller runs its own rounds.
     OwnRounds,
 }
@@ -312,7 +315,7 @@ impl Combining {
     fn stopped(&self, stop: Stop) -> Next {
         match stop {
             Stop::Deadline => self.past_deadline(),
-            Stop::Unavailable => Next::OwnRounds,
+            Stop::Unavailable => Next::Unavailable,
         }
     }
 
@@ -1208,7 +1211,30 @@ impl<N: Register + Rendezvous> QuorumClient<N> {
         deadline: Instant,
         started: Instant,
     ) -> Option<Result<IdRange, IdError>> {
-        let rv = self.rendezvous_now()?;
+        // A rendezvous that fails during the request (down, paused, stuck) is marked
+        // failed and the request moves on to the fallback, where the other clients go
+        // too: falling to its own rounds instead would have it contend with every
+        // batch, and under load lose round after round until its deadline. Each node
+        // is tried once per request, so this ends.
+        let mut tried: [Option<usize>; 2] = [None; 2];
+        for slot in 0..tried.len() {
+            let rv = self.rendezvous_now()?;
+            if tried.contains(&Some(rv)) {
+                return None;
+            }
+            tried[slot] = Some(rv);
+            match self.combined_at(rv, n, deadline, started).await {
+                Next::Done(result) => return Some(result),
+                Next::Unavailable => continue,
+                Next::OwnRounds | Next::Rejoin => return None,
+            }
+        }
+        None
+    }
+
+    /// `n` IDs through combined rounds at the rendezvous node `rv`, joining again as
+    /// long as it makes progress; [`Next::Unavailable`] when it failed.
+    async fn combined_at(&self, rv: usize, n: u64, deadline: Instant, started: Instant) -> Next {
         let patience = self.rendezvous_patience();
         let rx = tokio::time::timeout(
             patience,
@@ -1216,8 +1242,12 @@ impl<N: Register + Rendezvous> QuorumClient<N> {
         )
         .await;
         let Ok(Some(mut rx)) = rx else {
+            tracing::debug!(
+                node = self.nodes[rv].addr(),
+                "rendezvous unavailable: no results channel within {patience:?}"
+            );
             self.rendezvous_failed(rv);
-            return None;
+            return Next::Unavailable;
         };
         let mut c = Combining {
             rv,
@@ -1231,9 +1261,8 @@ impl<N: Register + Rendezvous> QuorumClient<N> {
         };
         loop {
             match self.join_step(&mut c, &mut rx).await {
-                Next::Done(result) => return Some(result),
-                Next::OwnRounds => return None,
                 Next::Rejoin => {}
+                next => return next,
             }
         }
     }
@@ -1314,7 +1343,13 @@ impl<N: Register + Rendezvous> QuorumClient<N> {
             },
             // The batch's round failed (the leader retried until its deadline, or met an
             // error retrying cannot fix): our own rounds report why.
-            Ok(BatchResult { range: None, .. }) | Err(WaitEnd::Closed) => Next::OwnRounds,
+            Ok(BatchResult { range: None, .. }) => Next::OwnRounds,
+            // The connection to the rendezvous ended (the node died or restarted): its
+            // batches are gone with it.
+            Err(WaitEnd::Closed) => {
+                self.rendezvous_failed(c.rv);
+                Next::Unavailable
+            }
             // The leader vanished: its batch's IDs, if any, stay unused.
             Err(WaitEnd::TimedOut) => {
                 c.stalls += 1;
@@ -1394,13 +1429,13 @@ impl<N: Register + Rendezvous> QuorumClient<N> {
         }
     }
 
-    /// Leaves the rendezvous (marked failed: own rounds for a while) because `op` made
-    /// no progress.
+    /// Leaves the rendezvous (marked failed: the fallback, or own rounds, for a while)
+    /// because `op` made no progress.
     fn leave(&self, c: &Combining, op: &str, reason: String) -> Next {
         let node = self.nodes[c.rv].addr();
         tracing::debug!(node, op, error = %reason, "rendezvous unavailable");
         self.rendezvous_failed(c.rv);
-        Next::OwnRounds
+        Next::Unavailable
     }
 
     /// Runs the batch `nonce` of `ids` IDs (the leader's own share first) and publishes
