@@ -368,6 +368,7 @@ enum RoundLoss {
     Fatal(IdError),
     /// Too few nodes answered.
     Unreachable {
+        /// The nodes that answered (not those never asked, or not waited for).
         reachable: usize,
         failures: Vec<NodeFailure>,
     },
@@ -887,8 +888,11 @@ impl<N: Register> QuorumClient<N> {
                 break;
             }
         }
+        // Only the nodes that answered: a node never asked (the read is thrifty) or still
+        // silent at the deadline did not, and counting it said "3 of 5 nodes answered,
+        // 3 needed" of a read that one node answered.
         Err(RoundLoss::Unreachable {
-            reachable: count - failures.len(),
+            reachable: answers,
             failures,
         })
     }
@@ -921,9 +925,11 @@ impl<N: Register> QuorumClient<N> {
         bump(&self.counters.rejects, tally.rejects as u64);
         match decision {
             Decision::Won => Ok(()),
+            // Only the nodes that answered (a node still silent when the loss became
+            // certain did not, nor is it among the failures).
             _ if tally.failures > self.nodes.len() - self.majority() => {
                 Err(RoundLoss::Unreachable {
-                    reachable: self.nodes.len() - failures.len(),
+                    reachable: tally.accepts + tally.rejects,
                     failures,
                 })
             }
