@@ -1614,6 +1614,61 @@ mod tests {
         ));
     }
 
+    /// A node that refuses every connection at once, or never answers.
+    struct Down {
+        addr: String,
+        silent: bool,
+    }
+
+    impl Register for Down {
+        fn addr(&self) -> &str {
+            &self.addr
+        }
+
+        async fn conditional_write(
+            &self,
+            _key: &str,
+            _lo: u64,
+            _hi: u64,
+            _batch: Option<Nonce>,
+        ) -> Result<Written, NodeError> {
+            if self.silent {
+                std::future::pending::<()>().await;
+            }
+            Err(NodeError::Unavailable("connection refused".to_string()))
+        }
+
+        async fn read(&self, _key: &str) -> Result<u64, NodeError> {
+            Err(NodeError::Unavailable("connection refused".to_string()))
+        }
+
+        async fn warm_up(&self) -> Result<(), NodeError> {
+            Ok(())
+        }
+    }
+
+    /// A write round lost as soon as three of five nodes refused counts the two silent
+    /// ones as neither answered nor failed: "0 of 5 nodes answered", not "2 of 5".
+    #[tokio::test(start_paused = true)]
+    async fn a_lost_write_round_counts_only_the_nodes_that_answered() {
+        let nodes = (0..5)
+            .map(|i| Down {
+                addr: format!("fake://{i}"),
+                silent: i >= 3,
+            })
+            .collect();
+        let client = QuorumClient::with_nodes(nodes, "k", Protocol::Fast, Duration::from_secs(5))
+            .expect("five nodes");
+        let err = client
+            .reserve(1, 1, Instant::now() + Duration::from_secs(5))
+            .await
+            .expect_err("three of five nodes down");
+        assert_eq!(
+            err.to_string(),
+            "no quorum: 0 of 5 nodes answered, 3 needed; 5 did not (failed: fake://0: connection refused; fake://1: connection refused; fake://2: connection refused; 2 not asked, or not waited for)"
+        );
+    }
+
     fn tally(accepts: usize, rejects: usize, failures: usize) -> Tally {
         Tally {
             accepts,
