@@ -322,12 +322,33 @@ impl Reader<'_> {
             if args.is_empty() {
                 continue; // an empty array: ignored, as Redis does
             }
-            let permit = conn::in_flight_permit(&self.out_tx, self.state).await?;
+            let permit = self.in_flight_permit().await?;
             if let Next::Quit = self.dispatch(args, permit).await? {
                 break;
             }
         }
         Ok(())
+    }
+
+    /// Backpressure, as for a binary connection ([`conn::in_flight_permit`]); before the
+    /// token, still bounded by the authentication deadline and open to eviction: a
+    /// client that pipelines refused requests without reading the refusals must not
+    /// hold its slot until the write timeout.
+    async fn in_flight_permit(&self) -> Result<OwnedSemaphorePermit, RespError> {
+        let permit = conn::in_flight_permit(&self.out_tx, self.state);
+        if self.session.authenticated {
+            return Ok(permit.await?);
+        }
+        let auth = self.state.epoch + self.ctx.config.handshake_timeout;
+        tokio::select! {
+            p = permit => Ok(p?),
+            () = self.state.evict.notified() => {
+                self.state.release_slot();
+                let idle = self.state.idle_for(Instant::now()).unwrap_or_default();
+                Err(RespError::Evicted(idle))
+            }
+            () = sleep_until(auth) => Err(RespError::AuthTimeout(self.ctx.config.handshake_timeout)),
+        }
     }
 
     /// The next request's arguments, or `None` when the peer closed between requests or
