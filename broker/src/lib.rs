@@ -19,8 +19,11 @@
 //!   answers each request with a redirect to the leader ([`RoundSource::redirect`]).
 //!
 //! Limits: at most [`BrokerConfig::max_connections`] connections (at the cap, a new
-//! connection evicts the longest-idle one, or is refused if none has been idle for
-//! [`BrokerConfig::evict_min_idle`]), at most [`BrokerConfig::max_in_flight_per_conn`]
+//! connection evicts the longest-idle one, those not yet authenticated first, or is
+//! refused if none has been idle for [`BrokerConfig::evict_min_idle`]; the accept loop
+//! never waits for an eviction), a handshake and token within
+//! [`BrokerConfig::handshake_timeout`] of the connect, [`MAX_AUTH_FAILURES`] wrong
+//! tokens per connection, at most [`BrokerConfig::max_in_flight_per_conn`]
 //! unanswered requests per connection (then the broker stops reading it), frames of at
 //! most [`idproto::wire::MAX_FRAME_LEN`] bytes, each completed within
 //! [`BrokerConfig::frame_timeout`] of its first byte, an idle timeout, and a write timeout
@@ -127,8 +130,11 @@ const MAX_ADMITTING: usize = 64;
 pub const MAX_AUTH_FAILURES: u32 = 3;
 
 /// Pause after each wrong token before the client hears of it: with the cap on tries,
-/// a guesser gets a few guesses a second per connection slot.
-pub const AUTH_FAILURE_PAUSE: Duration = Duration::from_millis(500);
+/// a guesser gets a few guesses a second per connection slot. Well under the broker
+/// client's connect timeout (`idclient::broker_client::DEFAULT_CONNECT_TIMEOUT`, 500
+/// ms, which covers the Hello), so a client with a wrong token is still told so, and
+/// fails at once instead of retrying until its deadline.
+pub const AUTH_FAILURE_PAUSE: Duration = Duration::from_millis(200);
 
 /// Connections being refused at the cap at once (each is told why, then closed);
 /// beyond that a refused connection is just closed.
