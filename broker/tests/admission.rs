@@ -434,5 +434,8 @@ async fn trickled_request_headers_cost_work_proportional_to_their_bytes() {
         "trickle: {mib:.2} MiB sent, broker CPU {cpu:.2} s, {per_mib:.2} CPU-s/MiB, slowest probe {slowest:?}"
     );
     assert!(mib > 0.1, "the trickle ran: {mib} MiB");
+    // Before the incremental parser: 3.3-4.0 CPU-s/MiB (the decoder re-read every
+    // partial request at each line end); after: about 0.5, mostly the cost of one
+    // read per 4-13 byte packet and of reconnecting, which no parser avoids.
     assert!(per_mib < 1.5, "{per_mib:.2} CPU-seconds per MiB received");
 }
