@@ -47,7 +47,8 @@ struct Flags {
     /// Drop a client whose replies cannot be written for this long, milliseconds.
     #[arg(long, default_value_t = broker::WRITE_TIMEOUT.as_millis() as u64)]
     write_timeout_ms: u64,
-    /// Time allowed from connect to a complete Hello, milliseconds.
+    /// Time allowed from connect to a complete Hello (TLS handshake included), and with
+    /// --auth-token-file to a RESP client's AUTH, milliseconds.
     #[arg(long, default_value_t = broker::HANDSHAKE_TIMEOUT.as_millis() as u64)]
     handshake_timeout_ms: u64,
     /// Time allowed for any frame from its first byte (header included) to its last, ms.
