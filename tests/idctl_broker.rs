@@ -183,8 +183,9 @@ fn next_through_a_follower_alone_reaches_the_leader() {
     assert_eq!(closed.status.code(), Some(5), "{}", text(&closed));
     let t = text(&closed);
     assert!(
-        t.contains(&format!("the leader {leader} is not among the --broker addresses"))
-            && t.contains("--broker-closed-list"),
+        t.contains(&format!(
+            "the leader {leader} is not among the --broker addresses"
+        )) && t.contains("--broker-closed-list"),
         "{t}"
     );
 }

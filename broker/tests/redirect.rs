@@ -230,7 +230,10 @@ async fn one_address_in_front_of_leader_and_follower_serves_every_request() {
         // Pooled: the connections go to the leader and stay there, instead of a redirect
         // per request.
         let redirects = fetch_stats(&follower.addr).await.expect("stats").redirects - before;
-        assert!(redirects <= 4, "{pick:?}: {redirects} redirects for 400 requests");
+        assert!(
+            redirects <= 4,
+            "{pick:?}: {redirects} redirects for 400 requests"
+        );
         drop(client);
     }
 }
@@ -268,7 +271,10 @@ async fn a_redirect_loop_ends_after_bounded_hops() {
             // The first connection, then at most one per followed redirect (3), and the
             // second slot's.
             let opened = lie.conns() - before;
-            assert!(opened <= 5, "given {given}: {opened} connections for one request: {msg}");
+            assert!(
+                opened <= 5,
+                "given {given}: {opened} connections for one request: {msg}"
+            );
         }
     }
 }
@@ -295,13 +301,8 @@ async fn over_tls_a_redirect_target_must_verify() {
         .collect();
     let trusting = BrokerTls::new(&pki.ca, None, None).expect("CA");
     let pinned = BrokerTls::new(&pki.ca, Some("127.0.0.1".into()), None).expect("CA");
-    let (leader, follower) = leader_then_follower(
-        &q,
-        &leader_args,
-        &tls_args,
-        Some((&trusting, &trusting)),
-    )
-    .await;
+    let (leader, follower) =
+        leader_then_follower(&q, &leader_args, &tls_args, Some((&trusting, &trusting))).await;
     other.route(&[&leader.addr]);
 
     let tls_config = |tls: BrokerTls| BrokerClientConfig {

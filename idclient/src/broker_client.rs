@@ -815,9 +815,10 @@ impl Inner {
                     if let Some(l) = &leader {
                         redirects.push(format!("{from} named {l}"));
                     }
-                    note(&mut failures, inner.follow(conn.broker, from, leader));
+                    let (said, followed) = inner.follow(conn.broker, from, leader);
+                    note(&mut failures, said);
                     if redirects.len() > MAX_REDIRECTS {
-                        failures.push(too_many_redirects(&redirects));
+                        failures.push(too_many_redirects(&redirects, followed));
                         return Err(unavailable(&failures));
                     }
                 }
@@ -842,14 +843,19 @@ pub const FAILOVER_PAUSE_BASE: Duration = Duration::from_millis(5);
 pub const FAILOVER_PAUSE_CAP: Duration = Duration::from_millis(200);
 
 /// The request was redirected more than [`MAX_REDIRECTS`] times: `redirects` says
-/// which broker named which leader, in order.
-fn too_many_redirects(redirects: &[String]) -> NodeFailure {
+/// which broker named which leader, in order; `followed`: the last one was followed
+/// (else the reason is the closed list, said by the broker's own entry).
+fn too_many_redirects(redirects: &[String], followed: bool) -> NodeFailure {
+    let hint = if followed {
+        ": the brokers disagree about the leader, or a leader advertises an address that \
+         does not reach it (check each idbroker's --advertise)"
+    } else {
+        ""
+    };
     NodeFailure {
         addr: "broker client".into(),
         reason: format!(
-            "redirected {} times in one request ({}), more than the {MAX_REDIRECTS} \
-             allowed: the brokers disagree about the leader, or a leader advertises an \
-             address that does not reach it (check each idbroker's --advertise)",
+            "redirected {} times in one request ({}), more than the {MAX_REDIRECTS} allowed{hint}",
             redirects.len(),
             redirects.join(", ")
         ),
@@ -888,8 +894,9 @@ impl Inner {
     /// After broker `b` redirected a request: new connections go to the leader it named
     /// if that is one of our brokers (the same `host:port`, or the same socket address)
     /// or, unless the list is closed, wherever it is (remembered, see [`Learned`]); else
-    /// to the broker after `b`. Returns what to note about `b`.
-    fn follow(&self, b: usize, from: String, leader: Option<String>) -> NodeFailure {
+    /// to the broker after `b`. Returns what to note about `b`, and whether the redirect
+    /// was followed (to the leader it names).
+    fn follow(&self, b: usize, from: String, leader: Option<String>) -> (NodeFailure, bool) {
         let target = leader.as_deref().and_then(|l| {
             self.index_of(l)
                 .or_else(|| (!self.config.closed_list).then(|| self.learn(l, b)))
@@ -908,7 +915,7 @@ impl Inner {
                  to follow redirects)"
             ),
         };
-        NodeFailure { addr: from, reason }
+        (NodeFailure { addr: from, reason }, target.is_some())
     }
 
     fn learned(&self) -> MutexGuard<'_, Learned> {
@@ -977,7 +984,11 @@ impl Inner {
     fn pass_order(&self) -> Vec<usize> {
         let n = self.addrs.len();
         let p = self.preferred.load(Relaxed);
-        let (first, from) = if p < n { (None, p) } else { (Some(p), self.after(p)) };
+        let (first, from) = if p < n {
+            (None, p)
+        } else {
+            (Some(p), self.after(p))
+        };
         first
             .into_iter()
             .chain((0..n).map(|k| (from + k) % n))
@@ -1961,7 +1972,10 @@ mod tests {
         };
         let c = client(&[&follower], closed).await;
         let reasons = unavailable_reasons(c.next_ids(1).await);
-        let want = format!("the leader {} is not among the --broker addresses", leader.addr);
+        let want = format!(
+            "the leader {} is not among the --broker addresses",
+            leader.addr
+        );
         assert!(
             reasons
                 .iter()
@@ -1991,8 +2005,10 @@ mod tests {
                 assert_eq!(asked, MAX_REDIRECTS + 1, "{reasons:?}");
                 let path = [&a_addr, &b_addr].map(|s| s.as_str());
                 assert!(
-                    reasons.iter().any(|r| r.contains("redirected 4 times in one request")
-                        && path.iter().all(|p| r.contains(p))),
+                    reasons
+                        .iter()
+                        .any(|r| r.contains("redirected 4 times in one request")
+                            && path.iter().all(|p| r.contains(p))),
                     "{reasons:?}"
                 );
             }
