@@ -17,11 +17,7 @@ fn nodes(q: &LocalQuorum) -> Vec<Node> {
 }
 
 fn hb(term: u64, seq: u64) -> Heartbeat {
-    Heartbeat {
-        term,
-        seq,
-        addr: format!("127.0.0.1:{}", 7000 + term),
-    }
+    Heartbeat::new(term, seq, format!("127.0.0.1:{}", 7000 + term))
 }
 
 fn soon() -> Instant {
