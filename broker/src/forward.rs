@@ -392,6 +392,42 @@ mod tests {
         assert!(e.to_string().contains(&addr), "{e}");
     }
 
+    /// A named leader that closes every connection (a wrong `--advertise`): checked
+    /// once, then every request within [`RETRY_AFTER`] fails at once with that reason,
+    /// making no new connection.
+    #[tokio::test]
+    async fn a_leader_failing_its_check_is_not_asked_again_for_a_while() {
+        use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = l.local_addr().expect("addr").to_string();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = accepted.clone();
+        let sink = tokio::spawn(async move {
+            while let Ok((s, _)) = l.accept().await {
+                count.fetch_add(1, Relaxed);
+                drop(s);
+            }
+        });
+        let election = Arc::new(Election::new("me:1".into()));
+        election.set(Role::Follower, 1, Some(addr.clone()));
+        let f = forwarder(&election);
+        let requested = Duration::from_secs(2);
+        let start = Instant::now();
+        for _ in 0..5 {
+            let r = f.next_ids(1, Instant::now() + requested, requested).await;
+            let Forwarded::Failed(e) = r else {
+                panic!("forwarding to {addr} gave {r:?}");
+            };
+            let e = e.to_string();
+            assert!(e.contains(&addr) && e.contains("--advertise"), "{e}");
+        }
+        assert!(start.elapsed() < RETRY_AFTER, "{:?}", start.elapsed());
+        assert_eq!(accepted.load(Relaxed), 1);
+        sink.abort();
+    }
+
     #[test]
     fn the_forwarding_client_presents_the_broker_token() {
         let token = idproto::auth::Token::new("s3cret").expect("a token");
