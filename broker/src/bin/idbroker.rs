@@ -318,10 +318,12 @@ async fn run(mut config: Config) -> anyhow::Result<()> {
         None => None,
     };
     let election = match config.serve {
+        // With a token, heartbeats are signed and only signed ones trusted.
         Serve::Window => Some(
             QuorumElection::connect(&config.quorum)
                 .await
-                .context("connecting to the quorum (election)")?,
+                .context("connecting to the quorum (election)")?
+                .with_token(config.broker.auth_token.as_ref()),
         ),
         Serve::Rounds => None,
     };
