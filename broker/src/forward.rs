@@ -81,13 +81,16 @@ pub(crate) enum Forwarded {
 
 /// The client config forwarding uses: the broker's token (brokers of one quorum share
 /// it), TLS to the leader when brokers listen with TLS (`--peer-tls-ca`), one
-/// connection (it pipelines and coalesces every forwarded request).
+/// connection (it pipelines and coalesces every forwarded request), and a closed list:
+/// the token goes only to the leader an authenticated heartbeat named, never on to an
+/// address a redirect names (the target is re-chosen from the heartbeats instead).
 pub(crate) fn forward_client_config(config: &BrokerConfig) -> BrokerClientConfig {
     BrokerClientConfig {
         token: config.auth_token.clone(),
         tls: config.peer_tls.clone(),
         connections: 1,
         deadline: config.default_deadline,
+        closed_list: true,
         ..BrokerClientConfig::default()
     }
 }

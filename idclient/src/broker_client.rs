@@ -796,8 +796,13 @@ impl Inner {
         let inner = self;
         let mut failures: Vec<NodeFailure> = Vec::new();
         let mut failovers: u32 = 0;
-        // Redirects naming a leader: who named whom (at most MAX_REDIRECTS + 1).
+        // Redirects naming a leader that count: the first, then those from a broker an
+        // earlier one named (a chain; who named whom, at most MAX_REDIRECTS + 1). A
+        // follower naming a leader that cannot be reached (killed, its heartbeat not yet
+        // expired) again and again is no chain: the request goes on, paced, until its
+        // deadline or the next leader.
         let mut redirects: Vec<String> = Vec::new();
+        let mut named: Vec<usize> = Vec::new();
         loop {
             let slot = inner.next_slot.fetch_add(1, Relaxed) % inner.slots.len();
             let conn = inner.conn(slot, deadline, &mut failures).await?;
@@ -812,13 +817,15 @@ impl Inner {
                     note(&mut failures, failure);
                 }
                 Attempt::Redirect { from, leader } => {
-                    if let Some(l) = &leader {
+                    let chained = redirects.is_empty() || named.contains(&conn.broker);
+                    if let (Some(l), true) = (&leader, chained) {
                         redirects.push(format!("{from} named {l}"));
                     }
-                    let (said, followed) = inner.follow(conn.broker, from, leader);
+                    let (said, target) = inner.follow(conn.broker, from, leader);
+                    named.extend(target.filter(|t| !named.contains(t)));
                     note(&mut failures, said);
                     if redirects.len() > MAX_REDIRECTS {
-                        failures.push(too_many_redirects(&redirects, followed));
+                        failures.push(too_many_redirects(&redirects, target.is_some()));
                         return Err(unavailable(&failures));
                     }
                 }
@@ -894,9 +901,14 @@ impl Inner {
     /// After broker `b` redirected a request: new connections go to the leader it named
     /// if that is one of our brokers (the same `host:port`, or the same socket address)
     /// or, unless the list is closed, wherever it is (remembered, see [`Learned`]); else
-    /// to the broker after `b`. Returns what to note about `b`, and whether the redirect
-    /// was followed (to the leader it names).
-    fn follow(&self, b: usize, from: String, leader: Option<String>) -> (NodeFailure, bool) {
+    /// to the broker after `b`. Returns what to note about `b`, and the broker the
+    /// redirect was followed to (the leader it names), if it was.
+    fn follow(
+        &self,
+        b: usize,
+        from: String,
+        leader: Option<String>,
+    ) -> (NodeFailure, Option<usize>) {
         let target = leader.as_deref().and_then(|l| {
             self.index_of(l)
                 .or_else(|| (!self.config.closed_list).then(|| self.learn(l, b)))
@@ -915,7 +927,7 @@ impl Inner {
                  to follow redirects)"
             ),
         };
-        (NodeFailure { addr: from, reason }, target.is_some())
+        (NodeFailure { addr: from, reason }, target)
     }
 
     fn learned(&self) -> MutexGuard<'_, Learned> {
