@@ -25,8 +25,14 @@ fn text(o: &Output) -> String {
 
 /// Starts idbroker on a free port; returns the process (killed on drop) and its address.
 fn broker(q: &LocalQuorum) -> (Proc, String) {
+    broker_with(q, &[])
+}
+
+/// [`broker`] with `extra` arguments.
+fn broker_with(q: &LocalQuorum, extra: &[&str]) -> (Proc, String) {
     let mut cmd = Command::new(bin("idbroker"));
     cmd.args(["--listen", "127.0.0.1:0", "--nodes", &q.urls_arg()])
+        .args(extra)
         .stdout(Stdio::piped())
         .stderr(Stdio::null());
     let mut child = cmd.spawn().expect("start idbroker");
@@ -142,5 +148,44 @@ fn broker_mode_errors_are_clear() {
         text(&both).contains("cannot be used with"),
         "{}",
         text(&both)
+    );
+}
+
+/// Issue #23 finding 9: `idctl next --broker FOLLOWER`, one address and that a follower's,
+/// is served (the client follows the redirect to the leader it was not given); with
+/// `--broker-closed-list` it fails as before, saying how to allow it.
+#[test]
+fn next_through_a_follower_alone_reaches_the_leader() {
+    let q = LocalQuorum::temp(3)
+        .expect("cannot start redis-server quorum (apt-get install redis-server)");
+    let timing = ["--election-timeout-ms", "200", "--heartbeat-ms", "50"];
+    // The first window broker leads; the second announces itself once it follows it.
+    let (_leader, leader) = broker_with(&q, &timing);
+    let (_follower, follower) = broker_with(&q, &timing);
+
+    let next = idctl(&["next", "--broker", &follower, "--count", "3"]);
+    check_output(&next, "idctl next --broker FOLLOWER");
+    let fields: Vec<u64> = String::from_utf8_lossy(&next.stdout)
+        .split_whitespace()
+        .map(|s| s.parse().expect("a number"))
+        .collect();
+    assert_eq!(fields.len(), 2, "{}", text(&next));
+    assert_eq!(fields[1], fields[0] + 2, "LO HI with HI = LO + COUNT - 1");
+
+    let closed = idctl(&[
+        "next",
+        "--broker",
+        &follower,
+        "--broker-closed-list",
+        "--deadline-ms",
+        "1000",
+    ]);
+    assert_eq!(closed.status.code(), Some(5), "{}", text(&closed));
+    let t = text(&closed);
+    assert!(
+        t.contains(&format!(
+            "the leader {leader} is not among the --broker addresses"
+        )) && t.contains("--broker-closed-list"),
+        "{t}"
     );
 }

@@ -20,7 +20,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::atomic::{AtomicBool, AtomicU64};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::net::TcpStream;
 use tokio::sync::{mpsc, watch, Notify, OwnedSemaphorePermit, Semaphore};
@@ -100,6 +100,13 @@ pub(crate) struct ConnState {
     max_in_flight: usize,
     /// Set by the accept loop: close if still idle.
     pub(crate) evict: Notify,
+    /// The client completed its handshake and, with a token configured, authenticated.
+    /// Until then nothing it does counts as activity (see [`ConnState::idle_for`]).
+    admitted: AtomicBool,
+    /// Chosen as an eviction victim (or closing): not to be chosen again.
+    leaving: AtomicBool,
+    /// The connection slot it holds; released when it leaves, before any linger.
+    slot: Mutex<Option<OwnedSemaphorePermit>>,
 }
 
 impl ConnState {
@@ -111,6 +118,9 @@ impl ConnState {
             in_flight: Arc::new(Semaphore::new(max_in_flight)),
             max_in_flight,
             evict: Notify::new(),
+            admitted: AtomicBool::new(false),
+            leaving: AtomicBool::new(false),
+            slot: Mutex::new(None),
         }
     }
 
@@ -123,16 +133,60 @@ impl ConnState {
         self.epoch + Duration::from_millis(self.last_active_ms.load(Relaxed))
     }
 
-    /// Nothing in flight and no partial frame: how long since the last activity.
+    /// How long the connection has been idle, `None` if it is busy (a request in
+    /// flight or a partial frame). A connection not yet admitted is idle since it
+    /// connected, whatever it sends: requests refused for want of a token, or a
+    /// trickled frame, must not keep a slot from clients that have the token.
     pub(crate) fn idle_for(&self, now: Instant) -> Option<Duration> {
+        if !self.admitted() {
+            return Some(now.saturating_duration_since(self.epoch));
+        }
         let busy =
             self.partial.load(Relaxed) || self.in_flight.available_permits() < self.max_in_flight;
         (!busy).then(|| now.saturating_duration_since(self.last_active()))
     }
 
+    /// The client may now make requests: handshake done, token given (if needed).
+    pub(crate) fn admit(&self) {
+        self.touch();
+        self.admitted.store(true, Relaxed);
+    }
+
+    pub(crate) fn admitted(&self) -> bool {
+        self.admitted.load(Relaxed)
+    }
+
+    /// Marks the connection as an eviction victim; `false` if it already was one (or
+    /// is closing), so that concurrent admissions each pick a different victim.
+    pub(crate) fn choose_to_evict(&self) -> bool {
+        !self.leaving.swap(true, Relaxed)
+    }
+
     /// Asks the connection to close if it is (still) idle.
     pub(crate) fn evict(&self) {
         self.evict.notify_one();
+    }
+
+    /// Chosen as a victim, or closing: no longer a candidate for eviction.
+    pub(crate) fn leaving(&self) -> bool {
+        self.leaving.load(Relaxed)
+    }
+
+    /// An eviction request found the connection busy: it may be chosen again later.
+    pub(crate) fn stay(&self) {
+        self.leaving.store(false, Relaxed);
+    }
+
+    /// Holds `slot` until [`ConnState::release_slot`].
+    pub(crate) fn hold_slot(&self, slot: OwnedSemaphorePermit) {
+        *self.slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(slot);
+    }
+
+    /// Gives the connection slot back now: the connection is leaving (evicted, or
+    /// lingering only so its client reads why), and a waiting client may have it.
+    pub(crate) fn release_slot(&self) {
+        self.leaving.store(true, Relaxed);
+        drop(self.slot.lock().unwrap_or_else(|p| p.into_inner()).take());
     }
 }
 
@@ -277,8 +331,10 @@ async fn next_msg(
             () = state.evict.notified() => {
                 // Only an idle connection gives up its slot (it may have woken up since).
                 if let Some(idle) = state.idle_for(Instant::now()) {
+                    state.release_slot();
                     return Err(ConnError::Evicted(idle));
                 }
+                state.stay();
             }
             n = rd.fill() => {
                 if n? == 0 {
@@ -323,10 +379,12 @@ async fn handshake(
             if let Some(want) = &ctx.config.auth_token {
                 let presented = token.as_deref().unwrap_or_default().as_bytes();
                 if !want.matches(presented) {
+                    auth_failed(&ctx.stats).await;
                     // Never says what was sent, nor whether anything was.
                     return Err(ConnError::AuthFailed);
                 }
             }
+            state.admit();
         }
         Some(ClientMsg::Hello { magic, version, .. }) if magic == wire::MAGIC => {
             return Err(ConnError::BadHello(format!(
@@ -350,6 +408,13 @@ async fn handshake(
     };
     reply(out_tx, welcome, None).await?;
     Ok(true)
+}
+
+/// Counts a wrong or missing token, then pauses before the client hears of it: a
+/// guesser gets a few tries a second per connection slot, not hundreds of thousands.
+pub(crate) async fn auth_failed(stats: &Stats) {
+    stats.auth_failures.fetch_add(1, Relaxed);
+    tokio::time::sleep(crate::AUTH_FAILURE_PAUSE).await;
 }
 
 /// Handshake, then requests until the peer leaves or the broker stops.

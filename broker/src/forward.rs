@@ -22,14 +22,24 @@
 //! the leader (anymore) answers a binary request with a redirect, which the
 //! [`BrokerClient`] follows or, naming nobody it knows, retries within the deadline.
 //!
+//! Bounded (a misadvertised leader must not turn each request into dozens of
+//! connections): before its first forward to a newly named leader, the follower asks it
+//! once for its stats (one connection) and forwards only if it says it leads. If it
+//! cannot be reached, does not complete the handshake, or is not the leader (its
+//! `--advertise` names another broker, or a port nothing serves), that failure is kept
+//! for [`RETRY_AFTER`]: every request meanwhile is answered at once with it (naming the
+//! address and saying to check `--advertise`), logged once per address, and no new
+//! connection is made. So a burst of requests to a broken address costs one connection
+//! per [`RETRY_AFTER`], not one or more per request.
+//!
 //! Order and guarantees: the forwarded request is sent after the RESP request arrived and
 //! its reply is written after the leader answered, so the leader's real-time order holds
 //! for it as for any client; the RESP connection puts the reply back in request order.
 
 use crate::leader::{Election, Role, Status};
 use crate::BrokerConfig;
-use idclient::broker_client::{BrokerClient, BrokerClientConfig};
-use idclient::{IdError, IdRange};
+use idclient::broker_client::{fetch_stats_with, BrokerClient, BrokerClientConfig};
+use idclient::{IdError, IdRange, NodeFailure};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::sync::OnceCell;
@@ -71,21 +81,30 @@ pub(crate) enum Forwarded {
 
 /// The client config forwarding uses: the broker's token (brokers of one quorum share
 /// it), TLS to the leader when brokers listen with TLS (`--peer-tls-ca`), one
-/// connection (it pipelines and coalesces every forwarded request).
+/// connection (it pipelines and coalesces every forwarded request), and a closed list:
+/// the token goes only to the leader an authenticated heartbeat named, never on to an
+/// address a redirect names (the target is re-chosen from the heartbeats instead).
 pub(crate) fn forward_client_config(config: &BrokerConfig) -> BrokerClientConfig {
     BrokerClientConfig {
         token: config.auth_token.clone(),
         tls: config.peer_tls.clone(),
         connections: 1,
         deadline: config.default_deadline,
+        closed_list: true,
         ..BrokerClientConfig::default()
     }
 }
+
+/// How long a leader address that failed its check (unreachable, no handshake, not the
+/// leader) is not tried again: requests meanwhile get that failure at once.
+pub(crate) const RETRY_AFTER: Duration = Duration::from_secs(1);
 
 /// The client of the current leader, connected on first use.
 struct Target {
     leader: String,
     client: Arc<OnceCell<BrokerClient>>,
+    /// Its last failed check: when, and why (shared by the requests waiting on it).
+    failed: Arc<Mutex<Option<(Instant, String)>>>,
 }
 
 /// A follower's forwarding of RESP `QLIST.NEXT` requests (one per broker).
@@ -109,21 +128,101 @@ impl Forwarder {
         self.election.status().role == Role::Leader
     }
 
-    /// The client of `leader`: the one kept if it is the current target, else a new
-    /// (not yet connected) one replacing it.
-    fn client(&self, leader: &str) -> Arc<OnceCell<BrokerClient>> {
+    /// The client of `leader` and its failure record: the ones kept if it is the
+    /// current target, else new (not yet connected) ones replacing them.
+    #[allow(clippy::type_complexity)]
+    fn client(
+        &self,
+        leader: &str,
+    ) -> (
+        Arc<OnceCell<BrokerClient>>,
+        Arc<Mutex<Option<(Instant, String)>>>,
+    ) {
         // Plain replacements: a panic elsewhere cannot leave it inconsistent.
         let mut target = self.target.lock().unwrap_or_else(|p| p.into_inner());
         match &*target {
-            Some(t) if t.leader == leader => t.client.clone(),
+            Some(t) if t.leader == leader => (t.client.clone(), t.failed.clone()),
             _ => {
-                let client = Arc::new(OnceCell::new());
-                *target = Some(Target {
+                let t = Target {
                     leader: leader.to_string(),
-                    client: client.clone(),
-                });
-                client
+                    client: Arc::new(OnceCell::new()),
+                    failed: Arc::default(),
+                };
+                let out = (t.client.clone(), t.failed.clone());
+                *target = Some(t);
+                out
             }
+        }
+    }
+
+    /// Checks that `leader` answers and leads (one connection), then connects a client
+    /// to it; a failure is recorded in `failed` (logged the first time) and, while it is
+    /// recent, returned at once without connecting.
+    async fn connect(
+        &self,
+        leader: &str,
+        failed: &Mutex<Option<(Instant, String)>>,
+        deadline: Instant,
+    ) -> Result<BrokerClient, IdError> {
+        let lock = || failed.lock().unwrap_or_else(|p| p.into_inner());
+        let unavailable = |reason: String| IdError::BrokersUnavailable {
+            failures: vec![NodeFailure {
+                addr: leader.to_string(),
+                reason,
+            }],
+        };
+        if let Some((at, why)) = lock().as_ref() {
+            if at.elapsed() < RETRY_AFTER {
+                return Err(unavailable(why.clone()));
+            }
+        }
+        let checked = self.check(leader, deadline).await;
+        let result = match checked {
+            Ok(()) => {
+                let mut config = self.config.clone();
+                // Connecting (the handshake included) may take what is left.
+                config.deadline = deadline
+                    .saturating_duration_since(Instant::now())
+                    .max(Duration::from_millis(1));
+                BrokerClient::connect(vec![leader.to_string()], config)
+                    .await
+                    .map_err(|e| format!("cannot connect: {e}"))
+            }
+            Err(why) => Err(why),
+        };
+        result.map_err(|why| {
+            let why = format!(
+                "the leader's heartbeat names {leader}, but {why} (is the leader's --advertise \
+                 right?); not tried again for {RETRY_AFTER:?}"
+            );
+            let first = lock().replace((Instant::now(), why.clone())).is_none();
+            if first {
+                tracing::warn!(leader = %leader, "cannot forward RESP requests: {why}");
+            }
+            unavailable(why)
+        })
+    }
+
+    /// One connection to `leader`: does it answer, and does it say it leads?
+    async fn check(&self, leader: &str, deadline: Instant) -> Result<(), String> {
+        let (token, tls) = (self.config.token.as_ref(), self.config.tls.as_ref());
+        let until = deadline.min(Instant::now() + self.config.connect_timeout);
+        let stats = timeout_at(until, fetch_stats_with(leader, token, tls)).await;
+        match stats {
+            Ok(Ok(s)) if s.role == "leader" => Ok(()),
+            Ok(Ok(s)) => Err(format!(
+                "the broker there is not the leader (it is a {} of term {}{})",
+                s.role,
+                s.term,
+                s.leader
+                    .map(|l| format!(", following {l}"))
+                    .unwrap_or_default()
+            )),
+            Ok(Err(e)) => Err(format!("it cannot be asked: {e}")),
+            Err(_) => Err(format!(
+                "it did not answer within {:?}",
+                self.config.connect_timeout
+            )),
         }
     }
 
@@ -143,8 +242,14 @@ impl Forwarder {
                 Route::Local => return Forwarded::Local,
                 Route::Forward(leader) => leader,
                 Route::Wait => {
+                    // A broker that resigned waits for the next leader only so long: it
+                    // stands no more, and its shutdown waits for these answers.
+                    let until = self
+                        .election
+                        .handoff_until()
+                        .map_or(deadline, |h| h.min(deadline));
                     // Changes after `subscribe` are seen, so none is missed since `status`.
-                    match timeout_at(deadline, changes.changed()).await {
+                    match timeout_at(until, changes.changed()).await {
                         Ok(Ok(())) => {
                             status = changes.borrow_and_update().clone();
                             continue;
@@ -192,17 +297,10 @@ impl Forwarder {
         deadline: Instant,
         requested: Duration,
     ) -> Forwarded {
-        let cell = self.client(leader);
+        let (cell, failed) = self.client(leader);
         let attempt = async {
             let client = cell
-                .get_or_try_init(|| {
-                    let mut config = self.config.clone();
-                    // Connecting (the handshake included) may take what is left.
-                    config.deadline = deadline
-                        .saturating_duration_since(Instant::now())
-                        .max(Duration::from_millis(1));
-                    BrokerClient::connect(vec![leader.to_string()], config)
-                })
+                .get_or_try_init(|| self.connect(leader, &failed, deadline))
                 .await?;
             client.next_ids_until(count, deadline).await
         };
@@ -295,6 +393,42 @@ mod tests {
             panic!("forwarding to {addr} gave {r:?}");
         };
         assert!(e.to_string().contains(&addr), "{e}");
+    }
+
+    /// A named leader that closes every connection (a wrong `--advertise`): checked
+    /// once, then every request within [`RETRY_AFTER`] fails at once with that reason,
+    /// making no new connection.
+    #[tokio::test]
+    async fn a_leader_failing_its_check_is_not_asked_again_for_a_while() {
+        use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
+        let l = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind");
+        let addr = l.local_addr().expect("addr").to_string();
+        let accepted = Arc::new(AtomicUsize::new(0));
+        let count = accepted.clone();
+        let sink = tokio::spawn(async move {
+            while let Ok((s, _)) = l.accept().await {
+                count.fetch_add(1, Relaxed);
+                drop(s);
+            }
+        });
+        let election = Arc::new(Election::new("me:1".into()));
+        election.set(Role::Follower, 1, Some(addr.clone()));
+        let f = forwarder(&election);
+        let requested = Duration::from_secs(2);
+        let start = Instant::now();
+        for _ in 0..5 {
+            let r = f.next_ids(1, Instant::now() + requested, requested).await;
+            let Forwarded::Failed(e) = r else {
+                panic!("forwarding to {addr} gave {r:?}");
+            };
+            let e = e.to_string();
+            assert!(e.contains(&addr) && e.contains("--advertise"), "{e}");
+        }
+        assert!(start.elapsed() < RETRY_AFTER, "{:?}", start.elapsed());
+        assert_eq!(accepted.load(Relaxed), 1);
+        sink.abort();
     }
 
     #[test]

@@ -32,8 +32,8 @@ use crate::batcher::RoundSource;
 use crate::window::{WindowQuorum, WindowSource};
 use futures::future::{BoxFuture, FutureExt};
 use idclient::{
-    ClientConfig, Combine, Heartbeat, HeartbeatNode, IdError, IdRange, Node, QuorumClient, Refresh,
-    Register,
+    ClientConfig, Combine, Heartbeat, HeartbeatAuth, HeartbeatNode, IdError, IdRange, Node,
+    QuorumClient, Refresh, Register, Token,
 };
 use idproto::wire::BrokerStats;
 use rand::rngs::StdRng;
@@ -86,6 +86,17 @@ pub trait ElectionQuorum: Send + Sync + 'static {
 
     /// How many nodes make a majority.
     fn majority(&self) -> usize;
+
+    /// The brokers' heartbeat key, when they share a token: heartbeats are signed with
+    /// it, and only those it verifies are trusted. `None`: every heartbeat is trusted.
+    fn auth(&self) -> Option<&HeartbeatAuth> {
+        None
+    }
+
+    /// The term register's key, for messages.
+    fn term_register(&self) -> String {
+        "<key>:term".to_string()
+    }
 }
 
 /// The election over the quorum's nodes: a [`QuorumClient`] on the term register
@@ -98,6 +109,8 @@ pub trait ElectionQuorum: Send + Sync + 'static {
 pub struct QuorumElection<N: Register = Node> {
     terms: QuorumClient<N>,
     heartbeat_key: String,
+    /// Set by [`QuorumElection::with_token`].
+    auth: Option<HeartbeatAuth>,
 }
 
 impl QuorumElection<Node> {
@@ -129,7 +142,17 @@ impl<N: Register> QuorumElection<N> {
         QuorumElection {
             terms,
             heartbeat_key: format!("{key}:leader"),
+            auth: None,
         }
+    }
+
+    /// Signs heartbeats, and trusts only signed ones, with a key derived from `token`
+    /// (the brokers' `--auth-token-file`): a forged heartbeat then deposes no leader and
+    /// names no address a broker sends its token to. `None`: unauthenticated, as
+    /// without a token every heartbeat is trusted.
+    pub fn with_token(mut self, token: Option<&Token>) -> QuorumElection<N> {
+        self.auth = token.map(|t| HeartbeatAuth::new(t, &self.heartbeat_key));
+        self
     }
 
     fn nodes(&self) -> &[N] {
@@ -147,7 +170,14 @@ impl<N: HeartbeatNode + 'static> ElectionQuorum for QuorumElection<N> {
     }
 
     async fn refresh(&self, hb: Heartbeat, ttl: Duration, deadline: Instant) -> Refresh {
-        idclient::refresh_heartbeat(self.nodes(), &self.heartbeat_key, &hb, ttl, deadline).await
+        let (nodes, key) = (self.nodes(), &self.heartbeat_key);
+        match &self.auth {
+            Some(auth) => {
+                let trust = |hb: &Heartbeat| auth.verify(hb);
+                idclient::refresh_heartbeat_trusting(nodes, key, &hb, ttl, deadline, &trust).await
+            }
+            None => idclient::refresh_heartbeat(nodes, key, &hb, ttl, deadline).await,
+        }
     }
 
     fn read_heartbeats(
@@ -163,6 +193,14 @@ impl<N: HeartbeatNode + 'static> ElectionQuorum for QuorumElection<N> {
 
     fn majority(&self) -> usize {
         self.nodes().len() / 2 + 1
+    }
+
+    fn auth(&self) -> Option<&HeartbeatAuth> {
+        self.auth.as_ref()
+    }
+
+    fn term_register(&self) -> String {
+        Self::term_key(self.heartbeat_key.trim_end_matches(":leader"))
     }
 }
 
@@ -210,6 +248,13 @@ impl ElectionConfig {
         }
         if self.advertise.trim().is_empty() {
             return Err("the advertised address must not be empty".into());
+        }
+        // The heartbeat carries it; a node keeps only printable ASCII (no blanks) there.
+        if !self.advertise.bytes().all(|b| b.is_ascii_graphic()) {
+            return Err(format!(
+                "the advertised address {:?} must be printable ASCII without blanks (host:port)",
+                self.advertise
+            ));
         }
         Ok(())
     }
@@ -262,6 +307,9 @@ pub struct Election {
     advertise: String,
     /// Every change of `status`, for whoever waits for a leader (RESP forwarding).
     changes: watch::Sender<Status>,
+    /// Set when this broker resigned ([`LeaderSource::resign`]): until then, RESP
+    /// requests it forwards wait for the next leader; after it, they are answered.
+    handoff_until: Mutex<Option<Instant>>,
 }
 
 impl Election {
@@ -278,7 +326,14 @@ impl Election {
             elections: AtomicU64::new(0),
             advertise,
             changes: watch::channel(status).0,
+            handoff_until: Mutex::new(None),
         }
+    }
+
+    /// When this broker resigned: until when a request waits for the next leader
+    /// (then it is answered "no leader known" at once: this broker stands no more).
+    pub fn handoff_until(&self) -> Option<Instant> {
+        *self.handoff_until.lock().unwrap_or_else(|p| p.into_inner())
     }
 
     /// This broker's advertised address.
@@ -305,16 +360,19 @@ impl Election {
     /// does. (idbroker waits for this before it says it is listening, so a client that
     /// connects at once is served or redirected to a leader, not told "no leader yet".)
     pub async fn wait_settled(&self, limit: Duration) -> bool {
+        let settled =
+            |s: &Status| s.role == Role::Leader || (s.role == Role::Follower && s.leader.is_some());
         let end = Instant::now() + limit;
+        // Subscribed before looking: a change after the look is seen.
+        let mut changes = self.subscribe();
         loop {
-            let s = self.status();
-            if s.role == Role::Leader || (s.role == Role::Follower && s.leader.is_some()) {
+            if settled(&self.status()) {
                 return true;
             }
-            if Instant::now() >= end {
-                return false;
+            match tokio::time::timeout_at(end, changes.changed()).await {
+                Ok(Ok(())) => {}
+                _ => return settled(&self.status()),
             }
-            tokio::time::sleep(Duration::from_millis(5)).await;
         }
     }
 
@@ -360,6 +418,28 @@ struct Machine<E> {
     /// Leader: the refresh counter and the last refresh a majority took.
     seq: u64,
     refreshed: Instant,
+    /// This broker resigned: it only watches (learns the next leader), never stands.
+    resigned: bool,
+    /// What was logged already, so each trouble is logged once, not every heartbeat.
+    warned: Warned,
+}
+
+/// The troubles the election logs once (at warn or error), then at debug.
+#[derive(Default)]
+struct Warned {
+    forged: bool,
+    own_address: bool,
+    /// The heartbeat term above the term register last reported.
+    unclaimed: Option<u64>,
+    exhausted: bool,
+}
+
+/// Longest part of an address from a node shown in a log line (a forged one is
+/// anything a writer to the nodes chose).
+const SHOWN_ADDR: usize = 64;
+
+fn shown(addr: &str) -> String {
+    addr.chars().take(SHOWN_ADDR).collect()
 }
 
 impl<E: ElectionQuorum> Machine<E> {
@@ -388,6 +468,8 @@ impl<E: ElectionQuorum> Machine<E> {
             timeout: config.election_timeout,
             seq: 0,
             refreshed: now,
+            resigned: false,
+            warned: Warned::default(),
             config,
         };
         machine.timeout = machine.draw_timeout();
@@ -402,6 +484,53 @@ impl<E: ElectionQuorum> Machine<E> {
 
     fn publish(&self) {
         self.shared.set(self.role, self.term, self.leader.clone());
+    }
+
+    /// Whether `hb` is authentic: signed with the brokers' key, when they have one.
+    fn trusts(&self, hb: &Heartbeat) -> bool {
+        self.quorum.auth().is_none_or(|auth| auth.verify(hb))
+    }
+
+    /// Logs (once) heartbeats of a higher term that the brokers' key does not
+    /// authenticate: `forged` (the highest) on `nodes` nodes. They are ignored.
+    fn note_forged(&mut self, forged: &Heartbeat, nodes: usize, overwritten: bool) {
+        let what = if overwritten {
+            "ignored, and overwritten with this leader's"
+        } else {
+            "ignored"
+        };
+        if std::mem::replace(&mut self.warned.forged, true) {
+            tracing::debug!(
+                term = forged.term,
+                nodes,
+                "unauthenticated heartbeat {what}"
+            );
+            return;
+        }
+        tracing::warn!(
+            term = forged.term,
+            addr = %shown(&forged.addr),
+            nodes,
+            "a heartbeat on the nodes is not authenticated by the brokers' token (written by \
+             someone with write access to the nodes, or by a broker with another \
+             --auth-token-file): {what}; no broker follows it or sends its token to its address"
+        );
+    }
+
+    /// Logs (once) a live leader's heartbeat naming this broker's own address while it
+    /// does not lead: the leader's `--advertise` names this broker (or this one's names
+    /// the leader), so clients redirected there come back here.
+    fn note_own_address(&mut self, hb: &Heartbeat) {
+        if std::mem::replace(&mut self.warned.own_address, true) {
+            return;
+        }
+        tracing::warn!(
+            term = hb.term,
+            addr = %shown(&hb.addr),
+            "the leader's heartbeat names this broker's own address while it does not lead: \
+             one of the two has a wrong --advertise; clients redirected to the leader reach \
+             this follower instead, and RESP requests here find no leader to forward to"
+        );
     }
 
     /// Becomes a follower of `leader` (if known) in `term`, with a fresh timeout.
@@ -445,12 +574,22 @@ impl<E: ElectionQuorum> Machine<E> {
         match self.quorum.read_heartbeats(tick).await {
             Ok(seen) => {
                 read = true;
+                // A forged heartbeat is no leader, but not "nobody" either: the leader
+                // overwrites it within a heartbeat; meanwhile nothing changes.
                 nobody = seen.iter().all(Option::is_none);
-                let newest = seen.into_iter().flatten().max_by_key(Heartbeat::key);
+                let (trusted, forged): (Vec<Heartbeat>, Vec<Heartbeat>) =
+                    seen.into_iter().flatten().partition(|hb| self.trusts(hb));
+                if let Some(f) = forged.iter().max_by_key(|hb| hb.key()) {
+                    self.note_forged(f, forged.len(), false);
+                }
+                let newest = trusted.into_iter().max_by_key(Heartbeat::key);
                 // Only a leader of the highest term seen counts: one of an older term has
                 // been superseded (it steps down once it sees the newer term).
                 if let Some(hb) = newest.filter(|hb| hb.term >= self.term) {
                     if self.newest.is_none_or(|n| hb.key() > n) {
+                        if hb.addr == self.config.advertise && self.newest.is_some() {
+                            self.note_own_address(&hb);
+                        }
                         self.newest = Some(hb.key());
                         self.changed = Instant::now();
                         self.timeout = self.draw_timeout();
@@ -467,7 +606,7 @@ impl<E: ElectionQuorum> Machine<E> {
         // a leader just elected to show itself.
         let quiet = self.changed.elapsed();
         let nobody = nobody && quiet >= self.config.heartbeat * 2;
-        if read && (nobody || quiet >= self.timeout) {
+        if read && !self.resigned && (nobody || quiet >= self.timeout) {
             if nobody {
                 tracing::info!("no heartbeat on a majority: standing for election");
             } else {
@@ -489,13 +628,17 @@ impl<E: ElectionQuorum> Machine<E> {
     async fn stand(&mut self) {
         self.shared.elections.fetch_add(1, Relaxed);
         let deadline = Instant::now() + self.config.election_timeout;
-        let highest = match self.quorum.read_term(deadline).await {
-            Ok(t) => t.max(self.term),
+        let register = match self.quorum.read_term(deadline).await {
+            Ok(t) => t,
             Err(e) => {
                 tracing::warn!("election: cannot read the term register: {e}");
                 return self.follow(self.term, None, "no term");
             }
         };
+        if self.term > register {
+            self.forget_unclaimed_term(register);
+        }
+        let highest = register.max(self.term);
         if highest > self.term {
             // A term we never saw a heartbeat of: its leader may be alive (we were cut
             // off while it was elected). Follow that term and give its heartbeat one
@@ -503,7 +646,7 @@ impl<E: ElectionQuorum> Machine<E> {
             return self.follow(highest, None, "a newer term exists");
         }
         let Some(term) = highest.checked_add(1) else {
-            tracing::error!("election: the term register is at u64::MAX; no more terms");
+            self.note_exhausted(highest);
             return self.follow(highest, None, "terms exhausted");
         };
         match self.quorum.claim_term(term, deadline).await {
@@ -526,17 +669,63 @@ impl<E: ElectionQuorum> Machine<E> {
         }
     }
 
+    /// A heartbeat showed term `self.term`, above `register`, the highest term on a
+    /// majority of the term register: no election produced it (every leader claims its
+    /// term on a majority first, and any two majorities share a node), so it was written
+    /// by hand or forged. Forgets it, so it stops no election, and says so (once per term).
+    fn forget_unclaimed_term(&mut self, register: u64) {
+        if self.warned.unclaimed != Some(self.term) {
+            self.warned.unclaimed = Some(self.term);
+            tracing::warn!(
+                heartbeat_term = self.term,
+                term_register = register,
+                "a heartbeat on the nodes named term {}, above the highest term of the term \
+                 register {} ({register}): no election produced it (written by someone with \
+                 write access to the nodes); ignoring it{}",
+                self.term,
+                self.quorum.term_register(),
+                if self.quorum.auth().is_some() {
+                    ""
+                } else {
+                    ". Without --auth-token-file heartbeats are not authenticated"
+                }
+            );
+        }
+        self.term = register;
+        self.newest = None;
+    }
+
+    /// The term register holds the largest term: says what it is and how to fix it
+    /// (once; every later attempt at debug).
+    fn note_exhausted(&mut self, highest: u64) {
+        if std::mem::replace(&mut self.warned.exhausted, true) {
+            tracing::debug!("election: the term register still holds the largest term");
+            return;
+        }
+        let register = self.quorum.term_register();
+        let heartbeat = format!("{}:leader", register.trim_end_matches(":term"));
+        tracing::error!(
+            "election: the term register {register} holds {highest} on a majority of the \
+             nodes, the largest term; no election can follow it, and no broker will lead. \
+             Someone with write access to the nodes wrote it (elections only ever add one). \
+             To fix: stop every broker of this register, DEL {register} {heartbeat} on every \
+             node, then start them again (terms only order leaders: IDs never depend on them)"
+        );
+    }
+
     /// One leader step: refresh the heartbeat; step down on a higher term or a lost
     /// majority; between refreshes, a dead window makes it look at the term register.
     async fn lead(&mut self) {
         let tick = Instant::now() + self.config.heartbeat;
         self.seq += 1;
-        let hb = Heartbeat {
-            term: self.term,
-            seq: self.seq,
-            addr: self.config.advertise.clone(),
-        };
+        let mut hb = Heartbeat::new(self.term, self.seq, self.config.advertise.clone());
+        if let Some(auth) = self.quorum.auth() {
+            hb = auth.sign(hb);
+        }
         let refresh = self.quorum.refresh(hb, self.config.ttl(), tick).await;
+        if let Some((forged, nodes)) = &refresh.forged {
+            self.note_forged(forged, *nodes, true);
+        }
         if let Some(newer) = refresh.higher {
             let why = format!("a node holds the heartbeat of term {}", newer.term);
             self.newest = Some(newer.key());
@@ -581,7 +770,14 @@ pub struct LeaderSource<Q> {
     /// Deletes the heartbeat of a term, within a time (the quorum's
     /// [`ElectionQuorum::resign`]).
     resign: Box<dyn Fn(u64, Duration) -> BoxFuture<'static, ()> + Send + Sync>,
+    /// Starts an election task that only watches, from a term on (see
+    /// [`LeaderSource::resign`]).
+    watch_only: Box<dyn Fn(u64) -> JoinHandle<()> + Send + Sync>,
+    /// That task, once resigned (aborted when this is dropped).
+    watcher: Mutex<Option<JoinHandle<()>>>,
     heartbeat: Duration,
+    /// How long a resigned broker's RESP requests wait for the next leader.
+    handoff: Duration,
 }
 
 impl<Q: WindowQuorum> LeaderSource<Q> {
@@ -597,11 +793,22 @@ impl<Q: WindowQuorum> LeaderSource<Q> {
         config.validate()?;
         let election = Arc::new(Election::new(config.advertise.clone()));
         let heartbeat = config.heartbeat;
+        let handoff = config.election_timeout * 4;
         let resign = {
             let quorum = quorum.clone();
             Box::new(move |term, within| {
                 let quorum = quorum.clone();
                 async move { quorum.resign(term, Instant::now() + within).await }.boxed()
+            })
+        };
+        let watch_only = {
+            let (quorum, config, election) = (quorum.clone(), config.clone(), election.clone());
+            Box::new(move |term| {
+                let died = Arc::new(Notify::new());
+                let mut m = Machine::new(quorum.clone(), config.clone(), election.clone(), died);
+                m.resigned = true;
+                m.term = term;
+                tokio::spawn(m.run())
             })
         };
         let machine = Machine::new(quorum, config, election.clone(), window.died());
@@ -611,7 +818,10 @@ impl<Q: WindowQuorum> LeaderSource<Q> {
             election,
             task,
             resign,
+            watch_only,
+            watcher: Mutex::new(None),
             heartbeat,
+            handoff,
         })
     }
 
@@ -619,13 +829,32 @@ impl<Q: WindowQuorum> LeaderSource<Q> {
     /// if leading, deletes its heartbeat so the followers stand at once instead of after
     /// their timeout. Batches already queued are still served (safety never depends on
     /// who leads); new requests are redirected.
+    ///
+    /// Handoff: from then on an election task that only WATCHES (never stands) learns the
+    /// next leader, so RESP requests this broker took meanwhile are forwarded to it
+    /// (within four election timeouts; after that they are answered "no leader known" at
+    /// once) instead of waiting out their deadline for a leader nobody would name.
     pub async fn resign(&self) {
         self.task.abort();
         let s = self.election.status();
+        *self
+            .election
+            .handoff_until
+            .lock()
+            .unwrap_or_else(|p| p.into_inner()) = Some(Instant::now() + self.handoff);
         self.election.set(Role::Follower, s.term, None);
         if s.role == Role::Leader {
             tracing::info!(term = s.term, "resigning the lead");
             (self.resign)(s.term, self.heartbeat * 2).await;
+        }
+        let watcher = (self.watch_only)(s.term);
+        let old = self
+            .watcher
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .replace(watcher);
+        if let Some(old) = old {
+            old.abort();
         }
     }
 
@@ -643,6 +872,14 @@ impl<Q: WindowQuorum> LeaderSource<Q> {
 impl<Q> Drop for LeaderSource<Q> {
     fn drop(&mut self) {
         self.task.abort();
+        if let Some(w) = self
+            .watcher
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .take()
+        {
+            w.abort();
+        }
     }
 }
 

@@ -19,8 +19,11 @@
 //!   answers each request with a redirect to the leader ([`RoundSource::redirect`]).
 //!
 //! Limits: at most [`BrokerConfig::max_connections`] connections (at the cap, a new
-//! connection evicts the longest-idle one, or is refused if none has been idle for
-//! [`BrokerConfig::evict_min_idle`]), at most [`BrokerConfig::max_in_flight_per_conn`]
+//! connection evicts the longest-idle one, those not yet authenticated first, or is
+//! refused if none has been idle for [`BrokerConfig::evict_min_idle`]; the accept loop
+//! never waits for an eviction), a handshake and token within
+//! [`BrokerConfig::handshake_timeout`] of the connect, [`MAX_AUTH_FAILURES`] wrong
+//! tokens per connection, at most [`BrokerConfig::max_in_flight_per_conn`]
 //! unanswered requests per connection (then the broker stops reading it), frames of at
 //! most [`idproto::wire::MAX_FRAME_LEN`] bytes, each completed within
 //! [`BrokerConfig::frame_timeout`] of its first byte, an idle timeout, and a write timeout
@@ -50,7 +53,7 @@ use idproto::wire::{ServerMsg, WireError};
 use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
-use std::sync::atomic::Ordering::Relaxed;
+use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::io::AsyncReadExt;
@@ -112,9 +115,26 @@ pub const IDLE_TIMEOUT: Duration = Duration::from_secs(60);
 /// would otherwise evict each other on every call.
 pub const EVICT_MIN_IDLE: Duration = Duration::from_secs(1);
 
-/// How long the accept loop waits for an evicted connection to free its slot before
-/// refusing the new one (an idle connection closes at once; this only bounds a race).
+/// How long a connection admitted at the cap waits for its evicted victim's slot before
+/// it is refused (an idle victim frees its slot at once; this only bounds a race). The
+/// wait is the admission's own task's, never the accept loop's.
 const EVICT_WAIT: Duration = Duration::from_secs(1);
+
+/// Connections waiting at the cap for a slot at once (each evicted a victim); beyond
+/// that a new connection at the cap is refused at once.
+const MAX_ADMITTING: usize = 64;
+
+/// Wrong tokens a RESP connection may send (`AUTH`, `HELLO .. AUTH`) before it is
+/// closed; a binary connection has one try, its Hello. Client libraries try at most
+/// two forms of `AUTH`, so three is never reached by a client that has the token.
+pub const MAX_AUTH_FAILURES: u32 = 3;
+
+/// Pause after each wrong token before the client hears of it: with the cap on tries,
+/// a guesser gets a few guesses a second per connection slot. Well under the broker
+/// client's connect timeout (`idclient::broker_client::DEFAULT_CONNECT_TIMEOUT`, 500
+/// ms, which covers the Hello), so a client with a wrong token is still told so, and
+/// fails at once instead of retrying until its deadline.
+pub const AUTH_FAILURE_PAUSE: Duration = Duration::from_millis(200);
 
 /// Connections being refused at the cap at once (each is told why, then closed);
 /// beyond that a refused connection is just closed.
@@ -327,6 +347,7 @@ pub async fn run_with<S: RoundSource>(
     let mut acceptor = Acceptor::new(config, stats.clone(), batch_tx, stopping, done_tx);
     acceptor.redirect = Some(redirect);
     acceptor.forward = forward;
+    let acceptor = Arc::new(acceptor);
     tracing::info!(listen = %name, "broker serving");
     if let Some(addr) = resp.as_ref().and_then(|l| l.local_addr().ok()) {
         tracing::info!(listen = %addr, "broker serving RESP");
@@ -351,6 +372,7 @@ pub async fn run_with<S: RoundSource>(
 }
 
 /// The accept loop's state: what every connection shares, and the connection slots.
+/// Shared (behind an `Arc`) with the tasks admitting connections at the cap.
 struct Acceptor {
     config: Arc<BrokerConfig>,
     stats: Arc<Stats>,
@@ -363,8 +385,10 @@ struct Acceptor {
     limit: Arc<Semaphore>,
     /// One permit per connection being told it was refused at the cap.
     refusing: Arc<Semaphore>,
+    /// One permit per connection waiting at the cap for an evicted victim's slot.
+    admitting: Arc<Semaphore>,
     conns: Conns,
-    next_conn: u64,
+    next_conn: AtomicU64,
     /// The source's redirect check (none: serve everything).
     redirect: Option<conn::Redirect>,
     /// Forwarding of RESP requests to the leader, when the source takes part in an
@@ -383,8 +407,9 @@ impl Acceptor {
         Acceptor {
             limit: Arc::new(Semaphore::new(config.max_connections)),
             refusing: Arc::new(Semaphore::new(MAX_REFUSING)),
+            admitting: Arc::new(Semaphore::new(MAX_ADMITTING)),
             conns: Arc::default(),
-            next_conn: 0,
+            next_conn: AtomicU64::new(0),
             redirect: None,
             forward: None,
             config,
@@ -396,17 +421,16 @@ impl Acceptor {
     }
 
     /// Accepts connections (binary on `listener`, RESP on `resp`) until `shutdown`
-    /// completes.
+    /// completes. Never waits for anything but the next connection: at the cap, room
+    /// is made by a task of the new connection's own ([`Acceptor::admit_at_cap`]).
     async fn serve(
-        &mut self,
+        self: &Arc<Self>,
         listener: &TcpListener,
         resp: Option<&TcpListener>,
         shutdown: impl Future,
     ) {
         tokio::pin!(shutdown);
         loop {
-            // Taken before accept when a slot is free; at the cap, room is made after.
-            let free = self.limit.clone().try_acquire_owned().ok();
             let accepted = tokio::select! {
                 biased;
                 _ = &mut shutdown => return,
@@ -423,38 +447,52 @@ impl Acceptor {
                     continue;
                 }
             };
-            let permit = match free {
-                Some(p) => p,
-                None => tokio::select! {
-                    biased;
-                    _ = &mut shutdown => return,
-                    room = make_room(&self.limit, &self.conns, self.config.evict_min_idle) => match room {
-                        Some(p) => p,
-                        None if self.config.tls.is_some() => {
-                            tls::refuse_at_cap(peer, &self.stats);
-                            continue;
-                        }
-                        None if is_resp => {
-                            resp::refuse_at_cap(stream, peer, &self.refusing, &self.stats);
-                            continue;
-                        }
-                        None => {
-                            refuse_at_cap(stream, peer, &self.refusing, &self.config, &self.stats);
-                            continue;
-                        }
-                    },
-                },
-            };
-            self.spawn_conn(stream, peer, permit, is_resp);
+            match self.limit.clone().try_acquire_owned() {
+                Ok(slot) => self.spawn_conn(stream, peer, slot, is_resp),
+                Err(_) => self.admit_at_cap(stream, peer, is_resp),
+            }
         }
     }
 
-    /// Serves `stream` in its own task, which holds the slot `permit` until it ends.
+    /// At the cap: evicts a victim (see [`choose_victim`]) and, in a task of its own,
+    /// waits for a free slot for the new connection, or refuses it at once when no
+    /// connection may be evicted or too many already wait.
+    fn admit_at_cap(self: &Arc<Self>, stream: TcpStream, peer: SocketAddr, is_resp: bool) {
+        let Ok(waiting) = self.admitting.clone().try_acquire_owned() else {
+            return self.refuse(stream, peer, is_resp);
+        };
+        if choose_victim(&self.conns, self.config.evict_min_idle).is_none() {
+            return self.refuse(stream, peer, is_resp);
+        }
+        let this = self.clone();
+        tokio::spawn(async move {
+            let slot = tokio::time::timeout(EVICT_WAIT, this.limit.clone().acquire_owned()).await;
+            drop(waiting);
+            match slot {
+                Ok(Ok(slot)) => this.spawn_conn(stream, peer, slot, is_resp),
+                _ => this.refuse(stream, peer, is_resp),
+            }
+        });
+    }
+
+    /// Tells a connection over the cap that it is refused, in its protocol.
+    fn refuse(&self, stream: TcpStream, peer: SocketAddr, is_resp: bool) {
+        if self.config.tls.is_some() {
+            tls::refuse_at_cap(peer, &self.stats);
+        } else if is_resp {
+            resp::refuse_at_cap(stream, peer, &self.refusing, &self.stats);
+        } else {
+            refuse_at_cap(stream, peer, &self.refusing, &self.config, &self.stats);
+        }
+    }
+
+    /// Serves `stream` in its own task; the connection holds the slot `slot` until it
+    /// ends or leaves ([`conn::ConnState::release_slot`]).
     fn spawn_conn(
-        &mut self,
+        &self,
         stream: TcpStream,
         peer: SocketAddr,
-        permit: OwnedSemaphorePermit,
+        slot: OwnedSemaphorePermit,
         is_resp: bool,
     ) {
         let ctx = conn::Ctx {
@@ -465,20 +503,20 @@ impl Acceptor {
             redirect: self.redirect.clone().unwrap_or_else(|| Arc::new(|| None)),
         };
         let state = Arc::new(conn::ConnState::new(self.config.max_in_flight_per_conn));
-        self.next_conn += 1;
-        let key = self.next_conn;
+        state.hold_slot(slot);
+        let key = self.next_conn.fetch_add(1, Relaxed);
         lock(&self.conns).insert(key, state.clone());
         let conns = self.conns.clone();
         let done = self.done.clone();
         let forward = self.forward.clone();
         tokio::spawn(async move {
             if is_resp {
-                resp::serve(stream, peer, ctx, state, forward).await;
+                resp::serve(stream, peer, ctx, state.clone(), forward).await;
             } else {
-                conn::serve(stream, peer, ctx, state).await;
+                conn::serve(stream, peer, ctx, state.clone()).await;
             }
             lock(&conns).remove(&key);
-            drop(permit);
+            state.release_slot();
             drop(done);
         });
     }
@@ -500,33 +538,30 @@ fn lock(conns: &Conns) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<conn::ConnS
     conns.lock().unwrap_or_else(|p| p.into_inner())
 }
 
-/// At the cap: a slot, by evicting the connection idle longest (at least `min_idle`),
-/// or `None` if every connection is busy or was active more recently than that.
-async fn make_room(
-    limit: &Arc<Semaphore>,
-    conns: &Conns,
-    min_idle: Duration,
-) -> Option<OwnedSemaphorePermit> {
-    if let Ok(p) = limit.clone().try_acquire_owned() {
-        return Some(p);
-    }
+/// At the cap: asks one connection idle at least `min_idle` to leave, and returns how
+/// long it was idle; `None` if every connection is busy, was active more recently, or
+/// is already leaving. Connections not yet admitted (no handshake, or no token yet)
+/// go first, then the longest idle. Each victim is chosen once (under the lock), so
+/// concurrent admissions evict different connections.
+fn choose_victim(conns: &Conns, min_idle: Duration) -> Option<Duration> {
     let now = Instant::now();
-    let victim = lock(conns)
+    let conns = lock(conns);
+    let (_, idle, victim) = conns
         .values()
-        .filter_map(|c| c.idle_for(now).map(|idle| (idle, c.clone())))
-        .filter(|(idle, _)| *idle >= min_idle)
-        .max_by_key(|(idle, _)| *idle);
-    let (idle, victim) = victim?;
+        .filter_map(|c| c.idle_for(now).map(|idle| (c.admitted(), idle, c)))
+        .filter(|(_, idle, _)| *idle >= min_idle)
+        .filter(|(_, _, c)| !c.leaving())
+        .min_by_key(|(admitted, idle, _)| (*admitted, std::cmp::Reverse(*idle)))?;
+    if !victim.choose_to_evict() {
+        return None;
+    }
     tracing::info!(
         ?idle,
+        admitted = victim.admitted(),
         "connection cap reached: evicting the longest-idle connection"
     );
     victim.evict();
-    // The slot it frees (or any freed meanwhile).
-    tokio::time::timeout(EVICT_WAIT, limit.clone().acquire_owned())
-        .await
-        .ok()?
-        .ok()
+    Some(idle)
 }
 
 /// Tells a connection over the cap why it is closed (a `Refused`), so its client moves

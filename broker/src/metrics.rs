@@ -380,6 +380,13 @@ impl Collector for BrokerMetrics {
             "Client connections accepted",
             s.connections_total,
         )?;
+        // Admission and authentication (issue #23): read live, not in BrokerStats.
+        counter(
+            e,
+            "qlist_broker_auth_failures",
+            "Wrong or missing tokens: binary Hellos, RESP AUTH and HELLO AUTH (each connection is closed after a few)",
+            self.stats.auth_failures.load(std::sync::atomic::Ordering::Relaxed),
+        )?;
         counter(
             e,
             "qlist_broker_connections_dropped",

@@ -21,6 +21,9 @@ pub struct Stats {
     pub(crate) requests_failed: AtomicU64,
     /// RESP requests a follower answered by asking the leader ([`crate::forward`]).
     pub(crate) forwarded: AtomicU64,
+    /// Wrong or missing tokens (binary Hello, RESP `AUTH` and `HELLO .. AUTH`); only
+    /// on `/metrics` (not in [`BrokerStats`], whose wire format is fixed).
+    pub(crate) auth_failures: AtomicU64,
     pub(crate) ids: AtomicU64,
     pub(crate) rounds: AtomicU64,
     pub(crate) rounds_failed: AtomicU64,
@@ -43,6 +46,7 @@ impl Default for Stats {
             requests_ok: AtomicU64::new(0),
             requests_failed: AtomicU64::new(0),
             forwarded: AtomicU64::new(0),
+            auth_failures: AtomicU64::new(0),
             ids: AtomicU64::new(0),
             rounds: AtomicU64::new(0),
             rounds_failed: AtomicU64::new(0),

@@ -149,7 +149,11 @@ pub(crate) async fn accept(
     let stream = tokio::select! {
         biased;
         _ = stopping.wait_for(|s| *s) => return Ok(None),
-        () = state.evict.notified() => return Err(TlsError::Evicted),
+        () = state.evict.notified() => {
+            // Not yet admitted: always idle, so always leaves.
+            state.release_slot();
+            return Err(TlsError::Evicted);
+        }
         s = timeout_at(state.epoch + limit, handshake(&tls.acceptor, stream, proto)) => match s {
             Ok(s) => s?,
             Err(_) => return Err(TlsError::Timeout(limit)),

@@ -11,13 +11,25 @@
 //! its typed error is returned as is (DESIGN.md: one retrying layer).
 //!
 //! Leaders: window-serving brokers elect one leader; the others answer every request
-//! with a redirect naming it (the request was not started: no ID was reserved). The
-//! client then sends it, and moves its connections, to that broker if it is in the list
-//! (same `host:port`, or the same socket address), else to the next broker; "no leader
-//! known" (an election under way) also moves on to the next broker. Redirects count as
-//! failovers for the pause between tries, so brokers that disagree about the leader
-//! cannot make a caller spin; a caller still waiting at its deadline gets
-//! [`IdError::BrokersUnavailable`] listing what each broker said.
+//! with a redirect naming it (its advertised address; the request was not started: no
+//! ID was reserved). The client then sends it, and moves its connections, to that
+//! broker, whether or not it is in the list: one address (a DNS name, a load balancer,
+//! a Kubernetes Service, any one broker) is enough to reach the leader, as with etcd's
+//! or TiKV PD's clients. A leader not in the list is remembered (at most
+//! [`MAX_LEARNED`] such addresses) so the client's connections go to it and stay there,
+//! pooled like any other; it is reached with the same token and TLS settings, its
+//! certificate checked for the redirect's host (or the pinned server name). When it
+//! fails, the client goes back to its own list, whose brokers name the next leader.
+//! With [`BrokerClientConfig::closed_list`] the client never leaves its list: a leader
+//! outside it is an error (and the client moves on to the next broker of the list).
+//! "No leader known" (an election under way) moves on to the next broker.
+//!
+//! Redirects are bounded: one request follows at most [`MAX_REDIRECTS`] of them, then
+//! fails with the addresses it was sent through, so brokers that disagree about the
+//! leader, or a leader advertising a wrong address (one that leads to a follower), cost
+//! a few connections per request instead of a storm until the deadline. Redirects also
+//! count as failovers for the pause between tries; a caller still waiting at its
+//! deadline gets [`IdError::BrokersUnavailable`] listing what each broker said.
 //!
 //! Never returning an ID twice: a request whose connection broke has an unknown outcome
 //! (the broker may have reserved IDs for it); it is resent as a new request, and the old
@@ -106,6 +118,16 @@ const MAX_RECONNECT_PAUSE: Duration = Duration::from_millis(500);
 const MARGIN_DIVISOR: u32 = 20;
 const MAX_MARGIN: Duration = Duration::from_millis(100);
 
+/// Most redirects one request follows (each to the leader a broker named): enough for a
+/// stale follower, then the broker it named, to lead the way to a new leader. Beyond
+/// it the brokers disagree or one advertises a wrong address: more redirects would only
+/// open connections (issue #23, finding 6).
+pub const MAX_REDIRECTS: usize = 3;
+
+/// Most leader addresses outside the list a client remembers (the oldest is replaced):
+/// bounds what brokers naming ever new leaders can make it keep.
+pub const MAX_LEARNED: usize = 8;
+
 /// Time allowed for [`fetch_stats`] as a whole.
 pub const STATS_TIMEOUT: Duration = Duration::from_secs(5);
 
@@ -137,6 +159,11 @@ pub struct BrokerClientConfig {
     /// TLS to brokers that listen with it (`idbroker --listen-tls-cert`); `None`: plain
     /// TCP. Set it whenever a token is: otherwise the token travels in clear text.
     pub tls: Option<BrokerTls>,
+    /// Never connect to a broker outside the list (`--broker-closed-list`): a redirect
+    /// to a leader not in it is an error instead of followed. Default `false`: follow
+    /// it, with the same token and TLS settings (over plain TCP that sends the token to
+    /// whatever address a broker names; TLS checks the target's certificate).
+    pub closed_list: bool,
 }
 
 impl BrokerClientConfig {
@@ -160,6 +187,7 @@ impl Default for BrokerClientConfig {
             in_flight: DEFAULT_IN_FLIGHT,
             token: None,
             tls: None,
+            closed_list: false,
         }
     }
 }
@@ -290,8 +318,25 @@ impl Slot {
     }
 }
 
-struct Inner {
+/// Leader addresses outside the list that brokers redirected the client to: a ring of
+/// at most [`MAX_LEARNED`], so the index of an address (`addrs.len() + i`) stays valid
+/// for as long as a connection to it may live.
+#[derive(Default)]
+struct Learned {
     addrs: Vec<String>,
+    /// The entry replaced next once the ring is full.
+    next: usize,
+    /// Where a pass goes on when the learned leader cannot be reached: the broker of the
+    /// list after the one that redirected there (as if the redirect had not been
+    /// followed, so a leader listed under another name is still found).
+    fallback: usize,
+}
+
+struct Inner {
+    /// The configured brokers (`--broker`), in failover order.
+    addrs: Vec<String>,
+    /// Leaders outside `addrs` (index `addrs.len() + i`); never tried in failover.
+    learned: Mutex<Learned>,
     config: BrokerClientConfig,
     slots: Vec<Slot>,
     next_slot: AtomicUsize,
@@ -408,6 +453,7 @@ impl BrokerClient {
         let client = BrokerClient {
             inner: Arc::new(Inner {
                 addrs,
+                learned: Mutex::new(Learned::default()),
                 config,
                 slots,
                 next_slot: AtomicUsize::new(0),
@@ -449,6 +495,12 @@ impl BrokerClient {
     /// The broker addresses, in failover order.
     pub fn addrs(&self) -> &[String] {
         &self.inner.addrs
+    }
+
+    /// Leader addresses outside [`BrokerClient::addrs`] that brokers redirected the
+    /// client to (empty with [`BrokerClientConfig::closed_list`]).
+    pub fn learned(&self) -> Vec<String> {
+        self.inner.learned().addrs.clone()
     }
 
     /// Reserves `n` IDs, giving up at `deadline`.
@@ -744,6 +796,13 @@ impl Inner {
         let inner = self;
         let mut failures: Vec<NodeFailure> = Vec::new();
         let mut failovers: u32 = 0;
+        // Redirects naming a leader that count: the first, then those from a broker an
+        // earlier one named (a chain; who named whom, at most MAX_REDIRECTS + 1). A
+        // follower naming a leader that cannot be reached (killed, its heartbeat not yet
+        // expired) again and again is no chain: the request goes on, paced, until its
+        // deadline or the next leader.
+        let mut redirects: Vec<String> = Vec::new();
+        let mut named: Vec<usize> = Vec::new();
         loop {
             let slot = inner.next_slot.fetch_add(1, Relaxed) % inner.slots.len();
             let conn = inner.conn(slot, deadline, &mut failures).await?;
@@ -758,7 +817,17 @@ impl Inner {
                     note(&mut failures, failure);
                 }
                 Attempt::Redirect { from, leader } => {
-                    note(&mut failures, inner.follow(conn.broker, from, leader));
+                    let chained = redirects.is_empty() || named.contains(&conn.broker);
+                    if let (Some(l), true) = (&leader, chained) {
+                        redirects.push(format!("{from} named {l}"));
+                    }
+                    let (said, target) = inner.follow(conn.broker, from, leader);
+                    named.extend(target.filter(|t| !named.contains(t)));
+                    note(&mut failures, said);
+                    if redirects.len() > MAX_REDIRECTS {
+                        failures.push(too_many_redirects(&redirects, target.is_some()));
+                        return Err(unavailable(&failures));
+                    }
                 }
             }
             // The first failover or redirect goes at once (the next broker is likely
@@ -779,6 +848,26 @@ pub const FAILOVER_PAUSE_BASE: Duration = Duration::from_millis(5);
 
 /// Longest pause between two failovers of one request.
 pub const FAILOVER_PAUSE_CAP: Duration = Duration::from_millis(200);
+
+/// The request was redirected more than [`MAX_REDIRECTS`] times: `redirects` says
+/// which broker named which leader, in order; `followed`: the last one was followed
+/// (else the reason is the closed list, said by the broker's own entry).
+fn too_many_redirects(redirects: &[String], followed: bool) -> NodeFailure {
+    let hint = if followed {
+        ": the brokers disagree about the leader, or a leader advertises an address that \
+         does not reach it (check each idbroker's --advertise)"
+    } else {
+        ""
+    };
+    NodeFailure {
+        addr: "broker client".into(),
+        reason: format!(
+            "redirected {} times in one request ({}), more than the {MAX_REDIRECTS} allowed{hint}",
+            redirects.len(),
+            redirects.join(", ")
+        ),
+    }
+}
 
 /// Records `failure`, keeping one entry per broker (the latest) so the list stays short.
 fn note(failures: &mut Vec<NodeFailure>, failure: NodeFailure) {
@@ -810,11 +899,21 @@ impl Inner {
     }
 
     /// After broker `b` redirected a request: new connections go to the leader it named
-    /// if that is one of our brokers (the same `host:port`, or the same socket address),
-    /// else to the broker after `b`. Returns what to note about `b`.
-    fn follow(&self, b: usize, from: String, leader: Option<String>) -> NodeFailure {
-        let target = leader.as_deref().and_then(|l| self.index_of(l));
-        tracing::debug!(broker = %from, ?leader, known = target.is_some(), "redirected");
+    /// if that is one of our brokers (the same `host:port`, or the same socket address)
+    /// or, unless the list is closed, wherever it is (remembered, see [`Learned`]); else
+    /// to the broker after `b`. Returns what to note about `b`, and the broker the
+    /// redirect was followed to (the leader it names), if it was.
+    fn follow(
+        &self,
+        b: usize,
+        from: String,
+        leader: Option<String>,
+    ) -> (NodeFailure, Option<usize>) {
+        let target = leader.as_deref().and_then(|l| {
+            self.index_of(l)
+                .or_else(|| (!self.config.closed_list).then(|| self.learn(l, b)))
+        });
+        tracing::debug!(broker = %from, ?leader, found = target.is_some(), "redirected");
         match target {
             Some(t) => self.preferred.store(t, Relaxed),
             None => self.move_on_from(b),
@@ -822,25 +921,90 @@ impl Inner {
         let reason = match (&leader, target) {
             (None, _) => "not the leader; no leader known (election under way)".to_string(),
             (Some(l), Some(_)) => format!("not the leader; redirected to {l}"),
-            (Some(l), None) => {
-                format!("not the leader; the leader {l} is not among the --broker addresses")
-            }
+            (Some(l), None) => format!(
+                "not the leader; the leader {l} is not among the --broker addresses \
+                 (--broker-closed-list: add it to --broker, or drop --broker-closed-list \
+                 to follow redirects)"
+            ),
         };
-        NodeFailure { addr: from, reason }
+        (NodeFailure { addr: from, reason }, target)
     }
 
-    /// The index of the broker at `addr`: the same string, or the same socket address.
+    fn learned(&self) -> MutexGuard<'_, Learned> {
+        // Plain field updates: a poisoned lock is still consistent.
+        self.learned.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    /// Remembers `addr`, a leader outside the list that broker `b` named; its index.
+    fn learn(&self, addr: &str, b: usize) -> usize {
+        let fallback = self.after(b); // Locks `learned` for a learned `b`: first.
+        let mut learned = self.learned();
+        learned.fallback = fallback;
+        let i = if learned.addrs.len() < MAX_LEARNED {
+            learned.addrs.push(addr.to_string());
+            learned.addrs.len() - 1
+        } else {
+            let i = learned.next;
+            learned.next = (i + 1) % MAX_LEARNED;
+            learned.addrs[i] = addr.to_string();
+            i
+        };
+        tracing::info!(leader = %addr, "following a redirect to a leader outside the broker list");
+        self.addrs.len() + i
+    }
+
+    /// The address of broker `b`: one of the list, or a learned leader.
+    fn addr_of(&self, b: usize) -> Option<String> {
+        match b.checked_sub(self.addrs.len()) {
+            None => self.addrs.get(b).cloned(),
+            Some(i) => self.learned().addrs.get(i).cloned(),
+        }
+    }
+
+    /// The index of the broker at `addr` (listed or learned): the same string, or the
+    /// same socket address.
     fn index_of(&self, addr: &str) -> Option<usize> {
         let parsed = addr.parse::<std::net::SocketAddr>().ok();
-        self.addrs.iter().position(|a| {
+        let same = |a: &String| {
             a == addr || parsed.is_some_and(|p| a.parse::<std::net::SocketAddr>().ok() == Some(p))
+        };
+        self.addrs.iter().position(same).or_else(|| {
+            let learned = self.learned();
+            let i = learned.addrs.iter().position(same)?;
+            Some(self.addrs.len() + i)
         })
+    }
+
+    /// The broker of the list after broker `b`; after a learned leader, the one after
+    /// the broker that redirected there (the list's brokers name the next leader).
+    fn after(&self, b: usize) -> usize {
+        if b < self.addrs.len() {
+            (b + 1) % self.addrs.len()
+        } else {
+            self.learned().fallback
+        }
     }
 
     /// After broker `b` failed, new connections start at the next one.
     fn move_on_from(&self, b: usize) {
-        let next = (b + 1) % self.addrs.len();
+        let next = self.after(b);
         let _ = self.preferred.compare_exchange(b, next, Relaxed, Relaxed);
+    }
+
+    /// The brokers one pass tries, in order: from the preferred one on through the list
+    /// (a learned leader first, then the whole list from the one [`Inner::after`] it).
+    fn pass_order(&self) -> Vec<usize> {
+        let n = self.addrs.len();
+        let p = self.preferred.load(Relaxed);
+        let (first, from) = if p < n {
+            (None, p)
+        } else {
+            (Some(p), self.after(p))
+        };
+        first
+            .into_iter()
+            .chain((0..n).map(|k| (from + k) % n))
+            .collect()
     }
 
     /// A usable connection of any slot, starting after `slot`.
@@ -953,17 +1117,19 @@ impl Inner {
         deadline: Instant,
         failures: &mut Vec<NodeFailure>,
     ) -> Result<Arc<Conn>, bool> {
-        let n = self.addrs.len();
-        let start = self.preferred.load(Relaxed);
+        let order = self.pass_order();
+        let n = order.len();
         let mut refused = 0;
-        for k in 0..n {
-            let b = (start + k) % n;
+        for b in order {
             let now = Instant::now();
             if now >= deadline {
                 return Err(false);
             }
             let until = deadline.min(now + self.config.connect_timeout);
-            let addr = &self.addrs[b];
+            let Some(addr) = self.addr_of(b) else {
+                continue; // A learned entry is never removed: cannot happen.
+            };
+            let addr = &addr;
             let failure = |reason| NodeFailure {
                 addr: addr.clone(),
                 reason,
@@ -1412,10 +1578,20 @@ mod tests {
         /// Like `start`, but every reply first takes a permit of `gate` (the test
         /// releases replies one by one, or all at once).
         async fn start_gated(script: Script, gate: Option<Arc<Semaphore>>) -> FakeBroker {
-            let listener = TcpListener::bind("127.0.0.1:0")
-                .await
-                .expect("bind a loopback port for the fake broker");
-            let addr = listener.local_addr().expect("local addr").to_string();
+            FakeBroker::serve_gated(fake_listener().await, script, gate)
+        }
+
+        /// A fake broker on `listener` (bound first, so that brokers can name each other).
+        fn serve_on(listener: TcpListener, script: Script) -> FakeBroker {
+            FakeBroker::serve_gated(listener, script, None)
+        }
+
+        fn serve_gated(
+            listener: TcpListener,
+            script: Script,
+            gate: Option<Arc<Semaphore>>,
+        ) -> FakeBroker {
+            let addr = addr_of(&listener);
             let conns = Arc::new(AtomicUsize::new(0));
             let requests = Arc::new(AtomicUsize::new(0));
             let (c, r) = (conns.clone(), requests.clone());
@@ -1445,6 +1621,16 @@ mod tests {
         fn requests(&self) -> usize {
             self.requests.load(Relaxed)
         }
+    }
+
+    async fn fake_listener() -> TcpListener {
+        TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("bind a loopback port for the fake broker")
+    }
+
+    fn addr_of(listener: &TcpListener) -> String {
+        listener.local_addr().expect("local addr").to_string()
     }
 
     async fn write(wr: &mut tokio::net::tcp::OwnedWriteHalf, msg: &ServerMsg) {
@@ -1747,9 +1933,10 @@ mod tests {
     }
 
     /// The redirect goes to the broker it names, not merely the next one; a leader not
-    /// in the list is not followed (the client moves on to the next broker).
+    /// in the list that cannot be reached sends the client on to the broker after the
+    /// one that redirected (as if the redirect had not been followed).
     #[tokio::test]
-    async fn a_redirect_goes_to_the_named_broker_only_if_listed() {
+    async fn a_redirect_goes_to_the_named_broker_or_on_if_unreachable() {
         let leader = FakeBroker::start(Script::Normal).await;
         let other = FakeBroker::start(Script::Normal).await;
         let follower = FakeBroker::start(Script::Redirect(Some(leader.addr.clone()))).await;
@@ -1763,6 +1950,81 @@ mod tests {
         let c = client(&[&follower, &good], config(LONG)).await;
         assert_eq!(c.next_ids(1).await.expect("ids"), IdRange { lo: 1, hi: 1 });
         assert_eq!((follower.requests(), good.requests()), (1, 1));
+    }
+
+    /// One address, a follower's: the client follows the redirect to the leader it was
+    /// not given, and keeps its connection there (pooled: one connection for every
+    /// request after the redirect).
+    #[tokio::test]
+    async fn a_leader_outside_the_list_is_followed_and_kept() {
+        let leader = FakeBroker::start(Script::Normal).await;
+        let follower = FakeBroker::start(Script::Redirect(Some(leader.addr.clone()))).await;
+        let c = client(&[&follower], config(LONG)).await;
+        for k in 0..10 {
+            let lo = 1 + 2 * k;
+            assert_eq!(
+                c.next_ids(2).await.expect("ids"),
+                IdRange { lo, hi: lo + 1 }
+            );
+        }
+        assert_eq!((follower.requests(), leader.requests()), (1, 10));
+        assert_eq!(leader.conns(), 1);
+        assert_eq!(c.learned(), vec![leader.addr.clone()]);
+    }
+
+    /// `closed_list`: a leader outside the list is never connected to; the request fails
+    /// saying so, and how to allow it.
+    #[tokio::test]
+    async fn a_closed_list_refuses_a_leader_outside_it() {
+        let leader = FakeBroker::start(Script::Normal).await;
+        let follower = FakeBroker::start(Script::Redirect(Some(leader.addr.clone()))).await;
+        let closed = BrokerClientConfig {
+            closed_list: true,
+            ..config(Duration::from_millis(400))
+        };
+        let c = client(&[&follower], closed).await;
+        let reasons = unavailable_reasons(c.next_ids(1).await);
+        let want = format!(
+            "the leader {} is not among the --broker addresses",
+            leader.addr
+        );
+        assert!(
+            reasons
+                .iter()
+                .any(|r| r.contains(&want) && r.contains("--broker-closed-list")),
+            "{reasons:?}"
+        );
+        assert_eq!((leader.conns(), leader.requests()), (0, 0));
+        assert!(c.learned().is_empty());
+    }
+
+    /// Two brokers naming each other (A says B, B says A): each request stops after
+    /// [`MAX_REDIRECTS`] redirects with an error naming the path, long before its
+    /// deadline, whether the brokers are listed or learned.
+    #[tokio::test]
+    async fn a_redirect_loop_is_bounded_per_request() {
+        // Listed: both in the list.
+        let (la, lb) = (fake_listener().await, fake_listener().await);
+        let (a_addr, b_addr) = (addr_of(&la), addr_of(&lb));
+        let a = FakeBroker::serve_on(la, Script::Redirect(Some(b_addr.clone())));
+        let b = FakeBroker::serve_on(lb, Script::Redirect(Some(a_addr.clone())));
+        for listed in [vec![&a, &b], vec![&a]] {
+            let c = client(&listed, config(LONG)).await;
+            for _ in 0..3 {
+                let before = a.requests() + b.requests();
+                let reasons = unavailable_reasons(c.next_ids(1).await);
+                let asked = a.requests() + b.requests() - before;
+                assert_eq!(asked, MAX_REDIRECTS + 1, "{reasons:?}");
+                let path = [&a_addr, &b_addr].map(|s| s.as_str());
+                assert!(
+                    reasons
+                        .iter()
+                        .any(|r| r.contains("redirected 4 times in one request")
+                            && path.iter().all(|p| r.contains(p))),
+                    "{reasons:?}"
+                );
+            }
+        }
     }
 
     /// "No leader known" (an election under way): the request goes to another broker.

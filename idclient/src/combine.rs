@@ -40,12 +40,22 @@ use tokio::sync::broadcast;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
 
-/// One client's subscription to the results channel, shared by its tasks: a task that is
-/// about to join takes a receiver first, so it cannot miss its batch's result.
+/// One client's subscriptions to the results channels of its rendezvous nodes (the
+/// preferred one and the fallback), shared by its tasks: a task that is about to join
+/// takes a receiver first, so it cannot miss its batch's result.
 #[derive(Default)]
 pub struct Results {
-    /// The subscription: which node, its sender, and the task that feeds it.
-    live: tokio::sync::Mutex<Option<(usize, broadcast::WeakSender<BatchResult>, AbortHandle)>>,
+    /// Per node subscribed to: its number, its sender, and the task that feeds it. At
+    /// most the two rendezvous nodes, so a client that moves to the fallback and back
+    /// keeps both channels instead of subscribing afresh each time.
+    live: std::sync::Mutex<Vec<Subscription>>,
+}
+
+/// One node's results channel (see [`Results`]).
+struct Subscription {
+    index: usize,
+    sender: broadcast::WeakSender<BatchResult>,
+    task: AbortHandle,
 }
 
 /// Results a slow task may fall behind by before it loses some (it then waits until its
@@ -54,20 +64,18 @@ const BACKLOG: usize = 4096;
 
 impl Results {
     /// A receiver of every result from now on at node number `index`, subscribing first
-    /// if needed (and ending a subscription to another node). `None` when the node
-    /// cannot be subscribed to.
+    /// if needed. `None` when the node cannot be subscribed to.
+    ///
+    /// The lock is not held while subscribing: a task subscribing to a silent node must
+    /// not hold up the client's other tasks, which may be combining at another node.
     pub async fn receiver<N: Register + Rendezvous>(
         &self,
         index: usize,
         node: &N,
         key: &str,
     ) -> Option<broadcast::Receiver<BatchResult>> {
-        let mut live = self.live.lock().await;
-        if let Some((at, weak, task)) = live.as_ref() {
-            match weak.upgrade() {
-                Some(tx) if *at == index => return Some(tx.subscribe()),
-                _ => task.abort(),
-            }
+        if let Some(rx) = self.existing(index) {
+            return Some(rx);
         }
         let mut messages = match node.subscribe(key).await {
             Ok(messages) => messages,
@@ -76,8 +84,13 @@ impl Results {
                 return None;
             }
         };
+        let mut live = self.lock();
+        // Another task may have subscribed meanwhile: use its channel, drop ours.
+        if let Some(rx) = Self::find(&mut live, index) {
+            return Some(rx);
+        }
         let (tx, rx) = broadcast::channel(BACKLOG);
-        let weak = tx.downgrade();
+        let sender = tx.downgrade();
         // The task owns the only sender: when the connection ends, receivers see Closed.
         let task = tokio::spawn(async move {
             while let Some(message) = messages.next().await {
@@ -86,15 +99,45 @@ impl Results {
                 }
             }
         });
-        *live = Some((index, weak, task.abort_handle()));
+        live.push(Subscription {
+            index,
+            sender,
+            task: task.abort_handle(),
+        });
         Some(rx)
+    }
+
+    /// A receiver on the live subscription to node `index`, if there is one.
+    fn existing(&self, index: usize) -> Option<broadcast::Receiver<BatchResult>> {
+        Self::find(&mut self.lock(), index)
+    }
+
+    /// A receiver on the live subscription to node `index` in `live`, if there is one;
+    /// a subscription whose connection ended is removed.
+    fn find(
+        live: &mut Vec<Subscription>,
+        index: usize,
+    ) -> Option<broadcast::Receiver<BatchResult>> {
+        let at = live.iter().position(|s| s.index == index)?;
+        match live[at].sender.upgrade() {
+            Some(tx) => Some(tx.subscribe()),
+            None => {
+                live.swap_remove(at).task.abort();
+                None
+            }
+        }
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, Vec<Subscription>> {
+        self.live.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
 impl Drop for Results {
     fn drop(&mut self) {
-        if let Some((_, _, task)) = self.live.get_mut().take() {
-            task.abort();
+        let live = self.live.get_mut().unwrap_or_else(|p| p.into_inner());
+        for subscription in live.drain(..) {
+            subscription.task.abort();
         }
     }
 }

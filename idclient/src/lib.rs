@@ -55,7 +55,8 @@ pub use broker_tls::BrokerTls;
 pub use idproto::auth::Token;
 pub use idproto::{error, IdError, IdRange, IdSource, NodeFailure};
 pub use node::heartbeat::{
-    read_heartbeats, refresh_heartbeat, resign_heartbeat, Heartbeat, HeartbeatNode, Refresh,
+    read_heartbeats, refresh_heartbeat, refresh_heartbeat_trusting, resign_heartbeat, Heartbeat,
+    HeartbeatAuth, HeartbeatNode, Refresh,
 };
 pub use node::{ClientCert, Identity, Node, NodeAddr, TlsConfig};
 pub use quorum::{

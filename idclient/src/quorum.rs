@@ -295,6 +295,9 @@ enum Next {
     Done(Result<IdRange, IdError>),
     /// Join again: this batch gave the request nothing, but the rendezvous works.
     Rejoin,
+    /// This rendezvous failed (marked failed already): the request moves on to the next
+    /// one (the fallback), if it has not failed too.
+    Unavailable,
     /// Leave the rendezvous: the caller runs its own rounds.
     OwnRounds,
 }
@@ -312,7 +315,7 @@ impl Combining {
     fn stopped(&self, stop: Stop) -> Next {
         match stop {
             Stop::Deadline => self.past_deadline(),
-            Stop::Unavailable => Next::OwnRounds,
+            Stop::Unavailable => Next::Unavailable,
         }
     }
 
@@ -365,6 +368,7 @@ enum RoundLoss {
     Fatal(IdError),
     /// Too few nodes answered.
     Unreachable {
+        /// The nodes that answered (not those never asked, or not waited for).
         reachable: usize,
         failures: Vec<NodeFailure>,
     },
@@ -884,8 +888,11 @@ impl<N: Register> QuorumClient<N> {
                 break;
             }
         }
+        // Only the nodes that answered: a node never asked (the read is thrifty) or still
+        // silent at the deadline did not, and counting it said "3 of 5 nodes answered,
+        // 3 needed" of a read that one node answered.
         Err(RoundLoss::Unreachable {
-            reachable: count - failures.len(),
+            reachable: answers,
             failures,
         })
     }
@@ -918,9 +925,11 @@ impl<N: Register> QuorumClient<N> {
         bump(&self.counters.rejects, tally.rejects as u64);
         match decision {
             Decision::Won => Ok(()),
+            // Only the nodes that answered (a node still silent when the loss became
+            // certain did not, nor is it among the failures).
             _ if tally.failures > self.nodes.len() - self.majority() => {
                 Err(RoundLoss::Unreachable {
-                    reachable: self.nodes.len() - failures.len(),
+                    reachable: tally.accepts + tally.rejects,
                     failures,
                 })
             }
@@ -1208,7 +1217,30 @@ impl<N: Register + Rendezvous> QuorumClient<N> {
         deadline: Instant,
         started: Instant,
     ) -> Option<Result<IdRange, IdError>> {
-        let rv = self.rendezvous_now()?;
+        // A rendezvous that fails during the request (down, paused, stuck) is marked
+        // failed and the request moves on to the fallback, where the other clients go
+        // too: falling to its own rounds instead would have it contend with every
+        // batch, and under load lose round after round until its deadline. Each node
+        // is tried once per request, so this ends.
+        let mut tried: [Option<usize>; 2] = [None; 2];
+        for slot in 0..tried.len() {
+            let rv = self.rendezvous_now()?;
+            if tried.contains(&Some(rv)) {
+                return None;
+            }
+            tried[slot] = Some(rv);
+            match self.combined_at(rv, n, deadline, started).await {
+                Next::Done(result) => return Some(result),
+                Next::Unavailable => continue,
+                Next::OwnRounds | Next::Rejoin => return None,
+            }
+        }
+        None
+    }
+
+    /// `n` IDs through combined rounds at the rendezvous node `rv`, joining again as
+    /// long as it makes progress; [`Next::Unavailable`] when it failed.
+    async fn combined_at(&self, rv: usize, n: u64, deadline: Instant, started: Instant) -> Next {
         let patience = self.rendezvous_patience();
         let rx = tokio::time::timeout(
             patience,
@@ -1216,8 +1248,12 @@ impl<N: Register + Rendezvous> QuorumClient<N> {
         )
         .await;
         let Ok(Some(mut rx)) = rx else {
+            tracing::debug!(
+                node = self.nodes[rv].addr(),
+                "rendezvous unavailable: no results channel within {patience:?}"
+            );
             self.rendezvous_failed(rv);
-            return None;
+            return Next::Unavailable;
         };
         let mut c = Combining {
             rv,
@@ -1231,9 +1267,8 @@ impl<N: Register + Rendezvous> QuorumClient<N> {
         };
         loop {
             match self.join_step(&mut c, &mut rx).await {
-                Next::Done(result) => return Some(result),
-                Next::OwnRounds => return None,
                 Next::Rejoin => {}
+                next => return next,
             }
         }
     }
@@ -1314,7 +1349,13 @@ impl<N: Register + Rendezvous> QuorumClient<N> {
             },
             // The batch's round failed (the leader retried until its deadline, or met an
             // error retrying cannot fix): our own rounds report why.
-            Ok(BatchResult { range: None, .. }) | Err(WaitEnd::Closed) => Next::OwnRounds,
+            Ok(BatchResult { range: None, .. }) => Next::OwnRounds,
+            // The connection to the rendezvous ended (the node died or restarted): its
+            // batches are gone with it.
+            Err(WaitEnd::Closed) => {
+                self.rendezvous_failed(c.rv);
+                Next::Unavailable
+            }
             // The leader vanished: its batch's IDs, if any, stay unused.
             Err(WaitEnd::TimedOut) => {
                 c.stalls += 1;
@@ -1394,13 +1435,13 @@ impl<N: Register + Rendezvous> QuorumClient<N> {
         }
     }
 
-    /// Leaves the rendezvous (marked failed: own rounds for a while) because `op` made
-    /// no progress.
+    /// Leaves the rendezvous (marked failed: the fallback, or own rounds, for a while)
+    /// because `op` made no progress.
     fn leave(&self, c: &Combining, op: &str, reason: String) -> Next {
         let node = self.nodes[c.rv].addr();
         tracing::debug!(node, op, error = %reason, "rendezvous unavailable");
         self.rendezvous_failed(c.rv);
-        Next::OwnRounds
+        Next::Unavailable
     }
 
     /// Runs the batch `nonce` of `ids` IDs (the leader's own share first) and publishes
@@ -1571,6 +1612,61 @@ mod tests {
             with_earlier_causes(contention, &earlier),
             RoundLoss::Contention { all_rejected: true }
         ));
+    }
+
+    /// A node that refuses every connection at once, or never answers.
+    struct Down {
+        addr: String,
+        silent: bool,
+    }
+
+    impl Register for Down {
+        fn addr(&self) -> &str {
+            &self.addr
+        }
+
+        async fn conditional_write(
+            &self,
+            _key: &str,
+            _lo: u64,
+            _hi: u64,
+            _batch: Option<Nonce>,
+        ) -> Result<Written, NodeError> {
+            if self.silent {
+                std::future::pending::<()>().await;
+            }
+            Err(NodeError::Unavailable("connection refused".to_string()))
+        }
+
+        async fn read(&self, _key: &str) -> Result<u64, NodeError> {
+            Err(NodeError::Unavailable("connection refused".to_string()))
+        }
+
+        async fn warm_up(&self) -> Result<(), NodeError> {
+            Ok(())
+        }
+    }
+
+    /// A write round lost as soon as three of five nodes refused counts the two silent
+    /// ones as neither answered nor failed: "0 of 5 nodes answered", not "2 of 5".
+    #[tokio::test(start_paused = true)]
+    async fn a_lost_write_round_counts_only_the_nodes_that_answered() {
+        let nodes = (0..5)
+            .map(|i| Down {
+                addr: format!("fake://{i}"),
+                silent: i >= 3,
+            })
+            .collect();
+        let client = QuorumClient::with_nodes(nodes, "k", Protocol::Fast, Duration::from_secs(5))
+            .expect("five nodes");
+        let err = client
+            .reserve(1, 1, Instant::now() + Duration::from_secs(5))
+            .await
+            .expect_err("three of five nodes down");
+        assert_eq!(
+            err.to_string(),
+            "no quorum: 0 of 5 nodes answered, 3 needed; 5 did not (failed: fake://0: connection refused; fake://1: connection refused; fake://2: connection refused; 2 not asked, or not waited for)"
+        );
     }
 
     fn tally(accepts: usize, rejects: usize, failures: usize) -> Tally {

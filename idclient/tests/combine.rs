@@ -498,3 +498,125 @@ async fn all_five_nodes_killed_mid_run_repeat_nothing() {
         report.summary_line()
     );
 }
+
+/// How a silent rendezvous node's silence ends (see `a_silent_rendezvous_fails_nobody`).
+#[derive(Debug, Clone, Copy)]
+enum SilenceEnds {
+    /// SIGCONT: it answers again, with everything it held.
+    Resumed,
+    /// kill -9 while stopped: its connections break and it stays down.
+    Killed,
+}
+
+/// 64 combining clients (`combine` as given) on 5 real nodes; the rendezvous node is
+/// SIGSTOPped for 5 s (a majority stays up throughout), then resumed or killed. No
+/// request may fail: a client that waits on the silent rendezvous must give up on it
+/// within its reply timeout and still get its IDs before its 5 s deadline. Every ID is
+/// checked: strictly increasing per caller (real-time order), none twice.
+async fn a_silent_rendezvous_fails_nobody(combine: Combine, ends: SilenceEnds) {
+    let mut q = quorum();
+    let r = rendezvous(&q);
+    let mut sources = Vec::new();
+    for _ in 0..64 {
+        let mut cfg = ClientConfig::new(q.urls());
+        // The production defaults: 5 s deadline, 500 ms connect and reply timeouts.
+        cfg.combine = combine;
+        sources.push(Arc::new(QuorumClient::connect(cfg).await.expect("connect")));
+    }
+    let load = run(&sources, 8.0);
+    // Contention first, so that the clients combine at the rendezvous when it stops.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
+    let combining_before = combined(&sources);
+    q.pause(r);
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    match ends {
+        SilenceEnds::Resumed => q.resume(r),
+        SilenceEnds::Killed => q.kill(r),
+    }
+    let report = load.await.expect("load");
+    if let Err(v) = report.check() {
+        panic!(
+            "history of {} requests violates the guarantee: {v}",
+            report.events.len()
+        );
+    }
+    assert!(
+        combining_before > 0,
+        "no combined round before the pause: the test did not exercise the rendezvous"
+    );
+    assert_eq!(
+        report.errors,
+        0,
+        "{combine:?}, rendezvous node paused 5 s then {ends:?}: {} (p99 {} us, max {} us)",
+        report.summary_line(),
+        report.percentile_us(0.99),
+        report.latencies_us.last().copied().unwrap_or(0)
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_then_killed_rendezvous_fails_no_auto_combining_client() {
+    a_silent_rendezvous_fails_nobody(Combine::Auto, SilenceEnds::Killed).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_then_killed_rendezvous_fails_no_always_combining_client() {
+    a_silent_rendezvous_fails_nobody(Combine::Always, SilenceEnds::Killed).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_paused_then_resumed_rendezvous_fails_no_combining_client() {
+    a_silent_rendezvous_fails_nobody(Combine::Auto, SilenceEnds::Resumed).await;
+}
+
+/// One combining client meets a silent (SIGSTOPped) or dead (kill -9) rendezvous node
+/// at its next request, with the node's results subscription open: the `join` gets no
+/// reply, or the subscription is gone. The request gives up on that node within its
+/// patience and combines at the fallback rendezvous, leading a batch of its own there;
+/// it does not fall to uncombined rounds, which under contention lose round after round
+/// until the deadline (see `a_silent_rendezvous_fails_nobody`). Without contention,
+/// deterministic: the `batches` counter tells which way the request went.
+async fn a_request_moves_to_the_fallback_rendezvous(ends: SilenceEnds) {
+    let mut q = quorum();
+    let r = rendezvous(&q);
+    let mut cfg = ClientConfig::new(q.urls());
+    cfg.combine = Combine::Always;
+    let c = QuorumClient::connect(cfg).await.expect("connect");
+    // A solo batch at the preferred rendezvous: subscribed there, as combining clients are.
+    let first = c.next_id().await.expect("id");
+    assert_eq!(c.counters().batches, 1, "{:?}", c.counters());
+    match ends {
+        SilenceEnds::Resumed => q.pause(r),
+        SilenceEnds::Killed => q.kill(r),
+    }
+    let asked = std::time::Instant::now();
+    let second = c
+        .next_id()
+        .await
+        .expect("a silent rendezvous must not fail the request");
+    let took = asked.elapsed();
+    if let SilenceEnds::Resumed = ends {
+        q.resume(r);
+    }
+    assert!(second > first);
+    assert!(
+        took < Duration::from_secs(5),
+        "the request took {took:?}, its whole deadline"
+    );
+    let counters = c.counters();
+    assert_eq!(
+        (counters.batches, counters.errors),
+        (2, 0),
+        "the request did not combine at the fallback rendezvous: {counters:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_at_a_paused_rendezvous_combines_at_the_fallback() {
+    a_request_moves_to_the_fallback_rendezvous(SilenceEnds::Resumed).await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_at_a_killed_rendezvous_combines_at_the_fallback() {
+    a_request_moves_to_the_fallback_rendezvous(SilenceEnds::Killed).await;
+}

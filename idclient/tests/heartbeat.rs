@@ -17,11 +17,7 @@ fn nodes(q: &LocalQuorum) -> Vec<Node> {
 }
 
 fn hb(term: u64, seq: u64) -> Heartbeat {
-    Heartbeat {
-        term,
-        seq,
-        addr: format!("127.0.0.1:{}", 7000 + term),
-    }
+    Heartbeat::new(term, seq, format!("127.0.0.1:{}", 7000 + term))
 }
 
 fn soon() -> Instant {
@@ -153,4 +149,68 @@ async fn only_the_leader_of_the_term_held_can_resign_it() {
         .expect("read")
         .iter()
         .all(Option::is_none));
+}
+
+/// With a key: a forged heartbeat of a higher term (any form the script keeps) is
+/// overwritten by the trusting refresh and reported; a signed one of a higher term is
+/// kept and followed; values the script would keep but Rust could not re-encode
+/// exactly (non-canonical numbers, non-ASCII) are overwritten as no heartbeat at all.
+#[tokio::test]
+async fn a_forged_heartbeat_is_overwritten_and_a_signed_one_kept() {
+    use idclient::{refresh_heartbeat_trusting, HeartbeatAuth, Token};
+    let q = LocalQuorum::temp(3).expect("start a 3-node redis quorum (is redis-server installed?)");
+    let nodes = nodes(&q);
+    let auth = HeartbeatAuth::new(&Token::new("s3cret").expect("token"), KEY);
+    let trust = |h: &Heartbeat| auth.verify(h);
+    let set_all = |value: String| {
+        let urls = q.urls();
+        async move {
+            for url in urls {
+                let mut c = redis::Client::open(url.as_str())
+                    .expect("URL")
+                    .get_multiplexed_async_connection()
+                    .await
+                    .expect("connect");
+                let () = redis::cmd("SET")
+                    .arg(KEY)
+                    .arg(&value)
+                    .query_async(&mut c)
+                    .await
+                    .expect("SET");
+            }
+        }
+    };
+    let mine = auth.sign(hb(2, 1));
+
+    set_all("999 5 127.0.0.1:9".into()).await;
+    let r = refresh_heartbeat_trusting(&nodes, KEY, &mine, TTL, soon(), &trust).await;
+    assert_eq!((r.acked, r.higher.clone()), (3, None), "{r:?}");
+    let (forged, on) = r.forged.expect("the forged heartbeat is reported");
+    assert_eq!(
+        (forged.term, forged.addr.as_str(), on),
+        (999, "127.0.0.1:9", 3)
+    );
+    let seen = read_heartbeats(&nodes, KEY, soon()).await.expect("read");
+    assert!(seen.iter().all(|h| h.as_ref() == Some(&mine)), "{seen:?}");
+
+    // Not canonical, or not printable ASCII: no heartbeat, overwritten by a plain refresh.
+    for junk in [
+        "999 05 a:1",
+        "0999 5 a:1",
+        "999 5 a\u{e9}:1",
+        "99999999999999999999 5 a:1",
+    ] {
+        set_all(junk.into()).await;
+        let r = refresh_heartbeat(&nodes, KEY, &hb(2, 2), TTL, soon()).await;
+        assert_eq!((r.acked, r.higher), (3, None), "{junk:?}");
+    }
+
+    // A signed heartbeat of a higher term is a real leader's: kept, and followed.
+    let newer = auth.sign(hb(3, 1));
+    set_all(newer.encode()).await;
+    let r = refresh_heartbeat_trusting(&nodes, KEY, &mine, TTL, soon(), &trust).await;
+    assert_eq!(
+        (r.acked, r.higher, r.forged.is_none()),
+        (0, Some(newer), true)
+    );
 }

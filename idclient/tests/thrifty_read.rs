@@ -143,6 +143,40 @@ async fn too_few_nodes_is_no_quorum() {
     }
 }
 
+/// A read cut by its deadline before the hedge counts as answered only the node that
+/// answered: not the two silent ones, nor the two never asked. (It once said "3 of 5
+/// nodes answered, 3 needed" here.)
+#[tokio::test(start_paused = true)]
+async fn a_read_cut_by_the_deadline_counts_only_the_nodes_that_answered() {
+    use Behaviour::{Answer, Silent};
+    let (q, reads) = quorum(&[Answer(1), Silent, Silent, Answer(1), Answer(1)]);
+    // Before the first hedge (four initial read times, 2 ms): nodes 3 and 4 are not asked.
+    let deadline = Instant::now() + Duration::from_millis(1);
+    let err = q
+        .read_max(deadline)
+        .await
+        .expect_err("one answer of three needed");
+    assert_eq!(counts(&reads), [1, 1, 1, 0, 0]);
+    let IdError::NoQuorum {
+        needed,
+        reachable,
+        total,
+        ref failures,
+    } = err
+    else {
+        panic!("expected NoQuorum, got {err:?}");
+    };
+    assert_eq!(
+        (needed, reachable, total, failures.len()),
+        (3, 1, 5, 2),
+        "{err}"
+    );
+    assert_eq!(
+        err.to_string(),
+        "no quorum: 1 of 5 nodes answered, 3 needed; 4 did not (failed: fake://1: no reply before the deadline; fake://2: no reply before the deadline; 2 not asked, or not waited for)"
+    );
+}
+
 /// A silent node does not make the hedge grow: reads that needed it do not count in the
 /// usual read time, so every read that meets the silent node waits about the same.
 #[tokio::test(start_paused = true)]

@@ -29,12 +29,34 @@ fn list(failures: &[NodeFailure]) -> String {
         .join("; ")
 }
 
+/// The text of [`IdError::NoQuorum`]: how many nodes answered, of how many, against how
+/// many were needed, then why each other node did not answer. It says "answered", not
+/// "accepted": a round that enough nodes answered but too few accepted (another client
+/// won) is no "no quorum" but contention, retried until the deadline
+/// ([`IdError::Deadline`]).
+fn no_quorum(needed: usize, answered: usize, total: usize, failures: &[NodeFailure]) -> String {
+    let unanswered = total.saturating_sub(answered);
+    let mut text = format!(
+        "no quorum: {answered} of {total} nodes answered, {needed} needed; {unanswered} did not (failed: {}",
+        list(failures)
+    );
+    let not_waited = unanswered.saturating_sub(failures.len());
+    if not_waited > 0 {
+        text.push_str(&format!("; {not_waited} not asked, or not waited for"));
+    }
+    text.push(')');
+    text
+}
+
 /// Everything that can go wrong getting IDs. An error never carries IDs: a request that
 /// fails may have burned IDs (a hole), but none of them is ever handed out.
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]
 pub enum IdError {
-    /// Fewer than a majority of nodes could be reached before the deadline.
-    #[error("no quorum: {reachable} of {total} nodes answered, {needed} needed (failed: {})", list(.failures))]
+    /// Fewer than a majority of nodes answered before the deadline. `reachable` counts
+    /// the nodes that answered (an accept, a reject or a value), `failures` the nodes
+    /// that failed; the rest were not asked (a majority read asks only a majority), or
+    /// not waited for once the outcome was certain.
+    #[error("{}", no_quorum(*.needed, *.reachable, *.total, .failures))]
     NoQuorum {
         needed: usize,
         reachable: usize,
@@ -84,4 +106,49 @@ pub enum IdError {
     /// A broker broke the wire protocol (bad frame, wrong version, unexpected reply).
     #[error("broker {addr}: protocol error: {reason}")]
     Protocol { addr: String, reason: String },
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn failure(addr: &str, reason: &str) -> NodeFailure {
+        NodeFailure {
+            addr: addr.into(),
+            reason: reason.into(),
+        }
+    }
+
+    /// The "no quorum" text says how many answered, of how many, how many were needed,
+    /// and why the others did not: never "3 answered, 3 needed" for a round that failed.
+    #[test]
+    fn no_quorum_says_who_answered_who_failed_and_how_many_were_needed() {
+        let e = IdError::NoQuorum {
+            needed: 3,
+            reachable: 1,
+            total: 5,
+            failures: vec![
+                failure("redis://a:1", "connection refused"),
+                failure("redis://b:2", "timed out"),
+            ],
+        };
+        assert_eq!(
+            e.to_string(),
+            "no quorum: 1 of 5 nodes answered, 3 needed; 4 did not (failed: redis://a:1: connection refused; redis://b:2: timed out; 2 not asked, or not waited for)"
+        );
+        let e = IdError::NoQuorum {
+            needed: 2,
+            reachable: 0,
+            total: 3,
+            failures: vec![
+                failure("redis://a:1", "connection refused"),
+                failure("redis://b:2", "connection refused"),
+                failure("redis://c:3", "no reply before the deadline"),
+            ],
+        };
+        assert_eq!(
+            e.to_string(),
+            "no quorum: 0 of 3 nodes answered, 2 needed; 3 did not (failed: redis://a:1: connection refused; redis://b:2: connection refused; redis://c:3: no reply before the deadline)"
+        );
+    }
 }

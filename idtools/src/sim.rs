@@ -226,6 +226,8 @@ enum Op {
         key: String,
         hb: Heartbeat,
         ttl: Duration,
+        /// A held heartbeat to overwrite even if of a higher term (a forged one).
+        replace: Option<Heartbeat>,
     },
     Resign {
         key: String,
@@ -410,9 +412,19 @@ impl SimCluster {
                 self.finish(&mut s, i, key, *nonce, message, now);
                 Outcome::Finished
             }
-            Op::Heartbeat { key, hb, ttl } => {
-                Outcome::Heartbeat(Self::heartbeat(&mut s, i, key, hb, *ttl, now))
-            }
+            Op::Heartbeat {
+                key,
+                hb,
+                ttl,
+                replace,
+            } => Outcome::Heartbeat(Self::heartbeat(
+                &mut s,
+                i,
+                key,
+                (hb, replace.as_ref()),
+                *ttl,
+                now,
+            )),
             Op::Resign { key, term } => Outcome::Resigned(Self::resign(&mut s, i, key, *term, now)),
             Op::ReadHeartbeat { key } => {
                 Outcome::ReadHeartbeat(Self::live_heartbeat(&mut s.nodes[i], key, now).cloned())
@@ -433,18 +445,19 @@ impl SimCluster {
     }
 
     /// The heartbeat script (`idclient::node::heartbeat::HEARTBEAT`) at node `i`: sets
-    /// `hb` for `ttl` unless the node holds the heartbeat of a higher term, which it
-    /// answers with.
+    /// `hb` for `ttl` unless the node holds the heartbeat of a higher term other than
+    /// `replace`, which it answers with.
     fn heartbeat(
         s: &mut State,
         i: usize,
         key: &str,
-        hb: &Heartbeat,
+        (hb, replace): (&Heartbeat, Option<&Heartbeat>),
         ttl: Duration,
         now: Instant,
     ) -> Option<Heartbeat> {
         let node = &mut s.nodes[i];
-        if let Some(held) = Self::live_heartbeat(node, key, now).filter(|h| h.term > hb.term) {
+        let kept = |h: &&Heartbeat| h.term > hb.term && Some(*h) != replace;
+        if let Some(held) = Self::live_heartbeat(node, key, now).filter(kept) {
             let held = held.clone();
             s.stats.heartbeats_refused += 1;
             return Some(held);
@@ -736,11 +749,13 @@ impl HeartbeatNode for SimNode {
         key: &str,
         hb: &Heartbeat,
         ttl: Duration,
+        replace: Option<&Heartbeat>,
     ) -> impl Future<Output = Result<Option<Heartbeat>, NodeError>> + Send {
         let op = Op::Heartbeat {
             key: key.to_string(),
             hb: hb.clone(),
             ttl,
+            replace: replace.cloned(),
         };
         async move {
             match self.cluster.call(self.index, op).await? {

@@ -2,8 +2,11 @@
 //! says: the systemd units parse and carry the settings the README promises, their
 //! ExecStart binaries and flags exist, the five Redis conf files start real redis-servers
 //! that `idctl check` accepts, the brokers' environment files start a real idbroker that
-//! serves IDs, and, where `systemd-analyze` exists, `systemd-analyze verify` accepts the
-//! units. Build idbroker first: `cargo build --release -p broker --bins`.
+//! serves IDs and its metrics (every metric the alert rules use among them), promtool
+//! accepts the alert rules and passes their unit tests, and, where `systemd-analyze`
+//! exists, `systemd-analyze verify` accepts the units. Build idbroker first:
+//! `cargo build --release -p broker --bins`. Needs `promtool` (Debian package
+//! prometheus, installed by scripts/deps.sh).
 
 mod common;
 use common::{idbroker_bin, idctl, text};
@@ -262,19 +265,17 @@ fn broker_env_file_serves(b: &str, urls: &str) {
             "{name}: idbroker reads no {k}"
         );
     }
-    for k in ["QLIST_NODES", "IDBROKER_LISTEN"] {
+    for k in ["QLIST_NODES", "IDBROKER_LISTEN", "IDBROKER_METRICS_LISTEN"] {
         assert!(vars.iter().any(|(v, _)| v == k), "{name}: no {k}");
     }
-    let listen = &vars
-        .iter()
-        .find(|(k, _)| k == "IDBROKER_LISTEN")
-        .expect("listen")
-        .1;
-    let host = listen.rsplit_once(':').map(|(h, _)| h).unwrap_or("");
-    assert!(
-        private(host.trim_matches(['[', ']'])),
-        "{name}: listens on {listen}"
-    );
+    for k in ["IDBROKER_LISTEN", "IDBROKER_METRICS_LISTEN"] {
+        let listen = &vars.iter().find(|(v, _)| v == k).expect("listen").1;
+        let host = listen.rsplit_once(':').map(|(h, _)| h).unwrap_or("");
+        assert!(
+            private(host.trim_matches(['[', ']'])),
+            "{name}: {k} is {listen}, not a private address"
+        );
+    }
 
     let mut cmd = Command::new(idbroker_bin());
     for (k, v) in &vars {
@@ -283,14 +284,103 @@ fn broker_env_file_serves(b: &str, urls: &str) {
     let broker = Announced::start(
         cmd.env("QLIST_NODES", urls)
             .env("IDBROKER_LISTEN", "127.0.0.1:0")
+            .env("IDBROKER_METRICS_LISTEN", "127.0.0.1:0")
             .stderr(Stdio::inherit()),
-        &["listening on "],
+        &["listening on ", "metrics listening on "],
         START_TIMEOUT,
     )
     .unwrap_or_else(|e| panic!("{name}: {e}"));
     let addr = broker.addr();
     let next = idctl(&["next", "--broker", addr]);
     assert!(next.status.success(), "{name}: {}", text(&next));
+
+    // Its metrics endpoint is on, healthy and ready, and serves every metric the alert
+    // rules use.
+    let metrics = broker.value(1);
+    assert_eq!(
+        http_get(metrics, "/healthz"),
+        (200, "ok\n".into()),
+        "{name}"
+    );
+    assert_eq!(
+        http_get(metrics, "/readyz"),
+        (200, "ready\n".into()),
+        "{name}"
+    );
+    let (status, exposition) = http_get(metrics, "/metrics");
+    assert_eq!(status, 200, "{name}: {exposition}");
+    if let Err(e) = qmetrics::promtool_check(&exposition) {
+        panic!("{name}: {e}");
+    }
+    for metric in alert_rule_metrics() {
+        assert!(
+            exposition.contains(&format!("\n{metric}{{"))
+                || exposition.contains(&format!("\n{metric} "))
+                || exposition.contains(&format!("# TYPE {metric} ")),
+            "qlist-alerts.yml uses {metric}, which idbroker does not export:\n{exposition}"
+        );
+    }
+}
+
+/// `GET http://{addr}{path}` with qmetrics' client: status and body.
+fn http_get(addr: &str, path: &str) -> (u16, String) {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("tokio runtime");
+    runtime
+        .block_on(qmetrics::get(addr, path, Duration::from_secs(10)))
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// The qlist metric names qlist-alerts.yml uses (in rules and recording-rule names;
+/// comments skipped).
+fn alert_rule_metrics() -> std::collections::BTreeSet<String> {
+    let rules = read("qlist-alerts.yml");
+    let mut names = std::collections::BTreeSet::new();
+    for line in rules.lines().filter(|l| !l.trim_start().starts_with('#')) {
+        for (i, _) in line.match_indices("qlist_") {
+            let name: String = line[i..]
+                .chars()
+                .take_while(|c| c.is_ascii_alphanumeric() || *c == '_')
+                .collect();
+            names.insert(name);
+        }
+    }
+    for expected in [
+        "qlist_broker_requests_total",
+        "qlist_broker_round_duration_seconds_bucket",
+        "qlist_metrics_connections_refused_total",
+    ] {
+        assert!(names.contains(expected), "{expected} not found: {names:?}");
+    }
+    names
+}
+
+/// promtool (Debian package prometheus) with `args`, run in examples/deploy; panics with
+/// what it said unless it succeeds.
+fn promtool(args: &[&str]) {
+    let out = Command::new("promtool")
+        .args(args)
+        .current_dir(deploy_dir())
+        .output()
+        .unwrap_or_else(|e| {
+            panic!("cannot run promtool (Debian package prometheus; run scripts/deps.sh): {e}")
+        });
+    assert!(
+        out.status.success(),
+        "promtool {}: {}",
+        args.join(" "),
+        text(&out)
+    );
+}
+
+/// The alert rules are valid, and their unit tests (each alert firing on its bad series,
+/// quiet on the healthy one) pass.
+#[test]
+fn alert_rules_pass_promtool_check_and_their_unit_tests() {
+    promtool(&["check", "rules", "qlist-alerts.yml"]);
+    promtool(&["test", "rules", "qlist-alerts.test.yml"]);
 }
 
 #[test]

@@ -912,7 +912,12 @@ async fn mini_batcher<S: RoundSource>(
             out.next().await;
             continue;
         }
+        // Biased: an unbiased select! starts at a branch drawn from tokio's own RNG,
+        // seeded afresh for every runtime, so which branch is polled first (and whether
+        // the batches in `out` are polled at all before the new one closes) would
+        // differ between two runs of one seed, and the simulation would not replay.
         let first = tokio::select! {
+            biased;
             first = rx.recv() => match first {
                 Some(first) => first,
                 None => break,

@@ -265,7 +265,9 @@ impl DeadlineArgs {
 #[derive(Debug, Clone, Args)]
 pub struct BrokerArgs {
     /// ID brokers (idbroker), comma-separated host:port addresses, tried in order: the
-    /// next one is used when the current one fails.
+    /// next one is used when the current one fails. One is enough: a follower redirects
+    /// the client to the leader, which it follows even when not listed (see
+    /// --broker-closed-list).
     #[arg(
         long,
         value_name = "ADDRS",
@@ -285,6 +287,11 @@ pub struct BrokerArgs {
     /// every handshake; needed when the brokers require one.
     #[arg(long, value_name = "FILE")]
     pub broker_token_file: Option<std::path::PathBuf>,
+    /// Never connect to a broker outside --broker: a redirect to a leader not in the
+    /// list fails the request instead of being followed (by default it is followed,
+    /// with the same token and TLS settings).
+    #[arg(long)]
+    pub broker_closed_list: bool,
     #[command(flatten)]
     pub tls: BrokerTlsArgs,
 }
@@ -370,6 +377,7 @@ impl BrokerArgs {
             in_flight: self.in_flight,
             token,
             tls: self.tls.tls()?,
+            closed_list: self.broker_closed_list,
             ..BrokerClientConfig::default()
         })
     }

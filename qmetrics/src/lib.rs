@@ -8,6 +8,9 @@
 //! - `GET /readyz`: 200 when the binary's readiness check passes, else 503 with a
 //!   one-line reason.
 //!
+//! `/metrics` also carries the endpoint's own counters of connections it refused (over a
+//! peer's limit or the cap) or closed by a deadline (`qlist_metrics_connections_*`).
+//!
 //! Main items: [`serve`] (the server, bounded by [`Limits`]), [`Endpoints`] (what it
 //! serves), [`Histogram`] (a lock-free latency histogram for hot paths), and [`get`], a
 //! one-shot HTTP client for tests and tools. The HTTP is hyper's, never hand-written.
@@ -21,7 +24,7 @@ pub use histogram::{Histogram, LATENCY_BUCKETS};
 pub use prometheus_client;
 pub use server::{
     bind, serve, Endpoints, Limits, ReadyCheck, CONNECTION_LIFETIME, HEADER_READ_TIMEOUT,
-    MAX_CONNECTIONS, READY_TIMEOUT,
+    MAX_CONNECTIONS, MAX_CONNECTIONS_PER_PEER, READY_TIMEOUT,
 };
 
 /// What can stop the endpoint from starting.

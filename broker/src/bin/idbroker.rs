@@ -47,7 +47,8 @@ struct Flags {
     /// Drop a client whose replies cannot be written for this long, milliseconds.
     #[arg(long, default_value_t = broker::WRITE_TIMEOUT.as_millis() as u64)]
     write_timeout_ms: u64,
-    /// Time allowed from connect to a complete Hello, milliseconds.
+    /// Time allowed from connect to a complete Hello (TLS handshake included), and with
+    /// --auth-token-file to a RESP client's AUTH, milliseconds.
     #[arg(long, default_value_t = broker::HANDSHAKE_TIMEOUT.as_millis() as u64)]
     handshake_timeout_ms: u64,
     /// Time allowed for any frame from its first byte (header included) to its last, ms.
@@ -317,10 +318,12 @@ async fn run(mut config: Config) -> anyhow::Result<()> {
         None => None,
     };
     let election = match config.serve {
+        // With a token, heartbeats are signed and only signed ones trusted.
         Serve::Window => Some(
             QuorumElection::connect(&config.quorum)
                 .await
-                .context("connecting to the quorum (election)")?,
+                .context("connecting to the quorum (election)")?
+                .with_token(config.broker.auth_token.as_ref()),
         ),
         Serve::Rounds => None,
     };

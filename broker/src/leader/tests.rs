@@ -72,12 +72,11 @@ impl ElectionQuorum for View {
         self.gate().await;
         if self.cut_off.load(Relaxed) || self.isolated.load(Relaxed) {
             return Refresh {
-                acked: 0,
-                higher: None,
                 failures: vec![idclient::NodeFailure {
                     addr: "fake".into(),
                     reason: "cut off".into(),
                 }],
+                ..Refresh::default()
             };
         }
         let mut cur = lock(&self.nodes.heartbeat);
@@ -85,17 +84,15 @@ impl ElectionQuorum for View {
         if let Some((held, until)) = cur.as_ref() {
             if *until > now && held.term > hb.term {
                 return Refresh {
-                    acked: 0,
                     higher: Some(held.clone()),
-                    failures: Vec::new(),
+                    ..Refresh::default()
                 };
             }
         }
         *cur = Some((hb, now + ttl));
         Refresh {
             acked: 3,
-            higher: None,
-            failures: Vec::new(),
+            ..Refresh::default()
         }
     }
 
@@ -414,11 +411,7 @@ fn bad_timing_is_refused() {
 async fn a_new_broker_waits_out_a_stale_heartbeat_before_standing() {
     let nodes = Arc::new(Nodes::default());
     *lock(&nodes.term) = 3;
-    let stale = Heartbeat {
-        term: 3,
-        seq: 10,
-        addr: "gone:1".into(),
-    };
+    let stale = Heartbeat::new(3, 10, "gone:1");
     *lock(&nodes.heartbeat) = Some((stale, Instant::now() + Duration::from_secs(60)));
     let started = Instant::now();
     let b = Broker::start(&nodes, 0);

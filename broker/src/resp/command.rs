@@ -18,6 +18,9 @@ pub(super) enum Action {
     Quit,
     /// As `Reply`, and the connection is now authenticated (`AUTH`, `HELLO .. AUTH`).
     Unlock(Reply, Option<Proto>),
+    /// A wrong token (`AUTH`, `HELLO .. AUTH`, a token configured): this reply, and the
+    /// connection is one failure closer to being closed.
+    Denied(Reply),
 }
 
 /// What a connection's earlier requests decided.
@@ -32,7 +35,9 @@ pub(super) struct Session {
 
 /// What `args` (a command name, then its arguments) asks for. Names are
 /// case-insensitive. `token` is the broker's `--auth-token-file`: until it is given,
-/// only `AUTH`, `HELLO .. AUTH` and `QUIT` run, as in Redis with `requirepass`.
+/// only `AUTH`, `HELLO .. AUTH` and `QUIT` run, as in Redis with `requirepass`; a
+/// refused request (`NOAUTH`) is no activity of the connection, a wrong token is
+/// [`Action::Denied`].
 pub(super) fn command(
     args: &[Vec<u8>],
     session: &Session,
@@ -63,6 +68,7 @@ pub(super) fn command(
         },
         "HELLO" => match hello(rest, session, token) {
             Ok((reply, proto)) => return Action::Unlock(reply, Some(proto)),
+            Err(reply) if token.is_some() && is_wrongpass(&reply) => return Action::Denied(reply),
             Err(reply) => reply,
         },
         "AUTH" => {
@@ -72,6 +78,7 @@ pub(super) fn command(
                 _ => Some(Reply::err("ERR syntax error")),
             };
             return match denied {
+                Some(reply) if token.is_some() && is_wrongpass(&reply) => Action::Denied(reply),
                 Some(reply) => Action::Reply(reply, None),
                 None => Action::Unlock(Reply::ok(), None),
             };
@@ -200,6 +207,11 @@ fn check(token: Option<&Token>, user: Option<&[u8]>, password: &[u8]) -> Option<
     }
 }
 
+/// A token was given and was wrong (what [`check`] answers then).
+fn is_wrongpass(reply: &Reply) -> bool {
+    matches!(reply, Reply::Error(e) if e.starts_with("WRONGPASS"))
+}
+
 /// `QLIST.NEXT [count]`'s count (1 when absent); the broker checks its range.
 fn parse_count(args: &[Vec<u8>]) -> Result<u64, Reply> {
     match args {
@@ -246,7 +258,7 @@ mod tests {
             ..RESP2
         };
         let err = |a: Action| match a {
-            Action::Reply(Reply::Error(e), None) => e,
+            Action::Reply(Reply::Error(e), None) | Action::Denied(Reply::Error(e)) => e,
             other => panic!("expected an error, got {other:?}"),
         };
         for args in [
@@ -267,7 +279,9 @@ mod tests {
             &["AUTH", "default", "nope"],
             &["AUTH", "bob", "s3cret"],
         ] {
-            let e = err(run_with(wrong, &locked, t));
+            let denied = run_with(wrong, &locked, t);
+            assert!(matches!(denied, Action::Denied(_)), "{denied:?}");
+            let e = err(denied);
             assert!(e.starts_with("WRONGPASS"), "{e}");
             assert!(!e.contains("nope") && !e.contains("s3cret"), "{e}");
         }

@@ -776,11 +776,7 @@ fn a_broken_election_is_caught_and_windows_keep_it_safe() {
 fn the_simulated_heartbeat_behaves_as_the_scripts_do() {
     use idclient::{read_heartbeats, refresh_heartbeat, resign_heartbeat};
     const KEY: &str = "current:leader";
-    let hb = |term, seq| Heartbeat {
-        term,
-        seq,
-        addr: advertise(term as usize),
-    };
+    let hb = |term, seq| Heartbeat::new(term, seq, advertise(term as usize));
     runtime(false).block_on(async {
         let config = SimConfig {
             nodes: 3,

@@ -1,0 +1,448 @@
+//! What a writer to the nodes, a careless `--advertise` and a SIGTERM can do to the
+//! election, end to end: real `idbroker` processes on a real redis quorum, keys written
+//! with the `redis` crate, a sink listener the test owns counting the connections that
+//! reach it, raw pipelining RESP clients (issue #23, findings 6, 7 and 8).
+//!
+//! - A forged heartbeat (a higher term naming the sink) on every node, while the brokers
+//!   share a token: nobody steps down, nothing reaches the sink, IDs keep being served.
+//! - A heartbeat of term u64::MAX for 1.5 s (no token): elections resume once it is
+//!   gone, and the log says what it was; a term register at u64::MAX is reported as
+//!   what it is, with the fix.
+//! - SIGTERM of the leader under pipelined RESP load: every request is answered well
+//!   within its 5 s deadline.
+//! - A leader advertising an address where no broker serves: a few RESP requests on a
+//!   follower cost a bounded number of connections there and get a clear error, logged
+//!   once.
+
+use idclient::broker_client::{fetch_stats_with_token, BrokerClient, BrokerClientConfig};
+use idclient::{IdSource, Token};
+use idproto::wire::BrokerStats;
+use idtools::cluster::LocalQuorum;
+use idtools::failover;
+use idtools::proc::TestBroker;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
+use std::sync::Arc;
+use std::time::Duration;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::net::{TcpListener, TcpStream};
+use tokio::time::Instant;
+
+const SECRET: &str = "hb-s3cret-never-sent-to-a-sink";
+
+/// The heartbeat and term register keys of the default ID register `current`.
+const HEARTBEAT_KEY: &str = "current:leader";
+const TERM_KEY: &str = "current:term";
+
+/// An idbroker on `quorum` (binary and RESP), with `token` if given, election timing
+/// `timeout_ms`/`heartbeat_ms`, and `extra` flags.
+fn broker(
+    quorum: &LocalQuorum,
+    token: Option<&str>,
+    (timeout_ms, heartbeat_ms): (u64, u64),
+    extra: &[&str],
+) -> TestBroker {
+    let (t, h) = (timeout_ms.to_string(), heartbeat_ms.to_string());
+    let timing = ["--election-timeout-ms", &t, "--heartbeat-ms", &h];
+    TestBroker::start(
+        env!("CARGO_BIN_EXE_idbroker"),
+        &quorum.urls_arg(),
+        token,
+        &[&timing[..], extra].concat(),
+    )
+}
+
+/// The default timing of the election tests.
+const FAST: (u64, u64) = (200, 50);
+
+fn quorum() -> LocalQuorum {
+    LocalQuorum::temp(3).expect("start a 3-node redis quorum (is redis-server installed?)")
+}
+
+async fn stats(addr: &str, token: Option<&Token>) -> Option<BrokerStats> {
+    tokio::time::timeout(Duration::from_secs(2), fetch_stats_with_token(addr, token))
+        .await
+        .ok()?
+        .ok()
+}
+
+async fn wait_settled(
+    brokers: &[&TestBroker],
+    token: Option<&Token>,
+    limit: Duration,
+) -> Result<usize, String> {
+    let views: Vec<_> = brokers
+        .iter()
+        .enumerate()
+        .map(|(i, b)| (i, b.addr.as_str()))
+        .collect();
+    failover::wait_settled(&views, token, limit).await
+}
+
+/// Runs `cmd` on every node of `quorum` (the writer with access to the nodes).
+fn on_every_node(quorum: &LocalQuorum, cmd: &redis::Cmd) {
+    tokio::task::block_in_place(|| {
+        for url in quorum.urls() {
+            let mut con = redis::Client::open(url.as_str())
+                .expect("node URL")
+                .get_connection_with_timeout(Duration::from_secs(2))
+                .expect("connect to a node");
+            cmd.query::<redis::Value>(&mut con)
+                .expect("the command on a node");
+        }
+    });
+}
+
+fn set(key: &str, value: &str) -> redis::Cmd {
+    let mut c = redis::cmd("SET");
+    c.arg(key).arg(value);
+    c
+}
+
+/// A listener the test owns that accepts connections, counts them and closes them at
+/// once: its address and the count.
+async fn sink() -> (String, Arc<AtomicUsize>) {
+    let l = TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("bind the sink");
+    let addr = l.local_addr().expect("sink address").to_string();
+    let accepted = Arc::new(AtomicUsize::new(0));
+    let count = accepted.clone();
+    tokio::spawn(async move {
+        while let Ok((s, _)) = l.accept().await {
+            count.fetch_add(1, Relaxed);
+            drop(s);
+        }
+    });
+    (addr, accepted)
+}
+
+/// Reads one RESP reply (`*2` + two bulk strings, or one error line) within `limit`:
+/// `Ok(lines)`, or `Err` if the connection ended or nothing came in time.
+async fn read_reply(
+    s: &mut TcpStream,
+    buf: &mut Vec<u8>,
+    limit: Duration,
+) -> Result<Vec<String>, String> {
+    let end = Instant::now() + limit;
+    loop {
+        let text = String::from_utf8_lossy(buf).into_owned();
+        let lines: Vec<&str> = text.split("\r\n").collect();
+        let complete = lines.len().saturating_sub(1);
+        let need = if text.starts_with('*') { 5 } else { 1 };
+        if complete >= need {
+            let used: usize = lines[..need].iter().map(|l| l.len() + 2).sum();
+            let reply = lines[..need].iter().map(|l| l.to_string()).collect();
+            buf.drain(..used);
+            return Ok(reply);
+        }
+        let mut chunk = [0u8; 4096];
+        match tokio::time::timeout_at(end, s.read(&mut chunk)).await {
+            Err(_) => return Err(format!("no reply within {limit:?}")),
+            Ok(Err(e)) => return Err(format!("read: {e}")),
+            Ok(Ok(0)) => return Err("closed".into()),
+            Ok(Ok(n)) => buf.extend_from_slice(&chunk[..n]),
+        }
+    }
+}
+
+/// `QLIST.NEXT 1` on a fresh RESP connection to `resp` (with `AUTH` first when a token
+/// is given): the reply's lines, or why there was none within `limit`.
+async fn next_on(resp: &str, token: Option<&str>, limit: Duration) -> Result<Vec<String>, String> {
+    let mut s = TcpStream::connect(resp)
+        .await
+        .map_err(|e| format!("connect: {e}"))?;
+    let mut buf = Vec::new();
+    if let Some(t) = token {
+        let auth = format!("*2\r\n$4\r\nAUTH\r\n${}\r\n{t}\r\n", t.len());
+        s.write_all(auth.as_bytes())
+            .await
+            .map_err(|e| e.to_string())?;
+        let ok = read_reply(&mut s, &mut buf, limit).await?;
+        if ok != ["+OK"] {
+            return Err(format!("AUTH: {ok:?}"));
+        }
+    }
+    s.write_all(b"*2\r\n$10\r\nQLIST.NEXT\r\n$1\r\n1\r\n")
+        .await
+        .map_err(|e| e.to_string())?;
+    read_reply(&mut s, &mut buf, limit).await
+}
+
+/// Finding 8: `<key>:leader = "999 SEQ SINK"` written on every node, again and again for
+/// 1.5 s, while two brokers with a token run. Before heartbeats were authenticated both
+/// brokers stepped down and forwarded RESP requests, token in the Hello, to the sink.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_forged_heartbeat_deposes_no_leader_and_draws_no_token() {
+    let q = quorum();
+    let (sink, accepted) = sink().await;
+    // A timeout well above the forger's pace: followers must not stand merely because
+    // the forged value hid the leader's heartbeat for a moment.
+    let timing = (1000, 100);
+    let brokers: Vec<TestBroker> = (0..2)
+        .map(|_| broker(&q, Some(SECRET), timing, &[]))
+        .collect();
+    let token = Token::new(SECRET).expect("token");
+    let refs: Vec<&TestBroker> = brokers.iter().collect();
+    let l = wait_settled(&refs, Some(&token), Duration::from_secs(10))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let (leader, follower) = (&brokers[l], &brokers[1 - l]);
+    let term = stats(&leader.addr, Some(&token))
+        .await
+        .expect("leader stats")
+        .term;
+
+    let mut replies = Vec::new();
+    let end = Instant::now() + Duration::from_millis(1500);
+    let mut seq = 1;
+    while Instant::now() < end {
+        on_every_node(&q, &set(HEARTBEAT_KEY, &format!("999 {seq} {sink}")));
+        seq += 1;
+        for resp in [&follower.resp, &leader.resp] {
+            replies.push(next_on(resp, Some(SECRET), Duration::from_secs(3)).await);
+        }
+        tokio::time::sleep(Duration::from_millis(300)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(500)).await;
+
+    assert_eq!(
+        accepted.load(Relaxed),
+        0,
+        "connections reached the address named by the forged heartbeat"
+    );
+    let l_after = stats(&leader.addr, Some(&token)).await.expect("stats");
+    let f_after = stats(&follower.addr, Some(&token)).await.expect("stats");
+    assert_eq!(
+        (l_after.role.as_str(), l_after.term),
+        ("leader", term),
+        "the leader stepped down"
+    );
+    assert_eq!(
+        (
+            f_after.role.as_str(),
+            f_after.term,
+            f_after.leader.as_deref()
+        ),
+        ("follower", term, Some(leader.addr.as_str())),
+        "the follower followed the forged heartbeat"
+    );
+    let failed: Vec<_> = replies
+        .iter()
+        .filter(|r| !matches!(r.as_deref(), Ok([head, _, _, _, _]) if head == "*2"))
+        .collect();
+    assert!(failed.is_empty(), "requests not served: {failed:?}");
+    let log = leader.stderr() + &follower.stderr();
+    assert!(
+        log.contains("not authenticated by the brokers' token"),
+        "{log}"
+    );
+    assert!(!log.contains(SECRET), "the token is in a log");
+}
+
+/// Finding 8, without a token: a heartbeat of term u64::MAX for 1.5 s (then deleted).
+/// Before, every broker took that term as its own and no election could follow it until
+/// the brokers restarted, the log blaming the term register.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_heartbeat_of_the_largest_term_stops_no_election() {
+    let q = quorum();
+    let brokers: Vec<TestBroker> = (0..2).map(|_| broker(&q, None, FAST, &[])).collect();
+    let refs: Vec<&TestBroker> = brokers.iter().collect();
+    wait_settled(&refs, None, Duration::from_secs(10))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let end = Instant::now() + Duration::from_millis(1500);
+    let mut seq = 1;
+    while Instant::now() < end {
+        let forged = format!("{} {seq} 127.0.0.1:1", u64::MAX);
+        on_every_node(&q, &set(HEARTBEAT_KEY, &forged));
+        seq += 1;
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+    let mut del = redis::cmd("DEL");
+    del.arg(HEARTBEAT_KEY);
+    on_every_node(&q, &del);
+
+    if let Err(e) = wait_settled(&refs, None, Duration::from_secs(10)).await {
+        let log = brokers[0].stderr() + &brokers[1].stderr();
+        panic!("no leader after the forged term was gone: {e}\n{log}");
+    }
+    let client = BrokerClient::connect(
+        brokers.iter().map(|b| b.addr.clone()).collect(),
+        BrokerClientConfig::default(),
+    )
+    .await
+    .expect("connect");
+    client.next_ids(3).await.expect("IDs after the forged term");
+    let log = brokers[0].stderr() + &brokers[1].stderr();
+    assert!(
+        log.contains(&format!(
+            "named term {}, above the highest term of the term register",
+            u64::MAX
+        )),
+        "{log}"
+    );
+    assert!(!log.contains("the largest term"), "{log}");
+}
+
+/// A term register at u64::MAX (written by hand: elections only add one) is reported
+/// as what it is, with the fix, once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_term_register_at_the_largest_term_is_reported_with_the_fix() {
+    let q = quorum();
+    on_every_node(&q, &set(TERM_KEY, &u64::MAX.to_string()));
+    let b = broker(&q, None, FAST, &[]);
+    let want = format!(
+        "the term register {TERM_KEY} holds {} on a majority of the nodes, the largest term; \
+         no election can follow it",
+        u64::MAX
+    );
+    let end = Instant::now() + Duration::from_secs(10);
+    while !b.stderr().contains(&want) {
+        assert!(Instant::now() < end, "not reported: {}", b.stderr());
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // Several more elections fail meanwhile: still said once.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let log = b.stderr();
+    assert_eq!(log.matches(&want).count(), 1, "{log}");
+    assert!(
+        log.contains(&format!("DEL {TERM_KEY} {HEARTBEAT_KEY} on every node")),
+        "{log}"
+    );
+}
+
+/// A raw client pipelining `QLIST.NEXT 1` in batches of 16 on one RESP connection until
+/// `stop` or the connection ends: how long each reply took from its batch's write, and
+/// each reply. A reply that does not come within 10 s, or the connection closing with
+/// requests unanswered, is recorded as such.
+async fn pipeline(
+    resp: String,
+    stop: Arc<AtomicBool>,
+) -> Vec<(Duration, Result<Vec<String>, String>)> {
+    const BATCH: usize = 16;
+    let cmd = b"*2\r\n$10\r\nQLIST.NEXT\r\n$1\r\n1\r\n".repeat(BATCH);
+    let mut s = TcpStream::connect(&resp).await.expect("connect RESP");
+    let mut buf = Vec::new();
+    let mut out = Vec::new();
+    while !stop.load(Relaxed) {
+        let sent = Instant::now();
+        if s.write_all(&cmd).await.is_err() {
+            break;
+        }
+        for _ in 0..BATCH {
+            let reply = read_reply(&mut s, &mut buf, Duration::from_secs(10)).await;
+            let closed = reply.is_err();
+            out.push((sent.elapsed(), reply));
+            if closed {
+                return out;
+            }
+        }
+    }
+    out
+}
+
+/// Finding 7: SIGTERM of the leader while raw clients pipeline against the follower and
+/// the leader itself. Before, the requests the resigning leader had taken waited their
+/// full 5 s deadline for a leader it would never learn ("no leader is known now").
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_resigning_leader_answers_pending_resp_requests_promptly() {
+    let q = quorum();
+    let brokers: Vec<TestBroker> = (0..3).map(|_| broker(&q, None, FAST, &[])).collect();
+    let refs: Vec<&TestBroker> = brokers.iter().collect();
+    let l = wait_settled(&refs, None, Duration::from_secs(10))
+        .await
+        .unwrap_or_else(|e| panic!("{e}"));
+    let stop = Arc::new(AtomicBool::new(false));
+    let on_leader: Vec<_> = (0..2)
+        .map(|_| tokio::spawn(pipeline(brokers[l].resp.clone(), stop.clone())))
+        .collect();
+    let on_follower = tokio::spawn(pipeline(brokers[(l + 1) % 3].resp.clone(), stop.clone()));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    brokers[l].proc.signal(libc::SIGTERM);
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    stop.store(true, Relaxed);
+
+    let mut replies = Vec::new();
+    for p in on_leader {
+        replies.push(("leader", p.await.expect("pipelining client")));
+    }
+    replies.push(("follower", on_follower.await.expect("pipelining client")));
+    for (whose, r) in &replies {
+        let slow: Vec<_> = r
+            .iter()
+            .filter(|(took, _)| *took >= Duration::from_millis(2500))
+            .collect();
+        assert!(
+            slow.is_empty(),
+            "requests on the {whose} answered after 2.5 s (deadline 5 s): {slow:?}"
+        );
+        for (_, reply) in r {
+            match reply.as_deref() {
+                Ok([head, _, _, _, _]) if head == "*2" => {}
+                Ok([line]) if line.starts_with("-ERR ") => {}
+                // The leader's connection ends when it has shut down; only there.
+                Err(e) if *whose == "leader" && e == "closed" => {}
+                other => panic!("on the {whose}: {other:?}"),
+            }
+        }
+    }
+    let served = replies[2].1.iter().filter(|(_, r)| r.is_ok()).count();
+    assert!(served > 0, "nothing served on the follower");
+}
+
+/// Finding 6: the leader advertises an address where no broker serves (a listener the
+/// test owns, which closes every connection). Before, 4 RESP requests on a follower made
+/// ~100 connections there, each request retrying until its deadline.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_misadvertised_leader_costs_a_bounded_number_of_connections() {
+    let q = quorum();
+    let (sink, accepted) = sink().await;
+    let leader = broker(&q, None, FAST, &["--advertise", &sink]);
+    let end = Instant::now() + Duration::from_secs(10);
+    while stats(&leader.addr, None).await.map(|s| s.role) != Some("leader".into()) {
+        assert!(Instant::now() < end, "the first broker did not lead");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let follower = broker(&q, None, FAST, &[]);
+    let end = Instant::now() + Duration::from_secs(10);
+    while stats(&follower.addr, None).await.and_then(|s| s.leader) != Some(sink.clone()) {
+        assert!(
+            Instant::now() < end,
+            "the follower did not learn the leader"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+
+    let before = accepted.load(Relaxed);
+    let started = Instant::now();
+    let mut s = TcpStream::connect(&follower.resp)
+        .await
+        .expect("connect RESP");
+    s.write_all(&b"*2\r\n$10\r\nQLIST.NEXT\r\n$1\r\n1\r\n".repeat(4))
+        .await
+        .expect("write");
+    let mut buf = Vec::new();
+    for _ in 0..4 {
+        let reply = read_reply(&mut s, &mut buf, Duration::from_secs(10))
+            .await
+            .expect("a reply");
+        let line = &reply[0];
+        assert!(
+            line.starts_with("-ERR ") && line.contains(&sink) && line.contains("--advertise"),
+            "unclear error: {reply:?}"
+        );
+    }
+    let took = started.elapsed();
+    let made = accepted.load(Relaxed) - before;
+    assert!(made <= 4, "4 requests made {made} connections to {sink}");
+    assert!(
+        took < Duration::from_millis(2500),
+        "answered after {took:?}"
+    );
+    let log = follower.stderr();
+    assert_eq!(
+        log.matches("cannot forward RESP requests").count(),
+        1,
+        "{log}"
+    );
+}
