@@ -102,7 +102,8 @@ pub async fn bind(addr: &str) -> Result<TcpListener, MetricsError> {
 /// Serves `endpoints` on `listener` forever (abort the task to stop). Each connection
 /// runs in its own task, so a slow one never delays another. A new connection over its
 /// peer's limit or over the connection cap is closed at once. Besides the endpoints'
-/// registry, `/metrics` carries the endpoint's own counters ([`ConnectionCounters`]).
+/// registry, `/metrics` carries the endpoint's own counters
+/// (`qlist_metrics_connections_refused_total`, `..._timed_out_total`).
 pub async fn serve(listener: TcpListener, endpoints: Arc<Endpoints>, limits: Limits) {
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let peers = Arc::new(Peers::new(limits.max_connections_per_peer));
