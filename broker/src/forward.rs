@@ -241,6 +241,18 @@ impl Forwarder {
             let leader = match route(&status, own) {
                 Route::Local => return Forwarded::Local,
                 Route::Forward(leader) => leader,
+                Route::Wait
+                    if status.leader.as_deref() == Some(own)
+                        && self.election.own_address_named() =>
+                {
+                    // No election will change this: answer now, saying what to fix.
+                    return Forwarded::Failed(IdError::Config(format!(
+                        "the leader's heartbeat names this broker's own address {} (its \
+                         --advertise): one of the two brokers has a wrong --advertise, so \
+                         there is no leader to forward to; fix it and restart that broker",
+                        own
+                    )));
+                }
                 Route::Wait => {
                     // A broker that resigned waits for the next leader only so long: it
                     // stands no more, and its shutdown waits for these answers.
@@ -358,6 +370,18 @@ mod tests {
         election.set(Role::Follower, 3, Some("me:1".into()));
         let r = f.next_ids(1, Instant::now() + requested, requested).await;
         assert!(matches!(r, Forwarded::NoLeader), "{r:?}");
+        // Named by a live leader (a wrong --advertise): answered at once, saying so.
+        election.set_own_address_named(true);
+        let start = Instant::now();
+        let r = f.next_ids(1, start + requested, requested).await;
+        let Forwarded::Failed(e) = r else {
+            panic!("expected a failure naming --advertise, got {r:?}");
+        };
+        assert!(
+            e.to_string().contains("me:1") && e.to_string().contains("--advertise"),
+            "{e}"
+        );
+        assert_eq!(start.elapsed(), Duration::ZERO);
     }
 
     #[tokio::test(start_paused = true)]

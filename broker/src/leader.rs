@@ -307,6 +307,10 @@ pub struct Election {
     advertise: String,
     /// Every change of `status`, for whoever waits for a leader (RESP forwarding).
     changes: watch::Sender<Status>,
+    /// A live leader's heartbeat (one that changed since this broker started) names this
+    /// broker's own address while it does not lead: a wrong `--advertise` on one of the
+    /// two. RESP requests are then answered at once, not left to wait for a leader.
+    own_address_named: AtomicBool,
     /// Set when this broker resigned ([`LeaderSource::resign`]): until then, RESP
     /// requests it forwards wait for the next leader; after it, they are answered.
     handoff_until: Mutex<Option<Instant>>,
@@ -326,6 +330,7 @@ impl Election {
             elections: AtomicU64::new(0),
             advertise,
             changes: watch::channel(status).0,
+            own_address_named: AtomicBool::new(false),
             handoff_until: Mutex::new(None),
         }
     }
@@ -339,6 +344,17 @@ impl Election {
     /// This broker's advertised address.
     pub fn advertise(&self) -> &str {
         &self.advertise
+    }
+
+    /// Whether a live leader's heartbeat names this broker's own address while it does
+    /// not lead (a wrong `--advertise` on one of the two).
+    pub fn own_address_named(&self) -> bool {
+        self.own_address_named.load(Relaxed)
+    }
+
+    #[cfg(test)]
+    pub(crate) fn set_own_address_named(&self, named: bool) {
+        self.own_address_named.store(named, Relaxed);
     }
 
     /// Sees every later change of [`Election::status`] (the current one is marked seen).
@@ -587,9 +603,13 @@ impl<E: ElectionQuorum> Machine<E> {
                 // been superseded (it steps down once it sees the newer term).
                 if let Some(hb) = newest.filter(|hb| hb.term >= self.term) {
                     if self.newest.is_none_or(|n| hb.key() > n) {
-                        if hb.addr == self.config.advertise && self.newest.is_some() {
+                        // The first heartbeat seen may be this broker's own from before a
+                        // restart; one that changes is a live leader's.
+                        let own = hb.addr == self.config.advertise && self.newest.is_some();
+                        if own {
                             self.note_own_address(&hb);
                         }
+                        self.shared.own_address_named.store(own, Relaxed);
                         self.newest = Some(hb.key());
                         self.changed = Instant::now();
                         self.timeout = self.draw_timeout();

@@ -446,3 +446,65 @@ async fn a_misadvertised_leader_costs_a_bounded_number_of_connections() {
         "{log}"
     );
 }
+
+/// Finding 6, the other half: the live leader's heartbeat names the follower's own
+/// address (both were given the same `--advertise`). The follower cannot forward to
+/// itself and no election will change that: its RESP requests are answered at once with
+/// an error saying so (before, each waited out its 5 s deadline), and it logs it once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_follower_named_by_the_live_leader_answers_at_once() {
+    let q = quorum();
+    let (shared, _accepted) = sink().await;
+    let leader = broker(&q, None, FAST, &["--advertise", &shared]);
+    let end = Instant::now() + Duration::from_secs(10);
+    while stats(&leader.addr, None).await.map(|s| s.role) != Some("leader".into()) {
+        assert!(Instant::now() < end, "the first broker did not lead");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let follower = broker(&q, None, FAST, &["--advertise", &shared]);
+    let end = Instant::now() + Duration::from_secs(10);
+    loop {
+        let s = stats(&follower.addr, None).await;
+        if s.as_ref()
+            .is_some_and(|s| s.role == "follower" && s.leader.as_deref() == Some(&shared))
+        {
+            break;
+        }
+        assert!(Instant::now() < end, "the follower did not follow: {s:?}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    // A few heartbeats: the follower has seen the leader's change (it is live).
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let started = Instant::now();
+    let mut s = TcpStream::connect(&follower.resp)
+        .await
+        .expect("connect RESP");
+    s.write_all(&b"*2\r\n$10\r\nQLIST.NEXT\r\n$1\r\n1\r\n".repeat(3))
+        .await
+        .expect("write");
+    let mut buf = Vec::new();
+    for _ in 0..3 {
+        let reply = read_reply(&mut s, &mut buf, Duration::from_secs(10))
+            .await
+            .expect("a reply");
+        let line = &reply[0];
+        assert!(
+            line.starts_with("-ERR ") && line.contains("own address") && line.contains(&shared),
+            "unclear error: {reply:?}"
+        );
+    }
+    let took = started.elapsed();
+    assert!(
+        took < Duration::from_millis(2500),
+        "answered after {took:?}"
+    );
+    let log = follower.stderr();
+    assert_eq!(
+        log.matches("clients redirected to the leader reach this follower instead")
+            .count(),
+        1,
+        "{log}"
+    );
+    drop(leader);
+}
