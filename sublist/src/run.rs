@@ -714,60 +714,50 @@ impl SeqCheck {
     }
 }
 
-/// Writes a run into any [`Write`]: blocks as records arrive, then index, shard table and
-/// footer on [`RunWriter::finish`]. Deterministic: the same records, specs and part give
-/// the same bytes. Where the bytes go, and making them appear atomically, is the caller's
-/// (a temporary file renamed into place, or an S3 multipart upload).
-pub struct RunWriter<W: Write> {
-    out: W,
+/// The rules every writer of a list keeps, record by record, whatever the format (a run
+/// here, Parquet in the merger): IDs strictly increase and lie in the part's range, a
+/// payload is at most [`crate::MAX_PAYLOAD`], each shard is one of the expected ones
+/// and its seqs follow on ([`SeqCheck`]); and, at the end, a whole list holds every item
+/// of each of its shards.
+#[derive(Debug, Clone)]
+pub struct WriteCheck {
     part: Part,
     seqs: SeqCheck,
-    block: Vec<u8>,
-    block_records: u32,
-    block_first: u64,
     last_id: Option<u64>,
-    offset: u64,
-    index: Vec<BlockEntry>,
     records: u64,
 }
 
-impl<W: Write> RunWriter<W> {
-    /// Starts a run holding records of the shards in `specs` with IDs in `part`'s range.
-    ///
-    /// # Errors
-    /// Writing the header.
-    pub fn new(mut out: W, specs: Vec<ShardSpec>, part: Part) -> Result<RunWriter<W>, RunError> {
-        out.write_all(&MAGIC)?;
-        Ok(RunWriter {
-            out,
+impl WriteCheck {
+    /// Expects records of the shards in `specs` with IDs in `part`'s range.
+    pub fn new(specs: Vec<ShardSpec>, part: Part) -> WriteCheck {
+        WriteCheck {
             part,
             seqs: SeqCheck::new(specs),
-            block: Vec::with_capacity(BLOCK_TARGET + RECORD_HEAD_LEN + 4096),
-            block_records: 0,
-            block_first: 0,
             last_id: None,
-            offset: HEADER_LEN,
-            index: Vec::new(),
             records: 0,
-        })
+        }
     }
 
-    /// Records written so far.
+    /// The part this list holds.
+    pub fn part(&self) -> Part {
+        self.part
+    }
+
+    /// The last ID accepted, if any.
+    pub fn last_id(&self) -> Option<u64> {
+        self.last_id
+    }
+
+    /// Records accepted so far.
     pub fn records(&self) -> u64 {
         self.records
     }
 
-    /// Bytes written so far (what is buffered in the open block included).
-    pub fn bytes(&self) -> u64 {
-        self.offset + self.block.len() as u64
-    }
-
-    /// Appends one record: its ID must be above the last one and inside the part's
-    /// range, its shard one of the specs', its seq the next of its shard.
+    /// Accepts `r` if it keeps the rules.
     ///
     /// # Errors
-    /// [`RunError::Write`] for a record that breaks those rules, [`RunError::Io`].
-    pub fn write(&mut self, r: &Record) -> Result<(), RunError> {
+    /// [`RunError::Write`] saying which rule it breaks.
+    pub fn record(&mut self, r: &Record) -> Result<(), RunError> {
         let refuse = |what: String| RunError::Write {
             id: r.id,
             shard: r.shard,
@@ -792,56 +782,18 @@ impl<W: Write> RunWriter<W> {
             )));
         }
         self.seqs.see(r.shard, r.seq).map_err(refuse)?;
-        if self.block_records == 0 {
-            self.block_first = r.id;
-        }
-        self.block.extend_from_slice(&encode_record_head(r));
-        self.block.extend_from_slice(&r.payload);
-        self.block_records += 1;
         self.last_id = Some(r.id);
         self.records += 1;
-        if self.block.len() >= BLOCK_TARGET {
-            self.flush_block()?;
-        }
         Ok(())
     }
 
-    fn flush_block(&mut self) -> Result<(), RunError> {
-        if self.block_records == 0 {
-            return Ok(());
-        }
-        let crc = crc32fast::hash(&self.block);
-        self.block.extend_from_slice(&crc.to_le_bytes());
-        self.out.write_all(&self.block)?;
-        // A block holds at most BLOCK_TARGET bytes plus one record of at most MAX_PAYLOAD:
-        // far below u32::MAX.
-        let len = self.block.len() as u32;
-        debug_assert_eq!(len as usize, self.block.len());
-        self.index.push(BlockEntry {
-            first_id: self.block_first,
-            last_id: self.last_id.unwrap_or(self.block_first),
-            offset: self.offset,
-            records: self.block_records,
-            len,
-        });
-        self.offset += u64::from(len);
-        self.block.clear();
-        self.block_records = 0;
-        Ok(())
-    }
-
-    /// Appends the blocks of another run, `meta` its metadata and `blocks` the bytes of its
-    /// blocks (`HEADER_LEN..meta.footer.index_offset` of its file), as they are: its records
-    /// must all lie above this run's and in its part's range, its shards among this run's
-    /// and its seqs follow on. How `merger --jobs` joins the ranges it merged in parallel.
+    /// Accepts a whole run at once (its records were checked when it was written): its
+    /// IDs must lie above the last accepted and in the part's range, its shards among the
+    /// expected and its seqs follow on. An empty run is accepted as it is.
     ///
     /// # Errors
-    /// [`RunError::Write`] if the appended run breaks those rules, [`RunError::Io`].
-    pub fn append_run(
-        &mut self,
-        meta: &RunMeta,
-        blocks: &mut impl io::Read,
-    ) -> Result<(), RunError> {
+    /// [`RunError::Write`] saying which rule it breaks.
+    pub fn run(&mut self, meta: &RunMeta) -> Result<(), RunError> {
         let (Some(first), Some(last)) = (meta.blocks.first(), meta.blocks.last()) else {
             return Ok(());
         };
@@ -865,7 +817,134 @@ impl<W: Write> RunWriter<W> {
                 .see_span(s.shard, s.first_seq, s.count)
                 .map_err(refuse)?;
         }
+        self.last_id = Some(last.last_id);
+        self.records += meta.records();
+        Ok(())
+    }
+
+    /// The shard table of what was accepted, every expected shard in shard order.
+    ///
+    /// # Errors
+    /// [`RunError::Incomplete`] when a whole list (not a part) lacks items of a shard.
+    pub fn finish(&self) -> Result<Vec<ShardEntry>, RunError> {
+        let shards = self.seqs.table();
+        if self.part.is_whole() {
+            if let Some(s) = shards.iter().find(|s| !holds_all(s)) {
+                return Err(RunError::Incomplete {
+                    shard: s.shard,
+                    first_seq: s.first_seq,
+                    count: s.count,
+                    total: s.total,
+                });
+            }
+        }
+        Ok(shards)
+    }
+}
+
+/// Writes a run into any [`Write`]: blocks as records arrive, then index, shard table and
+/// footer on [`RunWriter::finish`]. Deterministic: the same records, specs and part give
+/// the same bytes. Where the bytes go, and making them appear atomically, is the caller's
+/// (a temporary file renamed into place, or an S3 multipart upload).
+pub struct RunWriter<W: Write> {
+    out: W,
+    check: WriteCheck,
+    block: Vec<u8>,
+    block_records: u32,
+    block_first: u64,
+    offset: u64,
+    index: Vec<BlockEntry>,
+}
+
+impl<W: Write> RunWriter<W> {
+    /// Starts a run holding records of the shards in `specs` with IDs in `part`'s range.
+    ///
+    /// # Errors
+    /// Writing the header.
+    pub fn new(mut out: W, specs: Vec<ShardSpec>, part: Part) -> Result<RunWriter<W>, RunError> {
+        out.write_all(&MAGIC)?;
+        Ok(RunWriter {
+            out,
+            check: WriteCheck::new(specs, part),
+            block: Vec::with_capacity(BLOCK_TARGET + RECORD_HEAD_LEN + 4096),
+            block_records: 0,
+            block_first: 0,
+            offset: HEADER_LEN,
+            index: Vec::new(),
+        })
+    }
+
+    /// Records written so far.
+    pub fn records(&self) -> u64 {
+        self.check.records()
+    }
+
+    /// Bytes written so far (what is buffered in the open block included).
+    pub fn bytes(&self) -> u64 {
+        self.offset + self.block.len() as u64
+    }
+
+    /// Appends one record: its ID must be above the last one and inside the part's
+    /// range, its shard one of the specs', its seq the next of its shard.
+    ///
+    /// # Errors
+    /// [`RunError::Write`] for a record that breaks those rules, [`RunError::Io`].
+    pub fn write(&mut self, r: &Record) -> Result<(), RunError> {
+        self.check.record(r)?;
+        if self.block_records == 0 {
+            self.block_first = r.id;
+        }
+        self.block.extend_from_slice(&encode_record_head(r));
+        self.block.extend_from_slice(&r.payload);
+        self.block_records += 1;
+        if self.block.len() >= BLOCK_TARGET {
+            self.flush_block()?;
+        }
+        Ok(())
+    }
+
+    fn flush_block(&mut self) -> Result<(), RunError> {
+        if self.block_records == 0 {
+            return Ok(());
+        }
+        let crc = crc32fast::hash(&self.block);
+        self.block.extend_from_slice(&crc.to_le_bytes());
+        self.out.write_all(&self.block)?;
+        // A block holds at most BLOCK_TARGET bytes plus one record of at most MAX_PAYLOAD:
+        // far below u32::MAX.
+        let len = self.block.len() as u32;
+        debug_assert_eq!(len as usize, self.block.len());
+        self.index.push(BlockEntry {
+            first_id: self.block_first,
+            last_id: self.check.last_id().unwrap_or(self.block_first),
+            offset: self.offset,
+            records: self.block_records,
+            len,
+        });
+        self.offset += u64::from(len);
+        self.block.clear();
+        self.block_records = 0;
+        Ok(())
+    }
+
+    /// Appends the blocks of another run, `meta` its metadata and `blocks` the bytes of its
+    /// blocks (`HEADER_LEN..meta.footer.index_offset` of its file), as they are: its records
+    /// must all lie above this run's and in its part's range, its shards among this run's
+    /// and its seqs follow on. How `merger --jobs` joins the ranges it merged in parallel.
+    ///
+    /// # Errors
+    /// [`RunError::Write`] if the appended run breaks those rules, [`RunError::Io`].
+    pub fn append_run(
+        &mut self,
+        meta: &RunMeta,
+        blocks: &mut impl io::Read,
+    ) -> Result<(), RunError> {
+        if meta.blocks.is_empty() {
+            return Ok(());
+        }
+        // Before the check moves last_id: the open block's entry needs the old one.
         self.flush_block()?;
+        self.check.run(meta)?;
         let len = meta.footer.index_offset - HEADER_LEN;
         let copied = io::copy(&mut io::Read::take(&mut *blocks, len), &mut self.out)?;
         if copied != len {
@@ -880,8 +959,6 @@ impl<W: Write> RunWriter<W> {
             ..*b
         }));
         self.offset += len;
-        self.records += meta.records();
-        self.last_id = Some(last.last_id);
         Ok(())
     }
 
@@ -892,17 +969,7 @@ impl<W: Write> RunWriter<W> {
     /// [`RunError::Io`].
     pub fn finish(mut self) -> Result<(W, RunMeta), RunError> {
         self.flush_block()?;
-        let shards = self.seqs.table();
-        if self.part.is_whole() {
-            if let Some(s) = shards.iter().find(|s| !holds_all(s)) {
-                return Err(RunError::Incomplete {
-                    shard: s.shard,
-                    first_seq: s.first_seq,
-                    count: s.count,
-                    total: s.total,
-                });
-            }
-        }
+        let shards = self.check.finish()?;
         let mut meta = Vec::with_capacity(
             self.index.len() * INDEX_ENTRY_LEN as usize + shards.len() * SHARD_ENTRY_LEN as usize,
         );
@@ -925,8 +992,8 @@ impl<W: Write> RunWriter<W> {
             index_offset: self.offset,
             blocks: self.index.len() as u64,
             shards: shards.len() as u64,
-            records: self.records,
-            part: self.part,
+            records: self.check.records(),
+            part: self.check.part(),
             flags: 0,
             meta_crc: 0,
         };
