@@ -388,7 +388,7 @@ fn kmerge_once(out: &Path, paths: &[PathBuf]) -> u64 {
     let mut progress = 0u64;
     for record in kmerge::kmerge_library(sources) {
         writer.write(&record.expect("merge")).expect("write");
-        if writer.records() % merger::PROGRESS_EVERY == 0 {
+        if writer.records().is_multiple_of(merger::PROGRESS_EVERY) {
             progress = std::hint::black_box(writer.records());
         }
     }

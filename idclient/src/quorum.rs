@@ -420,7 +420,7 @@ pub struct QuorumClient<N: Register = Node> {
 }
 
 fn check_shape(count: usize, key: &str) -> Result<(), IdError> {
-    if count == 0 || count % 2 == 0 {
+    if count == 0 || count.is_multiple_of(2) {
         return Err(IdError::Config(format!(
             "the node count must be odd (3, 5, 7, ...), got {count}: an even count adds a node without tolerating one more failure"
         )));

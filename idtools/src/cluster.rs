@@ -702,7 +702,7 @@ impl Drop for LocalQuorum {
 }
 
 fn check_node_count(nodes: usize) -> Result<(), ClusterError> {
-    if nodes < 3 || nodes % 2 == 0 {
+    if nodes < 3 || nodes.is_multiple_of(2) {
         return Err(ClusterError::BadNodeCount(nodes));
     }
     Ok(())

@@ -1,15 +1,16 @@
 //! A merge's inputs, any mix of RocksDB sublists and runs: opening them, the checks that
-//! span them (disjoint shards, `--expect-shards`), and the merge itself into a run.
+//! span them (disjoint shards, `--expect-shards`), and the merge itself into a list
+//! ([`ListSink`]: a run or Parquet).
 
 use std::collections::BTreeMap;
-use std::io::Write;
 use std::path::PathBuf;
 
 use qstore::{Location, Store};
-use sublist::run::{Part, RunMeta, RunWriter, ShardSpec};
+use sublist::run::{Part, RunMeta, ShardSpec};
 use sublist::Record;
 
 use crate::runs::{open_run, RunInput};
+use crate::sink::ListSink;
 use crate::{open_shards, MergeError, OpenShard, Source, PROGRESS_EVERY};
 
 /// One input as named on the command line.
@@ -238,44 +239,34 @@ pub(crate) fn run_sources(runs: &[RunInput], part: Part) -> Vec<Source<Records<'
         .collect()
 }
 
-/// Merges the inputs' records of `part` into a run written to `sink`.
-/// `progress(records, bytes)` is called every [`PROGRESS_EVERY`] records and at the end.
+/// Merges the inputs' records of `part` into `writer` (a run or a Parquet list, which
+/// the caller made for `part` and finishes). `progress(records, bytes)` is called every
+/// [`PROGRESS_EVERY`] records and at the end.
 ///
 /// # Errors
 /// Every [`MergeError`] of the merge (duplicates, order, shards, reading) and of the
-/// writer ([`MergeError::Run`] named `out`: a seq gap, an incomplete shard, a write error).
-pub fn merge_inputs<W: Write>(
+/// writer (a seq gap, a record outside the part, a write error).
+pub fn merge_inputs(
     inputs: &Inputs,
     part: Part,
-    sink: W,
-    out: &str,
+    writer: &mut dyn ListSink,
     progress: &mut dyn FnMut(u64, u64),
-) -> Result<(W, RunMeta), MergeError> {
-    let run_err = |error| MergeError::Run {
-        name: out.to_string(),
-        error,
-    };
-    let mut writer = RunWriter::new(sink, inputs.shard_specs(), part).map_err(run_err)?;
-    write_merged(&mut writer, sources(inputs, part)?, out, progress)?;
-    let (sink, meta) = writer.finish().map_err(run_err)?;
-    progress(meta.records(), meta.file_len);
-    Ok((sink, meta))
+) -> Result<(), MergeError> {
+    write_merged(writer, sources(inputs, part)?, progress)?;
+    progress(writer.records(), writer.bytes());
+    Ok(())
 }
 
 /// Merges `sources` into `writer`, calling `progress(records, bytes)` every
-/// [`PROGRESS_EVERY`] records; writer errors are named `out`.
-pub(crate) fn write_merged<W: Write>(
-    writer: &mut RunWriter<W>,
+/// [`PROGRESS_EVERY`] records.
+pub(crate) fn write_merged(
+    writer: &mut dyn ListSink,
     sources: Vec<Source<Records<'_>>>,
-    out: &str,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<(), MergeError> {
     for record in crate::merge(sources) {
-        writer.write(&record?).map_err(|error| MergeError::Run {
-            name: out.to_string(),
-            error,
-        })?;
-        if writer.records() % PROGRESS_EVERY == 0 {
+        writer.write(&record?)?;
+        if writer.records().is_multiple_of(PROGRESS_EVERY) {
             progress(writer.records(), writer.bytes());
         }
     }

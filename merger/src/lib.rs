@@ -11,10 +11,13 @@
 //!
 //! The `merger` binary wraps these (`merger --out`, `merger verify`, `merger cat`).
 
+pub mod convert;
 mod inputs;
 mod jobs;
 mod kway;
+pub mod parquet_list;
 pub mod runs;
+pub mod sink;
 pub mod split;
 pub mod verify;
 
@@ -177,6 +180,13 @@ pub enum MergeError {
     /// Writing list.bin failed.
     #[error(transparent)]
     List(#[from] ListError),
+    /// Encoding or writing a Parquet list failed.
+    #[error("writing {out} as Parquet: {error}")]
+    Parquet {
+        out: String,
+        /// In the message, not a `#[source]`: `{:#}` would print it twice.
+        error: parquet::errors::ParquetError,
+    },
 }
 
 /// "is shard 3" or "holds shards 0, 1, 2".

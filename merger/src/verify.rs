@@ -83,7 +83,7 @@ pub fn verify_lists(store: &Store, files: &[Location]) -> Result<ListSummary, Me
 
 /// The parts are 0..K of one split, in order, with ranges that tile the ID space and
 /// the same shard table (shards, totals).
-fn check_parts(runs: &[RunInput]) -> Result<(), MergeError> {
+pub(crate) fn check_parts(runs: &[RunInput]) -> Result<(), MergeError> {
     let Some(first) = runs.first() else {
         return Ok(());
     };

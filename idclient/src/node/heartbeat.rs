@@ -232,7 +232,7 @@ impl HeartbeatAuth {
 
 /// The bytes of a hex string; `None` if it is not one.
 fn unhex(s: &str) -> Option<Vec<u8>> {
-    if s.len() % 2 != 0 {
+    if !s.len().is_multiple_of(2) {
         return None;
     }
     (0..s.len())

@@ -2,6 +2,8 @@
 //!
 //! ```text
 //! merger --out OUT (--data-dir DIR | --runs SRC | INPUT...) [--expect-shards N] [--part I/K] [--jobs J]
+//!        [--format auto|bin|parquet] [--compression none|snappy] [--row-group-rows N]
+//! merger convert FILE... --out OUT.parquet
 //! merger verify FILE...
 //! merger cat FILE... [--json]
 //! ```
@@ -13,11 +15,13 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
+use merger::parquet_list::{Codec, ParquetOptions, ParquetWriter, DEFAULT_ROW_GROUP_ROWS};
+use merger::sink::{ListSink, RunSink};
 use merger::{InputSpec, MergeError};
 use qcli::Cause;
 use qstore::{Location, Store, StoreError, StoreOptions};
 use sublist::listbin::{verify, ListError, ListReader};
-use sublist::run::{Part, RunError};
+use sublist::run::{Part, RunError, RunWriter, ShardSpec};
 
 /// Test hook for crash tests: after this many records the merge stops making progress
 /// (it sleeps with its temporary file open) so a test can kill it mid-merge
@@ -35,8 +39,9 @@ const LOG_EVERY: Duration = Duration::from_secs(5);
     long_about = "Merge qlist sublists and runs into one list ordered by ID; verify or print a list.\n\n\
         Inputs are any mix of RocksDB sublists (a producer's DIR/shard-<n>), runs (sealed \
         sublists or merged lists: list.bin version 2 files) and --runs SRC (every *.bin run \
-        in a directory or under an S3 prefix). The output is a run too, so merges compose. \
-        SRC, INPUT and --out may be s3://bucket/prefix URLs; the S3 endpoint and credentials \
+        in a directory or under an S3 prefix). The output is a run too, so merges compose, \
+        or (--out *.parquet) a Parquet file sorted by id that DuckDB, pandas/pyarrow, Polars \
+        and Spark read directly. SRC, INPUT and --out may be s3://bucket/prefix URLs; the S3 endpoint and credentials \
         come from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION, \
         AWS_ENDPOINT_URL and AWS_ALLOW_HTTP=true (plain-http endpoints), never shown.",
     args_conflicts_with_subcommands = true,
@@ -83,6 +88,34 @@ struct MergeArgs {
     /// retries with backoff included, before the merge fails naming the object.
     #[arg(long, value_name = "SECS", default_value_t = 60)]
     store_deadline_secs: u64,
+    /// Output format: bin (list.bin, a run: it can be merged again, verified, printed) or
+    /// parquet (for DuckDB, pandas/pyarrow, Polars, Spark; docs/list-format.md); auto:
+    /// parquet when OUT ends in .parquet, else bin.
+    #[arg(long, value_name = "FORMAT", default_value = "auto", value_parser = ["auto", "bin", "parquet"])]
+    format: String,
+    #[command(flatten)]
+    parquet: ParquetArgs,
+}
+
+/// How a Parquet output is written.
+#[derive(Args, Clone, Copy)]
+struct ParquetArgs {
+    /// Parquet: compression of the column chunks, none or snappy (BENCHMARKS.md, "Parquet").
+    #[arg(long, value_name = "CODEC", default_value = "none")]
+    compression: Codec,
+    /// Parquet: rows per row group at most (a row group also ends at 64 MiB of payloads).
+    /// Smaller groups let an ID-range query skip more of the file.
+    #[arg(long, value_name = "N", default_value_t = DEFAULT_ROW_GROUP_ROWS as u64, value_parser = clap::value_parser!(u64).range(1..=1 << 24))]
+    row_group_rows: u64,
+}
+
+impl ParquetArgs {
+    fn options(self) -> ParquetOptions {
+        ParquetOptions {
+            codec: self.compression,
+            row_group_rows: usize::try_from(self.row_group_rows).unwrap_or(DEFAULT_ROW_GROUP_ROWS),
+        }
+    }
 }
 
 /// `I/K` with `I < K`.
@@ -107,6 +140,18 @@ const MAX_PARTS: u32 = 1 << 16;
 
 #[derive(Subcommand)]
 enum Command {
+    /// Write a list already merged as Parquet: a list.bin, a sealed run, one part, or the
+    /// K parts of a split in order (one file). The same checks as a merge.
+    Convert {
+        /// The list (a list.bin version 2 run), or parts in order; s3:// too.
+        #[arg(required = true)]
+        files: Vec<String>,
+        /// The Parquet file to write (atomically: complete, or nothing); s3:// too.
+        #[arg(long, required = true, value_name = "OUT")]
+        out: String,
+        #[command(flatten)]
+        parquet: ParquetArgs,
+    },
     /// Check a list: format, checksums, strict ID order, every shard's seqs. Given the K
     /// parts of a split merge in order, checks them as one list.
     Verify {
@@ -126,9 +171,19 @@ enum Command {
     },
 }
 
+/// What an output is written as.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Format {
+    /// list.bin version 2: a run.
+    Bin,
+    /// Parquet.
+    Parquet(ParquetOptions),
+}
+
 /// What `merger --out` was asked to do.
 struct MergeConfig {
     out: Location,
+    format: Format,
     data_dir: Option<PathBuf>,
     runs: Vec<Location>,
     inputs: Vec<String>,
@@ -145,6 +200,15 @@ fn main() -> ExitCode {
     let cli: Cli = qcli::parse(|cmd| cmd);
     match cli.command {
         Some(Command::Verify { files }) => qcli::exit("merger", run_verify(&files), read_cause),
+        Some(Command::Convert {
+            files,
+            out,
+            parquet,
+        }) => qcli::exit(
+            "merger",
+            run_convert(&files, &out, parquet.options()),
+            merge_cause,
+        ),
         Some(Command::Cat { files, json }) => {
             qcli::exit("merger", run_cat(&files, json), read_cause)
         }
@@ -173,7 +237,9 @@ fn merge_cause(e: &(dyn std::error::Error + 'static)) -> Option<Cause> {
     Some(match e.downcast_ref::<MergeError>()? {
         MergeError::BadOut { .. } => Cause::Usage,
         MergeError::Store(StoreError::BadLocation { .. }) => Cause::Usage,
-        MergeError::List(_) | MergeError::Output { .. } => Cause::Output,
+        MergeError::List(_) | MergeError::Output { .. } | MergeError::Parquet { .. } => {
+            Cause::Output
+        }
         MergeError::Run {
             error: RunError::Io(_),
             ..
@@ -185,6 +251,11 @@ fn merge_cause(e: &(dyn std::error::Error + 'static)) -> Option<Cause> {
 fn config(args: MergeArgs) -> anyhow::Result<MergeConfig> {
     let Some(out) = args.out else {
         return Err(qcli::usage("--out OUT is required"));
+    };
+    let format = match args.format.as_str() {
+        "parquet" => Format::Parquet(args.parquet.options()),
+        "auto" if out.ends_with(".parquet") => Format::Parquet(args.parquet.options()),
+        _ => Format::Bin,
     };
     let out = Location::parse(&out).map_err(|e| qcli::usage(format!("--out: {e}")))?;
     let runs = args
@@ -204,6 +275,7 @@ fn config(args: MergeArgs) -> anyhow::Result<MergeConfig> {
     };
     Ok(MergeConfig {
         out,
+        format,
         data_dir: args.data_dir,
         runs,
         inputs: args.inputs,
@@ -312,30 +384,50 @@ fn run_merge(cfg: &MergeConfig) -> anyhow::Result<()> {
     let mut progress = Progress::new(0, cfg.stall_after);
     let result = open_and_merge(cfg, &store, &specs, &mut progress);
     progress.finish();
-    let (meta, bytes, part) = result.map_err(|e| {
+    let written = result.map_err(|e| {
         anyhow::Error::new(e).context(format!(
             "merge into {} failed; nothing written there",
             cfg.out
         ))
     })?;
-    let secs = progress.start.elapsed().as_secs_f64();
-    let mb = bytes as f64 / 1e6;
-    let what = if part.is_whole() {
-        String::new()
-    } else {
-        format!(" ({part}, ids {}..={})", part.first_id, part.last_id)
-    };
-    println!(
-        "merged {} items from {} shards into {}{what}: {:.1} MB in {:.2}s ({:.1} MB/s, {:.0} items/s)",
-        meta.records(),
-        meta.shards.len(),
-        cfg.out,
-        mb,
-        secs,
-        mb / secs.max(1e-9),
-        meta.records() as f64 / secs.max(1e-9),
-    );
+    written.print("merged", &cfg.out, progress.start);
     Ok(())
+}
+
+/// What a merge or a conversion wrote.
+struct Written {
+    records: u64,
+    shards: usize,
+    bytes: u64,
+    part: Part,
+    /// Parquet: row groups.
+    row_groups: Option<u64>,
+}
+
+impl Written {
+    fn print(&self, verb: &str, out: &Location, start: Instant) {
+        let secs = start.elapsed().as_secs_f64();
+        let mb = self.bytes as f64 / 1e6;
+        let mut what = String::new();
+        if !self.part.is_whole() {
+            what = format!(
+                " ({}, ids {}..={})",
+                self.part, self.part.first_id, self.part.last_id
+            );
+        }
+        if let Some(groups) = self.row_groups {
+            what.push_str(&format!(" as Parquet ({groups} row groups)"));
+        }
+        println!(
+            "{verb} {} items from {} shards into {out}{what}: {:.1} MB in {:.2}s ({:.1} MB/s, {:.0} items/s)",
+            self.records,
+            self.shards,
+            mb,
+            secs,
+            mb / secs.max(1e-9),
+            self.records as f64 / secs.max(1e-9),
+        );
+    }
 }
 
 /// Opens the inputs, checks them, and merges them (the part asked for, if any).
@@ -344,7 +436,7 @@ fn open_and_merge(
     store: &Store,
     specs: &[InputSpec],
     progress: &mut Progress,
-) -> Result<(sublist::run::RunMeta, u64, Part), MergeError> {
+) -> Result<Written, MergeError> {
     let inputs = merger::open_inputs(store, specs, cfg.allow_unfinished)?;
     if let Some(n) = cfg.expect_shards {
         inputs.check_expected(n)?;
@@ -356,39 +448,143 @@ fn open_and_merge(
     let total = if part.is_whole() { inputs.records() } else { 0 };
     tracing::info!(inputs = specs.len(), items = total, out = %cfg.out, %part, jobs = cfg.jobs, "merging");
     progress.set_total(total);
-    let (meta, bytes) = write_merge(cfg, store, &inputs, part, progress)?;
-    Ok((meta, bytes, part))
+    let mut report = |records, bytes| progress.update(records, bytes);
+    write_list(
+        store,
+        &cfg.out,
+        cfg.format,
+        inputs.shard_specs(),
+        part,
+        &mut |writer| {
+            if cfg.jobs > 1 {
+                let tmp = match &cfg.out {
+                    Location::Dir(p) => p
+                        .parent()
+                        .filter(|d| !d.as_os_str().is_empty())
+                        .map_or_else(|| PathBuf::from("."), PathBuf::from),
+                    Location::S3 { .. } => std::env::temp_dir(),
+                };
+                let out = cfg.out.to_string();
+                merger::merge_jobs(&inputs, cfg.jobs, &tmp, writer, &out, &mut report)
+            } else {
+                merger::merge_inputs(&inputs, part, writer, &mut report)
+            }
+        },
+    )
 }
 
-/// The merge into an atomic upload of `--out`: complete, or nothing under that name.
-fn write_merge(
-    cfg: &MergeConfig,
+/// Writes a list of `specs`' shards and `part` into an atomic upload of `out`, in
+/// `format`, the records coming from `fill`: complete, or nothing under that name.
+fn write_list(
     store: &Store,
-    inputs: &merger::Inputs,
+    out: &Location,
+    format: Format,
+    specs: Vec<ShardSpec>,
     part: Part,
-    progress: &mut Progress,
-) -> Result<(sublist::run::RunMeta, u64), MergeError> {
-    let out = cfg.out.to_string();
+    fill: &mut dyn FnMut(&mut dyn ListSink) -> Result<(), MergeError>,
+) -> Result<Written, MergeError> {
+    let name = out.to_string();
     let output = |error| MergeError::Output {
-        out: out.clone(),
+        out: name.clone(),
         error,
     };
-    let upload = store.create(&cfg.out).map_err(output)?;
-    let mut report = |records, bytes| progress.update(records, bytes);
-    let (upload, meta) = if cfg.jobs > 1 {
-        let tmp = match &cfg.out {
-            Location::Dir(p) => p
-                .parent()
-                .filter(|d| !d.as_os_str().is_empty())
-                .map_or_else(|| PathBuf::from("."), PathBuf::from),
-            Location::S3 { .. } => std::env::temp_dir(),
-        };
-        merger::merge_jobs(inputs, cfg.jobs, &tmp, upload, &out, &mut report)?
-    } else {
-        merger::merge_inputs(inputs, part, upload, &out, &mut report)?
+    let upload = store.create(out).map_err(output)?;
+    let (upload, mut written) = match format {
+        Format::Bin => {
+            let run_err = |error| MergeError::Run {
+                name: name.clone(),
+                error,
+            };
+            let writer = RunWriter::new(upload, specs, part).map_err(run_err)?;
+            let mut sink = RunSink {
+                writer,
+                name: name.clone(),
+            };
+            fill(&mut sink)?;
+            let (upload, meta) = sink.writer.finish().map_err(run_err)?;
+            let written = Written {
+                records: meta.records(),
+                shards: meta.shards.len(),
+                bytes: 0,
+                part,
+                row_groups: None,
+            };
+            (upload, written)
+        }
+        Format::Parquet(opts) => {
+            let mut writer = ParquetWriter::new(upload, specs, part, &opts, &name)?;
+            fill(&mut writer)?;
+            let (upload, summary) = writer.finish()?;
+            let written = Written {
+                records: summary.records,
+                shards: summary.shards.len(),
+                bytes: 0,
+                part,
+                row_groups: Some(summary.row_groups),
+            };
+            (upload, written)
+        }
     };
-    let bytes = upload.finish().map_err(output)?;
-    Ok((meta, bytes))
+    written.bytes = upload.finish().map_err(output)?;
+    Ok(written)
+}
+
+/// `merger convert`: a merged list (or the parts of one, in order) as Parquet.
+fn run_convert(files: &[String], out: &str, opts: ParquetOptions) -> anyhow::Result<()> {
+    let store = Store::new(StoreOptions::default());
+    let out = Location::parse(out).map_err(|e| qcli::usage(format!("--out: {e}")))?;
+    let mut locations = Vec::new();
+    for f in files {
+        let loc = Location::parse(f).map_err(|e| qcli::usage(format!("{f}: {e}")))?;
+        if loc == out || same_file(&loc, &out) {
+            return Err(MergeError::BadOut {
+                out: PathBuf::from(out.to_string()),
+                reason: format!("it is the input {f}"),
+            }
+            .into());
+        }
+        locations.push(loc);
+    }
+    if let Location::Dir(p) = &out {
+        check_out_dir(p)?;
+    }
+    let mut progress = Progress::new(0, None);
+    let result = (|| {
+        let runs = locations
+            .iter()
+            .map(|l| merger::runs::open_run(&store, l))
+            .collect::<Result<Vec<_>, _>>()?;
+        let (specs, part) = merger::convert::plan(&runs)?;
+        progress.set_total(runs.iter().map(|r| r.meta.records()).sum());
+        let mut report = |records, bytes| progress.update(records, bytes);
+        write_list(
+            &store,
+            &out,
+            Format::Parquet(opts),
+            specs,
+            part,
+            &mut |writer| merger::convert::convert(&runs, writer, &mut report),
+        )
+    })();
+    progress.finish();
+    let written = result.map_err(|e| {
+        anyhow::Error::new(e).context(format!(
+            "converting {} into {out} failed; nothing written there",
+            files.join(" ")
+        ))
+    })?;
+    written.print("converted", &out, progress.start);
+    Ok(())
+}
+
+/// Two local paths that name the same existing file.
+fn same_file(a: &Location, b: &Location) -> bool {
+    match (a, b) {
+        (Location::Dir(a), Location::Dir(b)) => {
+            matches!((std::fs::canonicalize(a), std::fs::canonicalize(b)), (Ok(x), Ok(y)) if x == y)
+        }
+        _ => false,
+    }
 }
 
 /// `--out` must name a file in an existing directory.

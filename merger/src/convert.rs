@@ -1,0 +1,61 @@
+//! `merger convert`: a list already merged (a run: a merged list, a sealed sublist, one
+//! part of a split, or all K parts in order) written again in another format, Parquet.
+//! Every record passes the writer's [`sublist::run::WriteCheck`] as in a merge, and every
+//! block's checksum is checked as it is read.
+
+use sublist::run::{Part, ShardSpec};
+
+use crate::runs::RunInput;
+use crate::sink::ListSink;
+use crate::{MergeError, PROGRESS_EVERY};
+
+/// The shards and the part that `runs` hold together: one run's own, or, for the K
+/// parts of one split given in order (checked as `merger verify` does), the whole list.
+///
+/// # Errors
+/// [`MergeError::NoInputs`]; [`MergeError::ListCheck`] for files that are not one list,
+/// one part, or all parts of one split in order.
+pub fn plan(runs: &[RunInput]) -> Result<(Vec<ShardSpec>, Part), MergeError> {
+    let Some(first) = runs.first() else {
+        return Err(MergeError::NoInputs);
+    };
+    let part = if runs.len() == 1 {
+        first.meta.part()
+    } else {
+        crate::verify::check_parts(runs)?;
+        Part::WHOLE
+    };
+    let specs = first
+        .meta
+        .shards
+        .iter()
+        .map(|s| ShardSpec {
+            shard: s.shard,
+            finished: s.finished,
+            total: s.total,
+        })
+        .collect();
+    Ok((specs, part))
+}
+
+/// Writes the records of `runs`, in order, into `writer` (made for [`plan`]'s shards and
+/// part). `progress(records, bytes)` is called every [`PROGRESS_EVERY`] records and at the end.
+///
+/// # Errors
+/// Reading a run (checksums, order), and every error of the writer.
+pub fn convert(
+    runs: &[RunInput],
+    writer: &mut dyn ListSink,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<(), MergeError> {
+    for run in runs {
+        for record in run.records(0, u64::MAX) {
+            writer.write(&record?)?;
+            if writer.records().is_multiple_of(PROGRESS_EVERY) {
+                progress(writer.records(), writer.bytes());
+            }
+        }
+    }
+    progress(writer.records(), writer.bytes());
+    Ok(())
+}
