@@ -14,7 +14,14 @@
 //! - `cat`: `cat RUNSDIR/*.bin > out && sync out`, a byte copy (a reference, no decoding);
 //! - `part i/4`: the K = 4 parts of a split merge as 4 processes, one after another (goal:
 //!   a part costs at most 1/K of the whole `runs dir` merge plus one index read per input);
-//!   `4 parts, 2 at a time`: the same 4 processes, two running at once.
+//!   `4 parts, 2 at a time`: the same 4 processes, two running at once;
+//! - `parquet`: `merger --runs RUNSDIR --out list.parquet` (goal: at least 0.7x `runs
+//!   dir`), and `parquet snappy` (`--compression snappy`); then DuckDB (the venv's, as
+//!   the Parquet tests use it) times `count(*)` and a query of 0.1% of the IDs on the
+//!   file, and checks the count.
+//!
+//! `QLIST_BENCH_ROWS` (comma-separated: sublists, dir, s3, jobs2, scan, cat, parts,
+//! parquet) runs only those rows.
 //!
 //! Every row runs `QLIST_BENCH_REPS` times (default 3), the rows interleaved (rep 1 of
 //! every row, then rep 2, ...), and reports the median wall time, MB/s of output (10^6
@@ -431,6 +438,8 @@ enum Row {
     Cat,
     Part(u32),
     PartsTwoAtATime,
+    Parquet,
+    ParquetSnappy,
 }
 
 impl Row {
@@ -444,7 +453,29 @@ impl Row {
             Row::Cat => "cat runs/*.bin + sync".into(),
             Row::Part(i) => format!("part {i}/{PARTS} (alone)"),
             Row::PartsTwoAtATime => format!("{PARTS} parts, 2 at a time"),
+            Row::Parquet => "parquet (--runs DIR, .parquet)".into(),
+            Row::ParquetSnappy => "parquet snappy".into(),
         }
+    }
+
+    /// Its name in `QLIST_BENCH_ROWS`.
+    fn key(self) -> &'static str {
+        match self {
+            Row::Sublists => "sublists",
+            Row::RunsDir => "dir",
+            Row::RunsS3 => "s3",
+            Row::Jobs2 => "jobs2",
+            Row::Scan => "scan",
+            Row::Cat => "cat",
+            Row::Part(_) | Row::PartsTwoAtATime => "parts",
+            Row::Parquet | Row::ParquetSnappy => "parquet",
+        }
+    }
+
+    /// Whether `QLIST_BENCH_ROWS` (if set) selects it.
+    fn selected(self) -> bool {
+        std::env::var("QLIST_BENCH_ROWS")
+            .map_or(true, |v| v.split(',').any(|k| k.trim() == self.key()))
     }
 
     fn all() -> Vec<Row> {
@@ -457,13 +488,22 @@ impl Row {
             Row::Cat,
         ];
         rows.extend((0..PARTS).map(Row::Part));
-        rows.push(Row::PartsTwoAtATime);
+        rows.extend([Row::PartsTwoAtATime, Row::Parquet, Row::ParquetSnappy]);
+        rows.retain(|r| r.selected());
         rows
     }
 
     /// The rows re-run on the small fixture (peak-RSS flatness).
     fn flat() -> Vec<Row> {
-        vec![Row::RunsDir, Row::RunsS3, Row::Part(FLAT_PART), Row::Jobs2]
+        let mut rows = vec![
+            Row::RunsDir,
+            Row::RunsS3,
+            Row::Part(FLAT_PART),
+            Row::Jobs2,
+            Row::Parquet,
+        ];
+        rows.retain(|r| r.selected());
+        rows
     }
 }
 
@@ -559,6 +599,18 @@ impl Fixture {
                 .chunks(2)
                 .map(|c| c.iter().map(|&i| part(i, "pair-")).collect())
                 .collect(),
+            Row::Parquet | Row::ParquetSnappy => {
+                let (name, codec) = if row == Row::Parquet {
+                    ("parquet", "none")
+                } else {
+                    ("parquet-snappy", "snappy")
+                };
+                let args = vec!["--runs".into(), runs, "--compression".into(), codec.into()];
+                let mut p = self.merger(env, name, rep, args, &format!("list-{name}.parquet"));
+                // Not a run: no footer to count its records by (the readers check it).
+                p.items = Some(self.items);
+                vec![vec![p]]
+            }
         }
     }
 
@@ -718,6 +770,81 @@ struct ShardResult {
     full: BTreeMap<Row, Measured>,
     small: BTreeMap<Row, Measured>,
     verify_failures: u32,
+    readers: Vec<ReaderResult>,
+}
+
+/// DuckDB on one Parquet output: its size and two queries' median times.
+struct ReaderResult {
+    file: String,
+    bytes: u64,
+    /// `count(*)`: seconds, and whether the count was the fixture's.
+    count: Option<(f64, bool)>,
+    /// The rows of 0.1% of the IDs: seconds and rows.
+    range: Option<(f64, u64)>,
+}
+
+/// Times DuckDB's `count(*)` and a range query on each Parquet output (median of
+/// `env.reps`), checking the count; a reader that fails is reported and counted.
+fn read_parquet_outputs(env: &Env, f: &Fixture) -> Vec<ReaderResult> {
+    const SCRIPT: &str = r#"
+import duckdb, json, sys, time
+path, lo, hi, reps = sys.argv[1], int(sys.argv[2]), int(sys.argv[3]), int(sys.argv[4])
+def timed(sql, *args):
+    times, rows = [], None
+    for _ in range(reps):
+        con = duckdb.connect()
+        t = time.perf_counter()
+        rows = con.execute(sql, [path, *args]).fetchall()
+        times.append(time.perf_counter() - t)
+        con.close()
+    times.sort()
+    return times[len(times) // 2], rows
+c, count = timed("SELECT count(*) FROM read_parquet(?)")
+r, rng = timed("SELECT count(*), sum(length(payload)) FROM read_parquet(?) WHERE id BETWEEN ? AND ?", lo, hi)
+print(json.dumps({"count_s": c, "count": count[0][0], "range_s": r, "range_rows": rng[0][0]}))
+"#;
+    let venv = std::env::var_os(qstore::testing::VENV_ENV)
+        .map_or_else(|| PathBuf::from(qstore::testing::VENV), PathBuf::from);
+    let lo = f.items / 2;
+    let hi = lo + f.items / 1000;
+    let mut out = Vec::new();
+    for name in ["list-parquet.parquet", "list-parquet-snappy.parquet"] {
+        let path = f.out.join(name);
+        let Ok(meta) = std::fs::metadata(&path) else {
+            continue;
+        };
+        let mut result = ReaderResult {
+            file: name.into(),
+            bytes: meta.len(),
+            count: None,
+            range: None,
+        };
+        let run = Command::new(venv.join("bin/python"))
+            .args(["-c", SCRIPT])
+            .arg(&path)
+            .args([lo.to_string(), hi.to_string(), env.reps.to_string()])
+            .output();
+        match run {
+            Ok(o) if o.status.success() => {
+                let v: serde_json::Value =
+                    serde_json::from_slice(&o.stdout).unwrap_or(serde_json::Value::Null);
+                let n = v["count"].as_u64();
+                result.count = v["count_s"].as_f64().map(|s| (s, n == Some(f.items)));
+                result.range = v["range_s"].as_f64().zip(v["range_rows"].as_u64());
+                eprintln!(
+                    "  duckdb on {name}: {}",
+                    String::from_utf8_lossy(&o.stdout).trim()
+                );
+            }
+            Ok(o) => eprintln!(
+                "FAILED: duckdb on {name}: {}",
+                String::from_utf8_lossy(&o.stderr)
+            ),
+            Err(e) => eprintln!("FAILED: duckdb on {name}: {e} (bash scripts/deps.sh)"),
+        }
+        out.push(result);
+    }
+    out
 }
 
 fn remove(env_keep: bool, f: &Fixture) {
@@ -732,6 +859,7 @@ fn bench_shards(env: &Env, shards: u32, items: u64, keep: bool) -> ShardResult {
     let f = build(env, shards, items);
     let full = measure(env, &f, &Row::all());
     let mut verify_failures = verify_outputs(env, &f, &Row::all());
+    let readers = read_parquet_outputs(env, &f);
     remove(keep, &f);
     let small_items = (items / SMALL_DIVISOR).max(1);
     let s = build(env, shards, small_items);
@@ -745,6 +873,7 @@ fn bench_shards(env: &Env, shards: u32, items: u64, keep: bool) -> ShardResult {
         full,
         small,
         verify_failures,
+        readers,
     }
 }
 
@@ -926,6 +1055,13 @@ fn print_ratios(results: &[ShardResult]) {
             );
             goal_line(s, "sum of K parts / whole", Some(sum / whole), 1.0, false);
         }
+        goal_line(
+            s,
+            "parquet / runs dir (throughput)",
+            speed(Row::Parquet, dir),
+            0.7,
+            true,
+        );
         let pair = w(Row::PartsTwoAtATime);
         goal_line(
             s,
@@ -964,6 +1100,29 @@ fn print_flatness(results: &[ShardResult]) {
                 row.name(),
                 k(small),
                 k(full)
+            );
+        }
+    }
+}
+
+fn print_readers(results: &[ShardResult]) {
+    println!(
+        "\n| shards | file | MB | DuckDB count(*) s | count right | DuckDB 0.1% of ids s | rows |"
+    );
+    println!("|--:|---|--:|--:|---|--:|--:|");
+    for r in results {
+        for x in &r.readers {
+            let (cs, right) = x.count.map_or(("FAILED".into(), "-"), |(s, ok)| {
+                (format!("{s:.3}"), if ok { "yes" } else { "NO" })
+            });
+            let (rs, rows) = x.range.map_or(("FAILED".into(), "-".into()), |(s, n)| {
+                (format!("{s:.3}"), fmt_int(n as f64))
+            });
+            println!(
+                "| {} | {} | {:.1} | {cs} | {right} | {rs} | {rows} |",
+                r.shards,
+                x.file,
+                x.bytes as f64 / 1e6
             );
         }
     }
@@ -1033,10 +1192,16 @@ fn main() {
     print_rows(&results);
     print_ratios(&results);
     print_flatness(&results);
+    print_readers(&results);
     let verify: u32 = results.iter().map(|r| r.verify_failures).sum();
+    let readers = results
+        .iter()
+        .flat_map(|r| &r.readers)
+        .filter(|x| !x.count.is_some_and(|(_, right)| right) || x.range.is_none())
+        .count();
     println!(
         "\nwhole run: {:.0}s, CPU steal {steal:.1}%, busy {busy:.0}% (of all CPUs, /proc/stat), \
-         load average at the end {}; `merger verify` failures: {verify}",
+         load average at the end {}; `merger verify` failures: {verify}; DuckDB failures: {readers}",
         start.elapsed().as_secs_f64(),
         load_average()
     );
