@@ -5,7 +5,8 @@ use std::io::IsTerminal;
 use std::sync::OnceLock;
 use tracing_subscriber::layer::{Layered, SubscriberExt};
 use tracing_subscriber::util::SubscriberInitExt;
-use tracing_subscriber::{reload, EnvFilter, Layer, Registry};
+use tracing_subscriber::filter::Targets;
+use tracing_subscriber::{reload, Layer, Registry};
 
 /// How log lines look (`--log-format`, `QLIST_LOG_FORMAT`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, ValueEnum)]
@@ -17,7 +18,7 @@ pub enum LogFormat {
     Json,
 }
 
-type Inner = Layered<EnvFilter, Registry>;
+type Inner = Layered<Targets, Registry>;
 type Output = Box<dyn Layer<Inner> + Send + Sync>;
 
 /// The format [`crate::parse`] read, if it ran.
@@ -69,14 +70,21 @@ fn output(format: LogFormat) -> Output {
 
 /// Installs the `tracing` subscriber: lines on stderr, human-readable (colours only on a
 /// terminal) or JSON (`--log-format json` or `QLIST_LOG_FORMAT=json`, read by
-/// [`crate::parse`], before or after this call), filtered by `RUST_LOG` (e.g.
-/// `RUST_LOG=debug`, `RUST_LOG=idclient=trace`), or by `default_filter` when `RUST_LOG`
-/// is unset or unparsable.
+/// [`crate::parse`], before or after this call), filtered by `RUST_LOG` (a level, or
+/// comma-separated `target=level` pairs: `RUST_LOG=debug`, `RUST_LOG=warn,idclient=trace`),
+/// or by `default_filter` when `RUST_LOG` is unset or unparsable.
+///
+/// The filter is tracing-subscriber's `Targets`, not its `EnvFilter`: the same syntax
+/// for levels and targets, without span and field matching, which nobody here used and
+/// which cost the first build an optimized regex engine (BENCHMARKS.md, "The first build").
 ///
 /// Call it once, first thing in `main`; a second call leaves the first subscriber in place.
 pub fn init_logging(default_filter: &str) {
-    let filter =
-        EnvFilter::try_from_default_env().unwrap_or_else(|_| EnvFilter::new(default_filter));
+    let filter = std::env::var("RUST_LOG")
+        .ok()
+        .and_then(|v| v.parse::<Targets>().ok())
+        .or_else(|| default_filter.parse().ok())
+        .unwrap_or_default();
     let (layer, handle) = reload::Layer::new(output(format()));
     // Only fails if a subscriber is already installed, which then stays: nothing to do.
     if tracing_subscriber::registry()
