@@ -3,9 +3,16 @@
 CARGO_TARGET_DIR ?= /var/tmp/qlist-target
 export CARGO_TARGET_DIR
 
-.PHONY: deps test-deps build test lint demo bench clean-demo
+.PHONY: deps deps-all test-deps build test lint demo bench clean-demo
 
+# What building and running need (redis-server, libclang, make, a C/C++ compiler): the
+# first `make demo` installs no more than that.
 deps:
+	bash scripts/deps.sh --runtime
+
+# Also the tools only the tests run (redis-cli, redis-py, Prometheus, and in a venv the S3
+# server weed and the Parquet readers DuckDB and pyarrow).
+deps-all:
 	bash scripts/deps.sh
 
 test-deps:
@@ -19,7 +26,7 @@ build: deps
 # deps.sh's detection on fake trees (no build needed, so it runs first), the whole test
 # suite (real redis-server processes, real RocksDB), a compile check of the benchmarks,
 # and a small run of the demo (the README's first command).
-test: test-deps build
+test: deps-all test-deps build
 	cargo test --release --workspace --no-fail-fast
 	cargo bench --workspace --no-run
 	d=$$(mktemp -d) && QLIST_DEMO_DIR=$$d/demo QLIST_DEMO_ITEMS=20000 bash scripts/demo.sh && rm -rf $$d

