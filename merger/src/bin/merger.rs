@@ -2,7 +2,7 @@
 //!
 //! ```text
 //! merger --out OUT (--data-dir DIR | --runs SRC | INPUT...) [--expect-shards N] [--part I/K] [--jobs J]
-//!        [--format auto|bin|parquet] [--compression none|snappy] [--row-group-rows N]
+//!        [--format auto|bin|parquet] [--compression snappy|none] [--row-group-rows N]
 //! merger convert FILE... --out OUT.parquet
 //! merger verify FILE...
 //! merger cat FILE... [--json]
@@ -100,8 +100,8 @@ struct MergeArgs {
 /// How a Parquet output is written.
 #[derive(Args, Clone, Copy)]
 struct ParquetArgs {
-    /// Parquet: compression of the column chunks, none or snappy (BENCHMARKS.md, "Parquet").
-    #[arg(long, value_name = "CODEC", default_value = "none")]
+    /// Parquet: compression of the column chunks, snappy or none (BENCHMARKS.md, "Parquet").
+    #[arg(long, value_name = "CODEC", default_value = "snappy")]
     compression: Codec,
     /// Parquet: rows per row group at most (a row group also ends at 64 MiB of payloads).
     /// Smaller groups let an ID-range query skip more of the file.
