@@ -3,9 +3,9 @@
 use clap::{Arg, ValueEnum};
 use std::io::IsTerminal;
 use std::sync::OnceLock;
+use tracing_subscriber::filter::Targets;
 use tracing_subscriber::layer::{Layered, SubscriberExt};
 use tracing_subscriber::util::SubscriberInitExt;
-use tracing_subscriber::filter::Targets;
 use tracing_subscriber::{reload, Layer, Registry};
 
 /// How log lines look (`--log-format`, `QLIST_LOG_FORMAT`).
