@@ -133,6 +133,9 @@ pub enum MergeError {
     /// A version 1 list.bin given as an input: it has no shard table to check it by.
     #[error("{name} is a version 1 list.bin (QLIST001): it has no shard table, so it cannot be merged again; merge its sublists or runs instead")]
     VersionOne { name: String },
+    /// A Parquet file given where a run is read (a merge input, `verify`, `cat`, `convert`).
+    #[error("{name} is a Parquet file: merger reads runs (list.bin); read Parquet with DuckDB, pyarrow or Spark, and merge, verify or print the list.bin or runs it was written from")]
+    ParquetInput { name: String },
     /// One part of a split merge given as an input: parts are concatenated, not merged.
     #[error("{name} is {part} of a split merge: parts are read in order (merger verify, merger cat), not merged again; merge the runs they came from")]
     PartInput { name: String, part: Part },

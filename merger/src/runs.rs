@@ -78,11 +78,19 @@ pub fn open_run(store: &Store, location: &Location) -> Result<RunInput, MergeErr
     let footer = match Footer::decode(&tail, len) {
         Ok(f) => f,
         Err(e @ (RunError::BadMagic { .. } | RunError::TooShort { .. })) => {
-            // An old list.bin gets a better word than "bad magic".
-            if len >= 8 && object.read_range(0..8)?[..] == sublist::listbin::MAGIC {
-                return Err(MergeError::VersionOne {
-                    name: location.to_string(),
-                });
+            // An old list.bin, or our own Parquet output, gets a better word than "bad magic".
+            if len >= 8 {
+                let head = object.read_range(0..8)?;
+                if head[..] == sublist::listbin::MAGIC {
+                    return Err(MergeError::VersionOne {
+                        name: location.to_string(),
+                    });
+                }
+                if head.starts_with(b"PAR1") {
+                    return Err(MergeError::ParquetInput {
+                        name: location.to_string(),
+                    });
+                }
             }
             return Err(run_err(location)(e));
         }

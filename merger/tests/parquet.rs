@@ -421,6 +421,23 @@ fn a_failed_merge_or_conversion_leaves_no_file_and_says_why() {
         "left behind: {:?}",
         names(&out_dir)
     );
+    // A Parquet list is for reading elsewhere: merger says so where it expects a run.
+    let pq = dir.path().join("ok.parquet");
+    ok(&merger(&["--out", s(&pq), "--data-dir", s(&data_ok)]));
+    let again = out_dir.join("again.bin");
+    for args in [
+        vec!["cat", s(&pq)],
+        vec!["verify", s(&pq)],
+        vec!["convert", s(&pq), "--out", s(&out)],
+        vec!["--out", s(&again), s(&pq)],
+    ] {
+        fails(&merger(&args), INPUT, &["is a Parquet file", "DuckDB"]);
+    }
+    assert!(
+        names(&out_dir).is_empty(),
+        "left behind: {:?}",
+        names(&out_dir)
+    );
     fails(
         &merger(&[
             "--out",
