@@ -441,6 +441,18 @@ fn a_failed_merge_or_conversion_leaves_no_file_and_says_why() {
     fails(
         &merger(&[
             "--out",
+            s(&again),
+            "--data-dir",
+            s(&data_ok),
+            "--format",
+            "parquet",
+        ]),
+        USAGE,
+        &["would be taken for a run"],
+    );
+    fails(
+        &merger(&[
+            "--out",
             s(&out),
             "--data-dir",
             s(&data_ok),

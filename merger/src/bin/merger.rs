@@ -40,9 +40,9 @@ const LOG_EVERY: Duration = Duration::from_secs(5);
         Inputs are any mix of RocksDB sublists (a producer's DIR/shard-<n>), runs (sealed \
         sublists or merged lists: list.bin version 2 files) and --runs SRC (every *.bin run \
         in a directory or under an S3 prefix). The output is a run too, so merges compose, \
-        or (--out *.parquet) a Parquet file sorted by id that DuckDB, pandas/pyarrow, Polars \
-        and Spark read directly. SRC, INPUT and --out may be s3://bucket/prefix URLs; the S3 endpoint and credentials \
-        come from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION, \
+        or (--out *.parquet) a Parquet file sorted by id that DuckDB, pandas/pyarrow, \
+        Polars and Spark read directly. SRC, INPUT and --out may be s3://bucket/prefix URLs; \
+        the S3 endpoint and credentials come from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY, AWS_SESSION_TOKEN, AWS_REGION, \
         AWS_ENDPOINT_URL and AWS_ALLOW_HTTP=true (plain-http endpoints), never shown.",
     args_conflicts_with_subcommands = true,
     subcommand_negates_reqs = true
@@ -257,6 +257,11 @@ fn config(args: MergeArgs) -> anyhow::Result<MergeConfig> {
         "auto" if out.ends_with(".parquet") => Format::Parquet(args.parquet.options()),
         _ => Format::Bin,
     };
+    if matches!(format, Format::Parquet(_)) && out.ends_with(".bin") {
+        return Err(qcli::usage(format!(
+            "--out {out} with --format parquet: a Parquet file named *.bin would be taken for a run by the next --runs merge of its directory (name it .parquet)"
+        )));
+    }
     let out = Location::parse(&out).map_err(|e| qcli::usage(format!("--out: {e}")))?;
     let runs = args
         .runs
