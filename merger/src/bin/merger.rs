@@ -536,6 +536,11 @@ fn write_list(
 
 /// `merger convert`: a merged list (or the parts of one, in order) as Parquet.
 fn run_convert(files: &[String], out: &str, opts: ParquetOptions) -> anyhow::Result<()> {
+    if out.ends_with(".bin") {
+        return Err(qcli::usage(format!(
+            "--out {out}: convert writes Parquet, and a Parquet file named *.bin would be taken for a run by the next --runs merge of its directory (name it .parquet)"
+        )));
+    }
     let store = Store::new(StoreOptions::default());
     let out = Location::parse(out).map_err(|e| qcli::usage(format!("--out: {e}")))?;
     let mut locations = Vec::new();
