@@ -536,11 +536,6 @@ fn write_list(
 
 /// `merger convert`: a merged list (or the parts of one, in order) as Parquet.
 fn run_convert(files: &[String], out: &str, opts: ParquetOptions) -> anyhow::Result<()> {
-    if out.ends_with(".bin") {
-        return Err(qcli::usage(format!(
-            "--out {out}: convert writes Parquet, and a Parquet file named *.bin would be taken for a run by the next --runs merge of its directory (name it .parquet)"
-        )));
-    }
     let store = Store::new(StoreOptions::default());
     let out = Location::parse(out).map_err(|e| qcli::usage(format!("--out: {e}")))?;
     let mut locations = Vec::new();
@@ -554,6 +549,11 @@ fn run_convert(files: &[String], out: &str, opts: ParquetOptions) -> anyhow::Res
             .into());
         }
         locations.push(loc);
+    }
+    if out.to_string().ends_with(".bin") {
+        return Err(qcli::usage(format!(
+            "--out {out}: convert writes Parquet, and a Parquet file named *.bin would be taken for a run by the next --runs merge of its directory (name it .parquet)"
+        )));
     }
     if let Location::Dir(p) = &out {
         check_out_dir(p)?;
