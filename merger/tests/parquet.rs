@@ -463,3 +463,57 @@ fn a_failed_merge_or_conversion_leaves_no_file_and_says_why() {
         &["expected none or snappy"],
     );
 }
+
+/// A Parquet output in S3 (a real SeaweedFS): from runs there, and converted from a
+/// list.bin there; the objects, fetched, read as the same list.
+#[test]
+fn parquet_to_and_from_s3() {
+    let s3 = qstore::testing::TestS3::start("qlist-parquet");
+    let dir = tempfile::tempdir().expect("tempdir");
+    let sublists = make_shards(&dir.path().join("data"), 3, 5_000);
+    let run_with = |args: &[&str]| {
+        Command::new(MERGER)
+            .args(args)
+            .envs(s3.env())
+            .env("RUST_LOG", "warn")
+            .output()
+            .expect("run merger")
+    };
+    for (i, sub) in sublists.iter().enumerate() {
+        ok(&run_with(&[
+            "--out",
+            &s3.url(&format!("runs/shard-{i}.bin")),
+            s(sub),
+        ]));
+    }
+    let bin = dir.path().join("list.bin");
+    ok(&run_with(&["--out", s(&bin), "--runs", &s3.url("runs")]));
+    let want = cat_values(&[&bin]);
+
+    ok(&run_with(&[
+        "--out",
+        &s3.url("out/list.parquet"),
+        "--runs",
+        &s3.url("runs"),
+    ]));
+    ok(&run_with(&[
+        "--out",
+        &s3.url("out/list.bin"),
+        "--runs",
+        &s3.url("runs"),
+    ]));
+    ok(&run_with(&[
+        "convert",
+        &s3.url("out/list.bin"),
+        "--out",
+        &s3.url("out/converted.parquet"),
+    ]));
+    for key in ["out/list.parquet", "out/converted.parquet"] {
+        let bytes = s3
+            .get(key)
+            .unwrap_or_else(|| panic!("{key} not in the bucket"));
+        let local = dir.path().join(key.replace('/', "-"));
+        std::fs::write(&local, bytes).expect("write the fetched object");
+        same_rows(&read(&[&local], 0, 0), &want);
+    }
+}
