@@ -1,6 +1,6 @@
 //! One exit-code convention for every binary: the code says why a command failed.
 
-use idclient::IdError;
+use idproto::IdError;
 use std::error::Error;
 use std::process::ExitCode;
 
