@@ -1,5 +1,6 @@
-# One build profile (release) for tests, benchmarks and the demo: RocksDB is a ~13-minute
-# C++ build on 2 cores, so it is compiled once, into a target dir that outlives clones.
+# One build profile (release) for tests, benchmarks and the demo: RocksDB is most of a
+# ~13-minute first build on 2 cores, so it is compiled once, into a target dir that
+# outlives clones.
 CARGO_TARGET_DIR ?= /var/tmp/qlist-target
 export CARGO_TARGET_DIR
 
@@ -20,7 +21,7 @@ test-deps:
 
 # A cold target dir compiles RocksDB from source first: say so, or it looks like a hang.
 build: deps
-	@ls $$CARGO_TARGET_DIR/release/build/librocksdb-sys-*/out/librocksdb.a >/dev/null 2>&1 || echo "qlist: first build: compiling RocksDB from source into $$CARGO_TARGET_DIR (15-20 minutes on 2 cores; later builds reuse it)" >&2
+	@ls $$CARGO_TARGET_DIR/release/build/librocksdb-sys-*/out/librocksdb.a >/dev/null 2>&1 || echo "qlist: first build: compiling RocksDB from source into $$CARGO_TARGET_DIR (about 13 minutes on 2 cores; later builds reuse it)" >&2
 	cargo build --release --workspace --bins
 
 # deps.sh's detection on fake trees (no build needed, so it runs first), the whole test
