@@ -542,6 +542,7 @@ mod tests {
         *fake.fail.lock().expect("lock") = Some(IdError::NoQuorum {
             needed: 3,
             reachable: 1,
+            accepted: Some(0),
             total: 5,
             failures: vec![],
         });

@@ -1894,6 +1894,7 @@ mod tests {
         let no_quorum = IdError::NoQuorum {
             needed: 3,
             reachable: 1,
+            accepted: Some(1),
             total: 5,
             failures: Vec::new(),
         };
@@ -2242,6 +2243,7 @@ mod tests {
         let no_quorum = IdError::NoQuorum {
             needed: 3,
             reachable: 1,
+            accepted: Some(1),
             total: 5,
             failures: Vec::new(),
         };

@@ -344,6 +344,7 @@ pub const MIN_READ_HEDGE: Duration = Duration::from_micros(500);
 fn with_earlier_causes(loss: RoundLoss, earlier: &[NodeFailure]) -> RoundLoss {
     let RoundLoss::Unreachable {
         reachable,
+        accepted,
         mut failures,
     } = loss
     else {
@@ -359,6 +360,7 @@ fn with_earlier_causes(loss: RoundLoss, earlier: &[NodeFailure]) -> RoundLoss {
     }
     RoundLoss::Unreachable {
         reachable,
+        accepted,
         failures,
     }
 }
@@ -370,6 +372,8 @@ enum RoundLoss {
     Unreachable {
         /// The nodes that answered (not those never asked, or not waited for).
         reachable: usize,
+        /// Of those, the nodes that accepted a write round's range (`None`: a read).
+        accepted: Option<usize>,
         failures: Vec<NodeFailure>,
     },
     /// Enough nodes answered but too few accepted (another client won, or our guess was
@@ -519,6 +523,7 @@ impl QuorumClient<Node> {
             return Err(IdError::NoQuorum {
                 needed: client.majority(),
                 reachable,
+                accepted: None,
                 total,
                 failures,
             });
@@ -689,10 +694,12 @@ impl<N: Register> QuorumClient<N> {
             RoundLoss::Fatal(e) => e,
             RoundLoss::Unreachable {
                 reachable,
+                accepted,
                 failures,
             } => IdError::NoQuorum {
                 needed: self.majority(),
                 reachable,
+                accepted,
                 total: self.nodes.len(),
                 failures,
             },
@@ -893,6 +900,7 @@ impl<N: Register> QuorumClient<N> {
         // 3 needed" of a read that one node answered.
         Err(RoundLoss::Unreachable {
             reachable: answers,
+            accepted: None,
             failures,
         })
     }
@@ -930,6 +938,7 @@ impl<N: Register> QuorumClient<N> {
             _ if tally.failures > self.nodes.len() - self.majority() => {
                 Err(RoundLoss::Unreachable {
                     reachable: tally.accepts + tally.rejects,
+                    accepted: Some(tally.accepts),
                     failures,
                 })
             }
@@ -1589,6 +1598,7 @@ mod tests {
         ];
         let last = RoundLoss::Unreachable {
             reachable: 1,
+            accepted: None,
             failures: vec![
                 failure("a", CUT_BY_DEADLINE),
                 failure("b", CUT_BY_DEADLINE),
@@ -1614,10 +1624,12 @@ mod tests {
         ));
     }
 
-    /// A node that refuses every connection at once, or never answers.
+    /// A node that refuses every connection at once, never answers, or accepts every
+    /// write.
     struct Down {
         addr: String,
         silent: bool,
+        accepts: bool,
     }
 
     impl Register for Down {
@@ -1634,6 +1646,12 @@ mod tests {
         ) -> Result<Written, NodeError> {
             if self.silent {
                 std::future::pending::<()>().await;
+            }
+            if self.accepts {
+                return Ok(Written {
+                    reply: WriteReply::Accepted,
+                    combining: false,
+                });
             }
             Err(NodeError::Unavailable("connection refused".to_string()))
         }
@@ -1655,6 +1673,7 @@ mod tests {
             .map(|i| Down {
                 addr: format!("fake://{i}"),
                 silent: i >= 3,
+                accepts: false,
             })
             .collect();
         let client = QuorumClient::with_nodes(nodes, "k", Protocol::Fast, Duration::from_secs(5))
@@ -1665,7 +1684,44 @@ mod tests {
             .expect_err("three of five nodes down");
         assert_eq!(
             err.to_string(),
-            "no quorum: 0 of 5 nodes answered, 3 needed; 5 did not (failed: fake://0: connection refused; fake://1: connection refused; fake://2: connection refused; 2 not asked, or not waited for)"
+            "no quorum: 0 of 5 nodes answered, 0 accepted, 3 needed; 5 did not (failed: fake://0: connection refused; fake://1: connection refused; fake://2: connection refused; 2 not asked, or not waited for)"
+        );
+    }
+
+    /// A write round lost to unreachable nodes says how many of the nodes that answered
+    /// accepted, beside how many answered and how many were needed.
+    #[tokio::test(start_paused = true)]
+    async fn a_lost_write_round_says_how_many_accepted() {
+        // Node 0 accepts, nodes 1-3 refuse, node 4 never answers.
+        let nodes = (0..5)
+            .map(|i| Down {
+                addr: format!("fake://{i}"),
+                silent: i == 4,
+                accepts: i == 0,
+            })
+            .collect();
+        let client = QuorumClient::with_nodes(nodes, "k", Protocol::Fast, Duration::from_secs(5))
+            .expect("five nodes");
+        let err = client
+            .reserve(1, 1, Instant::now() + Duration::from_secs(5))
+            .await
+            .expect_err("three of five nodes down");
+        assert!(
+            matches!(
+                err,
+                IdError::NoQuorum {
+                    needed: 3,
+                    reachable: 1,
+                    accepted: Some(1),
+                    total: 5,
+                    ..
+                }
+            ),
+            "{err:?}"
+        );
+        assert_eq!(
+            err.to_string(),
+            "no quorum: 1 of 5 nodes answered, 1 accepted, 3 needed; 4 did not (failed: fake://1: connection refused; fake://2: connection refused; fake://3: connection refused; 1 not asked, or not waited for)"
         );
     }
 

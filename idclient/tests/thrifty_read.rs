@@ -160,15 +160,17 @@ async fn a_read_cut_by_the_deadline_counts_only_the_nodes_that_answered() {
     let IdError::NoQuorum {
         needed,
         reachable,
+        accepted,
         total,
         ref failures,
     } = err
     else {
         panic!("expected NoQuorum, got {err:?}");
     };
+    // A read: nobody accepts anything, and the text says nothing of acceptance.
     assert_eq!(
-        (needed, reachable, total, failures.len()),
-        (3, 1, 5, 2),
+        (needed, reachable, accepted, total, failures.len()),
+        (3, 1, None, 5, 2),
         "{err}"
     );
     assert_eq!(

@@ -29,15 +29,23 @@ fn list(failures: &[NodeFailure]) -> String {
         .join("; ")
 }
 
-/// The text of [`IdError::NoQuorum`]: how many nodes answered, of how many, against how
-/// many were needed, then why each other node did not answer. It says "answered", not
-/// "accepted": a round that enough nodes answered but too few accepted (another client
+/// The text of [`IdError::NoQuorum`]: how many nodes answered, of how many, and (after
+/// a write round) how many of those accepted, against how many were needed, then why
+/// each other node did not answer: "no quorum: 2 of 5 nodes answered, 1 accepted, 3
+/// needed; ...". A round that enough nodes answered but too few accepted (another client
 /// won) is no "no quorum" but contention, retried until the deadline
 /// ([`IdError::Deadline`]).
-fn no_quorum(needed: usize, answered: usize, total: usize, failures: &[NodeFailure]) -> String {
+fn no_quorum(
+    needed: usize,
+    answered: usize,
+    accepted: Option<usize>,
+    total: usize,
+    failures: &[NodeFailure],
+) -> String {
     let unanswered = total.saturating_sub(answered);
+    let accepted = accepted.map_or(String::new(), |a| format!(", {a} accepted"));
     let mut text = format!(
-        "no quorum: {answered} of {total} nodes answered, {needed} needed; {unanswered} did not (failed: {}",
+        "no quorum: {answered} of {total} nodes answered{accepted}, {needed} needed; {unanswered} did not (failed: {}",
         list(failures)
     );
     let not_waited = unanswered.saturating_sub(failures.len());
@@ -53,13 +61,15 @@ fn no_quorum(needed: usize, answered: usize, total: usize, failures: &[NodeFailu
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error, serde::Serialize, serde::Deserialize)]
 pub enum IdError {
     /// Fewer than a majority of nodes answered before the deadline. `reachable` counts
-    /// the nodes that answered (an accept, a reject or a value), `failures` the nodes
-    /// that failed; the rest were not asked (a majority read asks only a majority), or
-    /// not waited for once the outcome was certain.
-    #[error("{}", no_quorum(*.needed, *.reachable, *.total, .failures))]
+    /// the nodes that answered (an accept, a reject or a value), `accepted` those of
+    /// them that accepted a write round's reservation (`None` for a read, which nobody
+    /// accepts), `failures` the nodes that failed; the rest were not asked (a majority
+    /// read asks only a majority), or not waited for once the outcome was certain.
+    #[error("{}", no_quorum(*.needed, *.reachable, *.accepted, *.total, .failures))]
     NoQuorum {
         needed: usize,
         reachable: usize,
+        accepted: Option<usize>,
         total: usize,
         failures: Vec<NodeFailure>,
     },
@@ -119,13 +129,15 @@ mod tests {
         }
     }
 
-    /// The "no quorum" text says how many answered, of how many, how many were needed,
-    /// and why the others did not: never "3 answered, 3 needed" for a round that failed.
+    /// The "no quorum" text says how many answered, of how many, how many of them
+    /// accepted (a write round), how many were needed, and why the others did not:
+    /// never "3 answered, 3 needed" for a round that failed.
     #[test]
     fn no_quorum_says_who_answered_who_failed_and_how_many_were_needed() {
         let e = IdError::NoQuorum {
             needed: 3,
             reachable: 1,
+            accepted: None,
             total: 5,
             failures: vec![
                 failure("redis://a:1", "connection refused"),
@@ -139,6 +151,7 @@ mod tests {
         let e = IdError::NoQuorum {
             needed: 2,
             reachable: 0,
+            accepted: None,
             total: 3,
             failures: vec![
                 failure("redis://a:1", "connection refused"),
@@ -149,6 +162,22 @@ mod tests {
         assert_eq!(
             e.to_string(),
             "no quorum: 0 of 3 nodes answered, 2 needed; 3 did not (failed: redis://a:1: connection refused; redis://b:2: connection refused; redis://c:3: no reply before the deadline)"
+        );
+        // A write round says how many of the nodes that answered accepted.
+        let e = IdError::NoQuorum {
+            needed: 3,
+            reachable: 2,
+            accepted: Some(1),
+            total: 5,
+            failures: vec![
+                failure("redis://c:3", "connection refused"),
+                failure("redis://d:4", "connection refused"),
+                failure("redis://e:5", "no reply before the deadline"),
+            ],
+        };
+        assert_eq!(
+            e.to_string(),
+            "no quorum: 2 of 5 nodes answered, 1 accepted, 3 needed; 3 did not (failed: redis://c:3: connection refused; redis://d:4: connection refused; redis://e:5: no reply before the deadline)"
         );
     }
 }

@@ -24,8 +24,9 @@ pub const MAGIC: [u8; 4] = *b"QIDB";
 
 /// The protocol version this code speaks. The broker refuses any other. Version 2 added
 /// [`ServerMsg::Redirect`] and the leader and window fields of [`BrokerStats`]; version 3
-/// the `token` of [`ClientMsg::Hello`]; version 4 [`BrokerStats::forwarded`].
-pub const VERSION: u32 = 4;
+/// the `token` of [`ClientMsg::Hello`]; version 4 [`BrokerStats::forwarded`]; version 5
+/// the `accepted` count of [`IdError::NoQuorum`].
+pub const VERSION: u32 = 5;
 
 /// The [`ServerMsg::Refused`] reason for a Hello whose token is missing or wrong (the
 /// broker has `--auth-token-file`). It never says what was sent.
@@ -306,7 +307,7 @@ mod tests {
         });
         assert_eq!(
             bytes,
-            [13, 0, 0, 0, 0, 0, 0, 0, b'Q', b'I', b'D', b'B', 4, 0, 0, 0, 0]
+            [13, 0, 0, 0, 0, 0, 0, 0, b'Q', b'I', b'D', b'B', 5, 0, 0, 0, 0]
         );
         let bytes = frame(&ClientMsg::Hello {
             magic: MAGIC,
@@ -314,7 +315,7 @@ mod tests {
             token: Some("s3".into()),
         });
         let mut want = vec![
-            23, 0, 0, 0, 0, 0, 0, 0, b'Q', b'I', b'D', b'B', 4, 0, 0, 0, 1,
+            23, 0, 0, 0, 0, 0, 0, 0, b'Q', b'I', b'D', b'B', 5, 0, 0, 0, 1,
         ];
         want.extend_from_slice(&2u64.to_le_bytes());
         want.extend_from_slice(b"s3");
@@ -370,9 +371,9 @@ mod tests {
             max_count: 1_048_576,
             max_in_flight: 1024,
         });
-        // docs/wire-protocol.md shows these bytes: 14000000 00000000 04000000
+        // docs/wire-protocol.md shows these bytes: 14000000 00000000 05000000
         // 0000100000000000 00040000.
-        let mut want = vec![20, 0, 0, 0, 0, 0, 0, 0, 4, 0, 0, 0];
+        let mut want = vec![20, 0, 0, 0, 0, 0, 0, 0, 5, 0, 0, 0];
         want.extend_from_slice(&1_048_576u64.to_le_bytes());
         want.extend_from_slice(&1024u32.to_le_bytes());
         assert_eq!(bytes, want);
@@ -448,6 +449,7 @@ mod tests {
                 error: IdError::NoQuorum {
                     needed: 3,
                     reachable: 1,
+                    accepted: Some(0),
                     total: 5,
                     failures: vec![failure.clone()],
                 },

@@ -865,6 +865,7 @@ mod tests {
                 return Err(IdError::NoQuorum {
                     needed: 3,
                     reachable: 0,
+                    accepted: None,
                     total: 5,
                     failures: vec![],
                 });

@@ -588,6 +588,7 @@ pub async fn read_heartbeats<N: HeartbeatNode>(
     Err(IdError::NoQuorum {
         needed: majority,
         reachable: seen.len(),
+        accepted: None,
         total: nodes.len(),
         failures,
     })
