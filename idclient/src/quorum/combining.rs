@@ -196,7 +196,7 @@ impl<N: Register> QuorumClient<N> {
     /// Short, because a vanished leader (a crashed client, a killed broker) costs every
     /// member its lease; a leader that outlives it is safe, its members just stop waiting.
     fn lease(&self) -> Duration {
-        let round = Duration::from_nanos(self.round_ns.load(Ordering::Relaxed));
+        let round = self.round_time.get();
         (round * LEASE_ROUNDS).clamp(MIN_LEASE, self.combine.max_lease.max(MIN_LEASE))
     }
 

@@ -3,9 +3,10 @@
 
 use super::{QuorumClient, RoundLoss, CUT_BY_DEADLINE};
 use crate::register::Register;
+use crate::MovingAverage;
 use futures::stream::{FuturesUnordered, StreamExt};
 use idproto::NodeFailure;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -18,8 +19,8 @@ pub const MIN_READ_HEDGE: Duration = Duration::from_micros(500);
 
 /// What the majority reads keep between calls.
 pub(super) struct Reads {
-    /// Moving average of a majority read's duration, in ns: the read hedge's unit.
-    ns: AtomicU64,
+    /// How long a majority read takes: the read hedge's unit.
+    time: MovingAverage,
     /// The node a majority read asks first, in turn.
     cursor: AtomicUsize,
 }
@@ -28,7 +29,7 @@ impl Reads {
     /// No read timed yet: the first estimate is `initial`.
     pub(super) fn new(initial: Duration) -> Reads {
         Reads {
-            ns: AtomicU64::new(initial.as_nanos() as u64),
+            time: MovingAverage::new(initial),
             cursor: AtomicUsize::new(0),
         }
     }
@@ -109,9 +110,7 @@ impl<N: Register> QuorumClient<N> {
                     // Only reads the first majority answered count: a hedged read's time
                     // is the hedge's, and feeding it back would grow the hedge with
                     // every read that meets a silent node, up to half a reply timeout.
-                    let took = started.elapsed().as_nanos() as u64;
-                    let avg = self.reads.ns.load(Ordering::Relaxed);
-                    self.reads.ns.store((avg * 7 + took) / 8, Ordering::Relaxed);
+                    self.reads.time.record(started.elapsed());
                 }
                 return Ok(max);
             }
@@ -132,7 +131,7 @@ impl<N: Register> QuorumClient<N> {
     /// a few times the usual read, at least [`MIN_READ_HEDGE`], at most half a reply
     /// timeout.
     fn read_hedge(&self) -> Duration {
-        let usual = Duration::from_nanos(self.reads.ns.load(Ordering::Relaxed));
+        let usual = self.reads.time.get();
         (usual * READ_HEDGE_READS)
             .clamp(MIN_READ_HEDGE, (self.reply_timeout / 2).max(MIN_READ_HEDGE))
     }

@@ -33,7 +33,7 @@ use crate::backoff::Backoff;
 use crate::node::{Identities, Node, NodeAddr, TlsConfig};
 use crate::register::{NodeError, Register, Rendezvous, MAX_COUNT};
 use crate::rendezvous::Nonce;
-use crate::{IdError, IdRange, IdSource};
+use crate::{IdError, IdRange, IdSource, MovingAverage};
 use combining::{CombineState, DEFAULT_MAX_LEASE};
 use counters::{bump, AtomicCounters};
 use hedged::Reads;
@@ -42,7 +42,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 use tokio::time::Instant;
 
-/// The backoff window starts at one round's duration (measured, see `round_ns`) and
+/// The backoff window starts at one round's duration (measured, see `round_time`) and
 /// doubles per lost round; this is the first estimate, before any round was timed.
 pub const INITIAL_ROUND: Duration = Duration::from_micros(500);
 
@@ -182,10 +182,9 @@ pub struct QuorumClient<N: Register = Node> {
     reply_timeout: Duration,
     /// Highest register value seen on any node: the fast protocol's next guess is this + 1.
     last_known: AtomicU64,
-    /// Moving average of a write round's duration, in ns: the backoff unit, and the
-    /// lease's.
-    round_ns: AtomicU64,
-    /// Pauses after lost rounds, in units of `round_ns`.
+    /// How long a write round takes: the backoff unit, and the lease's.
+    round_time: MovingAverage,
+    /// Pauses after lost rounds, in units of `round_time`.
     backoff: Backoff,
     /// The majority read's timing and turn (see `hedged`).
     reads: Reads,
@@ -330,7 +329,7 @@ impl<N: Register> QuorumClient<N> {
             deadline,
             reply_timeout: DEFAULT_MAX_LEASE,
             last_known: AtomicU64::new(0),
-            round_ns: AtomicU64::new(INITIAL_ROUND.as_nanos() as u64),
+            round_time: MovingAverage::new(INITIAL_ROUND),
             backoff: Backoff::new(BACKOFF_CAP),
             reads: Reads::new(INITIAL_ROUND),
             combine: CombineState::new(rendezvous),
@@ -538,7 +537,7 @@ impl<N: Register> QuorumClient<N> {
 
     /// The pause after `losses` lost rounds in a row: one round time, doubling.
     fn backoff(&self, losses: u32) -> Duration {
-        let round = Duration::from_nanos(self.round_ns.load(Ordering::Relaxed));
+        let round = self.round_time.get();
         self.backoff.pause(round, losses)
     }
 

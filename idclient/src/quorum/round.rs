@@ -57,9 +57,7 @@ impl<N: Register> QuorumClient<N> {
         let started = Instant::now();
         let (decision, tally, failures) = self.collect_writes(lo, hi, deadline, batch).await?;
         self.last_known.fetch_max(tally.max_seen, Ordering::Relaxed);
-        let took = started.elapsed().as_nanos() as u64;
-        let avg = self.round_ns.load(Ordering::Relaxed);
-        self.round_ns.store((avg * 7 + took) / 8, Ordering::Relaxed);
+        self.round_time.record(started.elapsed());
         bump(&self.counters.rejects, tally.rejects as u64);
         match decision {
             Decision::Won => Ok(()),
