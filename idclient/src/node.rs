@@ -512,16 +512,11 @@ impl Node {
         }
     }
 
+    /// A new connection for the rounds: the node identified (a replica, or a server that
+    /// another node of the quorum already is, is refused) and, unless the check is off,
+    /// its durability checked.
     async fn connect(&self) -> Result<MultiplexedConnection, NodeError> {
-        let mut conn = self
-            .client
-            .get_multiplexed_async_connection_with_config(&self.config)
-            .await
-            .map_err(|e| NodeError::Unavailable(format!("connect: {}", self.describe_tls(&e))))?;
-        let identity = self.identify(&mut conn).await?;
-        if let Some(reason) = identity.refusal() {
-            return Err(NodeError::NotIndependent(reason));
-        }
+        let (mut conn, identity) = self.open_identified().await?;
         if let Some((index, peers)) = &self.peers {
             if let Some(other) = peers.claim(*index, &self.addr, &identity.run_id) {
                 return Err(NodeError::NotIndependent(format!(
@@ -537,6 +532,22 @@ impl Node {
             self.check(&mut conn).await?;
         }
         Ok(conn)
+    }
+
+    /// A fresh connection and the identity of the server behind it, a replica refused:
+    /// where [`Node::connect`] (the rounds' connection) and [`Node::inspect`] (`idctl
+    /// check`) start alike.
+    async fn open_identified(&self) -> Result<(MultiplexedConnection, Identity), NodeError> {
+        let mut conn = self
+            .client
+            .get_multiplexed_async_connection_with_config(&self.config)
+            .await
+            .map_err(|e| NodeError::Unavailable(format!("connect: {}", self.describe_tls(&e))))?;
+        let identity = self.identify(&mut conn).await?;
+        if let Some(reason) = identity.refusal() {
+            return Err(NodeError::NotIndependent(reason));
+        }
+        Ok((conn, identity))
     }
 
     /// The server's identity (`INFO`).
@@ -621,15 +632,7 @@ impl Node {
     /// # Errors
     /// Unreachable, a replica ([`NodeError::NotIndependent`]) or an unsafe setting.
     pub async fn inspect(&self) -> Result<Identity, NodeError> {
-        let mut conn = self
-            .client
-            .get_multiplexed_async_connection_with_config(&self.config)
-            .await
-            .map_err(|e| NodeError::Unavailable(format!("connect: {}", self.describe_tls(&e))))?;
-        let identity = self.identify(&mut conn).await?;
-        if let Some(reason) = identity.refusal() {
-            return Err(NodeError::NotIndependent(reason));
-        }
+        let (mut conn, identity) = self.open_identified().await?;
         self.check(&mut conn).await?;
         Ok(identity)
     }
