@@ -287,7 +287,9 @@ impl std::fmt::Debug for NodeAddr {
     }
 }
 
-struct ConnState {
+/// The one connection every call to a node shares (multiplexed), and the last failure
+/// to open it: a node that just failed is not reconnected before `RECONNECT_INTERVAL`.
+struct SharedConn {
     conn: Option<MultiplexedConnection>,
     last_failure: Option<(Instant, NodeError)>,
 }
@@ -303,7 +305,7 @@ pub struct Node {
     write_sha: String,
     combine_sha: String,
     connect_timeout: Duration,
-    state: tokio::sync::Mutex<ConnState>,
+    state: tokio::sync::Mutex<SharedConn>,
     /// An ACL denial was logged: once per node, since a denied rendezvous only makes
     /// clients fall back to their own rounds, silently but for this warning.
     warned_denied: std::sync::atomic::AtomicBool,
@@ -462,7 +464,7 @@ impl Node {
             write_sha: redis::Script::new(CONDITIONAL_WRITE).get_hash().to_string(),
             combine_sha: redis::Script::new(COMBINE).get_hash().to_string(),
             connect_timeout,
-            state: tokio::sync::Mutex::new(ConnState {
+            state: tokio::sync::Mutex::new(SharedConn {
                 conn: None,
                 last_failure: None,
             }),

@@ -122,16 +122,16 @@ impl Queue {
 
 /// Callers queued in the dispatcher, oldest first, with a lower bound of their deadlines
 /// and the one timer that answers them at their deadlines.
-struct Pending {
+struct Queued {
     waiters: VecDeque<Waiter>,
     /// No queued deadline comes before it (it may be stale: a lower bound).
     earliest: Option<Instant>,
     timer: Pin<Box<tokio::time::Sleep>>,
 }
 
-impl Pending {
-    fn new() -> Pending {
-        Pending {
+impl Queued {
+    fn new() -> Queued {
+        Queued {
             waiters: VecDeque::new(),
             earliest: None,
             timer: Box::pin(tokio::time::sleep_until(Instant::now())),
@@ -204,21 +204,21 @@ async fn dispatch(
 ) {
     let slots = Arc::new(Semaphore::new(in_flight));
     let mut slot = Box::pin(slots.clone().acquire_owned());
-    let mut pending = Pending::new();
+    let mut queued = Queued::new();
     let mut open = true;
     let mut out = tokio::task::JoinSet::new();
-    while open || !pending.waiters.is_empty() {
+    while open || !queued.waiters.is_empty() {
         // Everyone queued by now joins the next request (callers answered by the last
         // one queue again while its task yields, before its slot is free).
         while let Ok(w) = queue.try_recv() {
-            pending.push(w);
+            queued.push(w);
         }
         tokio::select! {
             biased;
-            permit = &mut slot, if !pending.waiters.is_empty() => {
+            permit = &mut slot, if !queued.waiters.is_empty() => {
                 slot.set(slots.clone().acquire_owned());
                 let Ok(permit) = permit else { break };
-                let batch = pending.take_batch(inner.max_count.load(Relaxed));
+                let batch = queued.take_batch(inner.max_count.load(Relaxed));
                 if batch.is_empty() {
                     continue;
                 }
@@ -241,10 +241,10 @@ async fn dispatch(
                 });
             }
             w = queue.recv(), if open => match w {
-                Some(w) => pending.push(w),
+                Some(w) => queued.push(w),
                 None => open = false,
             },
-            () = pending.timer.as_mut(), if pending.earliest.is_some() => pending.expire_due(),
+            () = queued.timer.as_mut(), if queued.earliest.is_some() => queued.expire_due(),
             Some(done) = out.join_next(), if !out.is_empty() => {
                 if let Err(e) = done {
                     tracing::error!("a coalesced request's task failed: {e}");
