@@ -387,7 +387,7 @@ impl<Q: WindowQuorum> WindowSource<Q> {
             Ok(Ok(true)) if w.alive && w.top.checked_add(1) == Some(p.lo) => {
                 self.counters.reservations.fetch_add(1, Relaxed);
                 let took = p.started.elapsed().as_nanos() as u64;
-                w.round_ns = (w.round_ns * 7 + took) / 8;
+                w.round_ns = idclient::MovingAverage::step(w.round_ns, took);
                 w.top = p.hi;
             }
             Ok(Ok(true)) => {

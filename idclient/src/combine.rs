@@ -30,7 +30,7 @@
 //! Where the code is: the protocol's types are `rendezvous.rs`, the node's side the
 //! [`Rendezvous`] trait (`register.rs`), the client's state machine (join, then follow,
 //! lead an open batch, or lead a batch of its own) `QuorumClient::combined` in
-//! `quorum.rs`; this module holds a client's subscription to the results and the wait
+//! `quorum/combining.rs`; this module holds a client's subscription to the results and the wait
 //! for one batch's result.
 
 use crate::register::{Register, Rendezvous};

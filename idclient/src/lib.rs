@@ -17,7 +17,8 @@
 //! - `quorum`: [`QuorumClient`], the direct client. One conditional-write round per
 //!   request ([`Protocol::Fast`], the default) or read-then-write ([`Protocol::Classic`]);
 //!   under contention it shares rounds through a rendezvous node ([`Combine`]).
-//! - `backoff`: the one seedable backoff of every retry loop.
+//! - `backoff`: the one seedable backoff of every retry loop; `average`: the one moving
+//!   average ([`MovingAverage`]) of round times.
 //! - [`broker_client`] (public): [`BrokerClient`](broker_client::BrokerClient), the client
 //!   of `idbroker`, with its config and `fetch_stats`.
 //! - [`broker_tls`] (public): TLS to the brokers' own listeners ([`BrokerTls`]), and a
@@ -30,6 +31,7 @@
 //! - the limits callers size things by: [`MAX_COUNT`] (the broker caps its rounds by it),
 //!   [`BACKOFF_CAP`] (a CLI default), and the lease bounds [`MIN_LEASE`], [`MAX_LEASE`] and
 //!   [`SOLO_STREAK`], which tests and the simulation check behaviour against;
+//! - [`MovingAverage`], which the broker's window times its rounds with too;
 //! - the node contract, for other node types (the simulation's `idtools::sim::SimNode`,
 //!   tests' fakes): [`Register`], [`Rendezvous`], [`HeartbeatNode`], [`NodeError`], [`WriteReply`],
 //!   [`Written`] and the rendezvous types above; and the Redis node itself, [`Node`],
@@ -41,6 +43,7 @@
 //! subscription plumbing) is internal. The tooling (local quorum launcher, history
 //! checker, simulation, bench driver, `idctl`) lives in `idtools`.
 
+mod average;
 mod backoff;
 pub mod broker_client;
 pub mod broker_tls;
@@ -51,6 +54,7 @@ mod register;
 mod rendezvous;
 mod script;
 
+pub use average::MovingAverage;
 pub use broker_tls::BrokerTls;
 pub use idproto::auth::Token;
 pub use idproto::{error, IdError, IdRange, IdSource, NodeFailure};

@@ -287,7 +287,9 @@ impl std::fmt::Debug for NodeAddr {
     }
 }
 
-struct ConnState {
+/// The one connection every call to a node shares (multiplexed), and the last failure
+/// to open it: a node that just failed is not reconnected before `RECONNECT_INTERVAL`.
+struct SharedConn {
     conn: Option<MultiplexedConnection>,
     last_failure: Option<(Instant, NodeError)>,
 }
@@ -303,7 +305,7 @@ pub struct Node {
     write_sha: String,
     combine_sha: String,
     connect_timeout: Duration,
-    state: tokio::sync::Mutex<ConnState>,
+    state: tokio::sync::Mutex<SharedConn>,
     /// An ACL denial was logged: once per node, since a denied rendezvous only makes
     /// clients fall back to their own rounds, silently but for this warning.
     warned_denied: std::sync::atomic::AtomicBool,
@@ -462,7 +464,7 @@ impl Node {
             write_sha: redis::Script::new(CONDITIONAL_WRITE).get_hash().to_string(),
             combine_sha: redis::Script::new(COMBINE).get_hash().to_string(),
             connect_timeout,
-            state: tokio::sync::Mutex::new(ConnState {
+            state: tokio::sync::Mutex::new(SharedConn {
                 conn: None,
                 last_failure: None,
             }),
@@ -512,16 +514,11 @@ impl Node {
         }
     }
 
+    /// A new connection for the rounds: the node identified (a replica, or a server that
+    /// another node of the quorum already is, is refused) and, unless the check is off,
+    /// its durability checked.
     async fn connect(&self) -> Result<MultiplexedConnection, NodeError> {
-        let mut conn = self
-            .client
-            .get_multiplexed_async_connection_with_config(&self.config)
-            .await
-            .map_err(|e| NodeError::Unavailable(format!("connect: {}", self.describe_tls(&e))))?;
-        let identity = self.identify(&mut conn).await?;
-        if let Some(reason) = identity.refusal() {
-            return Err(NodeError::NotIndependent(reason));
-        }
+        let (mut conn, identity) = self.open_identified().await?;
         if let Some((index, peers)) = &self.peers {
             if let Some(other) = peers.claim(*index, &self.addr, &identity.run_id) {
                 return Err(NodeError::NotIndependent(format!(
@@ -537,6 +534,22 @@ impl Node {
             self.check(&mut conn).await?;
         }
         Ok(conn)
+    }
+
+    /// A fresh connection and the identity of the server behind it, a replica refused:
+    /// where [`Node::connect`] (the rounds' connection) and [`Node::inspect`] (`idctl
+    /// check`) start alike.
+    async fn open_identified(&self) -> Result<(MultiplexedConnection, Identity), NodeError> {
+        let mut conn = self
+            .client
+            .get_multiplexed_async_connection_with_config(&self.config)
+            .await
+            .map_err(|e| NodeError::Unavailable(format!("connect: {}", self.describe_tls(&e))))?;
+        let identity = self.identify(&mut conn).await?;
+        if let Some(reason) = identity.refusal() {
+            return Err(NodeError::NotIndependent(reason));
+        }
+        Ok((conn, identity))
     }
 
     /// The server's identity (`INFO`).
@@ -621,15 +634,7 @@ impl Node {
     /// # Errors
     /// Unreachable, a replica ([`NodeError::NotIndependent`]) or an unsafe setting.
     pub async fn inspect(&self) -> Result<Identity, NodeError> {
-        let mut conn = self
-            .client
-            .get_multiplexed_async_connection_with_config(&self.config)
-            .await
-            .map_err(|e| NodeError::Unavailable(format!("connect: {}", self.describe_tls(&e))))?;
-        let identity = self.identify(&mut conn).await?;
-        if let Some(reason) = identity.refusal() {
-            return Err(NodeError::NotIndependent(reason));
-        }
+        let (mut conn, identity) = self.open_identified().await?;
         self.check(&mut conn).await?;
         Ok(identity)
     }

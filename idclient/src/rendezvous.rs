@@ -1,7 +1,7 @@
 //! The rendezvous protocol of combined rounds, as data: a batch's name ([`Nonce`]), the
 //! leases a leader holds ([`Leases`]), what `join` and `close` answer ([`Join`],
 //! [`Close`]), the result a leader publishes ([`BatchResult`]) and a member's share of it
-//! ([`member_range`]). How clients use it is `QuorumClient::combined` (quorum.rs,
+//! ([`member_range`]). How clients use it is `QuorumClient::combined` (quorum/combining.rs,
 //! with the results subscription of `combine.rs`); the Lua script that implements
 //! it on a Redis node is `script::COMBINE`, the simulation's model is
 //! `idtools::sim`.

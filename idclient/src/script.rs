@@ -189,7 +189,7 @@ mod tests {
     fn the_script_and_the_client_agree_on_the_ttl_limit() {
         assert!(COMBINE.contains(&format!("local LIMIT = {MAX_RENDEZVOUS_TTL_MS}\n")));
         assert!(CONDITIONAL_WRITE.contains(&format!("pttl <= {MAX_RENDEZVOUS_TTL_MS} then")));
-        // That client leases fit below it is checked where they are defined (quorum.rs).
+        // That client leases fit below it is checked where they are defined (quorum/combining.rs).
     }
 
     proptest! {

@@ -135,7 +135,7 @@ async fn the_documented_acl_is_enough_on_every_path() {
 
 /// Connects as a user missing `rule`, and if that works asks for an ID as any caller
 /// does (retrying lost rounds until the deadline; should the last round be cut short by
-/// the deadline, it keeps the cause the earlier rounds saw: quorum.rs unit test
+/// the deadline, it keeps the cause the earlier rounds saw: quorum/tests.rs unit test
 /// `a_round_cut_by_the_deadline_keeps_the_earlier_cause`). The error, which must say it
 /// is the ACL and never show the password.
 async fn error_without(rule: &str) -> String {
