@@ -1,5 +1,5 @@
 //! The leader election in the deterministic simulation: three brokers, each a real
-//! `LeaderSource` (the election state machine of `broker::leader` over the real
+//! `LeaderSource` (the election state machine of `broker::serve::election` over the real
 //! `QuorumElection`, plus window serving) on the simulated nodes, which model the term
 //! register (an ordinary, durable register `current:term`) and the volatile heartbeat
 //! `current:leader` through the same faulty network as every other message.
@@ -13,7 +13,7 @@
 //! history is checked; a monitor also checks that no term ever had two leaders.
 
 use super::*;
-use broker::leader::{Role, ELECTION_TIMEOUT};
+use broker::serve::election::{Role, ELECTION_TIMEOUT};
 use broker::{BrokerStats, ElectionConfig, ElectionQuorum, LeaderSource, QuorumElection};
 use idclient::{Heartbeat, Refresh};
 use std::collections::BTreeMap;

@@ -60,7 +60,7 @@ pub trait RoundSource: Send + Sync + 'static {
     /// The election this source serves under, if any: while it does not lead, RESP
     /// `QLIST.NEXT` requests are forwarded to the leader it names (`broker/src/forward.rs`).
     /// The default takes part in none.
-    fn election(&self) -> Option<Arc<crate::leader::Election>> {
+    fn election(&self) -> Option<Arc<crate::serve::election::Election>> {
         None
     }
 }

@@ -3,6 +3,11 @@
 //! quorum calls hang, as under SIGSTOP) or cut off from the heartbeat.
 
 use super::*;
+use crate::serve::batcher::RoundSource;
+use crate::serve::leader_source::LeaderSource;
+use crate::serve::window::{WindowQuorum, WindowSource};
+use idclient::IdRange;
+use idproto::wire::BrokerStats;
 use std::sync::atomic::AtomicBool;
 use tokio::sync::watch;
 

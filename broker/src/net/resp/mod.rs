@@ -24,7 +24,7 @@
 //! pipelines without reading stops being read at the in-flight cap.
 //!
 //! Followers: on a broker that does not lead (leader election), `QLIST.NEXT` is
-//! forwarded to the leader ([`crate::forward`]) by a task of its own that holds the
+//! forwarded to the leader ([`crate::net::forward`]) by a task of its own that holds the
 //! request's in-flight permit and sequence number, so its reply takes its place in
 //! order like any other, and later requests wait for it at most until its deadline.
 //!
@@ -37,12 +37,12 @@ mod request;
 
 pub use request::MAX_REQUEST_LEN;
 
-use crate::batcher::{Outgoing, Pending};
-use crate::conn::{self, ConnState, Ctx};
-use crate::forward::{Forwarded, Forwarder};
+use crate::serve::batcher::{Outgoing, Pending};
+use crate::net::binary::{self as conn, ConnState, Ctx};
+use crate::net::forward::{Forwarded, Forwarder};
 use crate::stats::Stats;
-use crate::tls::{self, TlsError};
-use crate::BrokerConfig;
+use crate::net::tls::{self, TlsError};
+use crate::config::BrokerConfig;
 use command::{command, Action, Session};
 use futures::FutureExt;
 use idclient::broker_tls::{ReadHalf, WriteHalf};
@@ -503,7 +503,7 @@ impl Reader<'_> {
                 conn::auth_failed(&self.ctx.stats).await;
                 self.local(seq, reply, None, permit).await?;
                 self.auth_failures += 1;
-                if self.auth_failures >= crate::MAX_AUTH_FAILURES {
+                if self.auth_failures >= crate::config::MAX_AUTH_FAILURES {
                     return Err(RespError::AuthFailures);
                 }
             }

@@ -1,17 +1,17 @@
 //! One client connection: a reader (handshake, frames, timeouts, backpressure) and a
 //! writer task (batches replies into few writes, bounded by a write timeout), both over
 //! idproto's framed connection ([`idproto::framed`]), the one the broker client uses too,
-//! over plain TCP or TLS (`crate::tls`: the handshake comes first, in this task).
+//! over plain TCP or TLS (`crate::net::tls`: the handshake comes first, in this task).
 //!
 //! Every wait of the reader is bounded: the handshake by the handshake timeout, every
 //! partial frame (header included) by the frame timeout, a connection with nothing in
 //! flight by the idle timeout. Reads go through a cancel-safe [`FrameReader`], so all
 //! of them are raced in one `select!` with shutdown and eviction.
 
-use crate::batcher::{Outgoing, Pending};
+use crate::serve::batcher::{Outgoing, Pending};
 use crate::stats::Stats;
-use crate::tls::{self, Proto, TlsError};
-use crate::BrokerConfig;
+use crate::net::tls::{self, Proto, TlsError};
+use crate::config::BrokerConfig;
 use idclient::broker_tls::{ReadHalf, WriteHalf};
 use idclient::IdError;
 use idproto::framed::{FrameReader, FrameWriter};
@@ -414,7 +414,7 @@ async fn handshake(
 /// guesser gets a few tries a second per connection slot, not hundreds of thousands.
 pub(crate) async fn auth_failed(stats: &Stats) {
     stats.auth_failures.fetch_add(1, Relaxed);
-    tokio::time::sleep(crate::AUTH_FAILURE_PAUSE).await;
+    tokio::time::sleep(crate::config::AUTH_FAILURE_PAUSE).await;
 }
 
 /// Handshake, then requests until the peer leaves or the broker stops.

@@ -16,7 +16,7 @@
 //!   `t` = [`ElectionConfig::election_timeout`], redrawn on every change, so followers
 //!   rarely stand at once) it becomes a candidate. A follower that finds no heartbeat
 //!   at all on a majority (a fresh quorum, or a leader that resigned on shutdown,
-//!   [`LeaderSource::resign`]) stands after two heartbeat intervals: there is no leader
+//!   [`LeaderSource::resign`](crate::LeaderSource::resign)) stands after two heartbeat intervals: there is no leader
 //!   to wait for.
 //! - Step down: a leader becomes a follower when a refresh finds the heartbeat of a higher
 //!   term on a node, when it could not refresh a majority for `t`, or when its window died
@@ -24,18 +24,14 @@
 //!   the term register shows a higher term.
 //!
 //! Only the leader serves; a follower or candidate answers `NextIds` with a redirect to
-//! the leader it knows ([`LeaderSource::redirect`]). Safety never depends on any of this:
+//! the leader it knows ([`LeaderSource`](crate::LeaderSource)). Safety never depends on any of this:
 //! windows stay safe with two leaders (they only cost holes), so timing only decides who
 //! serves and how fast a failover is.
 
-use crate::batcher::RoundSource;
-use crate::window::{WindowQuorum, WindowSource};
-use futures::future::{BoxFuture, FutureExt};
 use idclient::{
-    ClientConfig, Combine, Heartbeat, HeartbeatAuth, HeartbeatNode, IdError, IdRange, Node,
-    QuorumClient, Refresh, Register, Token,
+    ClientConfig, Combine, Heartbeat, HeartbeatAuth, HeartbeatNode, IdError, Node, QuorumClient,
+    Refresh, Register, Token,
 };
-use idproto::wire::BrokerStats;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use std::future::Future;
@@ -311,7 +307,7 @@ pub struct Election {
     /// broker's own address while it does not lead: a wrong `--advertise` on one of the
     /// two. RESP requests are then answered at once, not left to wait for a leader.
     own_address_named: AtomicBool,
-    /// Set when this broker resigned ([`LeaderSource::resign`]): until then, RESP
+    /// Set when this broker resigned ([`LeaderSource::resign`](crate::LeaderSource::resign)): until then, RESP
     /// requests it forwards wait for the next leader; after it, they are answered.
     handoff_until: Mutex<Option<Instant>>,
 }
@@ -333,6 +329,28 @@ impl Election {
             own_address_named: AtomicBool::new(false),
             handoff_until: Mutex::new(None),
         }
+    }
+
+    /// Whether this broker leads now: read without the lock, on every request.
+    pub(crate) fn leading(&self) -> bool {
+        self.leading.load(Relaxed)
+    }
+
+    /// The leader a request is redirected to (`None`: none known), counted as a redirect.
+    pub(crate) fn redirect(&self) -> Option<String> {
+        let leader = self.lock().leader.clone();
+        self.redirects.fetch_add(1, Relaxed);
+        leader
+    }
+
+    /// Requests redirected so far.
+    pub fn redirects(&self) -> u64 {
+        self.redirects.load(Relaxed)
+    }
+
+    /// This broker resigned: requests wait for the next leader until `until`, no longer.
+    pub(crate) fn hand_off_until(&self, until: Instant) {
+        *self.handoff_until.lock().unwrap_or_else(|p| p.into_inner()) = Some(until);
     }
 
     /// When this broker resigned: until when a request waits for the next leader
@@ -415,6 +433,32 @@ impl Election {
         *s = new;
         self.leading.store(role == Role::Leader, Relaxed);
     }
+}
+
+/// Starts the election task of `shared` over `quorum`: it follows, stands and leads
+/// until aborted; `window_died` is the hint that a newer leader may exist
+/// ([`WindowSource::died`](crate::serve::window::WindowSource::died)).
+pub(crate) fn spawn<E: ElectionQuorum>(
+    quorum: Arc<E>,
+    config: ElectionConfig,
+    shared: Arc<Election>,
+    window_died: Arc<Notify>,
+) -> JoinHandle<()> {
+    tokio::spawn(Machine::new(quorum, config, shared, window_died).run())
+}
+
+/// Starts an election task that only watches, from `term` on (a broker that resigned):
+/// it learns the next leader, and never stands.
+pub(crate) fn spawn_watcher<E: ElectionQuorum>(
+    quorum: Arc<E>,
+    config: ElectionConfig,
+    shared: Arc<Election>,
+    term: u64,
+) -> JoinHandle<()> {
+    let mut m = Machine::new(quorum, config, shared, Arc::new(Notify::new()));
+    m.resigned = true;
+    m.term = term;
+    tokio::spawn(m.run())
 }
 
 /// The election task's own state.
@@ -778,163 +822,6 @@ impl<E: ElectionQuorum> Machine<E> {
                 }
             }
         }
-    }
-}
-
-/// A window-serving source that serves only while it leads: the [`WindowSource`] plus
-/// the election task (aborted when this is dropped).
-pub struct LeaderSource<Q> {
-    window: Arc<WindowSource<Q>>,
-    election: Arc<Election>,
-    task: JoinHandle<()>,
-    /// Deletes the heartbeat of a term, within a time (the quorum's
-    /// [`ElectionQuorum::resign`]).
-    resign: Box<dyn Fn(u64, Duration) -> BoxFuture<'static, ()> + Send + Sync>,
-    /// Starts an election task that only watches, from a term on (see
-    /// [`LeaderSource::resign`]).
-    watch_only: Box<dyn Fn(u64) -> JoinHandle<()> + Send + Sync>,
-    /// That task, once resigned (aborted when this is dropped).
-    watcher: Mutex<Option<JoinHandle<()>>>,
-    heartbeat: Duration,
-    /// How long a resigned broker's RESP requests wait for the next leader.
-    handoff: Duration,
-}
-
-impl<Q: WindowQuorum> LeaderSource<Q> {
-    /// Serves from `window` while elected through `quorum`; starts the election task.
-    ///
-    /// # Errors
-    /// A configuration that [`ElectionConfig::validate`] refuses.
-    pub fn start<E: ElectionQuorum>(
-        window: Arc<WindowSource<Q>>,
-        quorum: Arc<E>,
-        config: ElectionConfig,
-    ) -> Result<LeaderSource<Q>, String> {
-        config.validate()?;
-        let election = Arc::new(Election::new(config.advertise.clone()));
-        let heartbeat = config.heartbeat;
-        let handoff = config.election_timeout * 4;
-        let resign = {
-            let quorum = quorum.clone();
-            Box::new(move |term, within| {
-                let quorum = quorum.clone();
-                async move { quorum.resign(term, Instant::now() + within).await }.boxed()
-            })
-        };
-        let watch_only = {
-            let (quorum, config, election) = (quorum.clone(), config.clone(), election.clone());
-            Box::new(move |term| {
-                let died = Arc::new(Notify::new());
-                let mut m = Machine::new(quorum.clone(), config.clone(), election.clone(), died);
-                m.resigned = true;
-                m.term = term;
-                tokio::spawn(m.run())
-            })
-        };
-        let machine = Machine::new(quorum, config, election.clone(), window.died());
-        let task = tokio::spawn(machine.run());
-        Ok(LeaderSource {
-            window,
-            election,
-            task,
-            resign,
-            watch_only,
-            watcher: Mutex::new(None),
-            heartbeat,
-            handoff,
-        })
-    }
-
-    /// Leaves the election for good (a graceful shutdown): stops the election task and,
-    /// if leading, deletes its heartbeat so the followers stand at once instead of after
-    /// their timeout. Batches already queued are still served (safety never depends on
-    /// who leads); new requests are redirected.
-    ///
-    /// Handoff: from then on an election task that only WATCHES (never stands) learns the
-    /// next leader, so RESP requests this broker took meanwhile are forwarded to it
-    /// (within four election timeouts; after that they are answered "no leader known" at
-    /// once) instead of waiting out their deadline for a leader nobody would name.
-    pub async fn resign(&self) {
-        self.task.abort();
-        let s = self.election.status();
-        *self
-            .election
-            .handoff_until
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = Some(Instant::now() + self.handoff);
-        self.election.set(Role::Follower, s.term, None);
-        if s.role == Role::Leader {
-            tracing::info!(term = s.term, "resigning the lead");
-            (self.resign)(s.term, self.heartbeat * 2).await;
-        }
-        let watcher = (self.watch_only)(s.term);
-        let old = self
-            .watcher
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .replace(watcher);
-        if let Some(old) = old {
-            old.abort();
-        }
-    }
-
-    /// The window this source serves from.
-    pub fn window(&self) -> &Arc<WindowSource<Q>> {
-        &self.window
-    }
-
-    /// The election's state.
-    pub fn election(&self) -> &Arc<Election> {
-        &self.election
-    }
-}
-
-impl<Q> Drop for LeaderSource<Q> {
-    fn drop(&mut self) {
-        self.task.abort();
-        if let Some(w) = self
-            .watcher
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-        {
-            w.abort();
-        }
-    }
-}
-
-impl<Q: WindowQuorum> RoundSource for LeaderSource<Q> {
-    fn next_ids_until(
-        &self,
-        n: u64,
-        deadline: Instant,
-    ) -> impl Future<Output = Result<IdRange, IdError>> + Send {
-        // A batch queued while leading is served even if the broker stepped down since:
-        // windows are safe with any number of leaders.
-        self.window.next_ids_until(n, deadline)
-    }
-
-    fn describe(&self, stats: &mut BrokerStats) {
-        self.window.describe(stats);
-        let s = self.election.status();
-        stats.role = s.role.name().to_string();
-        stats.term = s.term;
-        stats.leader = s.leader;
-        stats.redirects = self.election.redirects.load(Relaxed);
-    }
-
-    /// Not the leader: `Some(leader)` (counted as a redirect), the request is not started.
-    fn redirect(&self) -> Option<Option<String>> {
-        if self.election.leading.load(Relaxed) {
-            return None;
-        }
-        let leader = self.election.lock().leader.clone();
-        self.election.redirects.fetch_add(1, Relaxed);
-        Some(leader)
-    }
-
-    fn election(&self) -> Option<Arc<Election>> {
-        Some(self.election.clone())
     }
 }
 

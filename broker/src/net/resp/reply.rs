@@ -189,7 +189,7 @@ pub(super) fn server_reply(msg: ServerMsg) -> Reply {
         ]),
         ServerMsg::Failed { error, .. } => Reply::err(format!("ERR {error}")),
         // Plain Redis clients follow no redirect: a follower forwards their requests
-        // (crate::forward). This is left for a broker that stepped down between the
+        // (crate::net::forward). This is left for a broker that stepped down between the
         // check and the queueing of a request, and, with no leader, for a forward that
         // found none within its deadline.
         ServerMsg::Redirect {

@@ -11,7 +11,7 @@
 //! the broker client's too): tokio's owned TCP halves for plain connections, as before,
 //! `tokio::io::split` halves of the TLS stream otherwise.
 
-use crate::conn::{ConnState, Ctx};
+use crate::net::binary::{ConnState, Ctx};
 use crate::stats::Stats;
 use idclient::broker_tls::{self, load_certs, load_key, ReadHalf, WriteHalf};
 use idproto::wire::{self, ServerMsg};

@@ -1,0 +1,15 @@
+//! Serving IDs, with no socket code: what a batch of requests gets from the quorum.
+//!
+//! - [`batcher`]: group commit; one round (or a few pipelined ones) per batch of
+//!   queued requests, split in arrival order.
+//! - [`window`]: [`window::WindowSource`], batches served from confirmed windows.
+//! - [`election`]: leader election among window-serving brokers, and
+//!   [`election::LeaderSource`], which serves only while elected.
+//!
+//! The network side ([`crate::net`]) reaches this side only through the batch queue and
+//! the source's trait; nothing here imports it.
+
+pub mod batcher;
+pub mod election;
+pub mod leader_source;
+pub mod window;
