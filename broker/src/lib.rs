@@ -45,7 +45,7 @@ pub use config::*;
 pub use idproto::wire::BrokerStats;
 pub use net::resp::MAX_REQUEST_LEN as MAX_RESP_REQUEST_LEN;
 pub use net::ListenTls;
-pub use serve::batcher::RoundSource;
+pub use serve::source::{Admit, Leadership, RoundSource};
 pub use serve::election::{ElectionConfig, ElectionQuorum, QuorumElection};
 pub use serve::leader_source::LeaderSource;
 pub use serve::window::{WindowMutant, WindowQuorum, WindowSource, WindowStats};
@@ -105,11 +105,11 @@ pub async fn run_with<S: RoundSource>(
         name: name.clone(),
         pipeline: config.pipeline,
     };
-    let redirect: net::binary::Redirect = {
+    let admit: net::binary::Admission = {
         let source = source.clone();
-        Arc::new(move || source.redirect())
+        Arc::new(move || source.admit())
     };
-    let election = source.election();
+    let leadership = source.leadership();
     let batcher = tokio::spawn(serve::batcher::run(
         source,
         batch_rx,
@@ -120,11 +120,10 @@ pub async fn run_with<S: RoundSource>(
     let logger = tokio::spawn(log_stats(stats.clone(), config.stats_interval));
     let (done_tx, mut done_rx) = mpsc::channel::<()>(1);
     // Only RESP requests are forwarded (binary clients follow redirects themselves).
-    let forward = election
+    let forward = leadership
         .filter(|_| resp.is_some())
-        .map(|election| Arc::new(net::forward::Forwarder::new(election, &config)));
-    let mut acceptor = Acceptor::new(config, stats.clone(), batch_tx, stopping, done_tx);
-    acceptor.redirect = Some(redirect);
+        .map(|leadership| Arc::new(net::forward::Forwarder::new(leadership, &config)));
+    let mut acceptor = Acceptor::new(config, stats.clone(), batch_tx, stopping, done_tx, admit);
     acceptor.forward = forward;
     let acceptor = Arc::new(acceptor);
     tracing::info!(listen = %name, "broker serving");

@@ -8,7 +8,7 @@
 //! read (a window confirmation) and reservation on atomics, and notes the last success
 //! for [`Readiness`].
 
-use crate::serve::batcher::RoundSource;
+use crate::serve::source::RoundSource;
 use crate::stats::Stats;
 use crate::serve::window::WindowQuorum;
 use futures::future::BoxFuture;

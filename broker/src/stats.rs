@@ -1,7 +1,7 @@
 //! The broker's counters: lock-free atomics updated by the batcher and the connections,
 //! snapshotted into [`BrokerStats`] for the wire and the periodic log line.
 
-use crate::RoundSource;
+use crate::serve::source::RoundSource;
 use idproto::wire::{BrokerStats, BATCH_BUCKETS};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock};

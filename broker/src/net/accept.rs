@@ -53,8 +53,8 @@ pub(crate) struct Acceptor {
     admitting: Arc<Semaphore>,
     conns: Conns,
     next_conn: AtomicU64,
-    /// The source's redirect check (none: serve everything).
-    pub(crate) redirect: Option<conn::Redirect>,
+    /// The source's admission check, asked before each request is queued.
+    admit: conn::Admission,
     /// Forwarding of RESP requests to the leader, when the source takes part in an
     /// election.
     pub(crate) forward: Option<Arc<forward::Forwarder>>,
@@ -67,6 +67,7 @@ impl Acceptor {
         batch_tx: mpsc::Sender<batcher::Pending>,
         stopping: watch::Receiver<bool>,
         done: mpsc::Sender<()>,
+        admit: conn::Admission,
     ) -> Acceptor {
         Acceptor {
             limit: Arc::new(Semaphore::new(config.max_connections)),
@@ -74,7 +75,7 @@ impl Acceptor {
             admitting: Arc::new(Semaphore::new(MAX_ADMITTING)),
             conns: Arc::default(),
             next_conn: AtomicU64::new(0),
-            redirect: None,
+            admit,
             forward: None,
             config,
             stats,
@@ -164,7 +165,7 @@ impl Acceptor {
             stats: self.stats.clone(),
             batch_tx: self.batch_tx.clone(),
             stopping: self.stopping.clone(),
-            redirect: self.redirect.clone().unwrap_or_else(|| Arc::new(|| None)),
+            admit: self.admit.clone(),
         };
         let state = Arc::new(conn::ConnState::new(self.config.max_in_flight_per_conn));
         state.hold_slot(slot);

@@ -9,6 +9,7 @@
 //! of them are raced in one `select!` with shutdown and eviction.
 
 use crate::serve::batcher::{Outgoing, Pending};
+use crate::serve::source::Admit;
 use crate::stats::Stats;
 use crate::net::tls::{self, Proto, TlsError};
 use crate::config::BrokerConfig;
@@ -190,9 +191,9 @@ impl ConnState {
     }
 }
 
-/// The source's [`RoundSource::redirect`](crate::RoundSource::redirect), asked before a
+/// The source's [`RoundSource::admit`](crate::RoundSource::admit), asked before a
 /// request is queued.
-pub(crate) type Redirect = Arc<dyn Fn() -> Option<Option<String>> + Send + Sync>;
+pub(crate) type Admission = Arc<dyn Fn() -> Admit + Send + Sync>;
 
 /// What every connection shares.
 pub(crate) struct Ctx {
@@ -200,7 +201,7 @@ pub(crate) struct Ctx {
     pub stats: Arc<Stats>,
     pub batch_tx: mpsc::Sender<Pending>,
     pub stopping: watch::Receiver<bool>,
-    pub redirect: Redirect,
+    pub admit: Admission,
 }
 
 /// Serves one connection until the peer leaves, misbehaves, idles out, is evicted or
@@ -473,7 +474,7 @@ pub(crate) async fn next_ids(
             IdError::BadRequest(format!("count {count} is outside 1..={}", config.max_count));
         return reply(out_tx, ServerMsg::Failed { id, error }, Some(permit)).await;
     }
-    if let Some(leader) = (ctx.redirect)() {
+    if let Admit::Redirect(leader) = (ctx.admit)() {
         // Not the leader: nothing is started for this request (DESIGN.md, "Leader and
         // followers"); the client resends it to `leader`.
         return reply(out_tx, ServerMsg::Redirect { id, leader }, Some(permit)).await;

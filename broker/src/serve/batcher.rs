@@ -21,59 +21,15 @@
 
 use crate::stats::Stats;
 use futures::stream::{FuturesUnordered, StreamExt};
-use idclient::{IdError, IdRange, QuorumClient};
-use idproto::wire::{BrokerStats, ServerMsg};
+use crate::serve::source::RoundSource;
+use idclient::{IdError, IdRange};
+use idproto::wire::ServerMsg;
 use std::future::Future;
 use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit};
 use tokio::time::Instant;
-
-/// What the batcher needs from the quorum: one round for `n` IDs that gives up at
-/// `deadline`. [`QuorumClient`] implements it; tests and simulations plug in fakes.
-pub trait RoundSource: Send + Sync + 'static {
-    /// Reserves `n` consecutive IDs in one round (retrying contention internally),
-    /// giving up at `deadline`.
-    ///
-    /// # Errors
-    /// As [`idclient::IdSource::next_ids`].
-    fn next_ids_until(
-        &self,
-        n: u64,
-        deadline: Instant,
-    ) -> impl Future<Output = Result<IdRange, IdError>> + Send;
-
-    /// Fills in the source's part of the counters: its role and, when it serves windows,
-    /// the window counters. The default is a `--serve rounds` source.
-    fn describe(&self, stats: &mut BrokerStats) {
-        stats.role = "rounds".to_string();
-    }
-
-    /// `Some(leader)` when this broker must not serve: each `NextIds` is then answered
-    /// with a redirect to `leader` (`None`: no leader known) and never started. Called
-    /// once per request, which it may count. The default serves everything.
-    fn redirect(&self) -> Option<Option<String>> {
-        None
-    }
-
-    /// The election this source serves under, if any: while it does not lead, RESP
-    /// `QLIST.NEXT` requests are forwarded to the leader it names (`broker/src/forward.rs`).
-    /// The default takes part in none.
-    fn election(&self) -> Option<Arc<crate::serve::election::Election>> {
-        None
-    }
-}
-
-impl RoundSource for QuorumClient {
-    fn next_ids_until(
-        &self,
-        n: u64,
-        deadline: Instant,
-    ) -> impl Future<Output = Result<IdRange, IdError>> + Send {
-        QuorumClient::next_ids_until(self, n, deadline)
-    }
-}
 
 /// A reply on its way to a connection's writer. The permit is the connection's
 /// in-flight slot: it is released only once the reply has been written, so a client

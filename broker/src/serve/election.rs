@@ -28,6 +28,7 @@
 //! windows stay safe with two leaders (they only cost holes), so timing only decides who
 //! serves and how fast a failover is.
 
+use crate::serve::source::{Leadership, Role, Status};
 use idclient::{
     ClientConfig, Combine, Heartbeat, HeartbeatAuth, HeartbeatNode, IdError, Node, QuorumClient,
     Refresh, Register, Token,
@@ -262,35 +263,6 @@ impl ElectionConfig {
     }
 }
 
-/// A broker's part in the election.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
-    Follower,
-    Candidate,
-    Leader,
-}
-
-impl Role {
-    /// As `BrokerStats::role` shows it.
-    pub fn name(self) -> &'static str {
-        match self {
-            Role::Follower => "follower",
-            Role::Candidate => "candidate",
-            Role::Leader => "leader",
-        }
-    }
-}
-
-/// Where the election stands, as this broker sees it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Status {
-    pub role: Role,
-    /// The highest term seen (0: none yet).
-    pub term: u64,
-    /// The leader's advertised address, if one is known.
-    pub leader: Option<String>,
-}
-
 /// The election's state, shared by its task and the serving path.
 pub struct Election {
     status: Mutex<Status>,
@@ -432,6 +404,28 @@ impl Election {
         }
         *s = new;
         self.leading.store(role == Role::Leader, Relaxed);
+    }
+}
+
+impl Leadership for Election {
+    fn status(&self) -> Status {
+        Election::status(self)
+    }
+
+    fn subscribe(&self) -> watch::Receiver<Status> {
+        Election::subscribe(self)
+    }
+
+    fn advertise(&self) -> &str {
+        Election::advertise(self)
+    }
+
+    fn own_address_named(&self) -> bool {
+        Election::own_address_named(self)
+    }
+
+    fn handoff_until(&self) -> Option<Instant> {
+        Election::handoff_until(self)
     }
 }
 

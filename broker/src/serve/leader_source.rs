@@ -2,8 +2,8 @@
 //! the election ([`crate::serve::election`]); otherwise each request is redirected to the
 //! leader. Safety never depends on who leads: windows stay safe with two leaders.
 
-use crate::serve::batcher::RoundSource;
-use crate::serve::election::{self, Election, ElectionConfig, ElectionQuorum, Role};
+use crate::serve::source::{Admit, Leadership, Role, RoundSource};
+use crate::serve::election::{self, Election, ElectionConfig, ElectionQuorum};
 use crate::serve::window::{WindowQuorum, WindowSource};
 use futures::future::{BoxFuture, FutureExt};
 use idclient::{IdError, IdRange};
@@ -148,15 +148,15 @@ impl<Q: WindowQuorum> RoundSource for LeaderSource<Q> {
         stats.redirects = self.election.redirects();
     }
 
-    /// Not the leader: `Some(leader)` (counted as a redirect), the request is not started.
-    fn redirect(&self) -> Option<Option<String>> {
+    /// Not the leader: a redirect to the leader it knows (counted), nothing started.
+    fn admit(&self) -> Admit {
         if self.election.leading() {
-            return None;
+            return Admit::Serve;
         }
-        Some(self.election.redirect())
+        Admit::Redirect(self.election.redirect())
     }
 
-    fn election(&self) -> Option<Arc<Election>> {
+    fn leadership(&self) -> Option<Arc<dyn Leadership>> {
         Some(self.election.clone())
     }
 }

@@ -12,4 +12,5 @@
 pub mod batcher;
 pub mod election;
 pub mod leader_source;
+pub mod source;
 pub mod window;

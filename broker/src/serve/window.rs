@@ -31,7 +31,7 @@
 //! demand: about [`ROUNDS_OF_DEMAND`] reservation times' worth of the IDs served per
 //! second, between [`MIN_WINDOW`] and [`MAX_WINDOW`].
 
-use crate::serve::batcher::RoundSource;
+use crate::serve::source::RoundSource;
 use idclient::MAX_COUNT;
 use idclient::{IdError, IdRange, QuorumClient};
 use idproto::wire::BrokerStats;

@@ -3,7 +3,7 @@
 //! quorum calls hang, as under SIGSTOP) or cut off from the heartbeat.
 
 use super::*;
-use crate::serve::batcher::RoundSource;
+use crate::serve::source::RoundSource;
 use crate::serve::leader_source::LeaderSource;
 use crate::serve::window::{WindowQuorum, WindowSource};
 use idclient::IdRange;
@@ -217,7 +217,7 @@ async fn with_no_heartbeat_one_broker_is_elected_and_the_others_follow_and_redir
     let nodes = Arc::new(Nodes::default());
     let brokers: Vec<Broker> = (0..3).map(|i| Broker::start(&nodes, i)).collect();
     // Before anything is known: a follower with no leader redirects to none.
-    assert_eq!(brokers[0].source.redirect(), Some(None));
+    assert_eq!(brokers[0].source.admit(), Admit::Redirect(None));
     until(Duration::from_secs(5), "one leader, followed", || {
         settled(&brokers).is_some()
     })
@@ -229,14 +229,14 @@ async fn with_no_heartbeat_one_broker_is_elected_and_the_others_follow_and_redir
     assert_eq!(settled(&brokers), Some(l));
     assert_eq!(brokers[l].status().term, term);
     // The leader serves; the others redirect to it, and count it.
-    assert_eq!(brokers[l].source.redirect(), None);
+    assert_eq!(brokers[l].source.admit(), Admit::Serve);
     let f = (l + 1) % 3;
     let mut stats = BrokerStats::default();
     brokers[f].source.describe(&mut stats);
     let redirects = stats.redirects;
     assert_eq!(
-        brokers[f].source.redirect(),
-        Some(Some(brokers[l].addr.clone()))
+        brokers[f].source.admit(),
+        Admit::Redirect(Some(brokers[l].addr.clone()))
     );
     brokers[f].source.describe(&mut stats);
     assert_eq!(
@@ -426,7 +426,7 @@ async fn a_new_broker_waits_out_a_stale_heartbeat_before_standing() {
         || b.status().leader.as_deref() == Some("gone:1"),
     )
     .await;
-    assert_eq!(b.source.redirect(), Some(Some("gone:1".into())));
+    assert_eq!(b.source.admit(), Admit::Redirect(Some("gone:1".into())));
     until(Duration::from_secs(5), "leads", || {
         b.status().role == Role::Leader
     })
@@ -465,7 +465,7 @@ async fn a_resigning_leader_is_replaced_before_the_election_timeout() {
     // The resigned broker takes no further part: it redirects and never stands.
     tokio::time::sleep(ELECTION_TIMEOUT * 10).await;
     assert_eq!(brokers[l].status().role, Role::Follower);
-    assert!(brokers[l].source.redirect().is_some());
+    assert!(matches!(brokers[l].source.admit(), Admit::Redirect(_)));
 }
 
 /// A leader partitioned from every node steps down and another is elected; when the
