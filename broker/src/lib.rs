@@ -105,7 +105,7 @@ pub async fn run_with<S: RoundSource>(
         name: name.clone(),
         pipeline: config.pipeline,
     };
-    let admit: net::binary::Admission = {
+    let admit: net::session::Admission = {
         let source = source.clone();
         Arc::new(move || source.admit())
     };

@@ -2,18 +2,17 @@
 //! cap, and refusals; each connection is served by a task of its own.
 
 use crate::config::BrokerConfig;
-use crate::net::{binary as conn, forward, resp, tls};
+use crate::net::refuse::{self, Protocol};
+use crate::net::session::{Admission, Ctx, SlotHolder};
+use crate::net::{binary, forward, resp};
 use crate::serve::batcher;
 use crate::stats::Stats;
-use idproto::framed::FrameWriter;
-use idproto::wire::{ServerMsg, WireError};
 use std::collections::HashMap;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::io::AsyncReadExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::{mpsc, watch, OwnedSemaphorePermit, Semaphore};
 use tokio::time::Instant;
@@ -30,10 +29,6 @@ const MAX_ADMITTING: usize = 64;
 /// Connections being refused at the cap at once (each is told why, then closed);
 /// beyond that a refused connection is just closed.
 const MAX_REFUSING: usize = 64;
-
-/// How long a refused connection is drained after its `Refused` is sent, so the
-/// client's own `Hello` does not turn the close into a reset that hides the reason.
-const REFUSE_LINGER: Duration = Duration::from_millis(500);
 
 /// The accept loop's state: what every connection shares, and the connection slots.
 /// Shared (behind an `Arc`) with the tasks admitting connections at the cap.
@@ -54,7 +49,7 @@ pub(crate) struct Acceptor {
     conns: Conns,
     next_conn: AtomicU64,
     /// The source's admission check, asked before each request is queued.
-    admit: conn::Admission,
+    admit: Admission,
     /// Forwarding of RESP requests to the leader, when the source takes part in an
     /// election.
     pub(crate) forward: Option<Arc<forward::Forwarder>>,
@@ -67,7 +62,7 @@ impl Acceptor {
         batch_tx: mpsc::Sender<batcher::Pending>,
         stopping: watch::Receiver<bool>,
         done: mpsc::Sender<()>,
-        admit: conn::Admission,
+        admit: Admission,
     ) -> Acceptor {
         Acceptor {
             limit: Arc::new(Semaphore::new(config.max_connections)),
@@ -99,10 +94,10 @@ impl Acceptor {
             let accepted = tokio::select! {
                 biased;
                 _ = &mut shutdown => return,
-                accepted = listener.accept() => (accepted, false),
-                accepted = accept_resp(resp) => (accepted, true),
+                accepted = listener.accept() => (accepted, Protocol::Binary),
+                accepted = accept_resp(resp) => (accepted, Protocol::Resp),
             };
-            let (accepted, is_resp) = accepted;
+            let (accepted, protocol) = accepted;
             let (stream, peer) = match accepted {
                 Ok(a) => a,
                 Err(e) => {
@@ -113,8 +108,8 @@ impl Acceptor {
                 }
             };
             match self.limit.clone().try_acquire_owned() {
-                Ok(slot) => self.spawn_conn(stream, peer, slot, is_resp),
-                Err(_) => self.admit_at_cap(stream, peer, is_resp),
+                Ok(slot) => self.spawn_conn(stream, peer, slot, protocol),
+                Err(_) => self.admit_at_cap(stream, peer, protocol),
             }
         }
     }
@@ -122,52 +117,47 @@ impl Acceptor {
     /// At the cap: evicts a victim (see [`choose_victim`]) and, in a task of its own,
     /// waits for a free slot for the new connection, or refuses it at once when no
     /// connection may be evicted or too many already wait.
-    fn admit_at_cap(self: &Arc<Self>, stream: TcpStream, peer: SocketAddr, is_resp: bool) {
+    fn admit_at_cap(self: &Arc<Self>, stream: TcpStream, peer: SocketAddr, protocol: Protocol) {
         let Ok(waiting) = self.admitting.clone().try_acquire_owned() else {
-            return self.refuse(stream, peer, is_resp);
+            return self.refuse(stream, peer, protocol);
         };
         if choose_victim(&self.conns, self.config.evict_min_idle).is_none() {
-            return self.refuse(stream, peer, is_resp);
+            return self.refuse(stream, peer, protocol);
         }
         let this = self.clone();
         tokio::spawn(async move {
             let slot = tokio::time::timeout(EVICT_WAIT, this.limit.clone().acquire_owned()).await;
             drop(waiting);
             match slot {
-                Ok(Ok(slot)) => this.spawn_conn(stream, peer, slot, is_resp),
-                _ => this.refuse(stream, peer, is_resp),
+                Ok(Ok(slot)) => this.spawn_conn(stream, peer, slot, protocol),
+                _ => this.refuse(stream, peer, protocol),
             }
         });
     }
 
     /// Tells a connection over the cap that it is refused, in its protocol.
-    fn refuse(&self, stream: TcpStream, peer: SocketAddr, is_resp: bool) {
-        if self.config.tls.is_some() {
-            tls::refuse_at_cap(peer, &self.stats);
-        } else if is_resp {
-            resp::refuse_at_cap(stream, peer, &self.refusing, &self.stats);
-        } else {
-            refuse_at_cap(stream, peer, &self.refusing, &self.config, &self.stats);
-        }
+    fn refuse(&self, stream: TcpStream, peer: SocketAddr, protocol: Protocol) {
+        let (refusing, config, stats) = (&self.refusing, &self.config, &self.stats);
+        refuse::at_cap(stream, peer, protocol, refusing, config, stats);
     }
 
     /// Serves `stream` in its own task; the connection holds the slot `slot` until it
-    /// ends or leaves ([`conn::ConnState::release_slot`]).
+    /// ends or leaves ([`SlotHolder::release_slot`]).
     fn spawn_conn(
         &self,
         stream: TcpStream,
         peer: SocketAddr,
         slot: OwnedSemaphorePermit,
-        is_resp: bool,
+        protocol: Protocol,
     ) {
-        let ctx = conn::Ctx {
+        let ctx = Ctx {
             config: self.config.clone(),
             stats: self.stats.clone(),
             batch_tx: self.batch_tx.clone(),
             stopping: self.stopping.clone(),
             admit: self.admit.clone(),
         };
-        let state = Arc::new(conn::ConnState::new(self.config.max_in_flight_per_conn));
+        let state = Arc::new(SlotHolder::new(self.config.max_in_flight_per_conn));
         state.hold_slot(slot);
         let key = self.next_conn.fetch_add(1, Relaxed);
         lock(&self.conns).insert(key, state.clone());
@@ -175,10 +165,9 @@ impl Acceptor {
         let done = self.done.clone();
         let forward = self.forward.clone();
         tokio::spawn(async move {
-            if is_resp {
-                resp::serve(stream, peer, ctx, state.clone(), forward).await;
-            } else {
-                conn::serve(stream, peer, ctx, state.clone()).await;
+            match protocol {
+                Protocol::Resp => resp::serve(stream, peer, ctx, state.clone(), forward).await,
+                Protocol::Binary => binary::serve(stream, peer, ctx, state.clone()).await,
             }
             lock(&conns).remove(&key);
             state.release_slot();
@@ -196,9 +185,9 @@ async fn accept_resp(resp: Option<&TcpListener>) -> std::io::Result<(TcpStream, 
 }
 
 /// The open connections, by a broker-local key, for eviction at the cap.
-type Conns = Arc<Mutex<HashMap<u64, Arc<conn::ConnState>>>>;
+type Conns = Arc<Mutex<HashMap<u64, Arc<SlotHolder>>>>;
 
-fn lock(conns: &Conns) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<conn::ConnState>>> {
+fn lock(conns: &Conns) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<SlotHolder>>> {
     // Plain inserts and removes: a panic elsewhere cannot leave the map inconsistent.
     conns.lock().unwrap_or_else(|p| p.into_inner())
 }
@@ -227,38 +216,4 @@ fn choose_victim(conns: &Conns, min_idle: Duration) -> Option<Duration> {
     );
     victim.evict();
     Some(idle)
-}
-
-/// Tells a connection over the cap why it is closed (a `Refused`), so its client moves
-/// on to another broker at once instead of waiting in the accept queue.
-fn refuse_at_cap(
-    stream: TcpStream,
-    peer: SocketAddr,
-    refusing: &Arc<Semaphore>,
-    config: &BrokerConfig,
-    stats: &Arc<Stats>,
-) {
-    stats.connections_total.fetch_add(1, Relaxed);
-    stats.connections_dropped.fetch_add(1, Relaxed);
-    let reason = format!(
-        "connection cap ({}) reached and no connection idle for {:?}: try another broker or later",
-        config.max_connections, config.evict_min_idle
-    );
-    tracing::info!(%peer, "connection refused: {reason}");
-    let Ok(permit) = refusing.clone().try_acquire_owned() else {
-        return; // too many refusals under way: just close
-    };
-    tokio::spawn(async move {
-        let (mut rd, wr) = stream.into_split();
-        let mut wr = FrameWriter::new(wr, REFUSE_LINGER);
-        let linger = async {
-            wr.send(&ServerMsg::Refused { reason }).await?;
-            wr.shutdown().await?;
-            let mut sink = [0u8; 512];
-            while rd.read(&mut sink).await? > 0 {}
-            Ok::<(), WireError>(())
-        };
-        let _ = tokio::time::timeout(REFUSE_LINGER, linger).await;
-        drop(permit);
-    });
 }

@@ -8,28 +8,24 @@
 //! flight by the idle timeout. Reads go through a cancel-safe [`FrameReader`], so all
 //! of them are raced in one `select!` with shutdown and eviction.
 
-use crate::serve::batcher::{Outgoing, Pending};
-use crate::serve::source::Admit;
-use crate::stats::Stats;
-use crate::net::tls::{self, Proto, TlsError};
-use crate::config::BrokerConfig;
+use crate::net::refuse::Protocol;
+use crate::net::session::{
+    self, counted, in_flight_permit, next_ids, wait_for_bytes, Ctx, SessionEnd, SlotHolder, Wait,
+    Woken, CONTROL_SLOTS,
+};
+use crate::net::tls::TlsError;
+use crate::serve::batcher::Outgoing;
 use idclient::broker_tls::{ReadHalf, WriteHalf};
 use idclient::IdError;
 use idproto::framed::{FrameReader, FrameWriter};
 use idproto::wire::{self, ClientMsg, ServerMsg, WireError};
-use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;
-use std::sync::atomic::{AtomicBool, AtomicU64};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, watch, Notify, OwnedSemaphorePermit, Semaphore};
-use tokio::time::{sleep_until, Instant};
-
-/// Replies sent without an in-flight permit (Welcome, Refused): room for them in the
-/// outbound queue on top of the permits.
-const CONTROL_SLOTS: usize = 2;
+use tokio::sync::{mpsc, OwnedSemaphorePermit};
+use tokio::time::Instant;
 
 /// Why a connection was closed by the broker.
 #[derive(Debug, thiserror::Error)]
@@ -72,6 +68,19 @@ impl From<WireError> for ConnError {
     }
 }
 
+impl From<SessionEnd> for ConnError {
+    fn from(e: SessionEnd) -> ConnError {
+        match e {
+            SessionEnd::WriterGone => ConnError::WriterGone,
+            SessionEnd::BatcherGone => ConnError::BatcherGone,
+            SessionEnd::Evicted(idle) => ConnError::Evicted(idle),
+            SessionEnd::HandshakeTimeout(d) => ConnError::HandshakeTimeout(d),
+            SessionEnd::FrameTimeout(d) => ConnError::FrameTimeout(d),
+            SessionEnd::IdleTimeout(d) => ConnError::IdleTimeout(d),
+        }
+    }
+}
+
 impl ConnError {
     /// Errors the peer should hear about: it is told why before the close.
     fn tell_peer(&self) -> bool {
@@ -89,128 +98,13 @@ impl ConnError {
     }
 }
 
-/// What the accept loop sees of a connection, to pick one to evict at the cap.
-#[derive(Debug)]
-pub(crate) struct ConnState {
-    pub(crate) epoch: Instant,
-    /// Milliseconds after `epoch` of the last frame read or reply written.
-    last_active_ms: AtomicU64,
-    /// Part of a frame is buffered: the peer is mid-message, not idle.
-    pub(crate) partial: AtomicBool,
-    pub(crate) in_flight: Arc<Semaphore>,
-    max_in_flight: usize,
-    /// Set by the accept loop: close if still idle.
-    pub(crate) evict: Notify,
-    /// The client completed its handshake and, with a token configured, authenticated.
-    /// Until then nothing it does counts as activity (see [`ConnState::idle_for`]).
-    admitted: AtomicBool,
-    /// Chosen as an eviction victim (or closing): not to be chosen again.
-    leaving: AtomicBool,
-    /// The connection slot it holds; released when it leaves, before any linger.
-    slot: Mutex<Option<OwnedSemaphorePermit>>,
-}
-
-impl ConnState {
-    pub(crate) fn new(max_in_flight: usize) -> ConnState {
-        ConnState {
-            epoch: Instant::now(),
-            last_active_ms: AtomicU64::new(0),
-            partial: AtomicBool::new(false),
-            in_flight: Arc::new(Semaphore::new(max_in_flight)),
-            max_in_flight,
-            evict: Notify::new(),
-            admitted: AtomicBool::new(false),
-            leaving: AtomicBool::new(false),
-            slot: Mutex::new(None),
-        }
-    }
-
-    pub(crate) fn touch(&self) {
-        let ms = u64::try_from(self.epoch.elapsed().as_millis()).unwrap_or(u64::MAX);
-        self.last_active_ms.fetch_max(ms, Relaxed);
-    }
-
-    pub(crate) fn last_active(&self) -> Instant {
-        self.epoch + Duration::from_millis(self.last_active_ms.load(Relaxed))
-    }
-
-    /// How long the connection has been idle, `None` if it is busy (a request in
-    /// flight or a partial frame). A connection not yet admitted is idle since it
-    /// connected, whatever it sends: requests refused for want of a token, or a
-    /// trickled frame, must not keep a slot from clients that have the token.
-    pub(crate) fn idle_for(&self, now: Instant) -> Option<Duration> {
-        if !self.admitted() {
-            return Some(now.saturating_duration_since(self.epoch));
-        }
-        let busy =
-            self.partial.load(Relaxed) || self.in_flight.available_permits() < self.max_in_flight;
-        (!busy).then(|| now.saturating_duration_since(self.last_active()))
-    }
-
-    /// The client may now make requests: handshake done, token given (if needed).
-    pub(crate) fn admit(&self) {
-        self.touch();
-        self.admitted.store(true, Relaxed);
-    }
-
-    pub(crate) fn admitted(&self) -> bool {
-        self.admitted.load(Relaxed)
-    }
-
-    /// Marks the connection as an eviction victim; `false` if it already was one (or
-    /// is closing), so that concurrent admissions each pick a different victim.
-    pub(crate) fn choose_to_evict(&self) -> bool {
-        !self.leaving.swap(true, Relaxed)
-    }
-
-    /// Asks the connection to close if it is (still) idle.
-    pub(crate) fn evict(&self) {
-        self.evict.notify_one();
-    }
-
-    /// Chosen as a victim, or closing: no longer a candidate for eviction.
-    pub(crate) fn leaving(&self) -> bool {
-        self.leaving.load(Relaxed)
-    }
-
-    /// An eviction request found the connection busy: it may be chosen again later.
-    pub(crate) fn stay(&self) {
-        self.leaving.store(false, Relaxed);
-    }
-
-    /// Holds `slot` until [`ConnState::release_slot`].
-    pub(crate) fn hold_slot(&self, slot: OwnedSemaphorePermit) {
-        *self.slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(slot);
-    }
-
-    /// Gives the connection slot back now: the connection is leaving (evicted, or
-    /// lingering only so its client reads why), and a waiting client may have it.
-    pub(crate) fn release_slot(&self) {
-        self.leaving.store(true, Relaxed);
-        drop(self.slot.lock().unwrap_or_else(|p| p.into_inner()).take());
-    }
-}
-
-/// The source's [`RoundSource::admit`](crate::RoundSource::admit), asked before a
-/// request is queued.
-pub(crate) type Admission = Arc<dyn Fn() -> Admit + Send + Sync>;
-
-/// What every connection shares.
-pub(crate) struct Ctx {
-    pub config: Arc<BrokerConfig>,
-    pub stats: Arc<Stats>,
-    pub batch_tx: mpsc::Sender<Pending>,
-    pub stopping: watch::Receiver<bool>,
-    pub admit: Admission,
-}
-
 /// Serves one connection until the peer leaves, misbehaves, idles out, is evicted or
 /// the broker stops, and every request it sent has been answered. Never fails:
 /// problems are logged.
-pub(crate) async fn serve(stream: TcpStream, peer: SocketAddr, ctx: Ctx, state: Arc<ConnState>) {
+pub(crate) async fn serve(stream: TcpStream, peer: SocketAddr, ctx: Ctx, state: Arc<SlotHolder>) {
     let stats = ctx.stats.clone();
     let work = async {
-        match tls::accept(stream, &ctx, &state, Proto::Binary).await? {
+        match session::open(stream, &ctx, &state, Protocol::Binary).await? {
             Some((rd, wr)) => handle(rd, wr, ctx, state).await,
             None => Ok(()),
         }
@@ -218,31 +112,11 @@ pub(crate) async fn serve(stream: TcpStream, peer: SocketAddr, ctx: Ctx, state: 
     counted(&stats, peer, "connection", work).await;
 }
 
-/// Runs one connection's `work` (of either protocol), counted open while it runs and
-/// dropped when it ends in an error; logs how it ended (`what`: "connection", ...).
-pub(crate) async fn counted<E: std::fmt::Display>(
-    stats: &Stats,
-    peer: SocketAddr,
-    what: &str,
-    work: impl Future<Output = Result<(), E>>,
-) {
-    stats.connections_open.fetch_add(1, Relaxed);
-    stats.connections_total.fetch_add(1, Relaxed);
-    match work.await {
-        Ok(()) => tracing::debug!(%peer, "{what} closed"),
-        Err(e) => {
-            stats.connections_dropped.fetch_add(1, Relaxed);
-            tracing::info!(%peer, "{what} dropped: {e}");
-        }
-    }
-    stats.connections_open.fetch_sub(1, Relaxed);
-}
-
 async fn handle(
     rd: ReadHalf,
     wr: WriteHalf,
     ctx: Ctx,
-    state: Arc<ConnState>,
+    state: Arc<SlotHolder>,
 ) -> Result<(), ConnError> {
     let mut rd = FrameReader::new(rd, ctx.config.frame_timeout);
     let wr = FrameWriter::new(wr, ctx.config.write_timeout);
@@ -276,38 +150,15 @@ async fn handle(
     }
 }
 
-/// Which limit bounds the current wait for bytes.
-#[derive(Clone, Copy)]
-enum Wait {
-    /// The Hello must be complete by then (from accept).
-    Handshake(Instant),
-    /// A partial frame must be complete by then (from when its first byte was seen).
-    Frame(Instant),
-    /// Nothing in flight, nothing partial: close at that time.
-    Idle(Instant),
-    /// Requests in flight: not idle; look again at that time.
-    Busy(Instant),
-}
-
-impl Wait {
-    fn until(self) -> Instant {
-        match self {
-            Wait::Handshake(t) | Wait::Frame(t) | Wait::Idle(t) | Wait::Busy(t) => t,
-        }
-    }
-}
-
 /// The next message, or `None` when the peer closed at a frame boundary or the broker is
 /// stopping. Every wait is bounded (see [`Wait`]). `handshake` is set for the Hello.
 async fn next_msg(
     rd: &mut FrameReader<ReadHalf>,
     out_tx: &mpsc::Sender<Outgoing>,
     ctx: &Ctx,
-    state: &ConnState,
+    state: &SlotHolder,
     handshake: Option<Instant>,
 ) -> Result<Option<ClientMsg>, ConnError> {
-    let config = &ctx.config;
-    let mut stopping = ctx.stopping.clone();
     loop {
         if let Some(msg) = rd.next_with(wire::decode_client)? {
             state.partial.store(false, Relaxed);
@@ -315,29 +166,12 @@ async fn next_msg(
             return Ok(Some(msg));
         }
         state.partial.store(rd.partial(), Relaxed);
-        let now = Instant::now();
-        let wait = if let Some(until) = handshake {
-            Wait::Handshake(until)
-        } else if let Some(until) = rd.frame_deadline() {
-            Wait::Frame(until)
-        } else if state.idle_for(now).is_some() {
-            Wait::Idle(state.last_active() + config.idle_timeout)
-        } else {
-            Wait::Busy(now + config.idle_timeout)
+        let wait = match handshake {
+            Some(until) => Wait::Handshake(until),
+            None => Wait::after(rd.frame_deadline(), state, &ctx.config, Instant::now()),
         };
-        tokio::select! {
-            biased;
-            _ = stopping.wait_for(|s| *s) => return Ok(None),
-            () = out_tx.closed() => return Err(ConnError::WriterGone),
-            () = state.evict.notified() => {
-                // Only an idle connection gives up its slot (it may have woken up since).
-                if let Some(idle) = state.idle_for(Instant::now()) {
-                    state.release_slot();
-                    return Err(ConnError::Evicted(idle));
-                }
-                state.stay();
-            }
-            n = rd.fill() => {
+        match wait_for_bytes(ctx, state, wait, out_tx.closed(), rd.fill()).await? {
+            Woken::Read(n) => {
                 if n? == 0 {
                     return if rd.partial() {
                         Err(WireError::Truncated.into())
@@ -346,17 +180,8 @@ async fn next_msg(
                     };
                 }
             }
-            () = sleep_until(wait.until()) => match wait {
-                Wait::Handshake(_) => return Err(ConnError::HandshakeTimeout(config.handshake_timeout)),
-                Wait::Frame(_) => return Err(ConnError::FrameTimeout(config.frame_timeout)),
-                Wait::Idle(_) => {
-                    // A reply may have been written since the deadline was computed.
-                    if state.idle_for(Instant::now()).is_some_and(|d| d >= config.idle_timeout) {
-                        return Err(ConnError::IdleTimeout(config.idle_timeout));
-                    }
-                }
-                Wait::Busy(_) => {}
-            },
+            Woken::Again => {}
+            Woken::Stopping => return Ok(None),
         }
     }
 }
@@ -367,7 +192,7 @@ async fn handshake(
     rd: &mut FrameReader<ReadHalf>,
     out_tx: &mpsc::Sender<Outgoing>,
     ctx: &Ctx,
-    state: &ConnState,
+    state: &SlotHolder,
 ) -> Result<bool, ConnError> {
     let until = state.epoch + ctx.config.handshake_timeout;
     match next_msg(rd, out_tx, ctx, state, Some(until)).await? {
@@ -380,7 +205,7 @@ async fn handshake(
             if let Some(want) = &ctx.config.auth_token {
                 let presented = token.as_deref().unwrap_or_default().as_bytes();
                 if !want.matches(presented) {
-                    auth_failed(&ctx.stats).await;
+                    session::auth_failed(&ctx.stats).await;
                     // Never says what was sent, nor whether anything was.
                     return Err(ConnError::AuthFailed);
                 }
@@ -411,19 +236,12 @@ async fn handshake(
     Ok(true)
 }
 
-/// Counts a wrong or missing token, then pauses before the client hears of it: a
-/// guesser gets a few tries a second per connection slot, not hundreds of thousands.
-pub(crate) async fn auth_failed(stats: &Stats) {
-    stats.auth_failures.fetch_add(1, Relaxed);
-    tokio::time::sleep(crate::config::AUTH_FAILURE_PAUSE).await;
-}
-
 /// Handshake, then requests until the peer leaves or the broker stops.
 async fn read_loop(
     rd: &mut FrameReader<ReadHalf>,
     out_tx: &mpsc::Sender<Outgoing>,
     ctx: &Ctx,
-    state: &ConnState,
+    state: &SlotHolder,
 ) -> Result<(), ConnError> {
     if !handshake(rd, out_tx, ctx, state).await? {
         return Ok(());
@@ -446,57 +264,6 @@ async fn read_loop(
     Ok(())
 }
 
-/// Backpressure: with max_in_flight replies owed, stop reading until one is written.
-pub(crate) async fn in_flight_permit(
-    out_tx: &mpsc::Sender<Outgoing>,
-    state: &ConnState,
-) -> Result<OwnedSemaphorePermit, ConnError> {
-    tokio::select! {
-        biased;
-        () = out_tx.closed() => Err(ConnError::WriterGone),
-        p = state.in_flight.clone().acquire_owned() => p.map_err(|_| ConnError::WriterGone),
-    }
-}
-
-/// Checks a `NextIds` request `(id, count, deadline_ms)` and queues it for the batcher
-/// (or answers a bad count at once).
-pub(crate) async fn next_ids(
-    out_tx: &mpsc::Sender<Outgoing>,
-    ctx: &Ctx,
-    (id, count, deadline_ms): (u64, u64, u64),
-    permit: OwnedSemaphorePermit,
-) -> Result<(), ConnError> {
-    let config = &ctx.config;
-    ctx.stats.requests.fetch_add(1, Relaxed);
-    if count == 0 || count > config.max_count {
-        ctx.stats.requests_failed.fetch_add(1, Relaxed);
-        let error =
-            IdError::BadRequest(format!("count {count} is outside 1..={}", config.max_count));
-        return reply(out_tx, ServerMsg::Failed { id, error }, Some(permit)).await;
-    }
-    if let Admit::Redirect(leader) = (ctx.admit)() {
-        // Not the leader: nothing is started for this request (DESIGN.md, "Leader and
-        // followers"); the client resends it to `leader`.
-        return reply(out_tx, ServerMsg::Redirect { id, leader }, Some(permit)).await;
-    }
-    let requested = match deadline_ms {
-        0 => config.default_deadline,
-        ms => Duration::from_millis(ms).min(config.max_deadline),
-    };
-    let pending = Pending {
-        id,
-        count,
-        deadline: Instant::now() + requested,
-        requested,
-        reply: out_tx.clone(),
-        permit: Some(permit),
-    };
-    ctx.batch_tx
-        .send(pending)
-        .await
-        .map_err(|_| ConnError::BatcherGone)
-}
-
 /// Queues `msg` for the writer; `permit` is released once it is written.
 async fn reply(
     out_tx: &mpsc::Sender<Outgoing>,
@@ -514,7 +281,7 @@ async fn reply(
 async fn write_loop(
     mut wr: FrameWriter<WriteHalf>,
     mut rx: mpsc::Receiver<Outgoing>,
-    state: Arc<ConnState>,
+    state: Arc<SlotHolder>,
 ) -> Result<(), ConnError> {
     // Held until their replies are on the wire: that is what bounds a slow reader.
     let mut permits = Vec::new();
