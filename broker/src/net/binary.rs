@@ -15,7 +15,7 @@ use crate::net::session::{
 };
 use crate::net::tls::TlsError;
 use crate::serve::batcher::Outgoing;
-use idclient::broker_tls::{ReadHalf, WriteHalf};
+use idproto::tls::{ReadHalf, WriteHalf};
 use idclient::IdError;
 use idproto::framed::{FrameReader, FrameWriter};
 use idproto::wire::{self, ClientMsg, ServerMsg, WireError};

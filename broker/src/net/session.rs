@@ -9,7 +9,7 @@ use crate::net::tls::{self, TlsError};
 use crate::serve::batcher::{Outgoing, Pending};
 use crate::serve::source::Admit;
 use crate::stats::Stats;
-use idclient::broker_tls::{self, ReadHalf, WriteHalf};
+use idproto::tls::{self as socket, ReadHalf, WriteHalf};
 use idproto::wire::ServerMsg;
 use idproto::IdError;
 use std::future::Future;
@@ -196,7 +196,7 @@ pub(crate) async fn open(
 ) -> Result<Option<(ReadHalf, WriteHalf)>, TlsError> {
     let config = &ctx.config;
     let Some(listen_tls) = &config.tls else {
-        return Ok(Some(broker_tls::split_plain(stream)?));
+        return Ok(Some(socket::split_plain(stream)?));
     };
     let (limit, mut stopping) = (config.handshake_timeout, ctx.stopping.clone());
     tokio::select! {

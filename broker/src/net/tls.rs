@@ -7,12 +7,12 @@
 //! only its slot until then. A client that speaks plain TCP to a TLS listener is told so
 //! in its own protocol (a `Refused` frame, a RESP `-ERR`), in clear text, and closed.
 //!
-//! Connections then read and write through [`ReadHalf`] and [`WriteHalf`] (idclient's,
+//! Connections then read and write through [`ReadHalf`] and [`WriteHalf`] (idproto's,
 //! the broker client's too): tokio's owned TCP halves for plain connections, as before,
 //! `tokio::io::split` halves of the TLS stream otherwise.
 
 use crate::net::refuse::{self, Protocol};
-use idclient::broker_tls::{self, load_certs, load_key, ReadHalf, WriteHalf};
+use idproto::tls::{self as socket, load_certs, load_key, ReadHalf, WriteHalf};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 use std::time::Duration;
@@ -61,10 +61,7 @@ impl ListenTls {
         key_file: &Path,
         client_ca_file: Option<&Path>,
     ) -> Result<ListenTls, String> {
-        if tokio_rustls::rustls::crypto::CryptoProvider::get_default().is_none() {
-            // Losing a race to another installer is fine: one is installed either way.
-            let _ = tokio_rustls::rustls::crypto::ring::default_provider().install_default();
-        }
+        socket::install_crypto_provider();
         let chain = load_certs(cert_file, "TLS certificate")?;
         let key = load_key(key_file, "TLS key")?;
         let builder = match client_ca_file {
@@ -128,7 +125,7 @@ pub(crate) async fn accept(
 ) -> Result<Option<(ReadHalf, WriteHalf)>, TlsError> {
     stream.set_nodelay(true)?;
     match timeout_at(deadline, handshake(&tls.acceptor, stream, protocol)).await {
-        Ok(s) => Ok(s?.map(broker_tls::split_tls)),
+        Ok(s) => Ok(s?.map(socket::split_tls)),
         Err(_) => Err(TlsError::Timeout(limit)),
     }
 }
@@ -154,6 +151,6 @@ async fn handshake(
     }
     match acceptor.accept(stream).await {
         Ok(s) => Ok(Some(TlsStream::Server(s))),
-        Err(e) => Err(TlsError::Handshake(broker_tls::describe(&e))),
+        Err(e) => Err(TlsError::Handshake(socket::describe(&e))),
     }
 }

@@ -47,7 +47,7 @@ use crate::net::tls::TlsError;
 use crate::serve::batcher::{Outgoing, Pending};
 use command::{command, Action, Session};
 use futures::FutureExt;
-use idclient::broker_tls::{ReadHalf, WriteHalf};
+use idproto::tls::{ReadHalf, WriteHalf};
 use idproto::wire::ServerMsg;
 use idproto::IdError;
 use reply::{echo, server_reply, Proto, Reply};
