@@ -5,7 +5,7 @@ use crate::config::BrokerConfig;
 use crate::net::refuse::{self, Protocol};
 use crate::net::session::{Admission, Ctx, SlotHolder};
 use crate::net::{binary, forward, resp};
-use crate::serve::batcher;
+use crate::serve::queue::IdRequest;
 use crate::stats::Stats;
 use std::collections::HashMap;
 use std::future::Future;
@@ -35,7 +35,7 @@ const MAX_REFUSING: usize = 64;
 pub(crate) struct Acceptor {
     config: Arc<BrokerConfig>,
     stats: Arc<Stats>,
-    batch_tx: mpsc::Sender<batcher::Pending>,
+    batch_tx: mpsc::Sender<IdRequest>,
     stopping: watch::Receiver<bool>,
     /// Every connection task holds a clone; the receiver's `recv()` returning `None`
     /// means all of them are done.
@@ -59,7 +59,7 @@ impl Acceptor {
     pub(crate) fn new(
         config: Arc<BrokerConfig>,
         stats: Arc<Stats>,
-        batch_tx: mpsc::Sender<batcher::Pending>,
+        batch_tx: mpsc::Sender<IdRequest>,
         stopping: watch::Receiver<bool>,
         done: mpsc::Sender<()>,
         admit: Admission,

@@ -14,7 +14,7 @@ use crate::net::session::{
     Woken, CONTROL_SLOTS,
 };
 use crate::net::tls::TlsError;
-use crate::serve::batcher::Outgoing;
+use crate::serve::queue::Outgoing;
 use idproto::tls::{ReadHalf, WriteHalf};
 use idclient::IdError;
 use idproto::framed::{FrameReader, FrameWriter};

@@ -6,7 +6,7 @@
 use crate::config::{BrokerConfig, AUTH_FAILURE_PAUSE};
 use crate::net::refuse::Protocol;
 use crate::net::tls::{self, TlsError};
-use crate::serve::batcher::{Outgoing, Pending};
+use crate::serve::queue::{IdRequest, Outgoing};
 use crate::serve::source::Admit;
 use crate::stats::Stats;
 use idproto::tls::{self as socket, ReadHalf, WriteHalf};
@@ -156,7 +156,7 @@ pub(crate) type Admission = Arc<dyn Fn() -> Admit + Send + Sync>;
 pub(crate) struct Ctx {
     pub config: Arc<BrokerConfig>,
     pub stats: Arc<Stats>,
-    pub batch_tx: mpsc::Sender<Pending>,
+    pub batch_tx: mpsc::Sender<IdRequest>,
     pub stopping: watch::Receiver<bool>,
     pub admit: Admission,
 }
@@ -346,7 +346,7 @@ pub(crate) async fn next_ids(
         0 => config.default_deadline,
         ms => Duration::from_millis(ms).min(config.max_deadline),
     };
-    let pending = Pending {
+    let request = IdRequest {
         id,
         count,
         deadline: Instant::now() + requested,
@@ -355,7 +355,7 @@ pub(crate) async fn next_ids(
         permit: Some(permit),
     };
     ctx.batch_tx
-        .send(pending)
+        .send(request)
         .await
         .map_err(|_| SessionEnd::BatcherGone)
 }

@@ -12,5 +12,6 @@
 pub mod batcher;
 pub mod election;
 pub mod leader_source;
+pub(crate) mod queue;
 pub mod source;
 pub mod window;

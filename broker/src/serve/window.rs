@@ -134,7 +134,7 @@ struct Counters {
 }
 
 /// A reservation in flight.
-struct Pending {
+struct Reservation {
     lo: u64,
     hi: u64,
     started: Instant,
@@ -146,7 +146,7 @@ struct Window {
     alive: bool,
     next: u64,
     top: u64,
-    pending: Option<Pending>,
+    pending: Option<Reservation>,
     /// Target size, adapted to demand.
     size: u64,
     /// Moving average of a reservation's duration, in ns.
@@ -468,7 +468,7 @@ impl<Q: WindowQuorum> WindowSource<Q> {
         let started = Instant::now();
         let task =
             tokio::spawn(async move { quorum.reserve(lo, hi, started + RESERVE_TIMEOUT).await });
-        w.pending = Some(Pending {
+        w.pending = Some(Reservation {
             lo,
             hi,
             started,

@@ -44,13 +44,13 @@ use crate::net::session::{
     self, wait_for_bytes, Ctx, SessionEnd, SlotHolder, Wait, Woken, CONTROL_SLOTS,
 };
 use crate::net::tls::TlsError;
-use crate::serve::batcher::{Outgoing, Pending};
+use crate::serve::queue::{IdRequest, Outgoing};
 use command::{command, Action, Session};
 use futures::FutureExt;
 use idproto::tls::{ReadHalf, WriteHalf};
 use idproto::wire::ServerMsg;
 use idproto::IdError;
-use reply::{echo, server_reply, Proto, Reply};
+use reply::{echo, server_reply, RespVersion, Reply};
 use request::{ParseError, RequestParser};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -157,7 +157,7 @@ struct Local {
     seq: u64,
     reply: Reply,
     /// For `HELLO`: the version this reply and every later one is encoded in.
-    switch: Option<Proto>,
+    switch: Option<RespVersion>,
     permit: Option<OwnedSemaphorePermit>,
 }
 
@@ -220,7 +220,7 @@ async fn handle(
         forward,
         session: Session {
             authenticated,
-            proto: Proto::Resp2,
+            proto: RespVersion::Resp2,
         },
     };
     let read = reader.run().await;
@@ -515,7 +515,7 @@ impl Reader<'_> {
         tokio::spawn(async move {
             let (msg, permit) = match forward.next_ids(count, deadline, requested).await {
                 Forwarded::Local => {
-                    let pending = Pending {
+                    let request = IdRequest {
                         id: seq,
                         count,
                         deadline,
@@ -523,7 +523,7 @@ impl Reader<'_> {
                         reply: out_tx.clone(),
                         permit: Some(permit),
                     };
-                    match batch_tx.send(pending).await {
+                    match batch_tx.send(request).await {
                         Ok(()) => return, // the batcher answers it
                         Err(refused) => {
                             stats.requests_failed.fetch_add(1, Relaxed);
@@ -561,7 +561,7 @@ impl Reader<'_> {
         &self,
         seq: u64,
         reply: Reply,
-        switch: Option<Proto>,
+        switch: Option<RespVersion>,
         permit: OwnedSemaphorePermit,
     ) -> Result<(), RespError> {
         let local = Local {
@@ -605,7 +605,7 @@ fn not_an_array(first: u8) -> RespError {
 
 /// A reply waiting for its turn in the writer, with the version switch it makes
 /// (`HELLO`) and the in-flight permit it releases once written.
-type Held = BTreeMap<u64, (Reply, Option<Proto>, Option<OwnedSemaphorePermit>)>;
+type Held = BTreeMap<u64, (Reply, Option<RespVersion>, Option<OwnedSemaphorePermit>)>;
 
 /// Writes replies in request order, as many per write as are ready, until every sender
 /// is gone; then shuts the write side down.
@@ -619,7 +619,7 @@ async fn write_loop(
     // At most one entry per in-flight permit (plus the final error): bounded.
     let mut held = Held::new();
     let mut next = 0u64;
-    let mut proto = Proto::Resp2;
+    let mut proto = RespVersion::Resp2;
     let (mut out_open, mut local_open) = (true, true);
     let mut bytes = Vec::new();
     let mut permits = Vec::new();
