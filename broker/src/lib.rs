@@ -48,7 +48,9 @@ pub use net::ListenTls;
 pub use serve::source::{Admit, Leadership, RoundSource};
 pub use serve::election::{ElectionConfig, ElectionQuorum, QuorumElection};
 pub use serve::leader_source::LeaderSource;
-pub use serve::window::{WindowMutant, WindowQuorum, WindowSource, WindowStats};
+#[cfg(feature = "test-hooks")]
+pub use serve::window::WindowMutant;
+pub use serve::window::{WindowQuorum, WindowSource, WindowStats};
 pub use stats::Stats;
 
 use net::accept::Acceptor;

@@ -196,6 +196,12 @@ async fn run_until_answered(
 
 /// Splits `range` over the batch in arrival order (`counts[i]` IDs for request `i`).
 fn split(range: IdRange, batch: &mut [Option<IdRequest>], counts: &[u64], stats: &Stats) {
+    // The round was asked for the batch's total and checked to hold exactly that: shares
+    // that did not add up would hand out IDs outside the range, or twice.
+    assert!(
+        range.holds_exactly(counts.iter().sum()),
+        "{range:?} split into {counts:?}"
+    );
     let mut lo = range.lo;
     for (slot, &count) in batch.iter_mut().zip(counts) {
         let hi = lo + (count - 1);

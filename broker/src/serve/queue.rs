@@ -50,7 +50,9 @@ impl IdRequest {
             msg,
             permit: self.permit,
         }) {
-            if matches!(e, mpsc::error::TrySendError::Full(_)) {
+            let full = matches!(e, mpsc::error::TrySendError::Full(_));
+            debug_assert!(!full, "reply {} dropped: connection queue full", self.id);
+            if full {
                 tracing::warn!(
                     id = self.id,
                     "reply dropped: connection queue full (a bug: permits should prevent this)"
