@@ -3,10 +3,10 @@
 //! quorum calls hang, as under SIGSTOP) or cut off from the heartbeat.
 
 use super::*;
-use crate::serve::source::RoundSource;
 use crate::serve::leader_source::LeaderSource;
+use crate::serve::source::RoundSource;
 use crate::serve::window::{WindowQuorum, WindowSource};
-use idclient::IdRange;
+use idclient::{IdError, IdRange, Refresh};
 use idproto::wire::BrokerStats;
 use std::sync::atomic::AtomicBool;
 use tokio::sync::watch;
