@@ -45,9 +45,9 @@ pub use config::*;
 pub use idproto::wire::BrokerStats;
 pub use net::resp::MAX_REQUEST_LEN as MAX_RESP_REQUEST_LEN;
 pub use net::ListenTls;
-pub use serve::source::{Admit, Leadership, RoundSource};
 pub use serve::election::{ElectionConfig, ElectionQuorum, QuorumElection};
 pub use serve::leader_source::LeaderSource;
+pub use serve::source::{Admit, Leadership, RoundSource};
 #[cfg(feature = "test-hooks")]
 pub use serve::window::WindowMutant;
 pub use serve::window::{WindowQuorum, WindowSource, WindowStats};

@@ -9,8 +9,8 @@
 //! for [`Readiness`].
 
 use crate::serve::source::RoundSource;
-use crate::stats::Stats;
 use crate::serve::window::WindowQuorum;
+use crate::stats::Stats;
 use futures::future::BoxFuture;
 use idclient::{IdError, IdRange, NodeCounters, QuorumClient};
 use idproto::wire::{BrokerStats, BATCH_BUCKETS};

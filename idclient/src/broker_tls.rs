@@ -11,7 +11,9 @@
 //!
 //! rustls with the `ring` provider, as for `rediss://` nodes ([`crate::TlsConfig`]).
 
-pub use idproto::tls::{describe, load_certs, load_key, split_plain, split_tls, ReadHalf, WriteHalf};
+pub use idproto::tls::{
+    describe, load_certs, load_key, split_plain, split_tls, ReadHalf, WriteHalf,
+};
 
 use crate::node::tls::install_crypto_provider;
 use crate::{ClientCert, IdError};

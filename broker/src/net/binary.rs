@@ -15,9 +15,9 @@ use crate::net::session::{
 };
 use crate::net::tls::TlsError;
 use crate::serve::queue::Outgoing;
-use idproto::tls::{ReadHalf, WriteHalf};
 use idclient::IdError;
 use idproto::framed::{FrameReader, FrameWriter};
+use idproto::tls::{ReadHalf, WriteHalf};
 use idproto::wire::{self, ClientMsg, ServerMsg, WireError};
 use std::net::SocketAddr;
 use std::sync::atomic::Ordering::Relaxed;

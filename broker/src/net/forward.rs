@@ -36,8 +36,8 @@
 //! its reply is written after the leader answered, so the leader's real-time order holds
 //! for it as for any client; the RESP connection puts the reply back in request order.
 
-use crate::serve::source::{Leadership, Role, Status};
 use crate::config::BrokerConfig;
+use crate::serve::source::{Leadership, Role, Status};
 use idclient::broker_client::{fetch_stats_with, BrokerClient, BrokerClientConfig};
 use idclient::{IdError, IdRange, NodeFailure};
 use std::sync::{Arc, Mutex};

@@ -225,8 +225,8 @@ pub(crate) enum Wait {
 }
 
 impl Wait {
-    /// The wait of an admitted connection: a partial frame begun at `frame` (when
-    /// given) must be done by the frame timeout; else an idle one by the idle timeout.
+    /// The wait of an admitted connection: a partial frame must be complete by `frame`
+    /// (its deadline, when one is buffered); else an idle one closes at the idle timeout.
     pub(crate) fn after(
         frame: Option<Instant>,
         holder: &SlotHolder,

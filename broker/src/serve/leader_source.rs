@@ -2,8 +2,8 @@
 //! the election ([`crate::serve::election`]); otherwise each request is redirected to the
 //! leader. Safety never depends on who leads: windows stay safe with two leaders.
 
-use crate::serve::source::{Admit, Leadership, Role, RoundSource};
 use crate::serve::election::{self, Election, ElectionConfig, ElectionQuorum};
+use crate::serve::source::{Admit, Leadership, Role, RoundSource};
 use crate::serve::window::{WindowQuorum, WindowSource};
 use futures::future::{BoxFuture, FutureExt};
 use idclient::{IdError, IdRange};
@@ -85,8 +85,7 @@ impl<Q: WindowQuorum> LeaderSource<Q> {
     pub async fn resign(&self) {
         self.task.abort();
         let s = self.election.status();
-        self.election
-            .hand_off_until(Instant::now() + self.handoff);
+        self.election.hand_off_until(Instant::now() + self.handoff);
         self.election.set(Role::Follower, s.term, None);
         if s.role == Role::Leader {
             tracing::info!(term = s.term, "resigning the lead");

@@ -1,6 +1,6 @@
 //! RESP commands: what each request asks of its connection, decided without I/O.
 
-use super::reply::{echo, stats_reply, RespVersion, Reply};
+use super::reply::{echo, stats_reply, Reply, RespVersion};
 use crate::stats::Stats;
 use idproto::auth::Token;
 
@@ -324,7 +324,8 @@ mod tests {
 
     #[test]
     fn hello_switches_versions_and_keeps_the_current_one_without_one() {
-        let Action::Unlock(Reply::Map(fields), Some(RespVersion::Resp3)) = run(&["HELLO", "3"], &RESP2)
+        let Action::Unlock(Reply::Map(fields), Some(RespVersion::Resp3)) =
+            run(&["HELLO", "3"], &RESP2)
         else {
             panic!("HELLO 3 is a map that switches to RESP3");
         };

@@ -50,7 +50,7 @@ use futures::FutureExt;
 use idproto::tls::{ReadHalf, WriteHalf};
 use idproto::wire::ServerMsg;
 use idproto::IdError;
-use reply::{echo, server_reply, RespVersion, Reply};
+use reply::{echo, server_reply, Reply, RespVersion};
 use request::{ParseError, RequestParser};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -372,7 +372,11 @@ impl Reader<'_> {
                 Woken::Read(n) => {
                     let n = n?;
                     if n == 0 {
-                        return if partial { Err(RespError::Truncated) } else { Ok(None) };
+                        return if partial {
+                            Err(RespError::Truncated)
+                        } else {
+                            Ok(None)
+                        };
                     }
                     self.take(&chunk[..n]);
                 }
@@ -386,7 +390,12 @@ impl Reader<'_> {
     fn wait(&self, config: &BrokerConfig, now: Instant) -> Wait {
         let partial = self.parser.in_progress() || self.start < self.buf.len();
         let frame = self.partial_since.filter(|_| partial);
-        let wait = Wait::after(frame.map(|since| since + config.frame_timeout), self.state, config, now);
+        let wait = Wait::after(
+            frame.map(|since| since + config.frame_timeout),
+            self.state,
+            config,
+            now,
+        );
         // Without the token, a connection has the handshake timeout from its connect,
         // whatever it sends meanwhile.
         let auth = self.state.epoch + config.handshake_timeout;
