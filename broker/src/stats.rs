@@ -19,7 +19,7 @@ pub struct Stats {
     pub(crate) requests: AtomicU64,
     pub(crate) requests_ok: AtomicU64,
     pub(crate) requests_failed: AtomicU64,
-    /// RESP requests a follower answered by asking the leader ([`crate::net::forward`]).
+    /// RESP requests a follower answered by asking the leader (`net::forward`).
     pub(crate) forwarded: AtomicU64,
     /// Wrong or missing tokens (binary Hello, RESP `AUTH` and `HELLO .. AUTH`); only
     /// on `/metrics` (not in [`BrokerStats`], whose wire format is fixed).
