@@ -4,7 +4,7 @@
 
 use super::*;
 use crate::serve::leader_source::LeaderSource;
-use crate::serve::source::RoundSource;
+use crate::serve::source::{Admit, RoundSource};
 use crate::serve::window::{WindowQuorum, WindowSource};
 use idclient::{IdError, IdRange, Refresh};
 use idproto::wire::BrokerStats;
