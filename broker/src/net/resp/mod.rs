@@ -201,28 +201,7 @@ async fn handle(
         state.clone(),
         write_timeout,
     ));
-    let authenticated = ctx.config.auth_token.is_none();
-    if authenticated {
-        state.admit();
-    }
-    let mut reader = Reader {
-        rd,
-        buf: Vec::with_capacity(READ_CHUNK),
-        start: 0,
-        parser: RequestParser::default(),
-        auth_failures: 0,
-        partial_since: None,
-        seq: 0,
-        out_tx,
-        local_tx,
-        ctx: &ctx,
-        state: &state,
-        forward,
-        session: Session {
-            authenticated,
-            proto: RespVersion::Resp2,
-        },
-    };
+    let mut reader = Reader::new(rd, out_tx, local_tx, &ctx, &state, forward);
     let read = reader.run().await;
     let Reader {
         mut rd,
@@ -318,7 +297,41 @@ enum Next {
     Quit,
 }
 
-impl Reader<'_> {
+impl<'a> Reader<'a> {
+    /// The reader of a connection just opened; without a token configured, it is
+    /// admitted at once (nothing to authenticate).
+    fn new(
+        rd: ReadHalf,
+        out_tx: mpsc::Sender<Outgoing>,
+        local_tx: mpsc::Sender<Local>,
+        ctx: &'a Ctx,
+        state: &'a SlotHolder,
+        forward: Option<Arc<Forwarder>>,
+    ) -> Reader<'a> {
+        let authenticated = ctx.config.auth_token.is_none();
+        if authenticated {
+            state.admit();
+        }
+        Reader {
+            rd,
+            buf: Vec::with_capacity(READ_CHUNK),
+            start: 0,
+            parser: RequestParser::default(),
+            auth_failures: 0,
+            partial_since: None,
+            seq: 0,
+            out_tx,
+            local_tx,
+            ctx,
+            state,
+            forward,
+            session: Session {
+                authenticated,
+                proto: RespVersion::Resp2,
+            },
+        }
+    }
+
     /// Requests until the peer leaves, quits or the broker stops.
     async fn run(&mut self) -> Result<(), RespError> {
         while let Some(args) = self.next_request().await? {
