@@ -8,9 +8,9 @@
 //! read (a window confirmation) and reservation on atomics, and notes the last success
 //! for [`Readiness`].
 
-use crate::batcher::RoundSource;
+use crate::serve::source::RoundSource;
+use crate::serve::window::WindowQuorum;
 use crate::stats::Stats;
-use crate::window::WindowQuorum;
 use futures::future::BoxFuture;
 use idclient::{IdError, IdRange, NodeCounters, QuorumClient};
 use idproto::wire::{BrokerStats, BATCH_BUCKETS};

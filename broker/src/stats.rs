@@ -1,7 +1,7 @@
 //! The broker's counters: lock-free atomics updated by the batcher and the connections,
 //! snapshotted into [`BrokerStats`] for the wire and the periodic log line.
 
-use crate::RoundSource;
+use crate::serve::source::RoundSource;
 use idproto::wire::{BrokerStats, BATCH_BUCKETS};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, OnceLock};
@@ -19,7 +19,7 @@ pub struct Stats {
     pub(crate) requests: AtomicU64,
     pub(crate) requests_ok: AtomicU64,
     pub(crate) requests_failed: AtomicU64,
-    /// RESP requests a follower answered by asking the leader ([`crate::forward`]).
+    /// RESP requests a follower answered by asking the leader (`net::forward`).
     pub(crate) forwarded: AtomicU64,
     /// Wrong or missing tokens (binary Hello, RESP `AUTH` and `HELLO .. AUTH`); only
     /// on `/metrics` (not in [`BrokerStats`], whose wire format is fixed).

@@ -11,19 +11,18 @@
 //!
 //! rustls with the `ring` provider, as for `rediss://` nodes ([`crate::TlsConfig`]).
 
-use crate::node::tls::{certificates, install_crypto_provider, read};
+pub use idproto::tls::{
+    describe, load_certs, load_key, split_plain, split_tls, ReadHalf, WriteHalf,
+};
+
+use crate::node::tls::install_crypto_provider;
 use crate::{ClientCert, IdError};
 use std::io;
-use std::path::{Path, PathBuf};
-use std::pin::Pin;
+use std::path::PathBuf;
 use std::sync::Arc;
-use std::task::{Context, Poll};
-use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
-use tokio::net::tcp::{OwnedReadHalf, OwnedWriteHalf};
 use tokio::net::TcpStream;
-use tokio_rustls::rustls::pki_types::pem::PemObject;
-use tokio_rustls::rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-use tokio_rustls::rustls::{self, ClientConfig, RootCertStore};
+use tokio_rustls::rustls::pki_types::ServerName;
+use tokio_rustls::rustls::{ClientConfig, RootCertStore};
 use tokio_rustls::{TlsConnector, TlsStream};
 
 /// How a broker client reaches brokers that listen with TLS. Its `Debug` shows the
@@ -136,142 +135,6 @@ fn server_name_of(name: &str) -> Result<ServerName<'static>, String> {
     ServerName::try_from(name.to_string()).map_err(|e| {
         format!("TLS server name {name:?} is neither a DNS name nor an IP address: {e}")
     })
-}
-
-/// An I/O error on a connection, in words when TLS failed: certificate verification, a
-/// client certificate the peer requires, another alert, or a peer that does not speak
-/// TLS. Any other error as it is.
-pub fn describe(e: &io::Error) -> String {
-    use rustls::{AlertDescription, Error};
-    match e.get_ref().and_then(|i| i.downcast_ref::<Error>()) {
-        Some(Error::InvalidCertificate(_)) => format!(
-            "TLS: certificate verification failed: {e} (is the CA file the one that signed the peer's certificate, and is that certificate issued to this name?)"
-        ),
-        Some(Error::AlertReceived(AlertDescription::CertificateRequired)) => format!(
-            "TLS: the broker requires a client certificate (--broker-tls-cert, --broker-tls-key): {e}"
-        ),
-        Some(Error::AlertReceived(_)) => {
-            format!("TLS handshake failed: the peer refused it: {e}")
-        }
-        Some(_) => format!("TLS handshake failed: {e} (does the peer listen with TLS?)"),
-        None => e.to_string(),
-    }
-}
-
-/// The certificates (PEM) in `path`, named `what` in errors.
-///
-/// # Errors
-/// The file cannot be read, or holds no certificate or a malformed one (named).
-pub fn load_certs(path: &Path, what: &str) -> Result<Vec<CertificateDer<'static>>, String> {
-    certificates(&read(path, what)?, path, what)
-}
-
-/// The private key (PEM: PKCS#8, PKCS#1 or SEC1) in `path`, named `what` in errors.
-///
-/// # Errors
-/// The file cannot be read or holds no usable key; the error names the file and never
-/// shows its content.
-pub fn load_key(path: &Path, what: &str) -> Result<PrivateKeyDer<'static>, String> {
-    let pem = read(path, what)?;
-    PrivateKeyDer::from_pem_slice(&pem)
-        .map_err(|e| format!("{what} {}: no usable PEM private key ({e})", path.display()))
-}
-
-/// The reading half of a connection, plain or TLS.
-#[derive(Debug)]
-pub enum ReadHalf {
-    Plain(OwnedReadHalf),
-    Tls(tokio::io::ReadHalf<TlsStream<TcpStream>>),
-}
-
-/// The writing half of a connection, plain or TLS.
-#[derive(Debug)]
-pub enum WriteHalf {
-    Plain(OwnedWriteHalf),
-    Tls(tokio::io::WriteHalf<TlsStream<TcpStream>>),
-}
-
-/// A plain TCP connection's halves, Nagle off (requests and replies are small and
-/// latency-bound; both ends batch their writes themselves).
-///
-/// # Errors
-/// If the socket option cannot be set.
-pub fn split_plain(stream: TcpStream) -> io::Result<(ReadHalf, WriteHalf)> {
-    stream.set_nodelay(true)?;
-    let (rd, wr) = stream.into_split();
-    Ok((ReadHalf::Plain(rd), WriteHalf::Plain(wr)))
-}
-
-/// A TLS connection's halves (Nagle is set on the TCP stream before the handshake).
-pub fn split_tls(stream: TlsStream<TcpStream>) -> (ReadHalf, WriteHalf) {
-    let (rd, wr) = tokio::io::split(stream);
-    (ReadHalf::Tls(rd), WriteHalf::Tls(wr))
-}
-
-impl AsyncRead for ReadHalf {
-    fn poll_read(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &mut ReadBuf<'_>,
-    ) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            ReadHalf::Plain(r) => Pin::new(r).poll_read(cx, buf),
-            ReadHalf::Tls(r) => match Pin::new(r).poll_read(cx, buf) {
-                // A peer that closes without TLS close_notify (most clients, on exit):
-                // an end of stream like TCP's. Both protocols delimit their messages,
-                // so a message cut short is still seen as truncated.
-                Poll::Ready(Err(e)) if e.kind() == io::ErrorKind::UnexpectedEof => {
-                    Poll::Ready(Ok(()))
-                }
-                other => other,
-            },
-        }
-    }
-}
-
-impl AsyncWrite for WriteHalf {
-    fn poll_write(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        buf: &[u8],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            WriteHalf::Plain(w) => Pin::new(w).poll_write(cx, buf),
-            WriteHalf::Tls(w) => Pin::new(w).poll_write(cx, buf),
-        }
-    }
-
-    fn poll_write_vectored(
-        self: Pin<&mut Self>,
-        cx: &mut Context<'_>,
-        bufs: &[io::IoSlice<'_>],
-    ) -> Poll<io::Result<usize>> {
-        match self.get_mut() {
-            WriteHalf::Plain(w) => Pin::new(w).poll_write_vectored(cx, bufs),
-            WriteHalf::Tls(w) => Pin::new(w).poll_write_vectored(cx, bufs),
-        }
-    }
-
-    fn is_write_vectored(&self) -> bool {
-        match self {
-            WriteHalf::Plain(w) => w.is_write_vectored(),
-            WriteHalf::Tls(w) => w.is_write_vectored(),
-        }
-    }
-
-    fn poll_flush(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            WriteHalf::Plain(w) => Pin::new(w).poll_flush(cx),
-            WriteHalf::Tls(w) => Pin::new(w).poll_flush(cx),
-        }
-    }
-
-    fn poll_shutdown(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<io::Result<()>> {
-        match self.get_mut() {
-            WriteHalf::Plain(w) => Pin::new(w).poll_shutdown(cx),
-            WriteHalf::Tls(w) => Pin::new(w).poll_shutdown(cx),
-        }
-    }
 }
 
 #[cfg(test)]

@@ -9,10 +9,14 @@
 //!   [`framed::FrameReader`] with a frame timeout and a batching [`framed::FrameWriter`]
 //!   with a write timeout.
 //! - [`auth`]: the broker's shared-secret [`auth::Token`], never shown.
+//! - `tls` (feature `tls`): a connection's halves, plain or TLS, and PEM loading, for
+//!   both ends of a broker connection.
 
 pub mod auth;
 pub mod error;
 pub mod framed;
+#[cfg(feature = "tls")]
+pub mod tls;
 pub mod wire;
 
 pub use error::{IdError, NodeFailure};

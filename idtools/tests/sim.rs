@@ -868,7 +868,7 @@ fn the_recorder_orders_what_happens_within_one_tick() {
     });
 }
 
-// ---- Window serving (broker::window) ------------------------------------------------
+// ---- Window serving (broker::serve::window) -----------------------------------------
 
 /// The simulated quorum client as the window source's quorum.
 struct SimWindowQuorum(QuorumClient<SimNode>);
@@ -1163,7 +1163,7 @@ fn broken_window_rules_are_caught() {
     }
 }
 
-// ---- Leader election (broker::leader), in tests/sim/election.rs ----------------------
+// ---- Leader election (broker::serve::election), in tests/sim/election.rs ----------
 
 #[path = "sim/election.rs"]
 mod election;

@@ -84,11 +84,11 @@ struct Flags {
     /// `--serve window`: a follower stands for election after no change of the leader's
     /// heartbeat for a random time in [T, 2T) of this T; a leader steps down after T
     /// without refreshing a majority, milliseconds.
-    #[arg(long, default_value_t = broker::leader::ELECTION_TIMEOUT.as_millis() as u64)]
+    #[arg(long, default_value_t = broker::serve::election::ELECTION_TIMEOUT.as_millis() as u64)]
     election_timeout_ms: u64,
     /// `--serve window`: the leader refreshes its heartbeat (and followers read it) this
     /// often, milliseconds.
-    #[arg(long, default_value_t = broker::leader::HEARTBEAT.as_millis() as u64)]
+    #[arg(long, default_value_t = broker::serve::election::HEARTBEAT.as_millis() as u64)]
     heartbeat_ms: u64,
     /// `--serve window`: the address clients reach this broker at, sent to them in
     /// redirects by the other brokers (default: the bound listen address).

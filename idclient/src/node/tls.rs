@@ -2,9 +2,11 @@
 //! and the client certificate presented to nodes that require one. rustls with the `ring`
 //! provider; no OpenSSL.
 
+// Shared with the broker's own listeners, through idproto (its feature `tls`).
+pub(crate) use idproto::tls::{certificates, install_crypto_provider, read_pem_file as read};
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
-use std::path::{Path, PathBuf};
+use rustls::pki_types::PrivateKeyDer;
+use std::path::PathBuf;
 
 /// How a client reaches `rediss://` nodes. The same settings apply to every node of a
 /// quorum, and every connection to it (commands and the combining subscription).
@@ -74,41 +76,5 @@ impl TlsConfig {
             client_tls,
             root_cert,
         })
-    }
-}
-
-/// The content of `path`, or an error naming it as `what` (never its content).
-pub(crate) fn read(path: &Path, what: &str) -> Result<Vec<u8>, String> {
-    std::fs::read(path).map_err(|e| format!("{what} {}: cannot read it: {e}", path.display()))
-}
-
-/// The certificates in `pem` (read from `path`, named `what` in errors): at least one,
-/// and only well-formed ones.
-pub(crate) fn certificates(
-    pem: &[u8],
-    path: &Path,
-    what: &str,
-) -> Result<Vec<CertificateDer<'static>>, String> {
-    let mut certs = Vec::new();
-    for cert in CertificateDer::pem_slice_iter(pem) {
-        certs.push(
-            cert.map_err(|e| format!("{what} {}: bad PEM certificate: {e}", path.display()))?,
-        );
-    }
-    if certs.is_empty() {
-        return Err(format!(
-            "{what} {}: no PEM certificate in it (expected -----BEGIN CERTIFICATE-----)",
-            path.display()
-        ));
-    }
-    Ok(certs)
-}
-
-/// Makes rustls' `ring` provider the process default, unless one is already installed:
-/// rustls cannot pick one itself when several are compiled in.
-pub(crate) fn install_crypto_provider() {
-    if rustls::crypto::CryptoProvider::get_default().is_none() {
-        // Losing a race to another installer is fine: a provider is installed either way.
-        let _ = rustls::crypto::ring::default_provider().install_default();
     }
 }

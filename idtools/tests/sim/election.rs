@@ -1,11 +1,11 @@
 //! The leader election in the deterministic simulation: three brokers, each a real
-//! `LeaderSource` (the election state machine of `broker::leader` over the real
+//! `LeaderSource` (the election state machine of `broker::serve::election` over the real
 //! `QuorumElection`, plus window serving) on the simulated nodes, which model the term
 //! register (an ordinary, durable register `current:term`) and the volatile heartbeat
 //! `current:leader` through the same faulty network as every other message.
 //!
 //! Callers send each request to the broker they believe leads and follow its redirect
-//! (`RoundSource::redirect`), as `BrokerClient` does; a direct client writes the register
+//! (`RoundSource::admit`), as `BrokerClient` does; a direct client writes the register
 //! at the same time. Besides the node faults, brokers are paused (SIGSTOP: every quorum
 //! call and every request waits, often past the election timeout, so a deposed leader
 //! still believes it leads when it resumes), crashed (the `LeaderSource` dropped, its
@@ -13,7 +13,8 @@
 //! history is checked; a monitor also checks that no term ever had two leaders.
 
 use super::*;
-use broker::leader::{Role, ELECTION_TIMEOUT};
+use broker::serve::election::ELECTION_TIMEOUT;
+use broker::serve::source::{Admit, Role};
 use broker::{BrokerStats, ElectionConfig, ElectionQuorum, LeaderSource, QuorumElection};
 use idclient::{Heartbeat, Refresh};
 use std::collections::BTreeMap;
@@ -312,7 +313,7 @@ impl Run {
             return Answer::Down;
         };
         // As the broker's connection does: asked once per request, before it is queued.
-        if let Some(leader) = source.redirect() {
+        if let Admit::Redirect(leader) = source.admit() {
             let to = leader.and_then(|l| (0..BROKERS).find(|&i| advertise(i) == l));
             return Answer::Redirect(to.filter(|&i| i != b));
         }

@@ -7,22 +7,17 @@
 //! only its slot until then. A client that speaks plain TCP to a TLS listener is told so
 //! in its own protocol (a `Refused` frame, a RESP `-ERR`), in clear text, and closed.
 //!
-//! Connections then read and write through [`ReadHalf`] and [`WriteHalf`] (idclient's,
+//! Connections then read and write through [`ReadHalf`] and [`WriteHalf`] (idproto's,
 //! the broker client's too): tokio's owned TCP halves for plain connections, as before,
 //! `tokio::io::split` halves of the TLS stream otherwise.
 
-use crate::conn::{ConnState, Ctx};
-use crate::stats::Stats;
-use idclient::broker_tls::{self, load_certs, load_key, ReadHalf, WriteHalf};
-use idproto::wire::{self, ServerMsg};
-use std::net::SocketAddr;
+use crate::net::refuse::{self, Protocol};
+use idproto::tls::{self as socket, load_certs, load_key, ReadHalf, WriteHalf};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::time::{sleep, timeout, timeout_at};
+use tokio::time::{sleep, timeout_at, Instant};
 use tokio_rustls::rustls::server::WebPkiClientVerifier;
 use tokio_rustls::rustls::{RootCertStore, ServerConfig};
 use tokio_rustls::{TlsAcceptor, TlsStream};
@@ -34,10 +29,6 @@ const TLS_RECORD_START: [u8; 2] = [0x16, 0x03];
 
 /// Pause between two looks at a connection whose first byte came alone.
 const PEEK_PAUSE: Duration = Duration::from_millis(10);
-
-/// How long a plain-TCP client on a TLS listener may take to receive its refusal (and
-/// is drained meanwhile, so our close does not turn into a reset that hides it).
-const REFUSE_LINGER: Duration = Duration::from_millis(500);
 
 /// The listeners' certificate and key, and the CA client certificates must chain to
 /// (if any). Its `Debug` names the files, never their contents.
@@ -70,10 +61,7 @@ impl ListenTls {
         key_file: &Path,
         client_ca_file: Option<&Path>,
     ) -> Result<ListenTls, String> {
-        if tokio_rustls::rustls::crypto::CryptoProvider::get_default().is_none() {
-            // Losing a race to another installer is fine: one is installed either way.
-            let _ = tokio_rustls::rustls::crypto::ring::default_provider().install_default();
-        }
+        socket::install_crypto_provider();
         let chain = load_certs(cert_file, "TLS certificate")?;
         let key = load_key(key_file, "TLS key")?;
         let builder = match client_ca_file {
@@ -106,13 +94,6 @@ impl ListenTls {
     }
 }
 
-/// Which protocol a listener speaks: how a plain-TCP client is told that it needs TLS.
-#[derive(Debug, Clone, Copy)]
-pub(crate) enum Proto {
-    Binary,
-    Resp,
-}
-
 /// Why a connection ended before its TLS handshake completed.
 #[derive(Debug, thiserror::Error)]
 pub(crate) enum TlsError {
@@ -128,38 +109,25 @@ pub(crate) enum TlsError {
     Io(#[from] std::io::Error),
 }
 
-/// The connection's halves: at once for a plain listener, after the TLS handshake for
-/// a TLS one. `Ok(None)`: the client left, or the broker began stopping, first.
+/// The TLS handshake of a connection accepted on a TLS listener, to be completed by
+/// `deadline` (`limit` after accept, said in the error), and the connection's halves.
+/// `Ok(None)`: the client left before sending anything.
 ///
 /// # Errors
-/// A handshake that failed, timed out, or never began (plain TCP: told so first), or
-/// the connection evicted meanwhile.
+/// A handshake that failed, timed out, or never began (plain TCP: told so first, in
+/// `protocol`).
 pub(crate) async fn accept(
+    tls: &ListenTls,
     stream: TcpStream,
-    ctx: &Ctx,
-    state: &ConnState,
-    proto: Proto,
+    protocol: Protocol,
+    deadline: Instant,
+    limit: Duration,
 ) -> Result<Option<(ReadHalf, WriteHalf)>, TlsError> {
-    let Some(tls) = &ctx.config.tls else {
-        return Ok(Some(broker_tls::split_plain(stream)?));
-    };
     stream.set_nodelay(true)?;
-    let limit = ctx.config.handshake_timeout;
-    let mut stopping = ctx.stopping.clone();
-    let stream = tokio::select! {
-        biased;
-        _ = stopping.wait_for(|s| *s) => return Ok(None),
-        () = state.evict.notified() => {
-            // Not yet admitted: always idle, so always leaves.
-            state.release_slot();
-            return Err(TlsError::Evicted);
-        }
-        s = timeout_at(state.epoch + limit, handshake(&tls.acceptor, stream, proto)) => match s {
-            Ok(s) => s?,
-            Err(_) => return Err(TlsError::Timeout(limit)),
-        },
-    };
-    Ok(stream.map(broker_tls::split_tls))
+    match timeout_at(deadline, handshake(&tls.acceptor, stream, protocol)).await {
+        Ok(s) => Ok(s?.map(socket::split_tls)),
+        Err(_) => Err(TlsError::Timeout(limit)),
+    }
 }
 
 /// Waits for the client's first bytes: a TLS handshake record is accepted, anything
@@ -167,7 +135,7 @@ pub(crate) async fn accept(
 async fn handshake(
     acceptor: &TlsAcceptor,
     mut stream: TcpStream,
-    proto: Proto,
+    protocol: Protocol,
 ) -> Result<Option<TlsStream<TcpStream>>, TlsError> {
     let mut first = [0u8; 2];
     loop {
@@ -178,45 +146,11 @@ async fn handshake(
         }
     }
     if first != TLS_RECORD_START {
-        refuse_plain(&mut stream, proto).await;
+        refuse::plain_on_tls(&mut stream, protocol).await;
         return Err(TlsError::NotTls);
     }
     match acceptor.accept(stream).await {
         Ok(s) => Ok(Some(TlsStream::Server(s))),
-        Err(e) => Err(TlsError::Handshake(broker_tls::describe(&e))),
+        Err(e) => Err(TlsError::Handshake(socket::describe(&e))),
     }
-}
-
-/// Tells a plain-TCP client, in its protocol, that this listener speaks TLS only.
-async fn refuse_plain(stream: &mut TcpStream, proto: Proto) {
-    let reason = "this broker listens with TLS only: connect with TLS";
-    let bytes = match proto {
-        Proto::Binary => {
-            let mut out = Vec::new();
-            let refused = ServerMsg::Refused {
-                reason: format!("{reason} (--broker-tls-ca)"),
-            };
-            if wire::encode(&refused, &mut out).is_err() {
-                return;
-            }
-            out
-        }
-        Proto::Resp => format!("-ERR {reason} (redis-cli --tls --cacert FILE)\r\n").into_bytes(),
-    };
-    let refuse = async {
-        stream.write_all(&bytes).await?;
-        stream.shutdown().await?;
-        let mut sink = [0u8; 512];
-        while stream.read(&mut sink).await? > 0 {}
-        Ok::<(), std::io::Error>(())
-    };
-    let _ = timeout(REFUSE_LINGER, refuse).await;
-}
-
-/// A connection over the cap on a TLS listener: closed without a word (saying why would
-/// take a TLS handshake); its client sees the close and tries another broker.
-pub(crate) fn refuse_at_cap(peer: SocketAddr, stats: &Stats) {
-    stats.connections_total.fetch_add(1, Relaxed);
-    stats.connections_dropped.fetch_add(1, Relaxed);
-    tracing::info!(%peer, "TLS connection closed: connection cap reached");
 }

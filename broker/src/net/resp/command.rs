@@ -1,6 +1,6 @@
 //! RESP commands: what each request asks of its connection, decided without I/O.
 
-use super::reply::{echo, stats_reply, Proto, Reply};
+use super::reply::{echo, stats_reply, Reply, RespVersion};
 use crate::stats::Stats;
 use idproto::auth::Token;
 
@@ -11,13 +11,13 @@ const SERVER_NAME: &str = "qlist";
 #[derive(Debug, PartialEq)]
 pub(super) enum Action {
     /// Send this reply; with a version, it and every later reply are encoded in it.
-    Reply(Reply, Option<Proto>),
+    Reply(Reply, Option<RespVersion>),
     /// `count` IDs from the batcher.
     Next(u64),
     /// `+OK`, then close.
     Quit,
     /// As `Reply`, and the connection is now authenticated (`AUTH`, `HELLO .. AUTH`).
-    Unlock(Reply, Option<Proto>),
+    Unlock(Reply, Option<RespVersion>),
     /// A wrong token (`AUTH`, `HELLO .. AUTH`, a token configured): this reply, and the
     /// connection is one failure closer to being closed.
     Denied(Reply),
@@ -30,7 +30,7 @@ pub(super) struct Session {
     pub authenticated: bool,
     /// The version replies are encoded in from the next request on (requests are
     /// handled in order, so this is what the writer will use for it).
-    pub proto: Proto,
+    pub proto: RespVersion,
 }
 
 /// What `args` (a command name, then its arguments) asks for. Names are
@@ -110,11 +110,11 @@ fn hello(
     args: &[Vec<u8>],
     session: &Session,
     token: Option<&Token>,
-) -> Result<(Reply, Proto), Reply> {
+) -> Result<(Reply, RespVersion), Reply> {
     let proto = match args.first().map(|v| v.as_slice()) {
         None => None,
-        Some(b"2") => Some(Proto::Resp2),
-        Some(b"3") => Some(Proto::Resp3),
+        Some(b"2") => Some(RespVersion::Resp2),
+        Some(b"3") => Some(RespVersion::Resp3),
         Some(v) if std::str::from_utf8(v).is_ok_and(|s| s.parse::<i64>().is_ok()) => {
             return Err(Reply::err("NOPROTO unsupported protocol version"));
         }
@@ -237,7 +237,7 @@ mod tests {
 
     const RESP2: Session = Session {
         authenticated: true,
-        proto: Proto::Resp2,
+        proto: RespVersion::Resp2,
     };
 
     fn run(args: &[&str], session: &Session) -> Action {
@@ -293,7 +293,7 @@ mod tests {
         );
         assert!(matches!(
             run_with(&["HELLO", "3", "AUTH", "default", "s3cret"], &locked, t),
-            Action::Unlock(Reply::Map(_), Some(Proto::Resp3))
+            Action::Unlock(Reply::Map(_), Some(RespVersion::Resp3))
         ));
         assert!(err(run_with(
             &["HELLO", "3", "AUTH", "default", "x"],
@@ -324,19 +324,20 @@ mod tests {
 
     #[test]
     fn hello_switches_versions_and_keeps_the_current_one_without_one() {
-        let Action::Unlock(Reply::Map(fields), Some(Proto::Resp3)) = run(&["HELLO", "3"], &RESP2)
+        let Action::Unlock(Reply::Map(fields), Some(RespVersion::Resp3)) =
+            run(&["HELLO", "3"], &RESP2)
         else {
             panic!("HELLO 3 is a map that switches to RESP3");
         };
         assert!(fields.contains(&("server".into(), Reply::Bulk(b"qlist".to_vec()))));
         assert!(fields.contains(&("proto".into(), Reply::Int(3))));
         let resp3 = Session {
-            proto: Proto::Resp3,
+            proto: RespVersion::Resp3,
             ..RESP2
         };
         assert!(matches!(
             run(&["hello"], &resp3),
-            Action::Unlock(_, Some(Proto::Resp3))
+            Action::Unlock(_, Some(RespVersion::Resp3))
         ));
         assert!(error(&["HELLO", "4"]).starts_with("NOPROTO"));
         assert!(error(&["HELLO", "3", "AUTH", "bob", "pw"]).starts_with("WRONGPASS"));

@@ -19,122 +19,16 @@
 //! answered with `Deadline` without running a round for them; clients enforce their own
 //! deadline as well, so a caller never waits past it.
 
+use crate::serve::queue::IdRequest;
+use crate::serve::source::RoundSource;
 use crate::stats::Stats;
 use futures::stream::{FuturesUnordered, StreamExt};
-use idclient::{IdError, IdRange, QuorumClient};
-use idproto::wire::{BrokerStats, ServerMsg};
+use idclient::{IdError, IdRange};
 use std::future::Future;
-use std::sync::atomic::Ordering::Relaxed;
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::{mpsc, watch, OwnedSemaphorePermit};
+use tokio::sync::{mpsc, watch};
 use tokio::time::Instant;
-
-/// What the batcher needs from the quorum: one round for `n` IDs that gives up at
-/// `deadline`. [`QuorumClient`] implements it; tests and simulations plug in fakes.
-pub trait RoundSource: Send + Sync + 'static {
-    /// Reserves `n` consecutive IDs in one round (retrying contention internally),
-    /// giving up at `deadline`.
-    ///
-    /// # Errors
-    /// As [`idclient::IdSource::next_ids`].
-    fn next_ids_until(
-        &self,
-        n: u64,
-        deadline: Instant,
-    ) -> impl Future<Output = Result<IdRange, IdError>> + Send;
-
-    /// Fills in the source's part of the counters: its role and, when it serves windows,
-    /// the window counters. The default is a `--serve rounds` source.
-    fn describe(&self, stats: &mut BrokerStats) {
-        stats.role = "rounds".to_string();
-    }
-
-    /// `Some(leader)` when this broker must not serve: each `NextIds` is then answered
-    /// with a redirect to `leader` (`None`: no leader known) and never started. Called
-    /// once per request, which it may count. The default serves everything.
-    fn redirect(&self) -> Option<Option<String>> {
-        None
-    }
-
-    /// The election this source serves under, if any: while it does not lead, RESP
-    /// `QLIST.NEXT` requests are forwarded to the leader it names (`broker/src/forward.rs`).
-    /// The default takes part in none.
-    fn election(&self) -> Option<Arc<crate::leader::Election>> {
-        None
-    }
-}
-
-impl RoundSource for QuorumClient {
-    fn next_ids_until(
-        &self,
-        n: u64,
-        deadline: Instant,
-    ) -> impl Future<Output = Result<IdRange, IdError>> + Send {
-        QuorumClient::next_ids_until(self, n, deadline)
-    }
-}
-
-/// A reply on its way to a connection's writer. The permit is the connection's
-/// in-flight slot: it is released only once the reply has been written, so a client
-/// that does not read cannot make the broker queue more than its in-flight cap.
-#[derive(Debug)]
-pub(crate) struct Outgoing {
-    pub msg: ServerMsg,
-    pub permit: Option<OwnedSemaphorePermit>,
-}
-
-/// One `NextIds` request waiting for a round.
-#[derive(Debug)]
-pub(crate) struct Pending {
-    pub id: u64,
-    pub count: u64,
-    pub deadline: Instant,
-    /// The deadline as the client asked for it, for the error message.
-    pub requested: Duration,
-    pub reply: mpsc::Sender<Outgoing>,
-    pub permit: Option<OwnedSemaphorePermit>,
-}
-
-impl Pending {
-    fn answer(self, result: Result<IdRange, IdError>, stats: &Stats) {
-        let msg = match result {
-            Ok(range) => {
-                stats.requests_ok.fetch_add(1, Relaxed);
-                stats.ids.fetch_add(range.len(), Relaxed);
-                ServerMsg::ids(self.id, range)
-            }
-            Err(error) => {
-                stats.requests_failed.fetch_add(1, Relaxed);
-                ServerMsg::Failed { id: self.id, error }
-            }
-        };
-        // The channel has room for every permit holder, so only a closed connection
-        // makes this fail: then nobody is left to tell.
-        if let Err(e) = self.reply.try_send(Outgoing {
-            msg,
-            permit: self.permit,
-        }) {
-            if matches!(e, mpsc::error::TrySendError::Full(_)) {
-                tracing::warn!(
-                    id = self.id,
-                    "reply dropped: connection queue full (a bug: permits should prevent this)"
-                );
-            }
-        }
-    }
-
-    fn expired(self, stats: &Stats) {
-        let deadline = self.requested;
-        self.answer(
-            Err(IdError::Deadline {
-                deadline,
-                rounds: 0,
-            }),
-            stats,
-        );
-    }
-}
 
 /// The batcher's limits.
 #[derive(Debug, Clone)]
@@ -158,14 +52,14 @@ pub(crate) struct BatcherConfig {
 /// refused with [`IdError::BrokersUnavailable`] (never started, safe to retry elsewhere).
 pub(crate) async fn run<S: RoundSource>(
     source: Arc<S>,
-    mut rx: mpsc::Receiver<Pending>,
+    mut rx: mpsc::Receiver<IdRequest>,
     stats: Arc<Stats>,
     config: BatcherConfig,
     stopping: watch::Receiver<bool>,
 ) {
     let pipeline = config.pipeline.max(1);
     let mut rounds = FuturesUnordered::new();
-    let mut carry: Option<Pending> = None;
+    let mut carry: Option<IdRequest> = None;
     loop {
         if rounds.len() >= pipeline {
             rounds.next().await;
@@ -181,7 +75,7 @@ pub(crate) async fn run<S: RoundSource>(
                 Some(()) = rounds.next(), if !rounds.is_empty() => continue,
             },
         };
-        let mut batch: Vec<Option<Pending>> = Vec::new();
+        let mut batch: Vec<Option<IdRequest>> = Vec::new();
         let now = Instant::now();
         let mut total = 0u64;
         let mut next = Some(first);
@@ -217,7 +111,7 @@ pub(crate) async fn run<S: RoundSource>(
     while rounds.next().await.is_some() {}
 }
 
-fn refuse(p: Pending, name: &str, stats: &Stats) {
+fn refuse(p: IdRequest, name: &str, stats: &Stats) {
     let failure = idproto::error::NodeFailure {
         addr: name.to_string(),
         reason: "broker is shutting down; the request was not started, retry on another broker"
@@ -235,7 +129,7 @@ fn refuse(p: Pending, name: &str, stats: &Stats) {
 /// it, each exactly once.
 async fn round(
     fut: impl Future<Output = Result<IdRange, IdError>>,
-    mut batch: Vec<Option<Pending>>,
+    mut batch: Vec<Option<IdRequest>>,
     total: u64,
     stats: &Stats,
 ) {
@@ -277,7 +171,7 @@ async fn round(
 /// answered (the round is then abandoned).
 async fn run_until_answered(
     fut: impl Future<Output = Result<IdRange, IdError>>,
-    batch: &mut [Option<Pending>],
+    batch: &mut [Option<IdRequest>],
     stats: &Stats,
 ) -> Option<Result<IdRange, IdError>> {
     tokio::pin!(fut);
@@ -301,7 +195,13 @@ async fn run_until_answered(
 }
 
 /// Splits `range` over the batch in arrival order (`counts[i]` IDs for request `i`).
-fn split(range: IdRange, batch: &mut [Option<Pending>], counts: &[u64], stats: &Stats) {
+fn split(range: IdRange, batch: &mut [Option<IdRequest>], counts: &[u64], stats: &Stats) {
+    // The round was asked for the batch's total and checked to hold exactly that: shares
+    // that did not add up would hand out IDs outside the range, or twice.
+    assert!(
+        range.holds_exactly(counts.iter().sum()),
+        "{range:?} split into {counts:?}"
+    );
     let mut lo = range.lo;
     for (slot, &count) in batch.iter_mut().zip(counts) {
         let hi = lo + (count - 1);
@@ -344,7 +244,9 @@ mod tests {
     //! paused clock (time only moves when every task is idle).
 
     use super::*;
-    use std::sync::atomic::AtomicU64;
+    use crate::serve::queue::Outgoing;
+    use idproto::wire::ServerMsg;
+    use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
     use std::sync::Mutex;
     use tokio::sync::Semaphore;
 
@@ -387,7 +289,7 @@ mod tests {
     }
 
     struct Harness {
-        tx: mpsc::Sender<Pending>,
+        tx: mpsc::Sender<IdRequest>,
         replies: mpsc::Receiver<Outgoing>,
         reply_tx: mpsc::Sender<Outgoing>,
         stop: watch::Sender<bool>,
@@ -426,7 +328,7 @@ mod tests {
 
     impl Harness {
         async fn send(&self, id: u64, count: u64, deadline: Duration) {
-            let p = Pending {
+            let p = IdRequest {
                 id,
                 count,
                 deadline: Instant::now() + deadline,
@@ -672,7 +574,7 @@ mod tests {
         let mut h = start(Fake::default(), 64);
         let sem = Arc::new(Semaphore::new(1));
         let permit = sem.clone().try_acquire_owned().expect("permit");
-        let p = Pending {
+        let p = IdRequest {
             id: 9,
             count: 1,
             deadline: Instant::now() + LONG,

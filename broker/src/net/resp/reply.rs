@@ -10,16 +10,16 @@ const MAX_ECHO: usize = 64;
 
 /// The RESP version replies are encoded in, per connection (`HELLO 2|3`).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub(super) enum Proto {
+pub(super) enum RespVersion {
     Resp2,
     Resp3,
 }
 
-impl Proto {
+impl RespVersion {
     pub(super) fn number(self) -> i64 {
         match self {
-            Proto::Resp2 => 2,
-            Proto::Resp3 => 3,
+            RespVersion::Resp2 => 2,
+            RespVersion::Resp3 => 3,
         }
     }
 }
@@ -105,15 +105,15 @@ impl Reply {
     }
 
     /// Appends the encoding of this reply in `proto` to `out`.
-    pub(super) fn encode(&self, proto: Proto, out: &mut Vec<u8>) {
+    pub(super) fn encode(&self, proto: RespVersion, out: &mut Vec<u8>) {
         let start = out.len();
         let written = match proto {
-            Proto::Resp2 => {
+            RespVersion::Resp2 => {
                 let frame = self.to_resp2();
                 out.resize(start + frame.encode_len(false), 0);
                 redis_protocol::resp2::encode::encode(&mut out[start..], &frame, false)
             }
-            Proto::Resp3 => {
+            RespVersion::Resp3 => {
                 let frame = self.to_resp3();
                 out.resize(start + frame.encode_len(false), 0);
                 redis_protocol::resp3::encode::complete::encode(&mut out[start..], &frame, false)
@@ -189,7 +189,7 @@ pub(super) fn server_reply(msg: ServerMsg) -> Reply {
         ]),
         ServerMsg::Failed { error, .. } => Reply::err(format!("ERR {error}")),
         // Plain Redis clients follow no redirect: a follower forwards their requests
-        // (crate::forward). This is left for a broker that stepped down between the
+        // (crate::net::forward). This is left for a broker that stepped down between the
         // check and the queueing of a request, and, with no leader, for a forward that
         // found none within its deadline.
         ServerMsg::Redirect {
@@ -210,7 +210,7 @@ pub(super) fn server_reply(msg: ServerMsg) -> Reply {
 mod tests {
     use super::*;
 
-    fn encoded(reply: &Reply, proto: Proto) -> String {
+    fn encoded(reply: &Reply, proto: RespVersion) -> String {
         let mut out = Vec::new();
         reply.encode(proto, &mut out);
         String::from_utf8(out).expect("ascii")
@@ -224,8 +224,8 @@ mod tests {
             hi: u64::MAX,
         });
         let want = "*2\r\n$20\r\n18446744073709551614\r\n$20\r\n18446744073709551615\r\n";
-        assert_eq!(encoded(&reply, Proto::Resp2), want);
-        assert_eq!(encoded(&reply, Proto::Resp3), want);
+        assert_eq!(encoded(&reply, RespVersion::Resp2), want);
+        assert_eq!(encoded(&reply, RespVersion::Resp3), want);
     }
 
     #[test]
@@ -235,11 +235,11 @@ mod tests {
             ("x".into(), Reply::Null),
         ]);
         assert_eq!(
-            encoded(&reply, Proto::Resp2),
+            encoded(&reply, RespVersion::Resp2),
             "*4\r\n$5\r\nproto\r\n:3\r\n$1\r\nx\r\n$-1\r\n"
         );
         assert_eq!(
-            encoded(&reply, Proto::Resp3),
+            encoded(&reply, RespVersion::Resp3),
             "%2\r\n$5\r\nproto\r\n:3\r\n$1\r\nx\r\n_\r\n"
         );
     }
@@ -251,14 +251,14 @@ mod tests {
             leader: Some("h:1".into()),
         });
         assert_eq!(
-            encoded(&redirect, Proto::Resp2),
+            encoded(&redirect, RespVersion::Resp2),
             "-ERR not the leader; leader is h:1\r\n"
         );
         let failed = server_reply(ServerMsg::Failed {
             id: 1,
             error: idproto::IdError::BadRequest("count 0".into()),
         });
-        assert!(encoded(&failed, Proto::Resp3).starts_with("-ERR invalid request: count 0"));
+        assert!(encoded(&failed, RespVersion::Resp3).starts_with("-ERR invalid request: count 0"));
     }
 
     #[test]
@@ -278,7 +278,7 @@ mod tests {
     #[test]
     fn errors_cannot_inject_lines() {
         let reply = Reply::err("ERR a\r\n+OK");
-        assert_eq!(encoded(&reply, Proto::Resp2), "-ERR a  +OK\r\n");
+        assert_eq!(encoded(&reply, RespVersion::Resp2), "-ERR a  +OK\r\n");
         assert_eq!(echo(b"a\r\nb"), "a??b");
         assert_eq!(echo(&[b'x'; 70]).len(), MAX_ECHO + 3);
     }

@@ -5,7 +5,7 @@
 //! bytes received; replies are encoded by the `redis-protocol` crate's RESP2 or RESP3
 //! encoder, whichever the client chose with `HELLO`. `QLIST.NEXT` requests go to
 //! the batcher through the same queue, with the same checks, deadline and in-flight
-//! permits as binary ones ([`conn::next_ids`]), so they share rounds with binary
+//! permits as binary ones ([`session::next_ids`]), so they share rounds with binary
 //! clients. Connection slots, eviction and the counters are the binary listener's.
 //!
 //! Order: Redis clients match replies to requests by position, while batches may answer
@@ -24,7 +24,7 @@
 //! pipelines without reading stops being read at the in-flight cap.
 //!
 //! Followers: on a broker that does not lead (leader election), `QLIST.NEXT` is
-//! forwarded to the leader ([`crate::forward`]) by a task of its own that holds the
+//! forwarded to the leader ([`crate::net::forward`]) by a task of its own that holds the
 //! request's in-flight permit and sequence number, so its reply takes its place in
 //! order like any other, and later requests wait for it at most until its deadline.
 //!
@@ -37,18 +37,20 @@ mod request;
 
 pub use request::MAX_REQUEST_LEN;
 
-use crate::batcher::{Outgoing, Pending};
-use crate::conn::{self, ConnState, Ctx};
-use crate::forward::{Forwarded, Forwarder};
-use crate::stats::Stats;
-use crate::tls::{self, TlsError};
-use crate::BrokerConfig;
+use crate::config::{BrokerConfig, MAX_AUTH_FAILURES};
+use crate::net::forward::{Forwarded, Forwarder};
+use crate::net::refuse::Protocol;
+use crate::net::session::{
+    self, wait_for_bytes, Ctx, SessionEnd, SlotHolder, Wait, Woken, CONTROL_SLOTS,
+};
+use crate::net::tls::TlsError;
+use crate::serve::queue::{IdRequest, Outgoing};
 use command::{command, Action, Session};
 use futures::FutureExt;
-use idclient::broker_tls::{ReadHalf, WriteHalf};
+use idproto::tls::{ReadHalf, WriteHalf};
 use idproto::wire::ServerMsg;
 use idproto::IdError;
-use reply::{echo, server_reply, Proto, Reply};
+use reply::{echo, server_reply, Reply, RespVersion};
 use request::{ParseError, RequestParser};
 use std::collections::BTreeMap;
 use std::net::SocketAddr;
@@ -57,15 +59,11 @@ use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, OwnedSemaphorePermit};
 use tokio::time::{sleep_until, Instant};
 
 /// Bytes read from the socket at a time.
 const READ_CHUNK: usize = 4096;
-
-/// Replies sent without an in-flight permit (the error before a close): room for them
-/// in the queues on top of the permits.
-const CONTROL_SLOTS: usize = 2;
 
 /// How long, and how many bytes, a connection closed with an error is drained (see
 /// [`linger`]): enough for a client to read the error, too little to hold a slot.
@@ -140,11 +138,16 @@ impl From<ParseError> for RespError {
     }
 }
 
-impl From<conn::ConnError> for RespError {
-    fn from(e: conn::ConnError) -> RespError {
+impl From<SessionEnd> for RespError {
+    fn from(e: SessionEnd) -> RespError {
         match e {
-            conn::ConnError::BatcherGone => RespError::BatcherGone,
-            _ => RespError::WriterGone,
+            SessionEnd::WriterGone => RespError::WriterGone,
+            SessionEnd::BatcherGone => RespError::BatcherGone,
+            SessionEnd::Evicted(idle) => RespError::Evicted(idle),
+            // RESP's handshake is the token: a connection without one must give it.
+            SessionEnd::HandshakeTimeout(d) => RespError::AuthTimeout(d),
+            SessionEnd::FrameTimeout(d) => RespError::FrameTimeout(d),
+            SessionEnd::IdleTimeout(d) => RespError::IdleTimeout(d),
         }
     }
 }
@@ -154,7 +157,7 @@ struct Local {
     seq: u64,
     reply: Reply,
     /// For `HELLO`: the version this reply and every later one is encoded in.
-    switch: Option<Proto>,
+    switch: Option<RespVersion>,
     permit: Option<OwnedSemaphorePermit>,
 }
 
@@ -167,24 +170,24 @@ pub(crate) async fn serve(
     stream: TcpStream,
     peer: SocketAddr,
     ctx: Ctx,
-    state: Arc<ConnState>,
+    state: Arc<SlotHolder>,
     forward: Option<Arc<Forwarder>>,
 ) {
     let stats = ctx.stats.clone();
     let work = async {
-        match tls::accept(stream, &ctx, &state, tls::Proto::Resp).await? {
+        match session::open(stream, &ctx, &state, Protocol::Resp).await? {
             Some((rd, wr)) => handle(rd, wr, ctx, state, forward).await,
             None => Ok(()),
         }
     };
-    conn::counted(&stats, peer, "RESP connection", work).await;
+    session::counted(&stats, peer, "RESP connection", work).await;
 }
 
 async fn handle(
     rd: ReadHalf,
     wr: WriteHalf,
     ctx: Ctx,
-    state: Arc<ConnState>,
+    state: Arc<SlotHolder>,
     forward: Option<Arc<Forwarder>>,
 ) -> Result<(), RespError> {
     let slots = ctx.config.max_in_flight_per_conn + CONTROL_SLOTS;
@@ -198,28 +201,7 @@ async fn handle(
         state.clone(),
         write_timeout,
     ));
-    let authenticated = ctx.config.auth_token.is_none();
-    if authenticated {
-        state.admit();
-    }
-    let mut reader = Reader {
-        rd,
-        buf: Vec::with_capacity(READ_CHUNK),
-        start: 0,
-        parser: RequestParser::default(),
-        auth_failures: 0,
-        partial_since: None,
-        seq: 0,
-        out_tx,
-        local_tx,
-        ctx: &ctx,
-        state: &state,
-        forward,
-        session: Session {
-            authenticated,
-            proto: Proto::Resp2,
-        },
-    };
+    let mut reader = Reader::new(rd, out_tx, local_tx, &ctx, &state, forward);
     let read = reader.run().await;
     let Reader {
         mut rd,
@@ -304,7 +286,7 @@ struct Reader<'a> {
     out_tx: mpsc::Sender<Outgoing>,
     local_tx: mpsc::Sender<Local>,
     ctx: &'a Ctx,
-    state: &'a ConnState,
+    state: &'a SlotHolder,
     forward: Option<Arc<Forwarder>>,
     session: Session,
 }
@@ -315,7 +297,41 @@ enum Next {
     Quit,
 }
 
-impl Reader<'_> {
+impl<'a> Reader<'a> {
+    /// The reader of a connection just opened; without a token configured, it is
+    /// admitted at once (nothing to authenticate).
+    fn new(
+        rd: ReadHalf,
+        out_tx: mpsc::Sender<Outgoing>,
+        local_tx: mpsc::Sender<Local>,
+        ctx: &'a Ctx,
+        state: &'a SlotHolder,
+        forward: Option<Arc<Forwarder>>,
+    ) -> Reader<'a> {
+        let authenticated = ctx.config.auth_token.is_none();
+        if authenticated {
+            state.admit();
+        }
+        Reader {
+            rd,
+            buf: Vec::with_capacity(READ_CHUNK),
+            start: 0,
+            parser: RequestParser::default(),
+            auth_failures: 0,
+            partial_since: None,
+            seq: 0,
+            out_tx,
+            local_tx,
+            ctx,
+            state,
+            forward,
+            session: Session {
+                authenticated,
+                proto: RespVersion::Resp2,
+            },
+        }
+    }
+
     /// Requests until the peer leaves, quits or the broker stops.
     async fn run(&mut self) -> Result<(), RespError> {
         while let Some(args) = self.next_request().await? {
@@ -330,12 +346,12 @@ impl Reader<'_> {
         Ok(())
     }
 
-    /// Backpressure, as for a binary connection ([`conn::in_flight_permit`]); before the
+    /// Backpressure, as for a binary connection ([`session::in_flight_permit`]); before the
     /// token, still bounded by the authentication deadline and open to eviction: a
     /// client that pipelines refused requests without reading the refusals must not
     /// hold its slot until the write timeout.
     async fn in_flight_permit(&self) -> Result<OwnedSemaphorePermit, RespError> {
-        let permit = conn::in_flight_permit(&self.out_tx, self.state);
+        let permit = session::in_flight_permit(&self.out_tx, self.state);
         if self.session.authenticated {
             return Ok(permit.await?);
         }
@@ -355,8 +371,6 @@ impl Reader<'_> {
     /// the broker is stopping. Every wait is bounded: a partial request by the frame
     /// timeout, a connection with nothing in flight by the idle timeout.
     async fn next_request(&mut self) -> Result<Option<Vec<Vec<u8>>>, RespError> {
-        let config = self.ctx.config.clone();
-        let mut stopping = self.ctx.stopping.clone();
         let mut chunk = [0u8; READ_CHUNK];
         loop {
             if let Some(args) = self.decode_one()? {
@@ -365,37 +379,22 @@ impl Reader<'_> {
             }
             let partial = self.parser.in_progress() || self.start < self.buf.len();
             self.state.partial.store(partial, Relaxed);
-            let wait = self.wait(&config, Instant::now());
-            tokio::select! {
-                biased;
-                _ = stopping.wait_for(|s| *s) => return Ok(None),
-                () = self.local_tx.closed() => return Err(RespError::WriterGone),
-                () = self.state.evict.notified() => {
-                    // Only an idle connection gives up its slot (it may have woken up since).
-                    if let Some(idle) = self.state.idle_for(Instant::now()) {
-                        self.state.release_slot();
-                        return Err(RespError::Evicted(idle));
-                    }
-                    self.state.stay();
-                }
-                n = self.rd.read(&mut chunk) => {
+            let wait = self.wait(&self.ctx.config, Instant::now());
+            let read = self.rd.read(&mut chunk);
+            match wait_for_bytes(self.ctx, self.state, wait, self.local_tx.closed(), read).await? {
+                Woken::Read(n) => {
                     let n = n?;
                     if n == 0 {
-                        return if partial { Err(RespError::Truncated) } else { Ok(None) };
+                        return if partial {
+                            Err(RespError::Truncated)
+                        } else {
+                            Ok(None)
+                        };
                     }
                     self.take(&chunk[..n]);
                 }
-                () = sleep_until(wait.until()) => match wait {
-                    Wait::Auth(_) => return Err(RespError::AuthTimeout(config.handshake_timeout)),
-                    Wait::Frame(_) => return Err(RespError::FrameTimeout(config.frame_timeout)),
-                    Wait::Idle(_) => {
-                        // A reply may have been written since the deadline was computed.
-                        if self.state.idle_for(Instant::now()).is_some_and(|d| d >= config.idle_timeout) {
-                            return Err(RespError::IdleTimeout(config.idle_timeout));
-                        }
-                    }
-                    Wait::Busy(_) => {}
-                },
+                Woken::Again => {}
+                Woken::Stopping => return Ok(None),
             }
         }
     }
@@ -403,18 +402,18 @@ impl Reader<'_> {
     /// Which limit bounds the wait for more bytes.
     fn wait(&self, config: &BrokerConfig, now: Instant) -> Wait {
         let partial = self.parser.in_progress() || self.start < self.buf.len();
-        let wait = if let Some(since) = self.partial_since.filter(|_| partial) {
-            Wait::Frame(since + config.frame_timeout)
-        } else if self.state.idle_for(now).is_some() {
-            Wait::Idle(self.state.last_active() + config.idle_timeout)
-        } else {
-            Wait::Busy(now + config.idle_timeout)
-        };
+        let frame = self.partial_since.filter(|_| partial);
+        let wait = Wait::after(
+            frame.map(|since| since + config.frame_timeout),
+            self.state,
+            config,
+            now,
+        );
         // Without the token, a connection has the handshake timeout from its connect,
         // whatever it sends meanwhile.
         let auth = self.state.epoch + config.handshake_timeout;
         if !self.session.authenticated && auth <= wait.until() {
-            return Wait::Auth(auth);
+            return Wait::Handshake(auth);
         }
         wait
     }
@@ -485,7 +484,7 @@ impl Reader<'_> {
                 Some(forward) => self.forward(forward, seq, count, permit),
                 None => {
                     // Deadline 0: the broker's default, as for a binary client sending none.
-                    conn::next_ids(&self.out_tx, self.ctx, (seq, count, 0), permit).await?;
+                    session::next_ids(&self.out_tx, self.ctx, (seq, count, 0), permit).await?;
                 }
             },
             Action::Reply(reply, switch) => {
@@ -500,10 +499,10 @@ impl Reader<'_> {
             }
             Action::Denied(reply) => {
                 // The reply waits for the pause, so pipelined guesses wait too.
-                conn::auth_failed(&self.ctx.stats).await;
+                session::auth_failed(&self.ctx.stats).await;
                 self.local(seq, reply, None, permit).await?;
                 self.auth_failures += 1;
-                if self.auth_failures >= crate::MAX_AUTH_FAILURES {
+                if self.auth_failures >= MAX_AUTH_FAILURES {
                     return Err(RespError::AuthFailures);
                 }
             }
@@ -538,7 +537,7 @@ impl Reader<'_> {
         tokio::spawn(async move {
             let (msg, permit) = match forward.next_ids(count, deadline, requested).await {
                 Forwarded::Local => {
-                    let pending = Pending {
+                    let request = IdRequest {
                         id: seq,
                         count,
                         deadline,
@@ -546,7 +545,7 @@ impl Reader<'_> {
                         reply: out_tx.clone(),
                         permit: Some(permit),
                     };
-                    match batch_tx.send(pending).await {
+                    match batch_tx.send(request).await {
                         Ok(()) => return, // the batcher answers it
                         Err(refused) => {
                             stats.requests_failed.fetch_add(1, Relaxed);
@@ -584,7 +583,7 @@ impl Reader<'_> {
         &self,
         seq: u64,
         reply: Reply,
-        switch: Option<Proto>,
+        switch: Option<RespVersion>,
         permit: OwnedSemaphorePermit,
     ) -> Result<(), RespError> {
         let local = Local {
@@ -612,27 +611,6 @@ fn shutting_down() -> IdError {
     }
 }
 
-/// Which limit bounds the current wait for bytes (as in the binary connection).
-#[derive(Clone, Copy)]
-enum Wait {
-    /// The client must have given the token by then (a token is configured).
-    Auth(Instant),
-    /// A partial request must be complete by then.
-    Frame(Instant),
-    /// Nothing in flight, nothing partial: close at that time.
-    Idle(Instant),
-    /// Requests in flight: not idle; look again at that time.
-    Busy(Instant),
-}
-
-impl Wait {
-    fn until(self) -> Instant {
-        match self {
-            Wait::Auth(t) | Wait::Frame(t) | Wait::Idle(t) | Wait::Busy(t) => t,
-        }
-    }
-}
-
 fn not_an_array(first: u8) -> RespError {
     if first.is_ascii_alphabetic() {
         RespError::Protocol(
@@ -649,7 +627,7 @@ fn not_an_array(first: u8) -> RespError {
 
 /// A reply waiting for its turn in the writer, with the version switch it makes
 /// (`HELLO`) and the in-flight permit it releases once written.
-type Held = BTreeMap<u64, (Reply, Option<Proto>, Option<OwnedSemaphorePermit>)>;
+type Held = BTreeMap<u64, (Reply, Option<RespVersion>, Option<OwnedSemaphorePermit>)>;
 
 /// Writes replies in request order, as many per write as are ready, until every sender
 /// is gone; then shuts the write side down.
@@ -657,13 +635,13 @@ async fn write_loop(
     mut wr: WriteHalf,
     mut out_rx: mpsc::Receiver<Outgoing>,
     mut local_rx: mpsc::Receiver<Local>,
-    state: Arc<ConnState>,
+    state: Arc<SlotHolder>,
     write_timeout: Duration,
 ) -> Result<(), RespError> {
     // At most one entry per in-flight permit (plus the final error): bounded.
     let mut held = Held::new();
     let mut next = 0u64;
-    let mut proto = Proto::Resp2;
+    let mut proto = RespVersion::Resp2;
     let (mut out_open, mut local_open) = (true, true);
     let mut bytes = Vec::new();
     let mut permits = Vec::new();
@@ -724,34 +702,4 @@ fn hold_server(held: &mut Held, o: Outgoing) {
         }
         None => tracing::error!("batcher reply without a request id on a RESP connection"),
     }
-}
-
-/// How long a refused connection may take to receive its error.
-const REFUSE_LINGER: Duration = Duration::from_millis(500);
-
-/// Tells a RESP connection over the cap why it is closed, in Redis's own words, then
-/// closes it. At most `refusing`'s permits of these run at once; beyond, just closed.
-pub(crate) fn refuse_at_cap(
-    stream: TcpStream,
-    peer: SocketAddr,
-    refusing: &Arc<Semaphore>,
-    stats: &Stats,
-) {
-    stats.connections_total.fetch_add(1, Relaxed);
-    stats.connections_dropped.fetch_add(1, Relaxed);
-    tracing::info!(%peer, "RESP connection refused: connection cap reached");
-    let Ok(permit) = refusing.clone().try_acquire_owned() else {
-        return;
-    };
-    tokio::spawn(async move {
-        let mut stream = stream;
-        let refuse = async {
-            stream
-                .write_all(b"-ERR max number of clients reached\r\n")
-                .await?;
-            stream.shutdown().await
-        };
-        let _ = tokio::time::timeout(REFUSE_LINGER, refuse).await;
-        drop(permit);
-    });
 }

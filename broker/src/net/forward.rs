@@ -36,8 +36,8 @@
 //! its reply is written after the leader answered, so the leader's real-time order holds
 //! for it as for any client; the RESP connection puts the reply back in request order.
 
-use crate::leader::{Election, Role, Status};
-use crate::BrokerConfig;
+use crate::config::BrokerConfig;
+use crate::serve::source::{Leadership, Role, Status};
 use idclient::broker_client::{fetch_stats_with, BrokerClient, BrokerClientConfig};
 use idclient::{IdError, IdRange, NodeFailure};
 use std::sync::{Arc, Mutex};
@@ -109,13 +109,13 @@ struct Target {
 
 /// A follower's forwarding of RESP `QLIST.NEXT` requests (one per broker).
 pub(crate) struct Forwarder {
-    election: Arc<Election>,
+    election: Arc<dyn Leadership>,
     config: BrokerClientConfig,
     target: Mutex<Option<Target>>,
 }
 
 impl Forwarder {
-    pub(crate) fn new(election: Arc<Election>, config: &BrokerConfig) -> Forwarder {
+    pub(crate) fn new(election: Arc<dyn Leadership>, config: &BrokerConfig) -> Forwarder {
         Forwarder {
             election,
             config: forward_client_config(config),
@@ -330,6 +330,7 @@ impl Forwarder {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::serve::election::Election;
 
     fn status(role: Role, leader: Option<&str>) -> Status {
         Status {

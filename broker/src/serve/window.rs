@@ -22,16 +22,16 @@
 //!    then switched off for good, loudly, and every batch runs its own round.
 //!
 //! Why this stays linearizable with no clock assumption is argued in DESIGN.md; the
-//! deterministic simulation (`idtools/tests/sim_window.rs`) checks histories of window
-//! serving beside direct writers over thousands of seeds, and that a window served
-//! without confirmation is caught.
+//! deterministic simulation (`idtools/tests/sim.rs`, "Window serving") checks histories
+//! of window serving beside direct writers over thousands of seeds, and that a window
+//! served without confirmation is caught (`WindowMutant`, feature `test-hooks`).
 //!
 //! The next reservation starts before the window runs dry (when less than half of the
 //! current size is left), so steady load waits for reads, not fsyncs. The size follows
 //! demand: about [`ROUNDS_OF_DEMAND`] reservation times' worth of the IDs served per
 //! second, between [`MIN_WINDOW`] and [`MAX_WINDOW`].
 
-use crate::batcher::RoundSource;
+use crate::serve::source::RoundSource;
 use idclient::MAX_COUNT;
 use idclient::{IdError, IdRange, QuorumClient};
 use idproto::wire::BrokerStats;
@@ -134,7 +134,7 @@ struct Counters {
 }
 
 /// A reservation in flight.
-struct Pending {
+struct Reservation {
     lo: u64,
     hi: u64,
     started: Instant,
@@ -146,7 +146,7 @@ struct Window {
     alive: bool,
     next: u64,
     top: u64,
-    pending: Option<Pending>,
+    pending: Option<Reservation>,
     /// Target size, adapted to demand.
     size: u64,
     /// Moving average of a reservation's duration, in ns.
@@ -160,12 +160,19 @@ struct Window {
     /// that window's TOP only.
     generation: u64,
     /// The last confirmation's value (only [`WindowMutant::StaleConfirmation`] uses it).
+    #[cfg(feature = "test-hooks")]
     last_read: Option<u64>,
 }
 
 impl Window {
-    /// Takes the next `n` unserved IDs; needs `available() >= n`.
+    /// Takes the next `n` unserved IDs.
     fn take(&mut self, n: u64) -> IdRange {
+        // More would hand out IDs above TOP, which no majority accepted: repeats.
+        assert!(
+            n >= 1 && self.available() >= n,
+            "taking {n} IDs from a window with {} left",
+            self.available()
+        );
         let range = IdRange {
             lo: self.next,
             hi: self.next + n - 1,
@@ -189,7 +196,10 @@ impl Window {
 }
 
 /// Deliberately broken window serving, for the simulation's negative tests only: each
-/// breaks one rule of the module docs, and the history checker must catch it.
+/// breaks one rule of the module docs, and the history checker must catch it. Only
+/// with the feature `test-hooks` (idtools' tests enable it): a production build cannot
+/// make one.
+#[cfg(feature = "test-hooks")]
 #[doc(hidden)]
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum WindowMutant {
@@ -206,6 +216,7 @@ pub struct WindowSource<Q> {
     quorum: Arc<Q>,
     window: tokio::sync::Mutex<Window>,
     counters: Counters,
+    #[cfg(feature = "test-hooks")]
     mutant: Option<WindowMutant>,
     /// Notified when another writer killed the window (see [`WindowSource::died`]).
     died: Arc<Notify>,
@@ -229,15 +240,18 @@ impl<Q: WindowQuorum> WindowSource<Q> {
                 since: Instant::now(),
                 broken: None,
                 generation: 0,
+                #[cfg(feature = "test-hooks")]
                 last_read: None,
             }),
             counters,
+            #[cfg(feature = "test-hooks")]
             mutant: None,
             died: Arc::new(Notify::new()),
         }
     }
 
     /// The same source with one rule broken (negative tests only).
+    #[cfg(feature = "test-hooks")]
     #[doc(hidden)]
     pub fn with_mutant(mut self, mutant: WindowMutant) -> WindowSource<Q> {
         self.mutant = Some(mutant);
@@ -296,10 +310,9 @@ impl<Q: WindowQuorum> WindowSource<Q> {
         let (generation, known_top) = (w.generation, w.top);
         self.refill(&mut w);
         // The confirmation: every read starts now, after the batch closed.
-        let max = match (self.mutant, w.last_read) {
-            (Some(WindowMutant::SkipConfirmation), _) => known_top,
-            (Some(WindowMutant::StaleConfirmation), Some(stale)) => stale,
-            _ => {
+        let max = match self.mutated_confirmation(&w, known_top) {
+            Some(max) => max,
+            None => {
                 drop(w);
                 let read = self.quorum.read_max(deadline).await;
                 w = self.window.lock().await;
@@ -312,14 +325,14 @@ impl<Q: WindowQuorum> WindowSource<Q> {
                 }
             }
         };
-        w.last_read = Some(max);
+        Self::note_read(&mut w, max);
         self.counters.confirmations.fetch_add(1, Relaxed);
         if w.broken.is_some() {
             self.counters.holes.fetch_add(n, Relaxed);
             drop(w);
             return self.quorum.round(n, deadline).await;
         }
-        if max < known_top && self.mutant.is_none() {
+        if max < known_top && !self.mutated() {
             let reason = format!(
                 "a majority read {max} below {known_top}, which a majority accepted: a node \
                  lost acknowledged writes (check every node's appendfsync and disk)"
@@ -340,7 +353,7 @@ impl<Q: WindowQuorum> WindowSource<Q> {
             }
         }
         let confirmed = max <= known_top || (w.generation == generation && w.alive && max <= w.top);
-        let keep = self.mutant == Some(WindowMutant::KeepDeadWindow);
+        let keep = self.keeps_dead_windows();
         if confirmed || keep {
             return Ok(range);
         }
@@ -398,7 +411,7 @@ impl<Q: WindowQuorum> WindowSource<Q> {
             Ok(Ok(false)) | Ok(Err(_)) | Err(_) => {
                 self.counters.reservations_lost.fetch_add(1, Relaxed);
                 self.died.notify_one();
-                if self.mutant != Some(WindowMutant::KeepDeadWindow) {
+                if !self.keeps_dead_windows() {
                     self.kill(w);
                 }
             }
@@ -468,13 +481,56 @@ impl<Q: WindowQuorum> WindowSource<Q> {
         let started = Instant::now();
         let task =
             tokio::spawn(async move { quorum.reserve(lo, hi, started + RESERVE_TIMEOUT).await });
-        w.pending = Some(Pending {
+        w.pending = Some(Reservation {
             lo,
             hi,
             started,
             task,
         });
     }
+}
+
+/// What a [`WindowMutant`] changes in serving (feature `test-hooks`).
+#[cfg(feature = "test-hooks")]
+impl<Q> WindowSource<Q> {
+    fn mutated(&self) -> bool {
+        self.mutant.is_some()
+    }
+
+    fn keeps_dead_windows(&self) -> bool {
+        self.mutant == Some(WindowMutant::KeepDeadWindow)
+    }
+
+    /// The confirmation a mutant makes up instead of a read, if it does.
+    fn mutated_confirmation(&self, w: &Window, known_top: u64) -> Option<u64> {
+        match (self.mutant, w.last_read) {
+            (Some(WindowMutant::SkipConfirmation), _) => Some(known_top),
+            (Some(WindowMutant::StaleConfirmation), Some(stale)) => Some(stale),
+            _ => None,
+        }
+    }
+
+    fn note_read(w: &mut Window, max: u64) {
+        w.last_read = Some(max);
+    }
+}
+
+/// Without the feature `test-hooks` (production): no mutant, every rule kept.
+#[cfg(not(feature = "test-hooks"))]
+impl<Q> WindowSource<Q> {
+    fn mutated(&self) -> bool {
+        false
+    }
+
+    fn keeps_dead_windows(&self) -> bool {
+        false
+    }
+
+    fn mutated_confirmation(&self, _: &Window, _: u64) -> Option<u64> {
+        None
+    }
+
+    fn note_read(_: &mut Window, _: u64) {}
 }
 
 impl<Q: WindowQuorum> RoundSource for WindowSource<Q> {

@@ -16,7 +16,7 @@
 //!   `t` = [`ElectionConfig::election_timeout`], redrawn on every change, so followers
 //!   rarely stand at once) it becomes a candidate. A follower that finds no heartbeat
 //!   at all on a majority (a fresh quorum, or a leader that resigned on shutdown,
-//!   [`LeaderSource::resign`]) stands after two heartbeat intervals: there is no leader
+//!   [`LeaderSource::resign`](crate::LeaderSource::resign)) stands after two heartbeat intervals: there is no leader
 //!   to wait for.
 //! - Step down: a leader becomes a follower when a refresh finds the heartbeat of a higher
 //!   term on a node, when it could not refresh a majority for `t`, or when its window died
@@ -24,21 +24,18 @@
 //!   the term register shows a higher term.
 //!
 //! Only the leader serves; a follower or candidate answers `NextIds` with a redirect to
-//! the leader it knows ([`LeaderSource::redirect`]). Safety never depends on any of this:
+//! the leader it knows ([`LeaderSource`](crate::LeaderSource)). Safety never depends on any of this:
 //! windows stay safe with two leaders (they only cost holes), so timing only decides who
 //! serves and how fast a failover is.
 
-use crate::batcher::RoundSource;
-use crate::window::{WindowQuorum, WindowSource};
-use futures::future::{BoxFuture, FutureExt};
-use idclient::{
-    ClientConfig, Combine, Heartbeat, HeartbeatAuth, HeartbeatNode, IdError, IdRange, Node,
-    QuorumClient, Refresh, Register, Token,
-};
-use idproto::wire::BrokerStats;
+mod quorum;
+
+pub use quorum::{ElectionQuorum, QuorumElection};
+
+use crate::serve::source::{Leadership, Role, Status};
+use idclient::Heartbeat;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use std::future::Future;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -52,157 +49,6 @@ pub const ELECTION_TIMEOUT: Duration = Duration::from_millis(200);
 /// Default heartbeat interval (`--heartbeat-ms`): the leader's refresh and the
 /// followers' read pace.
 pub const HEARTBEAT: Duration = Duration::from_millis(50);
-
-/// What the election needs from the quorum. [`QuorumElection`] is the real one; the unit
-/// tests plug in a fake.
-pub trait ElectionQuorum: Send + Sync + 'static {
-    /// The highest term on a majority (reads started after this call).
-    fn read_term(&self, deadline: Instant) -> impl Future<Output = Result<u64, IdError>> + Send;
-
-    /// "If term < `term` then term = `term`" on every node: `Ok(true)` when a majority
-    /// accepted, which makes the caller leader of `term`.
-    fn claim_term(
-        &self,
-        term: u64,
-        deadline: Instant,
-    ) -> impl Future<Output = Result<bool, IdError>> + Send;
-
-    /// Refreshes `hb` on every node (see [`idclient::refresh_heartbeat`]).
-    fn refresh(
-        &self,
-        hb: Heartbeat,
-        ttl: Duration,
-        deadline: Instant,
-    ) -> impl Future<Output = Refresh> + Send;
-
-    /// What a majority of nodes hold as heartbeat (see [`idclient::read_heartbeats`]).
-    fn read_heartbeats(
-        &self,
-        deadline: Instant,
-    ) -> impl Future<Output = Result<Vec<Option<Heartbeat>>, IdError>> + Send;
-
-    /// Deletes the heartbeat of `term` wherever it is (see [`idclient::resign_heartbeat`]).
-    fn resign(&self, term: u64, deadline: Instant) -> impl Future<Output = ()> + Send;
-
-    /// How many nodes make a majority.
-    fn majority(&self) -> usize;
-
-    /// The brokers' heartbeat key, when they share a token: heartbeats are signed with
-    /// it, and only those it verifies are trusted. `None`: every heartbeat is trusted.
-    fn auth(&self) -> Option<&HeartbeatAuth> {
-        None
-    }
-
-    /// The term register's key, for messages.
-    fn term_register(&self) -> String {
-        "<key>:term".to_string()
-    }
-}
-
-/// The election over the quorum's nodes: a [`QuorumClient`] on the term register
-/// `<key>:term` (its own connections, so election traffic never queues behind ID rounds),
-/// whose nodes also carry the heartbeat `<key>:leader`.
-///
-/// Generic over the node type like [`QuorumClient`], so the deterministic simulation
-/// (`idtools/tests/sim/election.rs`) runs this very code over simulated nodes; production
-/// uses the default, [`Node`] (Redis).
-pub struct QuorumElection<N: Register = Node> {
-    terms: QuorumClient<N>,
-    heartbeat_key: String,
-    /// Set by [`QuorumElection::with_token`].
-    auth: Option<HeartbeatAuth>,
-}
-
-impl QuorumElection<Node> {
-    /// Connects to the quorum `config` describes (its `key` is the ID register; the
-    /// election uses `<key>:term` and `<key>:leader` beside it).
-    ///
-    /// # Errors
-    /// As [`QuorumClient::connect`].
-    pub async fn connect(config: &ClientConfig) -> Result<QuorumElection, IdError> {
-        let mut terms = config.clone();
-        terms.key = Self::term_key(&config.key);
-        // One candidate per broker, one write per election: nothing to combine.
-        terms.combine = Combine::Never;
-        let terms = QuorumClient::connect(terms).await?;
-        Ok(QuorumElection::over(terms, &config.key))
-    }
-}
-
-impl<N: Register> QuorumElection<N> {
-    /// The term register's key beside the ID register `key`.
-    pub fn term_key(key: &str) -> String {
-        format!("{key}:term")
-    }
-
-    /// The election of the ID register `key`'s brokers over `terms`, a client of the term
-    /// register ([`QuorumElection::term_key`]`(key)`, which it must use, combining
-    /// never), whose nodes carry the heartbeat `<key>:leader`.
-    pub fn over(terms: QuorumClient<N>, key: &str) -> QuorumElection<N> {
-        QuorumElection {
-            terms,
-            heartbeat_key: format!("{key}:leader"),
-            auth: None,
-        }
-    }
-
-    /// Signs heartbeats, and trusts only signed ones, with a key derived from `token`
-    /// (the brokers' `--auth-token-file`): a forged heartbeat then deposes no leader and
-    /// names no address a broker sends its token to. `None`: unauthenticated, as
-    /// without a token every heartbeat is trusted.
-    pub fn with_token(mut self, token: Option<&Token>) -> QuorumElection<N> {
-        self.auth = token.map(|t| HeartbeatAuth::new(t, &self.heartbeat_key));
-        self
-    }
-
-    fn nodes(&self) -> &[N] {
-        self.terms.nodes()
-    }
-}
-
-impl<N: HeartbeatNode + 'static> ElectionQuorum for QuorumElection<N> {
-    fn read_term(&self, deadline: Instant) -> impl Future<Output = Result<u64, IdError>> + Send {
-        self.terms.read_max(deadline)
-    }
-
-    async fn claim_term(&self, term: u64, deadline: Instant) -> Result<bool, IdError> {
-        self.terms.reserve(term, term, deadline).await
-    }
-
-    async fn refresh(&self, hb: Heartbeat, ttl: Duration, deadline: Instant) -> Refresh {
-        let (nodes, key) = (self.nodes(), &self.heartbeat_key);
-        match &self.auth {
-            Some(auth) => {
-                let trust = |hb: &Heartbeat| auth.verify(hb);
-                idclient::refresh_heartbeat_trusting(nodes, key, &hb, ttl, deadline, &trust).await
-            }
-            None => idclient::refresh_heartbeat(nodes, key, &hb, ttl, deadline).await,
-        }
-    }
-
-    fn read_heartbeats(
-        &self,
-        deadline: Instant,
-    ) -> impl Future<Output = Result<Vec<Option<Heartbeat>>, IdError>> + Send {
-        idclient::read_heartbeats(self.nodes(), &self.heartbeat_key, deadline)
-    }
-
-    async fn resign(&self, term: u64, deadline: Instant) {
-        idclient::resign_heartbeat(self.nodes(), &self.heartbeat_key, term, deadline).await;
-    }
-
-    fn majority(&self) -> usize {
-        self.nodes().len() / 2 + 1
-    }
-
-    fn auth(&self) -> Option<&HeartbeatAuth> {
-        self.auth.as_ref()
-    }
-
-    fn term_register(&self) -> String {
-        Self::term_key(self.heartbeat_key.trim_end_matches(":leader"))
-    }
-}
 
 /// The election's timing and this broker's address.
 #[derive(Debug, Clone)]
@@ -266,35 +112,6 @@ impl ElectionConfig {
     }
 }
 
-/// A broker's part in the election.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Role {
-    Follower,
-    Candidate,
-    Leader,
-}
-
-impl Role {
-    /// As `BrokerStats::role` shows it.
-    pub fn name(self) -> &'static str {
-        match self {
-            Role::Follower => "follower",
-            Role::Candidate => "candidate",
-            Role::Leader => "leader",
-        }
-    }
-}
-
-/// Where the election stands, as this broker sees it.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Status {
-    pub role: Role,
-    /// The highest term seen (0: none yet).
-    pub term: u64,
-    /// The leader's advertised address, if one is known.
-    pub leader: Option<String>,
-}
-
 /// The election's state, shared by its task and the serving path.
 pub struct Election {
     status: Mutex<Status>,
@@ -311,7 +128,7 @@ pub struct Election {
     /// broker's own address while it does not lead: a wrong `--advertise` on one of the
     /// two. RESP requests are then answered at once, not left to wait for a leader.
     own_address_named: AtomicBool,
-    /// Set when this broker resigned ([`LeaderSource::resign`]): until then, RESP
+    /// Set when this broker resigned ([`LeaderSource::resign`](crate::LeaderSource::resign)): until then, RESP
     /// requests it forwards wait for the next leader; after it, they are answered.
     handoff_until: Mutex<Option<Instant>>,
 }
@@ -333,6 +150,28 @@ impl Election {
             own_address_named: AtomicBool::new(false),
             handoff_until: Mutex::new(None),
         }
+    }
+
+    /// Whether this broker leads now: read without the lock, on every request.
+    pub(crate) fn leading(&self) -> bool {
+        self.leading.load(Relaxed)
+    }
+
+    /// The leader a request is redirected to (`None`: none known), counted as a redirect.
+    pub(crate) fn redirect(&self) -> Option<String> {
+        let leader = self.lock().leader.clone();
+        self.redirects.fetch_add(1, Relaxed);
+        leader
+    }
+
+    /// Requests redirected so far.
+    pub fn redirects(&self) -> u64 {
+        self.redirects.load(Relaxed)
+    }
+
+    /// This broker resigned: requests wait for the next leader until `until`, no longer.
+    pub(crate) fn hand_off_until(&self, until: Instant) {
+        *self.handoff_until.lock().unwrap_or_else(|p| p.into_inner()) = Some(until);
     }
 
     /// When this broker resigned: until when a request waits for the next leader
@@ -415,6 +254,54 @@ impl Election {
         *s = new;
         self.leading.store(role == Role::Leader, Relaxed);
     }
+}
+
+impl Leadership for Election {
+    fn status(&self) -> Status {
+        Election::status(self)
+    }
+
+    fn subscribe(&self) -> watch::Receiver<Status> {
+        Election::subscribe(self)
+    }
+
+    fn advertise(&self) -> &str {
+        Election::advertise(self)
+    }
+
+    fn own_address_named(&self) -> bool {
+        Election::own_address_named(self)
+    }
+
+    fn handoff_until(&self) -> Option<Instant> {
+        Election::handoff_until(self)
+    }
+}
+
+/// Starts the election task of `shared` over `quorum`: it follows, stands and leads
+/// until aborted; `window_died` is the hint that a newer leader may exist
+/// ([`WindowSource::died`](crate::serve::window::WindowSource::died)).
+pub(crate) fn spawn<E: ElectionQuorum>(
+    quorum: Arc<E>,
+    config: ElectionConfig,
+    shared: Arc<Election>,
+    window_died: Arc<Notify>,
+) -> JoinHandle<()> {
+    tokio::spawn(Machine::new(quorum, config, shared, window_died).run())
+}
+
+/// Starts an election task that only watches, from `term` on (a broker that resigned):
+/// it learns the next leader, and never stands.
+pub(crate) fn spawn_watcher<E: ElectionQuorum>(
+    quorum: Arc<E>,
+    config: ElectionConfig,
+    shared: Arc<Election>,
+    term: u64,
+) -> JoinHandle<()> {
+    let mut m = Machine::new(quorum, config, shared, Arc::new(Notify::new()));
+    m.resigned = true;
+    m.term = term;
+    tokio::spawn(m.run())
 }
 
 /// The election task's own state.
@@ -778,163 +665,6 @@ impl<E: ElectionQuorum> Machine<E> {
                 }
             }
         }
-    }
-}
-
-/// A window-serving source that serves only while it leads: the [`WindowSource`] plus
-/// the election task (aborted when this is dropped).
-pub struct LeaderSource<Q> {
-    window: Arc<WindowSource<Q>>,
-    election: Arc<Election>,
-    task: JoinHandle<()>,
-    /// Deletes the heartbeat of a term, within a time (the quorum's
-    /// [`ElectionQuorum::resign`]).
-    resign: Box<dyn Fn(u64, Duration) -> BoxFuture<'static, ()> + Send + Sync>,
-    /// Starts an election task that only watches, from a term on (see
-    /// [`LeaderSource::resign`]).
-    watch_only: Box<dyn Fn(u64) -> JoinHandle<()> + Send + Sync>,
-    /// That task, once resigned (aborted when this is dropped).
-    watcher: Mutex<Option<JoinHandle<()>>>,
-    heartbeat: Duration,
-    /// How long a resigned broker's RESP requests wait for the next leader.
-    handoff: Duration,
-}
-
-impl<Q: WindowQuorum> LeaderSource<Q> {
-    /// Serves from `window` while elected through `quorum`; starts the election task.
-    ///
-    /// # Errors
-    /// A configuration that [`ElectionConfig::validate`] refuses.
-    pub fn start<E: ElectionQuorum>(
-        window: Arc<WindowSource<Q>>,
-        quorum: Arc<E>,
-        config: ElectionConfig,
-    ) -> Result<LeaderSource<Q>, String> {
-        config.validate()?;
-        let election = Arc::new(Election::new(config.advertise.clone()));
-        let heartbeat = config.heartbeat;
-        let handoff = config.election_timeout * 4;
-        let resign = {
-            let quorum = quorum.clone();
-            Box::new(move |term, within| {
-                let quorum = quorum.clone();
-                async move { quorum.resign(term, Instant::now() + within).await }.boxed()
-            })
-        };
-        let watch_only = {
-            let (quorum, config, election) = (quorum.clone(), config.clone(), election.clone());
-            Box::new(move |term| {
-                let died = Arc::new(Notify::new());
-                let mut m = Machine::new(quorum.clone(), config.clone(), election.clone(), died);
-                m.resigned = true;
-                m.term = term;
-                tokio::spawn(m.run())
-            })
-        };
-        let machine = Machine::new(quorum, config, election.clone(), window.died());
-        let task = tokio::spawn(machine.run());
-        Ok(LeaderSource {
-            window,
-            election,
-            task,
-            resign,
-            watch_only,
-            watcher: Mutex::new(None),
-            heartbeat,
-            handoff,
-        })
-    }
-
-    /// Leaves the election for good (a graceful shutdown): stops the election task and,
-    /// if leading, deletes its heartbeat so the followers stand at once instead of after
-    /// their timeout. Batches already queued are still served (safety never depends on
-    /// who leads); new requests are redirected.
-    ///
-    /// Handoff: from then on an election task that only WATCHES (never stands) learns the
-    /// next leader, so RESP requests this broker took meanwhile are forwarded to it
-    /// (within four election timeouts; after that they are answered "no leader known" at
-    /// once) instead of waiting out their deadline for a leader nobody would name.
-    pub async fn resign(&self) {
-        self.task.abort();
-        let s = self.election.status();
-        *self
-            .election
-            .handoff_until
-            .lock()
-            .unwrap_or_else(|p| p.into_inner()) = Some(Instant::now() + self.handoff);
-        self.election.set(Role::Follower, s.term, None);
-        if s.role == Role::Leader {
-            tracing::info!(term = s.term, "resigning the lead");
-            (self.resign)(s.term, self.heartbeat * 2).await;
-        }
-        let watcher = (self.watch_only)(s.term);
-        let old = self
-            .watcher
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .replace(watcher);
-        if let Some(old) = old {
-            old.abort();
-        }
-    }
-
-    /// The window this source serves from.
-    pub fn window(&self) -> &Arc<WindowSource<Q>> {
-        &self.window
-    }
-
-    /// The election's state.
-    pub fn election(&self) -> &Arc<Election> {
-        &self.election
-    }
-}
-
-impl<Q> Drop for LeaderSource<Q> {
-    fn drop(&mut self) {
-        self.task.abort();
-        if let Some(w) = self
-            .watcher
-            .lock()
-            .unwrap_or_else(|p| p.into_inner())
-            .take()
-        {
-            w.abort();
-        }
-    }
-}
-
-impl<Q: WindowQuorum> RoundSource for LeaderSource<Q> {
-    fn next_ids_until(
-        &self,
-        n: u64,
-        deadline: Instant,
-    ) -> impl Future<Output = Result<IdRange, IdError>> + Send {
-        // A batch queued while leading is served even if the broker stepped down since:
-        // windows are safe with any number of leaders.
-        self.window.next_ids_until(n, deadline)
-    }
-
-    fn describe(&self, stats: &mut BrokerStats) {
-        self.window.describe(stats);
-        let s = self.election.status();
-        stats.role = s.role.name().to_string();
-        stats.term = s.term;
-        stats.leader = s.leader;
-        stats.redirects = self.election.redirects.load(Relaxed);
-    }
-
-    /// Not the leader: `Some(leader)` (counted as a redirect), the request is not started.
-    fn redirect(&self) -> Option<Option<String>> {
-        if self.election.leading.load(Relaxed) {
-            return None;
-        }
-        let leader = self.election.lock().leader.clone();
-        self.election.redirects.fetch_add(1, Relaxed);
-        Some(leader)
-    }
-
-    fn election(&self) -> Option<Arc<Election>> {
-        Some(self.election.clone())
     }
 }
 

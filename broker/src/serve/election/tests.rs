@@ -3,6 +3,11 @@
 //! quorum calls hang, as under SIGSTOP) or cut off from the heartbeat.
 
 use super::*;
+use crate::serve::leader_source::LeaderSource;
+use crate::serve::source::{Admit, RoundSource};
+use crate::serve::window::{WindowQuorum, WindowSource};
+use idclient::{IdError, IdRange, Refresh};
+use idproto::wire::BrokerStats;
 use std::sync::atomic::AtomicBool;
 use tokio::sync::watch;
 
@@ -177,15 +182,33 @@ impl Broker {
     fn status(&self) -> Status {
         self.source.election().status()
     }
+
+    fn election(&self) -> &Election {
+        self.source.election()
+    }
 }
 
-/// Waits (on the paused clock: simulated time) until `cond` holds, at most `limit`.
-async fn until(limit: Duration, what: &str, mut cond: impl FnMut() -> bool) {
+/// Waits (on the paused clock: simulated time) until `cond` holds, at most `limit`,
+/// looking again at each change of one of the `watched` elections' status: every
+/// condition here is about their statuses, so nothing else can make one hold.
+async fn until(limit: Duration, what: &str, watched: &[&Election], mut cond: impl FnMut() -> bool) {
     let end = Instant::now() + limit;
+    // Subscribed before the first look: a change after it is seen.
+    let mut changes: Vec<_> = watched.iter().map(|e| e.subscribe()).collect();
     while !cond() {
-        assert!(Instant::now() < end, "not within {limit:?}: {what}");
-        tokio::time::sleep(Duration::from_millis(5)).await;
+        let changed =
+            futures::future::select_all(changes.iter_mut().map(|c| Box::pin(c.changed())));
+        match tokio::time::timeout_at(end, changed).await {
+            Ok((Ok(()), _, _)) => {}
+            Ok((Err(_), _, _)) => panic!("an election is gone: {what}"),
+            Err(_) => panic!("not within {limit:?}: {what}"),
+        }
     }
+}
+
+/// The elections of `brokers`, for [`until`].
+fn elections(brokers: &[Broker]) -> Vec<&Election> {
+    brokers.iter().map(Broker::election).collect()
 }
 
 fn leaders(brokers: &[Broker]) -> Vec<usize> {
@@ -212,10 +235,13 @@ async fn with_no_heartbeat_one_broker_is_elected_and_the_others_follow_and_redir
     let nodes = Arc::new(Nodes::default());
     let brokers: Vec<Broker> = (0..3).map(|i| Broker::start(&nodes, i)).collect();
     // Before anything is known: a follower with no leader redirects to none.
-    assert_eq!(brokers[0].source.redirect(), Some(None));
-    until(Duration::from_secs(5), "one leader, followed", || {
-        settled(&brokers).is_some()
-    })
+    assert_eq!(brokers[0].source.admit(), Admit::Redirect(None));
+    until(
+        Duration::from_secs(5),
+        "one leader, followed",
+        &elections(&brokers),
+        || settled(&brokers).is_some(),
+    )
     .await;
     let l = settled(&brokers).expect("settled");
     // It stays that way: heartbeats keep the followers from standing.
@@ -224,14 +250,14 @@ async fn with_no_heartbeat_one_broker_is_elected_and_the_others_follow_and_redir
     assert_eq!(settled(&brokers), Some(l));
     assert_eq!(brokers[l].status().term, term);
     // The leader serves; the others redirect to it, and count it.
-    assert_eq!(brokers[l].source.redirect(), None);
+    assert_eq!(brokers[l].source.admit(), Admit::Serve);
     let f = (l + 1) % 3;
     let mut stats = BrokerStats::default();
     brokers[f].source.describe(&mut stats);
     let redirects = stats.redirects;
     assert_eq!(
-        brokers[f].source.redirect(),
-        Some(Some(brokers[l].addr.clone()))
+        brokers[f].source.admit(),
+        Admit::Redirect(Some(brokers[l].addr.clone()))
     );
     brokers[f].source.describe(&mut stats);
     assert_eq!(
@@ -247,17 +273,23 @@ async fn with_no_heartbeat_one_broker_is_elected_and_the_others_follow_and_redir
 async fn a_dead_leader_is_replaced_in_a_higher_term() {
     let nodes = Arc::new(Nodes::default());
     let mut brokers: Vec<Broker> = (0..3).map(|i| Broker::start(&nodes, i)).collect();
-    until(Duration::from_secs(5), "first leader", || {
-        settled(&brokers).is_some()
-    })
+    until(
+        Duration::from_secs(5),
+        "first leader",
+        &elections(&brokers),
+        || settled(&brokers).is_some(),
+    )
     .await;
     let l = settled(&brokers).expect("settled");
     let term = brokers[l].status().term;
     let killed_at = Instant::now();
     drop(brokers.remove(l)); // kill: its election task is aborted
-    until(Duration::from_secs(5), "a new leader", || {
-        settled(&brokers).is_some()
-    })
+    until(
+        Duration::from_secs(5),
+        "a new leader",
+        &elections(&brokers),
+        || settled(&brokers).is_some(),
+    )
     .await;
     let took = killed_at.elapsed();
     let n = settled(&brokers).expect("settled");
@@ -273,9 +305,12 @@ async fn a_dead_leader_is_replaced_in_a_higher_term() {
 async fn a_paused_leader_is_replaced_and_steps_down_when_it_resumes() {
     let nodes = Arc::new(Nodes::default());
     let brokers: Vec<Broker> = (0..3).map(|i| Broker::start(&nodes, i)).collect();
-    until(Duration::from_secs(5), "first leader", || {
-        settled(&brokers).is_some()
-    })
+    until(
+        Duration::from_secs(5),
+        "first leader",
+        &elections(&brokers),
+        || settled(&brokers).is_some(),
+    )
     .await;
     let l = settled(&brokers).expect("settled");
     let old_term = brokers[l].status().term;
@@ -284,15 +319,19 @@ async fn a_paused_leader_is_replaced_and_steps_down_when_it_resumes() {
     until(
         Duration::from_secs(5),
         "two brokers believe they lead",
+        &elections(&brokers),
         || leaders(&brokers).len() == 2,
     )
     .await;
     assert_eq!(brokers[l].status().role, Role::Leader);
     brokers[l].pause.send_replace(false);
     // The lower term steps down and follows the new leader.
-    until(Duration::from_secs(5), "the old leader follows", || {
-        settled(&brokers).is_some_and(|n| n != l)
-    })
+    until(
+        Duration::from_secs(5),
+        "the old leader follows",
+        &elections(&brokers),
+        || settled(&brokers).is_some_and(|n| n != l),
+    )
     .await;
     let n = settled(&brokers).expect("settled");
     assert!(brokers[n].status().term > old_term);
@@ -330,14 +369,19 @@ async fn of_two_leaders_the_lower_term_steps_down() {
         machines.push((shared, task));
         tokio::time::sleep(LATENCY * 3).await;
     }
-    until(Duration::from_secs(2), "the lower term follows", || {
-        machines[0].0.status()
-            == Status {
-                role: Role::Follower,
-                term: 2,
-                leader: Some("high:1".into()),
-            }
-    })
+    until(
+        Duration::from_secs(2),
+        "the lower term follows",
+        &[&*machines[0].0, &*machines[1].0],
+        || {
+            machines[0].0.status()
+                == Status {
+                    role: Role::Follower,
+                    term: 2,
+                    leader: Some("high:1".into()),
+                }
+        },
+    )
     .await;
     assert_eq!(machines[1].0.status().role, Role::Leader);
     for (_, task) in machines {
@@ -349,7 +393,7 @@ async fn of_two_leaders_the_lower_term_steps_down() {
 async fn a_dead_window_and_a_higher_term_register_make_the_leader_step_down() {
     let nodes = Arc::new(Nodes::default());
     let b = Broker::start(&nodes, 0);
-    until(Duration::from_secs(5), "leader", || {
+    until(Duration::from_secs(5), "leader", &[b.election()], || {
         b.status().role == Role::Leader
     })
     .await;
@@ -360,14 +404,20 @@ async fn a_dead_window_and_a_higher_term_register_make_the_leader_step_down() {
     tokio::time::sleep(ELECTION_TIMEOUT * 3).await;
     assert_eq!((b.status().role, b.status().term), (Role::Leader, term));
     b.source.window().died().notify_one();
-    until(Duration::from_secs(1), "stepped down", || {
-        b.status().role != Role::Leader || b.status().term > 9
-    })
+    until(
+        Duration::from_secs(1),
+        "stepped down",
+        &[b.election()],
+        || b.status().role != Role::Leader || b.status().term > 9,
+    )
     .await;
     // Alone, it stands again after its timeout, above the term it saw.
-    until(Duration::from_secs(5), "leads again", || {
-        b.status().role == Role::Leader
-    })
+    until(
+        Duration::from_secs(5),
+        "leads again",
+        &[b.election()],
+        || b.status().role == Role::Leader,
+    )
     .await;
     assert!(b.status().term >= 10, "{:?}", b.status());
 }
@@ -376,21 +426,27 @@ async fn a_dead_window_and_a_higher_term_register_make_the_leader_step_down() {
 async fn a_leader_that_cannot_refresh_a_majority_steps_down() {
     let nodes = Arc::new(Nodes::default());
     let b = Broker::start(&nodes, 0);
-    until(Duration::from_secs(5), "leader", || {
+    until(Duration::from_secs(5), "leader", &[b.election()], || {
         b.status().role == Role::Leader
     })
     .await;
     let elections = b.source.election().elections();
     b.view.cut_off.store(true, Relaxed);
-    until(Duration::from_secs(2), "stepped down", || {
-        b.status().role != Role::Leader
-    })
+    until(
+        Duration::from_secs(2),
+        "stepped down",
+        &[b.election()],
+        || b.status().role != Role::Leader,
+    )
     .await;
     assert_eq!(b.status().leader, None);
     b.view.cut_off.store(false, Relaxed);
-    until(Duration::from_secs(5), "leads again", || {
-        b.status().role == Role::Leader
-    })
+    until(
+        Duration::from_secs(5),
+        "leads again",
+        &[b.election()],
+        || b.status().role == Role::Leader,
+    )
     .await;
     assert!(b.source.election().elections() > elections);
 }
@@ -418,11 +474,12 @@ async fn a_new_broker_waits_out_a_stale_heartbeat_before_standing() {
     until(
         Duration::from_secs(5),
         "follows the last known leader",
+        &[b.election()],
         || b.status().leader.as_deref() == Some("gone:1"),
     )
     .await;
-    assert_eq!(b.source.redirect(), Some(Some("gone:1".into())));
-    until(Duration::from_secs(5), "leads", || {
+    assert_eq!(b.source.admit(), Admit::Redirect(Some("gone:1".into())));
+    until(Duration::from_secs(5), "leads", &[b.election()], || {
         b.status().role == Role::Leader
     })
     .await;
@@ -435,9 +492,12 @@ async fn a_new_broker_waits_out_a_stale_heartbeat_before_standing() {
 async fn a_resigning_leader_is_replaced_before_the_election_timeout() {
     let nodes = Arc::new(Nodes::default());
     let brokers: Vec<Broker> = (0..3).map(|i| Broker::start(&nodes, i)).collect();
-    until(Duration::from_secs(5), "first leader", || {
-        settled(&brokers).is_some()
-    })
+    until(
+        Duration::from_secs(5),
+        "first leader",
+        &elections(&brokers),
+        || settled(&brokers).is_some(),
+    )
     .await;
     let l = settled(&brokers).expect("settled");
     let term = brokers[l].status().term;
@@ -445,11 +505,16 @@ async fn a_resigning_leader_is_replaced_before_the_election_timeout() {
     brokers[l].source.resign().await;
     assert_eq!(brokers[l].status().role, Role::Follower);
     let others: Vec<&Broker> = (0..3).filter(|&i| i != l).map(|i| &brokers[i]).collect();
-    until(Duration::from_secs(5), "a new leader", || {
-        others
-            .iter()
-            .any(|b| b.status().role == Role::Leader && b.status().term > term)
-    })
+    until(
+        Duration::from_secs(5),
+        "a new leader",
+        &elections(&brokers),
+        || {
+            others
+                .iter()
+                .any(|b| b.status().role == Role::Leader && b.status().term > term)
+        },
+    )
     .await;
     // Simulated time: a few heartbeats, not an election timeout.
     assert!(
@@ -460,7 +525,7 @@ async fn a_resigning_leader_is_replaced_before_the_election_timeout() {
     // The resigned broker takes no further part: it redirects and never stands.
     tokio::time::sleep(ELECTION_TIMEOUT * 10).await;
     assert_eq!(brokers[l].status().role, Role::Follower);
-    assert!(brokers[l].source.redirect().is_some());
+    assert!(matches!(brokers[l].source.admit(), Admit::Redirect(_)));
 }
 
 /// A leader partitioned from every node steps down and another is elected; when the
@@ -472,15 +537,19 @@ async fn a_resigning_leader_is_replaced_before_the_election_timeout() {
 async fn a_healed_partitioned_leader_follows_the_new_one_without_an_election() {
     let nodes = Arc::new(Nodes::default());
     let brokers: Vec<Broker> = (0..3).map(|i| Broker::start(&nodes, i)).collect();
-    until(Duration::from_secs(5), "first leader", || {
-        settled(&brokers).is_some()
-    })
+    until(
+        Duration::from_secs(5),
+        "first leader",
+        &elections(&brokers),
+        || settled(&brokers).is_some(),
+    )
     .await;
     let l = settled(&brokers).expect("settled");
     brokers[l].view.isolated.store(true, Relaxed);
     until(
         Duration::from_secs(5),
         "a new leader, the old one down",
+        &elections(&brokers),
         || leaders(&brokers).iter().all(|&i| i != l) && leaders(&brokers).len() == 1,
     )
     .await;
@@ -490,9 +559,12 @@ async fn a_healed_partitioned_leader_follows_the_new_one_without_an_election() {
     let term = brokers[n].status().term;
     brokers[l].view.failing_reads.store(1, Relaxed);
     brokers[l].view.isolated.store(false, Relaxed);
-    until(Duration::from_secs(5), "the healed broker follows", || {
-        settled(&brokers) == Some(n)
-    })
+    until(
+        Duration::from_secs(5),
+        "the healed broker follows",
+        &elections(&brokers),
+        || settled(&brokers) == Some(n),
+    )
     .await;
     tokio::time::sleep(Duration::from_secs(3)).await;
     assert_eq!(
