@@ -1,6 +1,6 @@
 use super::round::{decide, Decision, Tally};
 use super::*;
-use crate::register::Written;
+use crate::register::{WriteReply, Written};
 
 fn failure(addr: &str, reason: &str) -> NodeFailure {
     NodeFailure {
