@@ -7,24 +7,11 @@
 //!   one part of a split merge; checksummed blocks, an index, a shard table, a footer.
 
 pub mod listbin;
+mod record;
 pub mod run;
 pub mod shard;
 
-/// The largest payload of one item anywhere in qlist: the producer refuses longer input
-/// items, and list.bin readers refuse longer payload lengths, so a corrupt length can never
-/// make a reader allocate more than this.
-pub const MAX_PAYLOAD: usize = 16 << 20;
-
-/// One item of the list: its ID, the shard that produced it, its 0-based position in
-/// that producer's input, and its payload. Field order and types are the list.bin record
-/// layout (bincode legacy fixed-int encoding of this struct).
-#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
-pub struct Record {
-    pub id: u64,
-    pub shard: u32,
-    pub seq: u64,
-    pub payload: Vec<u8>,
-}
+pub use record::{Record, MAX_PAYLOAD};
 
 /// An error reading a local list.bin of either version ([`read_list`]).
 #[derive(Debug, thiserror::Error)]

@@ -119,7 +119,7 @@ impl SeqCheck {
 
 /// The rules every writer of a list keeps, record by record, whatever the format (a run
 /// here, Parquet in the merger): IDs strictly increase and lie in the part's range, a
-/// payload is at most [`crate::MAX_PAYLOAD`], each shard is one of the expected ones
+/// payload is at most [`MAX_PAYLOAD`], each shard is one of the expected ones
 /// and its seqs follow on ([`SeqCheck`]); and, at the end, a whole list holds every item
 /// of each of its shards.
 #[derive(Debug, Clone)]
@@ -178,7 +178,7 @@ impl WriteCheck {
                 self.part, self.part.first_id, self.part.last_id
             )));
         }
-        if r.payload.len() > crate::MAX_PAYLOAD {
+        if r.payload.len() > MAX_PAYLOAD {
             return Err(refuse(format!(
                 "a {}-byte payload is above the limit",
                 r.payload.len()

@@ -22,7 +22,7 @@
 use std::io::{self, Write};
 
 use crate::listbin::{decode_record_head, encode_record_head, RECORD_HEAD_LEN};
-use crate::Record;
+use crate::record::{Record, MAX_PAYLOAD};
 
 /// The 8 bytes a run starts and ends with.
 pub const MAGIC: [u8; 8] = *b"QLIST002";
@@ -512,7 +512,7 @@ impl RunMeta {
 /// Decodes and checks one block: `bytes` are exactly the block (`entry.len` bytes, its
 /// CRC last), `block` its number in the index. Checks the CRC first, then that the records
 /// fill the block exactly, match the entry's count and IDs, strictly increase, and carry
-/// payloads no longer than [`crate::MAX_PAYLOAD`].
+/// payloads no longer than [`MAX_PAYLOAD`].
 ///
 /// # Errors
 /// [`RunError::BlockChecksum`], [`RunError::BadBlock`], naming the byte offset.
@@ -554,7 +554,7 @@ pub fn decode_block(bytes: &[u8], entry: &BlockEntry, block: u64) -> Result<Vec<
         h.copy_from_slice(head);
         let (id, shard, seq, len) = decode_record_head(&h);
         let start = pos + RECORD_HEAD_LEN;
-        let end = (len <= crate::MAX_PAYLOAD as u64)
+        let end = (len <= MAX_PAYLOAD as u64)
             .then(|| start + len as usize)
             .filter(|&e| e <= body.len())
             .ok_or_else(|| {
