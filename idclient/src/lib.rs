@@ -53,6 +53,7 @@ mod quorum;
 mod register;
 mod rendezvous;
 mod script;
+pub mod shares;
 
 pub use average::MovingAverage;
 pub use broker_tls::BrokerTls;

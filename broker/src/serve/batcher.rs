@@ -23,6 +23,7 @@ use crate::serve::queue::IdRequest;
 use crate::serve::source::RoundSource;
 use crate::stats::Stats;
 use futures::stream::{FuturesUnordered, StreamExt};
+use idclient::shares::{Expire, Shares, Waiting};
 use idclient::{IdError, IdRange};
 use std::future::Future;
 use std::sync::Arc;
@@ -75,7 +76,7 @@ pub(crate) async fn run<S: RoundSource>(
                 Some(()) = rounds.next(), if !rounds.is_empty() => continue,
             },
         };
-        let mut batch: Vec<Option<IdRequest>> = Vec::new();
+        let mut batch: Vec<IdRequest> = Vec::new();
         let now = Instant::now();
         let mut total = 0u64;
         let mut next = Some(first);
@@ -88,7 +89,7 @@ pub(crate) async fn run<S: RoundSource>(
                 match total.checked_add(p.count) {
                     Some(t) if t <= config.max_round_ids || batch.is_empty() => {
                         total = t;
-                        batch.push(Some(p));
+                        batch.push(p);
                     }
                     _ => {
                         carry = Some(p);
@@ -101,7 +102,7 @@ pub(crate) async fn run<S: RoundSource>(
             }
             next = rx.try_recv().ok();
         }
-        let Some(round_deadline) = batch.iter().flatten().map(|p| p.deadline).max() else {
+        let Some(round_deadline) = batch.iter().map(|p| p.deadline).max() else {
             continue;
         };
         let fut = source.next_ids_until(total, round_deadline);
@@ -129,18 +130,19 @@ fn refuse(p: IdRequest, name: &str, stats: &Stats) {
 /// it, each exactly once.
 async fn round(
     fut: impl Future<Output = Result<IdRange, IdError>>,
-    mut batch: Vec<Option<IdRequest>>,
+    batch: Vec<IdRequest>,
     total: u64,
     stats: &Stats,
 ) {
-    let batch = &mut batch[..];
     let size = batch.len() as u64;
-    let counts: Vec<u64> = batch
-        .iter()
-        .map(|p| p.as_ref().map_or(0, |p| p.count))
-        .collect();
+    let mut shares = Shares::new(batch.into_iter().map(|r| Counted(r, stats)).collect());
+    debug_assert_eq!(
+        shares.total(),
+        total,
+        "the round asks for the batch's total"
+    );
     let started = Instant::now();
-    let outcome = run_until_answered(fut, batch, stats).await;
+    let outcome = shares.wait(fut, Expire::Every).await;
     let took = started.elapsed();
     match outcome {
         None => {
@@ -154,62 +156,33 @@ async fn round(
         Some(Ok(range)) if range.holds_exactly(total) => {
             stats.round(size, took, true);
             tracing::trace!(batch = size, lo = range.lo, hi = range.hi, ?took, "round");
-            split(range, batch, &counts, stats);
+            shares.split(range);
         }
         Some(result) => {
             stats.round(size, took, false);
-            let error = round_error(result, total, size, took);
-            for p in batch.iter_mut().filter_map(Option::take) {
-                p.answer(Err(error.clone()), stats);
-            }
+            shares.fail(&round_error(result, total, size, took));
         }
     }
 }
 
-/// Drives the round `fut`, answering each request of `batch` with `Deadline` at its
-/// own deadline meanwhile: the round's result, or `None` once every request has been
-/// answered (the round is then abandoned).
-async fn run_until_answered(
-    fut: impl Future<Output = Result<IdRange, IdError>>,
-    batch: &mut [Option<IdRequest>],
-    stats: &Stats,
-) -> Option<Result<IdRange, IdError>> {
-    tokio::pin!(fut);
-    loop {
-        let next_expiry = batch.iter().flatten().map(|p| p.deadline).min()?;
-        tokio::select! {
-            biased;
-            result = &mut fut => return Some(result),
-            () = tokio::time::sleep_until(next_expiry) => {
-                let now = Instant::now();
-                for slot in batch.iter_mut() {
-                    if slot.as_ref().is_some_and(|p| p.deadline <= now) {
-                        if let Some(p) = slot.take() {
-                            p.expired(stats);
-                        }
-                    }
-                }
-            }
-        }
-    }
-}
+/// A request of a batch, answered with the broker's counts kept.
+struct Counted<'s>(IdRequest, &'s Stats);
 
-/// Splits `range` over the batch in arrival order (`counts[i]` IDs for request `i`).
-fn split(range: IdRange, batch: &mut [Option<IdRequest>], counts: &[u64], stats: &Stats) {
-    // The round was asked for the batch's total and checked to hold exactly that: shares
-    // that did not add up would hand out IDs outside the range, or twice.
-    assert!(
-        range.holds_exactly(counts.iter().sum()),
-        "{range:?} split into {counts:?}"
-    );
-    let mut lo = range.lo;
-    for (slot, &count) in batch.iter_mut().zip(counts) {
-        let hi = lo + (count - 1);
-        if let Some(p) = slot.take() {
-            p.answer(Ok(IdRange { lo, hi }), stats);
-        }
-        // An expired request's share is skipped, never reused: a hole.
-        lo = hi.wrapping_add(1);
+impl Waiting for Counted<'_> {
+    fn count(&self) -> u64 {
+        self.0.count
+    }
+
+    fn deadline(&self) -> Instant {
+        self.0.deadline
+    }
+
+    fn expire(self) {
+        self.0.expired(self.1);
+    }
+
+    fn answer(self, result: Result<IdRange, IdError>) {
+        self.0.answer(result, self.1);
     }
 }
 

@@ -3,6 +3,7 @@
 //! `broker_client`).
 
 use super::{IdError, IdRange, Inner};
+use crate::shares::{Expire, Shares, Waiting};
 use idproto::NodeFailure;
 use std::collections::VecDeque;
 use std::pin::Pin;
@@ -39,16 +40,6 @@ impl Waiter {
     /// only burn them.
     fn wanted(&self) -> bool {
         !self.tx.is_closed()
-    }
-
-    fn expired(&self) -> IdError {
-        deadline_error(self.invoked, self.deadline)
-    }
-
-    /// Answers `Deadline`: no request took it, so no ID of its exists anywhere.
-    fn expire(self) {
-        let expired = self.expired();
-        let _ = self.tx.send(Err(expired));
     }
 }
 
@@ -265,59 +256,43 @@ async fn dispatch(
 /// splits the range among its callers in queue order; callers whose own deadline comes
 /// first are answered `Deadline` then (their shares become holes if it succeeds).
 async fn send_batch(inner: &Inner, batch: Vec<Waiter>) {
-    let total: u64 = batch.iter().map(|w| w.n).sum();
-    let latest = batch.iter().map(|w| w.deadline).max();
-    let Some(latest) = latest else { return };
-    inner.wire_requests.fetch_add(1, Relaxed);
-    inner.wire_callers.fetch_add(batch.len() as u64, Relaxed);
-    let mut waiting: Vec<(u64, Option<Waiter>)> =
-        batch.into_iter().map(|w| (w.n, Some(w))).collect();
-    let work = inner.request(total, latest);
-    tokio::pin!(work);
-    let result = loop {
-        let first_due = waiting
-            .iter()
-            .filter_map(|(_, w)| w.as_ref().map(|w| w.deadline))
-            .filter(|d| *d < latest)
-            .min();
-        tokio::select! {
-            r = &mut work => break r,
-            _ = tokio::time::sleep_until(first_due.unwrap_or(latest)), if first_due.is_some() => {
-                let now = Instant::now();
-                for (_, slot) in waiting.iter_mut() {
-                    if slot.as_ref().is_some_and(|w| w.deadline <= now) {
-                        if let Some(w) = slot.take() {
-                            let expired = w.expired();
-                            let _ = w.tx.send(Err(expired));
-                        }
-                    }
-                }
-            }
-        }
+    let mut shares = Shares::new(batch);
+    let Some(latest) = shares.latest() else {
+        return;
     };
-    hand_out(waiting, result);
+    let total = shares.total();
+    inner.wire_requests.fetch_add(1, Relaxed);
+    inner.wire_callers.fetch_add(shares.len() as u64, Relaxed);
+    // The request ends by the latest deadline, so the round always returns.
+    let result = shares
+        .wait(inner.request(total, latest), Expire::BeforeLatest)
+        .await;
+    match result {
+        // The exchange checked that the range holds exactly `total` IDs.
+        Some(Ok(range)) => shares.split(range),
+        Some(Err(e)) => shares.fail(&e),
+        None => {}
+    }
 }
 
-/// Splits `result` among the callers in queue order; the shares of callers already
-/// answered (`None`) are skipped, never handed to anyone.
-fn hand_out(waiting: Vec<(u64, Option<Waiter>)>, result: Result<IdRange, IdError>) {
-    let mut offset = 0u64;
-    for (n, slot) in waiting {
-        let Some(w) = slot else {
-            offset += n;
-            continue;
-        };
-        let share = match &result {
-            Ok(range) => {
-                let lo = range.lo + offset;
-                Ok(IdRange {
-                    lo,
-                    hi: lo + w.n - 1,
-                })
-            }
-            Err(e) => Err(e.clone()),
-        };
-        offset += w.n;
-        let _ = w.tx.send(share);
+impl Waiting for Waiter {
+    fn count(&self) -> u64 {
+        self.n
+    }
+
+    fn deadline(&self) -> Instant {
+        self.deadline
+    }
+
+    /// Answers `Deadline`: if no request took it, no ID of its exists anywhere; if one
+    /// did, its share becomes a hole.
+    fn expire(self) {
+        let _ = self
+            .tx
+            .send(Err(deadline_error(self.invoked, self.deadline)));
+    }
+
+    fn answer(self, result: Result<IdRange, IdError>) {
+        let _ = self.tx.send(result);
     }
 }
