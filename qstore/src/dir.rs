@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 
 use tempfile::NamedTempFile;
 
-use crate::store::is_run_name;
+use crate::location::is_run_name;
 use crate::{Location, StoreError};
 
 /// Large buffers: runs are written strictly sequentially, and the default 8 KiB would cost

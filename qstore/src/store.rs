@@ -10,6 +10,7 @@ use object_store::path::Path;
 use tokio::runtime::{Handle, Runtime};
 use tokio::task::JoinHandle;
 
+use crate::location::is_run_name;
 use crate::s3::{S3Config, S3Target};
 use crate::{dir, Location, Object, StoreError, Upload};
 
@@ -309,9 +310,4 @@ pub(crate) fn wait<T>(handle: JoinHandle<Result<T, StoreError>>) -> Result<T, St
     futures::executor::block_on(handle).map_err(|e| StoreError::Config {
         message: format!("an S3 task ended abnormally: {e}"),
     })?
-}
-
-/// A run's name: `*.bin`, not hidden.
-pub(crate) fn is_run_name(name: &str) -> bool {
-    name.ends_with(".bin") && !name.starts_with('.') && name.len() > ".bin".len()
 }
