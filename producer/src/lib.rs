@@ -21,10 +21,14 @@
 pub mod input;
 pub mod metrics;
 pub mod seal;
+#[cfg(feature = "test-hooks")]
+pub mod test_hooks;
 
 pub use input::{generate_payload, scan_file, InputSpec, ItemReader};
 pub use metrics::ProducerMetrics;
 pub use seal::{seal, SealError, SealSummary};
+#[cfg(feature = "test-hooks")]
+pub use test_hooks::STALL_ANNOUNCE;
 
 use idclient::{IdError, IdRange, IdSource};
 use indicatif::{ProgressBar, ProgressStyle};
@@ -172,15 +176,7 @@ pub struct Config {
     /// Items per batch: one ID range and one synced WriteBatch each.
     pub batch: u64,
     pub display: Display,
-    /// Test hook (the binary sets it from `QLIST_PRODUCER_TEST_STALL_AFTER`): once at
-    /// least this many items are durable, print [`STALL_ANNOUNCE`] on stderr and wait for
-    /// a line on stdin before going on, so a test can kill the producer or change its
-    /// input mid-run deterministically, without racing a fast machine. Once per run.
-    pub test_stall_after: Option<u64>,
 }
-
-/// What the producer prints on stderr when [`Config::test_stall_after`] stalls it.
-pub const STALL_ANNOUNCE: &str = "test stall:";
 
 impl Config {
     /// A quiet config with the default batch size.
@@ -191,7 +187,6 @@ impl Config {
             input,
             batch: DEFAULT_BATCH,
             display: Display::Quiet,
-            test_stall_after: None,
         }
     }
 
@@ -414,8 +409,6 @@ struct Run {
     reader: ItemReader,
     report: Reporter,
     writer: Writer,
-    /// [`Config::test_stall_after`] has stalled once already.
-    stalled: bool,
     metrics: Option<Arc<ProducerMetrics>>,
 }
 
@@ -464,7 +457,6 @@ impl Run {
             scanned,
             resumed_at,
             reader,
-            stalled: false,
             metrics,
         })
     }
@@ -594,15 +586,16 @@ impl Run {
         Ok(())
     }
 
-    /// The test hook [`Config::test_stall_after`], once the writer is idle.
+    /// The test hook of [`test_hooks::STALL_ENV`], once the writer is idle.
+    #[cfg(feature = "test-hooks")]
     async fn maybe_test_stall(&mut self) {
-        if let (Some(after), Writer::Idle(w)) = (self.config.test_stall_after, &self.writer) {
-            if w.next_seq >= after && !self.stalled {
-                self.stalled = true;
-                test_stall(w.next_seq).await;
-            }
+        if let Writer::Idle(w) = &self.writer {
+            test_hooks::maybe_stall(w.next_seq).await;
         }
     }
+
+    #[cfg(not(feature = "test-hooks"))]
+    async fn maybe_test_stall(&mut self) {}
 
     /// The idle writer (after [`Run::finish_pending`]).
     fn idle(&mut self) -> Result<&mut Written, ProducerError> {
@@ -745,21 +738,6 @@ fn check_stored_prefix(
         }));
     }
     Ok(())
-}
-
-/// The test hook [`Config::test_stall_after`]: says so on stderr, then waits for a line
-/// (or EOF) on stdin. Printed directly, not as a `tracing` event, so the test sees it
-/// whatever `RUST_LOG` says.
-async fn test_stall(durable: u64) {
-    eprintln!("{STALL_ANNOUNCE} {durable} items durable");
-    let waited = tokio::task::spawn_blocking(|| {
-        let mut line = String::new();
-        std::io::stdin().read_line(&mut line)
-    })
-    .await;
-    if let Err(e) = waited {
-        tracing::warn!(error = %e, "test stall: waiting for stdin failed");
-    }
 }
 
 /// The sublist's writer: idle between batches, or busy writing the previous batch on the

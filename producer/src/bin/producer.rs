@@ -127,9 +127,6 @@ struct Flags {
     seal_to: Option<String>,
 }
 
-/// Test hook for crash and edit tests, see [`Config::test_stall_after`].
-const STALL_ENV: &str = "QLIST_PRODUCER_TEST_STALL_AFTER";
-
 /// The producer's `--deadline-ms` default: a producer is a batch job that would rather
 /// wait out a short outage than exit and be restarted.
 const DEFAULT_DEADLINE_MS: &str = "10000";
@@ -181,13 +178,6 @@ fn config(flags: &Flags) -> anyhow::Result<(Config, Source)> {
             Source::Brokers { config, .. } => config.deadline = deadline,
         }
     }
-    let test_stall_after = match std::env::var(STALL_ENV) {
-        Ok(v) => Some(
-            v.parse()
-                .map_err(|_| ProducerError::Config(format!("{STALL_ENV}={v:?} is not a number")))?,
-        ),
-        Err(_) => None,
-    };
     let (shard, data_dir) = target(flags)?;
     let cfg = Config {
         shard,
@@ -195,7 +185,6 @@ fn config(flags: &Flags) -> anyhow::Result<(Config, Source)> {
         input,
         batch: flags.batch,
         display,
-        test_stall_after,
     };
     Ok((cfg, ids))
 }
@@ -282,11 +271,18 @@ fn main() -> ExitCode {
     qcli::init_logging("info");
     let cli: Cli =
         qcli::parse(|cmd| cmd.mut_arg("deadline_ms", |a| a.default_value(DEFAULT_DEADLINE_MS)));
-    let result = match cli.command {
+    let result = hooks().and_then(|()| match cli.command {
         Some(Command::Seal(args)) => run_seal(&args),
         None => start(&cli.produce),
-    };
+    });
     qcli::exit("producer", result, classify)
+}
+
+/// Reads the test hooks' variables (only in a build with the `test-hooks` feature).
+fn hooks() -> anyhow::Result<()> {
+    #[cfg(feature = "test-hooks")]
+    producer::test_hooks::from_env().map_err(ProducerError::Config)?;
+    Ok(())
 }
 
 /// The producer's own errors: [`ProducerError`] and [`SealError`] carry their exit code;
@@ -355,16 +351,14 @@ impl Dest {
 
     /// Seals shard `shard` of `data_dir` here and prints what it did.
     fn seal(&self, data_dir: &std::path::Path, shard: u32) -> anyhow::Result<()> {
-        let stall_after = test_seal_stall_after()?;
         let mut last_log = Instant::now();
         let mut on_progress = |records: u64, bytes: u64| {
             if last_log.elapsed() >= SEAL_LOG_EVERY {
                 last_log = Instant::now();
                 tracing::info!(shard, records, mb = bytes / 1_000_000, "sealing");
             }
-            if stall_after.is_some_and(|n| records >= n) {
-                test_seal_stall(records);
-            }
+            #[cfg(feature = "test-hooks")]
+            producer::test_hooks::maybe_stall_sealing(records);
         };
         let summary = producer::seal(
             data_dir,
@@ -380,28 +374,3 @@ impl Dest {
 
 /// Log a sealing progress line this often.
 const SEAL_LOG_EVERY: Duration = Duration::from_secs(5);
-
-/// Test hook for crash tests: once this many items are written into the run, the seal
-/// stops making progress (it announces [`producer::STALL_ANNOUNCE`] on stderr and sleeps
-/// with its upload open) so a test can kill it mid-seal deterministically.
-const SEAL_STALL_ENV: &str = "QLIST_PRODUCER_TEST_SEAL_STALL_AFTER";
-
-fn test_seal_stall_after() -> anyhow::Result<Option<u64>> {
-    match std::env::var(SEAL_STALL_ENV) {
-        Ok(v) => Ok(Some(v.parse().map_err(|_| {
-            qcli::usage(format!("{SEAL_STALL_ENV}={v:?} is not a number"))
-        })?)),
-        Err(_) => Ok(None),
-    }
-}
-
-/// The stall of [`SEAL_STALL_ENV`]: never returns; the test kills the process.
-fn test_seal_stall(records: u64) -> ! {
-    eprintln!(
-        "{} sealing: {records} items written",
-        producer::STALL_ANNOUNCE
-    );
-    loop {
-        std::thread::sleep(Duration::from_secs(3600));
-    }
-}
