@@ -270,35 +270,17 @@ impl Collector for BrokerMetrics {
             None,
             g.metric_type(),
         )?)?;
-        counters(
-            e,
-            "qlist_broker_requests",
-            "ID requests answered, by outcome: ok (IDs), failed (an error), redirected (to the leader)",
-            "outcome",
-            &[
-                ("ok", s.requests_ok),
-                ("failed", s.requests_failed),
-                ("redirected", s.redirects),
-            ],
-        )?;
-        counter(
-            e,
-            "qlist_broker_forwarded",
-            "RESP requests a follower forwarded to the leader (also counted by outcome)",
-            s.forwarded,
-        )?;
-        counter(
-            e,
-            "qlist_broker_ids",
-            "IDs handed out (holes excluded)",
-            s.ids,
-        )?;
-        counter(
-            e,
-            "qlist_broker_holes",
-            "IDs reserved but never handed out (dead windows)",
-            s.holes,
-        )?;
+        requests(e, &s)?;
+        self.rounds(e, &s)?;
+        self.nodes(e)?;
+        connections(e, &s, &self.stats)?;
+        leadership(e, &s)
+    }
+}
+
+impl BrokerMetrics {
+    /// Batches, their rounds, confirmations and reservations, and the window.
+    fn rounds(&self, e: &mut DescriptorEncoder, s: &BrokerStats) -> Result<(), std::fmt::Error> {
         counters(
             e,
             "qlist_broker_batches",
@@ -309,7 +291,7 @@ impl Collector for BrokerMetrics {
                 ("failed", s.rounds_failed),
             ],
         )?;
-        batch_sizes(e, &s)?;
+        batch_sizes(e, s)?;
         self.timings.rounds.encode(
             e,
             "qlist_broker_round_duration_seconds",
@@ -348,6 +330,11 @@ impl Collector for BrokerMetrics {
             "Target window size, IDs (window mode)",
             to_i64(s.window_size),
         )?;
+        Ok(())
+    }
+
+    /// Each quorum node's errors and timeouts.
+    fn nodes(&self, e: &mut DescriptorEncoder) -> Result<(), std::fmt::Error> {
         let nodes = (self.nodes)();
         let labels: Vec<String> = nodes.iter().map(|n| node_label(&n.addr)).collect();
         for (name, help, timeouts) in [
@@ -368,57 +355,104 @@ impl Collector for BrokerMetrics {
                 ConstCounter::new(n).encode(m.encode_family(&[("node", label.as_str())])?)?;
             }
         }
-        gauge(
-            e,
-            "qlist_broker_connections_open",
-            "Client connections open now",
-            to_i64(s.connections_open),
-        )?;
-        counter(
-            e,
-            "qlist_broker_connections",
-            "Client connections accepted",
-            s.connections_total,
-        )?;
-        // Admission and authentication (issue #23): read live, not in BrokerStats.
-        counter(
-            e,
-            "qlist_broker_auth_failures",
-            "Wrong or missing tokens: binary Hellos, RESP AUTH and HELLO AUTH (each connection is closed after a few)",
-            self.stats.auth_failures.load(std::sync::atomic::Ordering::Relaxed),
-        )?;
-        counter(
-            e,
-            "qlist_broker_connections_dropped",
-            "Client connections closed by the broker (timeouts, violations, eviction, refusal)",
-            s.connections_dropped,
-        )?;
-        let mut m = e.encode_descriptor(
-            "qlist_broker_role",
-            "The broker's role: 1 for the current one",
-            None,
-            MetricType::Gauge,
-        )?;
-        let current = s.role.as_str();
-        let extra = (!current.is_empty() && !ROLES.contains(&current)).then_some(current);
-        for role in ROLES.iter().copied().chain(extra) {
-            ConstGauge::new(i64::from(role == current))
-                .encode(m.encode_family(&[("role", role)])?)?;
-        }
-        gauge(
-            e,
-            "qlist_broker_term",
-            "Highest leader term seen (0: none)",
-            to_i64(s.term),
-        )?;
-        gauge(
-            e,
-            "qlist_broker_leader_known",
-            "1 when the broker knows a leader",
-            i64::from(s.leader.is_some()),
-        )?;
         Ok(())
     }
+}
+
+/// Requests by outcome, forwarded ones, IDs and holes.
+fn requests(e: &mut DescriptorEncoder, s: &BrokerStats) -> Result<(), std::fmt::Error> {
+    counters(
+        e,
+        "qlist_broker_requests",
+        "ID requests answered, by outcome: ok (IDs), failed (an error), redirected (to the leader)",
+        "outcome",
+        &[
+            ("ok", s.requests_ok),
+            ("failed", s.requests_failed),
+            ("redirected", s.redirects),
+        ],
+    )?;
+    counter(
+        e,
+        "qlist_broker_forwarded",
+        "RESP requests a follower forwarded to the leader (also counted by outcome)",
+        s.forwarded,
+    )?;
+    counter(
+        e,
+        "qlist_broker_ids",
+        "IDs handed out (holes excluded)",
+        s.ids,
+    )?;
+    counter(
+        e,
+        "qlist_broker_holes",
+        "IDs reserved but never handed out (dead windows)",
+        s.holes,
+    )?;
+    Ok(())
+}
+
+/// Connections: open, accepted, dropped, and failed authentications.
+fn connections(
+    e: &mut DescriptorEncoder,
+    s: &BrokerStats,
+    stats: &Stats,
+) -> Result<(), std::fmt::Error> {
+    gauge(
+        e,
+        "qlist_broker_connections_open",
+        "Client connections open now",
+        to_i64(s.connections_open),
+    )?;
+    counter(
+        e,
+        "qlist_broker_connections",
+        "Client connections accepted",
+        s.connections_total,
+    )?;
+    // Admission and authentication (issue #23): read live, not in BrokerStats.
+    counter(
+        e,
+        "qlist_broker_auth_failures",
+        "Wrong or missing tokens: binary Hellos, RESP AUTH and HELLO AUTH (each connection is closed after a few)",
+        stats.auth_failures.load(std::sync::atomic::Ordering::Relaxed),
+    )?;
+    counter(
+        e,
+        "qlist_broker_connections_dropped",
+        "Client connections closed by the broker (timeouts, violations, eviction, refusal)",
+        s.connections_dropped,
+    )?;
+    Ok(())
+}
+
+/// The broker's role, the highest term seen, and whether a leader is known.
+fn leadership(e: &mut DescriptorEncoder, s: &BrokerStats) -> Result<(), std::fmt::Error> {
+    let mut m = e.encode_descriptor(
+        "qlist_broker_role",
+        "The broker's role: 1 for the current one",
+        None,
+        MetricType::Gauge,
+    )?;
+    let current = s.role.as_str();
+    let extra = (!current.is_empty() && !ROLES.contains(&current)).then_some(current);
+    for role in ROLES.iter().copied().chain(extra) {
+        ConstGauge::new(i64::from(role == current)).encode(m.encode_family(&[("role", role)])?)?;
+    }
+    gauge(
+        e,
+        "qlist_broker_term",
+        "Highest leader term seen (0: none)",
+        to_i64(s.term),
+    )?;
+    gauge(
+        e,
+        "qlist_broker_leader_known",
+        "1 when the broker knows a leader",
+        i64::from(s.leader.is_some()),
+    )?;
+    Ok(())
 }
 
 /// A readiness probe: `Ok` when a majority answered (a cheap majority read).
