@@ -296,27 +296,57 @@ fn start(flags: Flags) -> anyhow::Result<()> {
         .block_on(run(config))
 }
 
-async fn run(mut config: Config) -> anyhow::Result<()> {
+/// The broker's sockets, bound before anything else so a taken port fails at once.
+struct Sockets {
+    listener: tokio::net::TcpListener,
+    addr: std::net::SocketAddr,
+    resp: Option<tokio::net::TcpListener>,
+    /// Taken by the metrics endpoint.
+    metrics: Option<tokio::net::TcpListener>,
+}
+
+impl Sockets {
+    async fn bind(config: &Config) -> anyhow::Result<Sockets> {
+        let listener = tokio::net::TcpListener::bind(&config.listen)
+            .await
+            .with_context(|| format!("--listen {}: cannot bind", config.listen))?;
+        let addr = listener.local_addr().context("listener address")?;
+        warn_if_open("--listen", addr, &config.broker);
+        let resp = match &config.resp_listen {
+            Some(a) => Some(
+                tokio::net::TcpListener::bind(a)
+                    .await
+                    .with_context(|| format!("--resp-listen {a}: cannot bind"))?,
+            ),
+            None => None,
+        };
+        let metrics = match &config.metrics_listen {
+            Some(a) => Some(qmetrics::bind(a).await?),
+            None => None,
+        };
+        Ok(Sockets {
+            listener,
+            addr,
+            resp,
+            metrics,
+        })
+    }
+}
+
+/// Prints the lines tests and scripts wait for: the broker serves from now on.
+fn say_listening(lines: &[String]) -> anyhow::Result<()> {
+    let mut out = std::io::stdout();
+    for line in lines {
+        writeln!(out, "{line}").context("stdout")?;
+    }
+    out.flush().context("stdout")
+}
+
+async fn run(config: Config) -> anyhow::Result<()> {
     if config.quorum.unsafe_skip_durability_check {
         tracing::warn!("--unsafe-skip-durability-check: nodes that lose acknowledged writes can make this broker REPEAT IDs");
     }
-    let listener = tokio::net::TcpListener::bind(&config.listen)
-        .await
-        .with_context(|| format!("--listen {}: cannot bind", config.listen))?;
-    let addr = listener.local_addr().context("listener address")?;
-    warn_if_open("--listen", addr, &config.broker);
-    let resp = match &config.resp_listen {
-        Some(a) => Some(
-            tokio::net::TcpListener::bind(a)
-                .await
-                .with_context(|| format!("--resp-listen {a}: cannot bind"))?,
-        ),
-        None => None,
-    };
-    let metrics_listener = match &config.metrics_listen {
-        Some(a) => Some(qmetrics::bind(a).await?),
-        None => None,
-    };
+    let mut sockets = Sockets::bind(&config).await?;
     let election = match config.serve {
         // With a token, heartbeats are signed and only signed ones trusted.
         Serve::Window => Some(
@@ -332,14 +362,14 @@ async fn run(mut config: Config) -> anyhow::Result<()> {
             .await
             .context("connecting to the quorum")?,
     );
-    let mut lines = vec![format!("listening on {addr}")];
-    if let Some(resp) = &resp {
+    let mut lines = vec![format!("listening on {}", sockets.addr)];
+    if let Some(resp) = &sockets.resp {
         let a = resp.local_addr().context("RESP listener address")?;
         warn_if_open("--resp-listen", a, &config.broker);
         lines.push(format!("resp listening on {a}"));
     }
     let (stats, timings) = (Arc::new(Stats::default()), Arc::new(Timings::default()));
-    let metrics = match metrics_listener {
+    let metrics = match sockets.metrics.take() {
         Some(l) => {
             let a = l.local_addr().context("metrics listener address")?;
             lines.push(format!("metrics listening on {a}"));
@@ -348,60 +378,26 @@ async fn run(mut config: Config) -> anyhow::Result<()> {
         }
         None => None,
     };
-    let say_listening = || {
-        let mut out = std::io::stdout();
-        for line in &lines {
-            writeln!(out, "{line}").context("stdout")?;
-        }
-        out.flush().context("stdout")
-    };
     let timed = Arc::new(Timed::new(quorum, timings));
-    let served = match config.serve {
-        Serve::Rounds => {
-            say_listening()?;
-            broker::run_with(
-                listener,
-                resp,
-                stats,
-                timed,
-                config.broker,
-                shutdown_signal(),
-            )
-            .await
-        }
-        Serve::Window => {
-            let window = Arc::new(WindowSource::new(timed));
-            config.election.advertise = config.advertise.unwrap_or_else(|| {
-                if addr.ip().is_unspecified() {
-                    tracing::warn!(%addr, "listening on a wildcard address without --advertise: followers will redirect clients to {addr}, which they cannot reach");
-                }
-                addr.to_string()
-            });
-            let election = Arc::new(election.context("election quorum")?);
-            let limit = config.election.election_timeout * 4;
-            let source = LeaderSource::start(window.clone(), election, config.election)
-                .map_err(|e| anyhow::anyhow!("election: {e}"))?;
-            // Clients that connect as soon as we say so find a leader (or are one).
-            if !source.election().wait_settled(limit).await {
-                tracing::warn!(?limit, "no leader known yet; serving redirects meanwhile");
-            }
-            say_listening()?;
-            let every = config.broker.stats_interval;
-            let logger = tokio::spawn(log_window_stats(window.clone(), every));
-            let source = Arc::new(source);
-            // On SIGTERM/SIGINT, hand the lead over first: the followers stand at once.
-            let shutdown = {
-                let source = source.clone();
-                async move {
-                    shutdown_signal().await;
-                    source.resign().await;
-                }
+    let served = match (config.serve, election) {
+        (Serve::Window, Some(election)) => {
+            let window = Window {
+                election,
+                config: config.election,
+                advertise: config.advertise,
             };
-            let served =
-                broker::run_with(listener, resp, stats, source, config.broker, shutdown).await;
-            logger.abort();
-            log_window(&window.stats(), "window serving stopped");
-            served
+            window
+                .serve(sockets, stats, timed, config.broker, &lines)
+                .await
+        }
+        (Serve::Window, None) => Err(anyhow::anyhow!("election quorum")),
+        (Serve::Rounds, _) => {
+            say_listening(&lines)?;
+            let shutdown = shutdown_signal();
+            let (listener, resp) = (sockets.listener, sockets.resp);
+            broker::run_with(listener, resp, stats, timed, config.broker, shutdown)
+                .await
+                .map_err(anyhow::Error::from)
         }
     };
     if let Some(m) = metrics {
@@ -414,6 +410,62 @@ async fn run(mut config: Config) -> anyhow::Result<()> {
         "broker stopped"
     );
     Ok(())
+}
+
+/// What serving from windows needs beyond the rounds mode: the election.
+struct Window {
+    election: QuorumElection,
+    config: ElectionConfig,
+    advertise: Option<String>,
+}
+
+impl Window {
+    /// Serves from windows while elected, redirects or forwards otherwise; on
+    /// SIGTERM/SIGINT hands the lead over first, so the followers stand at once.
+    async fn serve(
+        mut self,
+        sockets: Sockets,
+        stats: Arc<Stats>,
+        timed: Arc<Timed<QuorumClient>>,
+        broker_config: BrokerConfig,
+        lines: &[String],
+    ) -> anyhow::Result<broker::BrokerStats> {
+        let Sockets {
+            listener,
+            addr,
+            resp,
+            ..
+        } = sockets;
+        let window = Arc::new(WindowSource::new(timed));
+        self.config.advertise = self.advertise.unwrap_or_else(|| {
+            if addr.ip().is_unspecified() {
+                tracing::warn!(%addr, "listening on a wildcard address without --advertise: followers will redirect clients to {addr}, which they cannot reach");
+            }
+            addr.to_string()
+        });
+        let limit = self.config.election_timeout * 4;
+        let source = LeaderSource::start(window.clone(), Arc::new(self.election), self.config)
+            .map_err(|e| anyhow::anyhow!("election: {e}"))?;
+        // Clients that connect as soon as we say so find a leader (or are one).
+        if !source.election().wait_settled(limit).await {
+            tracing::warn!(?limit, "no leader known yet; serving redirects meanwhile");
+        }
+        say_listening(lines)?;
+        let every = broker_config.stats_interval;
+        let logger = tokio::spawn(log_window_stats(window.clone(), every));
+        let source = Arc::new(source);
+        let shutdown = {
+            let source = source.clone();
+            async move {
+                shutdown_signal().await;
+                source.resign().await;
+            }
+        };
+        let served = broker::run_with(listener, resp, stats, source, broker_config, shutdown).await;
+        logger.abort();
+        log_window(&window.stats(), "window serving stopped");
+        Ok(served?)
+    }
 }
 
 /// Logs the window counters every `every` (never, for zero).
