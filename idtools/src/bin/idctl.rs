@@ -168,26 +168,7 @@ fn run(cli: Cli) -> Result<()> {
             dir,
             nodes,
             base_port,
-        }) => {
-            let quorum = LocalQuorum::start(&dir, nodes, base_port)?;
-            let urls = quorum.urls_arg();
-            let records = quorum.detach();
-            for r in &records {
-                eprintln!(
-                    "started redis-server pid {} on {} (data {})",
-                    r.pid,
-                    r.url,
-                    r.data_dir.display()
-                );
-            }
-            eprintln!(
-                "quorum of {} nodes up; stop it with: idctl cluster down --dir {}",
-                records.len(),
-                dir.display()
-            );
-            println!("{urls}");
-            Ok(())
-        }
+        }) => cluster_up(&dir, nodes, base_port),
         Command::Cluster(ClusterCmd::Down { dir }) => {
             let stopped = cluster::down(&dir)?;
             eprintln!("stopped {stopped} node(s) of {}", dir.display());
@@ -232,49 +213,16 @@ fn run(cli: Cli) -> Result<()> {
             settle_ms,
             idbroker,
             broker_arg,
-        } => {
-            let idbroker = match idbroker {
-                Some(p) => p,
-                None => std::env::current_exe()
-                    .context("cannot find idctl's own path (give --idbroker)")?
-                    .with_file_name("idbroker"),
-            };
-            // Kept alive for the run: a throwaway quorum stops when it drops.
-            let local = if nodes.is_empty() {
-                Some(LocalQuorum::temp(5)?)
-            } else {
-                None
-            };
-            let config = idtools::failover::FailoverConfig {
-                idbroker,
-                nodes: local.as_ref().map_or(nodes, |q| q.urls()),
-                brokers,
-                kills,
-                callers: clients,
-                deadline: Duration::from_millis(deadline_ms),
-                settle_timeout: Duration::from_millis(settle_ms),
-                broker_args: broker_arg,
-            };
-            let report =
-                runtime()?.block_on(idtools::failover::run(&config, |line| eprintln!("{line}")))?;
-            eprintln!(
-                "{} kills: failover p50 {:?}, max {:?}; {} failovers without an ID; {} requests, {} failed{}",
-                kills,
-                report.quantile(0.5),
-                report.quantile(1.0),
-                report.failed_failovers,
-                report.events.len(),
-                report.errors,
-                report
-                    .first_error
-                    .as_ref()
-                    .map_or(String::new(), |e| format!(" (first: {e})"))
-            );
-            println!("{}", report.json());
-            report
-                .check()
-                .map_err(|v| anyhow::anyhow!("history check failed: {v}"))
-        }
+        } => failover(idtools::failover::FailoverConfig {
+            idbroker: idbroker_path(idbroker)?,
+            nodes,
+            brokers,
+            kills,
+            callers: clients,
+            deadline: Duration::from_millis(deadline_ms),
+            settle_timeout: Duration::from_millis(settle_ms),
+            broker_args: broker_arg,
+        }),
         Command::Next { source, count } => {
             let source = source.source()?;
             runtime()?.block_on(next(source, count))
@@ -294,53 +242,124 @@ fn run(cli: Cli) -> Result<()> {
                     "--seconds must be a positive number, got {seconds}"
                 )));
             }
-            let source = source.source()?;
             let config = BenchConfig {
                 clients,
                 duration: Duration::from_secs_f64(seconds),
                 count,
                 progress: true,
             };
-            let (report, counters) = runtime()?.block_on(async {
-                match source {
-                    qcli::Source::Nodes(client_config) => {
-                        let mut sources = Vec::with_capacity(clients);
-                        for _ in 0..clients {
-                            sources.push(std::sync::Arc::new(
-                                QuorumClient::connect(client_config.clone()).await?,
-                            ));
-                        }
-                        let report = bench::run(&config, &sources).await;
-                        Ok::<_, anyhow::Error>((report, Some(sum_counters(&sources))))
-                    }
-                    qcli::Source::Brokers {
-                        addrs,
-                        config: broker_config,
-                    } => {
-                        let shared =
-                            std::sync::Arc::new(broker_client(addrs, broker_config).await?);
-                        let sources = vec![shared; clients];
-                        Ok((bench::run(&config, &sources).await, None))
-                    }
-                }
-            })?;
-            if let Some(path) = history {
-                let file = std::fs::File::create(&path)
-                    .with_context(|| format!("cannot create history file {}", path.display()))?;
-                idtools::history::write_events(std::io::BufWriter::new(file), &report.events)
-                    .with_context(|| format!("cannot write history file {}", path.display()))?;
-            }
-            if let Some(c) = counters {
-                eprintln!(
-                    "direct clients in all: {} requests, {} write rounds ({} retries), {} node rejects, {} IDs burned by lost rounds; {} batches led, {} requests served by another client's batch",
-                    c.requests, c.rounds, c.retries, c.rejects, c.burned, c.batches, c.combined
-                );
-            }
-            eprintln!("{}", report.summary_line());
-            println!("{}", report.json());
-            Ok(())
+            bench_ids(source.source()?, &config, history)
         }
     }
+}
+
+/// `idctl cluster up`: starts the quorum and leaves it running (detached).
+fn cluster_up(dir: &Path, nodes: usize, base_port: u16) -> Result<()> {
+    let quorum = LocalQuorum::start(dir, nodes, base_port)?;
+    let urls = quorum.urls_arg();
+    let records = quorum.detach();
+    for r in &records {
+        eprintln!(
+            "started redis-server pid {} on {} (data {})",
+            r.pid,
+            r.url,
+            r.data_dir.display()
+        );
+    }
+    eprintln!(
+        "quorum of {} nodes up; stop it with: idctl cluster down --dir {}",
+        records.len(),
+        dir.display()
+    );
+    println!("{urls}");
+    Ok(())
+}
+
+/// Where `--idbroker` points, or the idbroker beside idctl.
+fn idbroker_path(given: Option<PathBuf>) -> Result<PathBuf> {
+    match given {
+        Some(p) => Ok(p),
+        None => Ok(std::env::current_exe()
+            .context("cannot find idctl's own path (give --idbroker)")?
+            .with_file_name("idbroker")),
+    }
+}
+
+/// `idctl failover`: kills leaders under load and reports how long each failover took.
+/// Without `--nodes`, on a throwaway 5-node quorum.
+fn failover(mut config: idtools::failover::FailoverConfig) -> Result<()> {
+    // Kept alive for the run: a throwaway quorum stops when it drops.
+    let local = if config.nodes.is_empty() {
+        Some(LocalQuorum::temp(5)?)
+    } else {
+        None
+    };
+    if let Some(q) = &local {
+        config.nodes = q.urls();
+    }
+    let kills = config.kills;
+    let report =
+        runtime()?.block_on(idtools::failover::run(&config, |line| eprintln!("{line}")))?;
+    eprintln!(
+        "{} kills: failover p50 {:?}, max {:?}; {} failovers without an ID; {} requests, {} failed{}",
+        kills,
+        report.quantile(0.5),
+        report.quantile(1.0),
+        report.failed_failovers,
+        report.events.len(),
+        report.errors,
+        report
+            .first_error
+            .as_ref()
+            .map_or(String::new(), |e| format!(" (first: {e})"))
+    );
+    println!("{}", report.json());
+    report
+        .check()
+        .map_err(|v| anyhow::anyhow!("history check failed: {v}"))
+}
+
+/// `idctl bench`: `config.clients` callers for a fixed time, direct clients (one each)
+/// or one shared broker client; the history to `history` if given.
+fn bench_ids(source: qcli::Source, config: &BenchConfig, history: Option<PathBuf>) -> Result<()> {
+    let clients = config.clients;
+    let (report, counters) = runtime()?.block_on(async {
+        match source {
+            qcli::Source::Nodes(client_config) => {
+                let mut sources = Vec::with_capacity(clients);
+                for _ in 0..clients {
+                    sources.push(std::sync::Arc::new(
+                        QuorumClient::connect(client_config.clone()).await?,
+                    ));
+                }
+                let report = bench::run(config, &sources).await;
+                Ok::<_, anyhow::Error>((report, Some(sum_counters(&sources))))
+            }
+            qcli::Source::Brokers {
+                addrs,
+                config: broker_config,
+            } => {
+                let shared = std::sync::Arc::new(broker_client(addrs, broker_config).await?);
+                let sources = vec![shared; clients];
+                Ok((bench::run(config, &sources).await, None))
+            }
+        }
+    })?;
+    if let Some(path) = history {
+        let file = std::fs::File::create(&path)
+            .with_context(|| format!("cannot create history file {}", path.display()))?;
+        idtools::history::write_events(std::io::BufWriter::new(file), &report.events)
+            .with_context(|| format!("cannot write history file {}", path.display()))?;
+    }
+    if let Some(c) = counters {
+        eprintln!(
+            "direct clients in all: {} requests, {} write rounds ({} retries), {} node rejects, {} IDs burned by lost rounds; {} batches led, {} requests served by another client's batch",
+            c.requests, c.rounds, c.retries, c.rejects, c.burned, c.batches, c.combined
+        );
+    }
+    eprintln!("{}", report.summary_line());
+    println!("{}", report.json());
+    Ok(())
 }
 
 /// `idctl chart`: the runs in `input` as an SVG chart in `out`.
