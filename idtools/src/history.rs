@@ -500,6 +500,41 @@ mod tests {
         true
     }
 
+    /// The loop stops where `more` says, records each request in order with its times,
+    /// and hands back the errors, which are recorded without an outcome.
+    #[tokio::test]
+    async fn recorder_call_while_records_every_request() {
+        let r = Recorder::new();
+        let errors = r
+            .call_while(
+                |i| i < 3,
+                |i| async move {
+                    match i {
+                        1 => Err(format!("request {i} failed")),
+                        _ => Ok(IdRange {
+                            lo: 1 + i as u64,
+                            hi: 1 + i as u64,
+                        }),
+                    }
+                },
+            )
+            .await;
+        assert_eq!(errors, vec!["request 1 failed".to_string()]);
+        let events = r.take();
+        let outcomes: Vec<_> = events.iter().map(|e| e.outcome).collect();
+        assert_eq!(
+            outcomes,
+            vec![
+                Some(IdRange { lo: 1, hi: 1 }),
+                None,
+                Some(IdRange { lo: 3, hi: 3 })
+            ]
+        );
+        assert!(events.windows(2).all(|w| w[0].return_ns <= w[1].invoke_ns));
+        assert!(events.iter().all(|e| e.invoke_ns <= e.return_ns));
+        assert!(r.events().is_empty(), "take leaves the history empty");
+    }
+
     proptest! {
         #[test]
         fn valid_histories_pass(mut events in valid_history(), seed: u64) {
