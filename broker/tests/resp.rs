@@ -9,11 +9,11 @@ use idclient::{IdError, IdRange, IdSource};
 use idproto::framed::FrameReader;
 use idproto::wire::{self, ClientMsg, ServerMsg};
 use idtools::cluster::LocalQuorum;
-use idtools::history::{check, monotonic_ns, Event};
+use idtools::history::{assert_linearizable, Recorder};
 use idtools::proc::TestBroker;
+use idtools::resp::{parse_range, python};
 use std::future::Future;
-use std::io::Write;
-use std::process::{Command, Stdio};
+use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -44,31 +44,7 @@ fn quorum() -> LocalQuorum {
 
 /// Runs `redis-cli` against the broker's RESP port with `args` (and `stdin`); its stdout.
 fn redis_cli(b: &TestBroker, args: &[&str], stdin: &[u8]) -> String {
-    let (host, port) = resp_host_port(b);
-    let mut child = Command::new("redis-cli")
-        .args(["-h", &host, "-p", &port])
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("run redis-cli (Debian package redis-tools; scripts/deps.sh installs it)");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(stdin)
-        .expect("write redis-cli stdin");
-    let out = child.wait_with_output().expect("redis-cli output");
-    assert!(out.status.success(), "redis-cli {args:?}: {:?}", out.status);
-    String::from_utf8(out.stdout).expect("utf-8 output")
-}
-
-#[track_caller]
-fn parse_range(lo: &str, hi: &str) -> IdRange {
-    let lo = lo.trim().parse().expect("lo is a decimal u64");
-    let hi = hi.trim().parse().expect("hi is a decimal u64");
-    IdRange { lo, hi }
+    idtools::resp::redis_cli(&b.resp, args, stdin)
 }
 
 /// Ranges each wholly above the one before, each of `len` IDs (where given).
@@ -137,16 +113,6 @@ fn redis_cli_session() {
     assert!(out.contains("errors: 0, replies: 2000"), "{out:?}");
 }
 
-/// The interpreter with Debian's python3-redis: the system one (a python3 first on the
-/// PATH may be another installation without it).
-fn python() -> &'static str {
-    if std::path::Path::new("/usr/bin/python3").exists() {
-        "/usr/bin/python3"
-    } else {
-        "python3"
-    }
-}
-
 #[test]
 fn redis_py_client() {
     let q = quorum();
@@ -206,41 +172,41 @@ async fn binary_and_resp_clients_interleave_linearizably() {
         .expect("QLIST.NEXT 5");
     assert_eq!(parse_range(&lo, &hi).len(), 5);
 
+    let history = Recorder::new();
     let mut tasks = Vec::new();
     for caller in 0..24 {
-        let binary = binary.clone();
-        let mut con = resp[caller % 2].clone();
+        let (binary, history) = (binary.clone(), history.clone());
+        let con = resp[caller % 2].clone();
         tasks.push(tokio::spawn(async move {
-            let mut events = Vec::new();
-            for i in 0..40 {
-                let invoke_ns = monotonic_ns();
-                let outcome = if (caller + i) % 2 == 0 {
-                    binary.next_ids(2).await.ok()
-                } else {
-                    let reply: Result<(String, String), _> =
-                        redis::cmd("QLIST.NEXT").arg(2).query_async(&mut con).await;
-                    reply.ok().map(|(lo, hi)| parse_range(&lo, &hi))
-                };
-                events.push(Event {
-                    invoke_ns,
-                    return_ns: monotonic_ns(),
-                    outcome,
-                });
-            }
-            events
+            let binary = &binary;
+            // One multiplexed connection a caller: its clones share it.
+            let request = |i: usize| {
+                let mut con = con.clone();
+                async move {
+                    if (caller + i).is_multiple_of(2) {
+                        binary.next_ids(2).await.map_err(|e| e.to_string())
+                    } else {
+                        let reply: Result<(String, String), _> =
+                            redis::cmd("QLIST.NEXT").arg(2).query_async(&mut con).await;
+                        reply
+                            .map(|(lo, hi)| parse_range(&lo, &hi))
+                            .map_err(|e| e.to_string())
+                    }
+                }
+            };
+            history.call_while(|i| i < 40, request).await
         }));
     }
-    let mut events = Vec::new();
+    let mut errors = Vec::new();
     for t in tasks {
-        events.extend(t.await.expect("caller task"));
+        errors.extend(t.await.expect("caller task"));
     }
+    let events = history.take();
     assert!(
         events.iter().all(|e| e.outcome.is_some()),
-        "a request failed"
+        "a request failed: {errors:?}"
     );
-    if let Err(v) = check(&events) {
-        panic!("history check failed: {v}");
-    }
+    assert_linearizable(&events);
     let stats = fetch_stats(&b.addr).await.expect("stats");
     // Every ID the broker handed out went to one of these callers.
     assert_eq!(stats.ids, 24 * 40 * 2 + 5);

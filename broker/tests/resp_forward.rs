@@ -9,13 +9,13 @@ use idclient::{IdRange, IdSource, Token};
 use idproto::wire::BrokerStats;
 use idtools::cluster::LocalQuorum;
 use idtools::failover;
-use idtools::history::{check, monotonic_ns, Event};
+use idtools::history::{assert_linearizable, monotonic_ns, Event, Recorder};
 use idtools::proc::TestBroker;
+use idtools::resp::{parse_range, redis_cli};
 use std::io::Write;
 use std::path::Path;
-use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
@@ -61,41 +61,6 @@ async fn wait_settled(
         .unwrap_or_else(|e| panic!("{e}"))
 }
 
-#[track_caller]
-fn parse_range(lo: &str, hi: &str) -> IdRange {
-    let lo = lo.trim().parse().expect("lo is a decimal u64");
-    let hi = hi.trim().parse().expect("hi is a decimal u64");
-    IdRange { lo, hi }
-}
-
-/// `redis-cli` against `resp` (`host:port`) with `args` and `stdin`: its stdout.
-fn redis_cli(resp: &str, args: &[&str], stdin: &[u8]) -> String {
-    let (host, port) = resp.rsplit_once(':').expect("host:port");
-    let mut child = Command::new("redis-cli")
-        .args(["-h", host, "-p", port])
-        .args(args)
-        .stdin(Stdio::piped())
-        .stdout(Stdio::piped())
-        .stderr(Stdio::inherit())
-        .spawn()
-        .expect("run redis-cli (Debian package redis-tools; scripts/deps.sh installs it)");
-    child
-        .stdin
-        .take()
-        .expect("stdin")
-        .write_all(stdin)
-        .expect("write redis-cli stdin");
-    let out = child.wait_with_output().expect("redis-cli output");
-    assert!(out.status.success(), "redis-cli {args:?}: {:?}", out.status);
-    String::from_utf8(out.stdout).expect("utf-8 output")
-}
-
-fn assert_linearizable(events: &[Event]) {
-    if let Err(v) = check(events) {
-        panic!("history check failed: {v}");
-    }
-}
-
 /// The follower's RESP port answers `QLIST.NEXT` with the leader's IDs: redis-cli, then
 /// `redis` crate callers on the follower interleaved with binary callers of the leader,
 /// all in one linearizable history; the follower reserves nothing itself and counts what
@@ -132,41 +97,39 @@ async fn a_followers_resp_port_serves_the_leaders_ids() {
             .expect("redis crate connects to the follower");
         resp.push(con);
     }
+    let history = Recorder::new();
     let mut tasks = Vec::new();
     for caller in 0..16 {
-        let binary = binary.clone();
-        let mut con = resp[caller % 2].clone();
+        let (binary, history) = (binary.clone(), history.clone());
+        let con = resp[caller % 2].clone();
         tasks.push(tokio::spawn(async move {
-            let mut events = Vec::new();
-            for i in 0..30 {
-                let invoke_ns = monotonic_ns();
-                let outcome = if (caller + i) % 2 == 0 {
-                    binary.next_ids(2).await.ok()
-                } else {
-                    let reply: Result<(String, String), _> =
-                        redis::cmd("QLIST.NEXT").arg(2).query_async(&mut con).await;
-                    Some(
-                        reply
+            let binary = &binary;
+            // One multiplexed connection a caller: its clones share it.
+            let request = |i: usize| {
+                let mut con = con.clone();
+                async move {
+                    if (caller + i).is_multiple_of(2) {
+                        binary.next_ids(2).await
+                    } else {
+                        let reply: Result<(String, String), _> =
+                            redis::cmd("QLIST.NEXT").arg(2).query_async(&mut con).await;
+                        Ok(reply
                             .map(|(lo, hi)| parse_range(&lo, &hi))
-                            .expect("a forwarded QLIST.NEXT"),
-                    )
-                };
-                events.push(Event {
-                    invoke_ns,
-                    return_ns: monotonic_ns(),
-                    outcome,
-                });
-            }
-            events
+                            .expect("a forwarded QLIST.NEXT"))
+                    }
+                }
+            };
+            history.call_while(|i| i < 30, request).await
         }));
     }
-    let mut events = Vec::new();
+    let mut errors = Vec::new();
     for t in tasks {
-        events.extend(t.await.expect("caller task"));
+        errors.extend(t.await.expect("caller task"));
     }
+    let events = history.take();
     assert!(
         events.iter().all(|e| e.outcome.is_some()),
-        "a request failed"
+        "a request failed: {errors:?}"
     );
     assert_linearizable(&events);
 
@@ -276,21 +239,14 @@ async fn a_killed_leader_under_pipelined_resp_load_on_a_follower() {
             .await
             .expect("binary client connects"),
     );
-    let seen = Arc::new(Mutex::new(Vec::new()));
+    let seen = Recorder::new();
     let callers: Vec<_> = (0..4)
         .map(|_| {
             let (binary, stop, seen) = (binary.clone(), stop.clone(), seen.clone());
             tokio::spawn(async move {
-                while !stop.load(Relaxed) {
-                    let invoke_ns = monotonic_ns();
-                    let outcome = binary.next_ids(1).await.ok();
-                    let e = Event {
-                        invoke_ns,
-                        return_ns: monotonic_ns(),
-                        outcome,
-                    };
-                    seen.lock().expect("seen lock").push(e);
-                }
+                let binary = &binary;
+                let request = |_| async move { binary.next_ids(1).await };
+                seen.call_while(|_| !stop.load(Relaxed), request).await
             })
         })
         .collect();
@@ -322,8 +278,7 @@ async fn a_killed_leader_under_pipelined_resp_load_on_a_follower() {
     };
     loop {
         let f_stats = stats(&brokers[f].addr, None).await;
-        let done = f_stats.is_some_and(|s| s.requests_ok > 0)
-            && served_after(&seen.lock().expect("seen lock"));
+        let done = f_stats.is_some_and(|s| s.requests_ok > 0) && served_after(&seen.events());
         if done {
             break;
         }
@@ -336,11 +291,10 @@ async fn a_killed_leader_under_pipelined_resp_load_on_a_follower() {
         .map_or(0, |s| s.forwarded);
     stop.store(true, Relaxed);
 
-    let mut events = std::mem::take(&mut *seen.lock().expect("seen lock"));
     for c in callers {
         c.await.expect("binary caller");
     }
-    events.extend(std::mem::take(&mut *seen.lock().expect("seen lock")));
+    let mut events = seen.take();
     let mut resp_events = Vec::new();
     let mut errors = Vec::new();
     for p in pipes {

@@ -9,6 +9,7 @@ use idclient::{BrokerTls, ClientCert, IdError, IdSource, Token};
 use idtools::cluster::LocalQuorum;
 use idtools::pki::Pki;
 use idtools::proc::{Announced, TestBroker, START_TIMEOUT};
+use idtools::resp::python;
 use std::ffi::OsStr;
 use std::path::Path;
 use std::process::Command;
@@ -100,15 +101,6 @@ fn redis_cli(b: &TestBroker, args: &[&str]) -> (String, String) {
         String::from_utf8_lossy(&out.stdout).into_owned(),
         String::from_utf8_lossy(&out.stderr).into_owned(),
     )
-}
-
-/// The interpreter with Debian's python3-redis (see tests/resp.rs).
-fn python() -> &'static str {
-    if Path::new("/usr/bin/python3").exists() {
-        "/usr/bin/python3"
-    } else {
-        "python3"
-    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

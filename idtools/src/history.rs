@@ -13,8 +13,10 @@
 
 use idproto::IdRange;
 use std::fmt;
+use std::future::Future;
 use std::io::{BufRead, Write};
 use std::path::Path;
+use std::sync::{Arc, Mutex, MutexGuard};
 
 /// CLOCK_MONOTONIC in nanoseconds: one clock for every process on this machine, so
 /// histories recorded by several processes can be checked together.
@@ -134,6 +136,84 @@ pub fn check(events: &[Event]) -> Result<(), Violation> {
         }
     }
     Ok(())
+}
+
+/// Panics with the violation unless `events` pass [`check`]: the tests' one-line check.
+///
+/// # Panics
+/// On the first violation [`check`] finds.
+#[track_caller]
+pub fn assert_linearizable(events: &[Event]) {
+    if let Err(v) = check(events) {
+        panic!("history check failed: {v}");
+    }
+}
+
+/// A history that concurrent callers record into, each request timed with
+/// [`monotonic_ns`] around its future. Cheap to clone (the clones share one history), so
+/// each caller task holds its own; a test may look at what was recorded so far while the
+/// callers still run ([`Recorder::events`]).
+#[derive(Clone, Default)]
+pub struct Recorder {
+    events: Arc<Mutex<Vec<Event>>>,
+}
+
+impl Recorder {
+    pub fn new() -> Recorder {
+        Recorder::default()
+    }
+
+    /// Runs `request` and records when it was invoked and returned and the range it got
+    /// (none for an error); returns its result.
+    pub async fn record<E>(
+        &self,
+        request: impl Future<Output = Result<IdRange, E>>,
+    ) -> Result<IdRange, E> {
+        let invoke_ns = monotonic_ns();
+        let result = request.await;
+        self.lock().push(Event {
+            invoke_ns,
+            return_ns: monotonic_ns(),
+            outcome: result.as_ref().ok().copied(),
+        });
+        result
+    }
+
+    /// One caller's loop: `request(i)` for i = 0, 1, 2, ... while `more(i)` holds (a
+    /// count, or a stop flag), one request after another, each recorded as by
+    /// [`Recorder::record`]. Returns the errors of the requests that failed, in order.
+    pub async fn call_while<E, F>(
+        &self,
+        mut more: impl FnMut(usize) -> bool,
+        mut request: impl FnMut(usize) -> F,
+    ) -> Vec<E>
+    where
+        F: Future<Output = Result<IdRange, E>>,
+    {
+        let mut errors = Vec::new();
+        let mut i = 0;
+        while more(i) {
+            if let Err(e) = self.record(request(i)).await {
+                errors.push(e);
+            }
+            i += 1;
+        }
+        errors
+    }
+
+    /// A copy of what was recorded so far.
+    pub fn events(&self) -> Vec<Event> {
+        self.lock().clone()
+    }
+
+    /// What was recorded so far, leaving the history empty.
+    pub fn take(&self) -> Vec<Event> {
+        std::mem::take(&mut *self.lock())
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Vec<Event>> {
+        self.events.lock().expect("history lock")
+    }
 }
 
 /// Checks that a request for `requested` IDs got exactly that many (or failed).
@@ -418,6 +498,41 @@ mod tests {
             }
         }
         true
+    }
+
+    /// The loop stops where `more` says, records each request in order with its times,
+    /// and hands back the errors, which are recorded without an outcome.
+    #[tokio::test]
+    async fn recorder_call_while_records_every_request() {
+        let r = Recorder::new();
+        let errors = r
+            .call_while(
+                |i| i < 3,
+                |i| async move {
+                    match i {
+                        1 => Err(format!("request {i} failed")),
+                        _ => Ok(IdRange {
+                            lo: 1 + i as u64,
+                            hi: 1 + i as u64,
+                        }),
+                    }
+                },
+            )
+            .await;
+        assert_eq!(errors, vec!["request 1 failed".to_string()]);
+        let events = r.take();
+        let outcomes: Vec<_> = events.iter().map(|e| e.outcome).collect();
+        assert_eq!(
+            outcomes,
+            vec![
+                Some(IdRange { lo: 1, hi: 1 }),
+                None,
+                Some(IdRange { lo: 3, hi: 3 })
+            ]
+        );
+        assert!(events.windows(2).all(|w| w[0].return_ns <= w[1].invoke_ns));
+        assert!(events.iter().all(|e| e.invoke_ns <= e.return_ns));
+        assert!(r.events().is_empty(), "take leaves the history empty");
     }
 
     proptest! {

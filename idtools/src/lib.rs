@@ -2,7 +2,8 @@
 //!
 //! - [`cluster`]: starts and stops a local `redis-server` quorum (`idctl cluster up`,
 //!   tests and benchmarks), and checks the server's version.
-//! - [`history`]: records ID requests and checks a history is linearizable.
+//! - [`history`]: records ID requests ([`history::Recorder`]) and checks a history is
+//!   linearizable.
 //! - [`sim`]: the deterministic simulation's in-memory node model (message loss, delay,
 //!   reordering, duplication, crashes, amnesia, mutants; the rendezvous, the broker
 //!   leader's heartbeat and term register), driven on tokio's paused clock.
@@ -12,6 +13,7 @@
 //! - [`proc`]: child processes that announce their addresses (`idbroker`), killed by pid
 //!   on drop: for `idctl failover` and the real-process tests.
 //! - [`pki`]: throwaway certificates for the TLS tests.
+//! - [`resp`]: `redis-cli` runs and `QLIST.NEXT` replies, for the broker's RESP tests.
 //!
 //! The binary `idctl` (src/bin/idctl.rs) is the command-line face of them all.
 
@@ -22,4 +24,5 @@ pub mod failover;
 pub mod history;
 pub mod pki;
 pub mod proc;
+pub mod resp;
 pub mod sim;

@@ -9,6 +9,7 @@ use idtools::cluster::LocalQuorum;
 use producer::generate_payload;
 use rand::{Rng, SeedableRng};
 use std::collections::{BTreeMap, HashSet};
+use std::fmt::Display;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
@@ -51,6 +52,73 @@ fn dir_arg(p: &Path) -> &str {
     p.to_str().expect("utf-8 temp path")
 }
 
+/// A producer's command line, built in the order a user types it: `--shard` and
+/// `--data-dir` first, then the ID source and what each run adds, so a test states only
+/// what differs.
+struct Args(Vec<String>);
+
+impl Args {
+    fn shard(shard: impl Display, data: impl AsRef<Path>) -> Args {
+        Args(Vec::new())
+            .arg("--shard", shard)
+            .arg("--data-dir", dir_arg(data.as_ref()))
+    }
+
+    fn nodes(self, nodes: &str) -> Args {
+        self.arg("--nodes", nodes)
+    }
+
+    fn broker(self, addr: &str) -> Args {
+        self.arg("--broker", addr)
+    }
+
+    /// A file, or `-` for stdin.
+    fn input(self, path: impl AsRef<Path>) -> Args {
+        self.arg("--input", dir_arg(path.as_ref()))
+    }
+
+    fn generate(self, count: u64) -> Args {
+        self.arg("--generate", count)
+    }
+
+    fn payload_size(self, bytes: u64) -> Args {
+        self.arg("--payload-size", bytes)
+    }
+
+    fn batch(self, size: impl Display) -> Args {
+        self.arg("--batch", size)
+    }
+
+    fn deadline_ms(self, ms: u64) -> Args {
+        self.arg("--deadline-ms", ms)
+    }
+
+    fn arg(mut self, flag: &str, value: impl Display) -> Args {
+        self.0.push(flag.to_string());
+        self.0.push(value.to_string());
+        self
+    }
+
+    /// The same command line with `flag`'s value replaced (a rerun that changes one).
+    fn with(mut self, flag: &str, value: impl Display) -> Args {
+        let i = self.0.iter().position(|a| a == flag).expect("flag given") + 1;
+        self.0[i] = value.to_string();
+        self
+    }
+
+    fn strs(&self) -> Vec<&str> {
+        self.0.iter().map(String::as_str).collect()
+    }
+
+    fn cmd(&self) -> Command {
+        producer_cmd(&self.strs())
+    }
+
+    fn run(&self) -> Output {
+        run(&self.strs())
+    }
+}
+
 #[test]
 fn four_parallel_producers_are_ordered_disjoint_and_complete() {
     let q = quorum(5);
@@ -60,22 +128,14 @@ fn four_parallel_producers_are_ordered_disjoint_and_complete() {
     let children: Vec<(u32, Child)> = (0..4u32)
         .map(|shard| {
             let batch = ["1", "37", "500", "3000"][shard as usize];
-            let child = producer_cmd(&[
-                "--shard",
-                &shard.to_string(),
-                "--data-dir",
-                dir_arg(tmp.path()),
-                "--nodes",
-                &nodes,
-                "--generate",
-                &count.to_string(),
-                "--payload-size",
-                "20",
-                "--batch",
-                batch,
-            ])
-            .spawn()
-            .expect("spawn");
+            let child = Args::shard(shard, tmp.path())
+                .nodes(&nodes)
+                .generate(count)
+                .payload_size(20)
+                .batch(batch)
+                .cmd()
+                .spawn()
+                .expect("spawn");
             (shard, child)
         })
         .collect();
@@ -107,36 +167,22 @@ fn a_producer_started_after_another_finished_gets_higher_ids() {
     )
     .expect("write input");
     let data = tmp.path().join("data");
-    let a = run(&[
-        "--shard",
-        "0",
-        "--data-dir",
-        dir_arg(&data),
-        "--nodes",
-        &q.urls_arg(),
-        "--generate",
-        "500",
-        "--batch",
-        "64",
-    ]);
+    let a = Args::shard(0, &data)
+        .nodes(&q.urls_arg())
+        .generate(500)
+        .batch(64)
+        .run();
     assert_exit(&a, 0, "");
     let a_max = items(&data, 0)
         .iter()
         .map(|r| r.id)
         .max()
         .expect("A wrote items");
-    let b = run(&[
-        "--shard",
-        "1",
-        "--data-dir",
-        dir_arg(&data),
-        "--nodes",
-        &q.urls_arg(),
-        "--input",
-        dir_arg(&input),
-        "--batch",
-        "7",
-    ]);
+    let b = Args::shard(1, &data)
+        .nodes(&q.urls_arg())
+        .input(&input)
+        .batch(7)
+        .run();
     assert_exit(&b, 0, "");
     let recs = items(&data, 1);
     let want: Vec<Vec<u8>> = (0..300).map(|i| format!("line {i}").into_bytes()).collect();
@@ -176,18 +222,10 @@ fn crash_loop_kill_9_then_resume_is_exactly_once() {
     }
     std::fs::write(&input, &bytes).expect("write input");
     let data = tmp.path().join("data");
-    let args = [
-        "--shard",
-        "9",
-        "--data-dir",
-        dir_arg(&data),
-        "--nodes",
-        &q.urls_arg(),
-        "--input",
-        dir_arg(&input),
-        "--batch",
-        "25",
-    ];
+    let args = Args::shard(9, &data)
+        .nodes(&q.urls_arg())
+        .input(&input)
+        .batch(25);
     let seed: u64 = rand::thread_rng().gen();
     println!("crash loop seed {seed}");
     let mut rng = rand::rngs::StdRng::seed_from_u64(seed);
@@ -196,7 +234,8 @@ fn crash_loop_kill_9_then_resume_is_exactly_once() {
     let mut durable = 0u64;
     for round in 0..KILLS {
         let stall_at = (round + 1) * STEP;
-        let mut child = producer_cmd(&args)
+        let mut child = args
+            .cmd()
             .env(STALL_ENV, stall_at.to_string())
             .stdin(Stdio::piped())
             .spawn()
@@ -233,7 +272,7 @@ fn crash_loop_kill_9_then_resume_is_exactly_once() {
     }
     assert_eq!(kills, KILLS);
     println!("{kills} kills; {durable} items durable before the final run");
-    let out = run(&args);
+    let out = args.run();
     assert_exit(&out, 0, "");
     assert!(
         String::from_utf8_lossy(&out.stdout).contains(&format!("resumed after {durable}")),
@@ -247,7 +286,7 @@ fn crash_loop_kill_9_then_resume_is_exactly_once() {
             assert_eq!(id, r.id, "seq {} changed its id after a restart", r.seq);
         }
     }
-    let again = run(&args);
+    let again = args.run();
     assert_exit(&again, 0, "");
     assert!(String::from_utf8_lossy(&again.stdout).contains("nothing to do"));
 }
@@ -306,68 +345,28 @@ fn bad_inputs_get_clear_errors_and_exit_codes() {
 
     // --shard not a number: a usage error.
     assert_exit(
-        &run(&[
-            "--shard",
-            "x1",
-            "--data-dir",
-            &d,
-            "--nodes",
-            &nodes,
-            "--generate",
-            "1",
-        ]),
+        &Args::shard("x1", &d).nodes(&nodes).generate(1).run(),
         2,
         "--shard",
     );
     assert_exit(
-        &run(&[
-            "--shard",
-            "-1",
-            "--data-dir",
-            &d,
-            "--nodes",
-            &nodes,
-            "--generate",
-            "1",
-        ]),
+        &Args::shard("-1", &d).nodes(&nodes).generate(1).run(),
         2,
         "",
     );
     // Neither or both inputs / ID sources.
+    assert_exit(&Args::shard(1, &d).nodes(&nodes).run(), 2, "");
     assert_exit(
-        &run(&["--shard", "1", "--data-dir", &d, "--nodes", &nodes]),
+        &Args::shard(1, &d)
+            .nodes(&nodes)
+            .broker("127.0.0.1:1")
+            .generate(1)
+            .run(),
         2,
         "",
     );
     assert_exit(
-        &run(&[
-            "--shard",
-            "1",
-            "--data-dir",
-            &d,
-            "--nodes",
-            &nodes,
-            "--broker",
-            "127.0.0.1:1",
-            "--generate",
-            "1",
-        ]),
-        2,
-        "",
-    );
-    assert_exit(
-        &run(&[
-            "--shard",
-            "1",
-            "--data-dir",
-            &d,
-            "--nodes",
-            &nodes,
-            "--generate",
-            "1",
-            "--batch",
-            "0",
-        ]),
+        &Args::shard(1, &d).nodes(&nodes).generate(1).batch(0).run(),
         2,
         "--batch",
     );
@@ -375,16 +374,7 @@ fn bad_inputs_get_clear_errors_and_exit_codes() {
     // Missing input file.
     let missing = path("missing.txt");
     assert_exit(
-        &run(&[
-            "--shard",
-            "1",
-            "--data-dir",
-            &d,
-            "--nodes",
-            &nodes,
-            "--input",
-            dir_arg(&missing),
-        ]),
+        &Args::shard(1, &d).nodes(&nodes).input(&missing).run(),
         3,
         "missing.txt",
     );
@@ -392,30 +382,18 @@ fn bad_inputs_get_clear_errors_and_exit_codes() {
     // Empty input: an empty, finished sublist.
     std::fs::write(path("empty.txt"), b"").expect("write");
     assert_exit(
-        &run(&[
-            "--shard",
-            "2",
-            "--data-dir",
-            &d,
-            "--nodes",
-            &nodes,
-            "--input",
-            dir_arg(&path("empty.txt")),
-        ]),
+        &Args::shard(2, &d)
+            .nodes(&nodes)
+            .input(path("empty.txt"))
+            .run(),
         0,
         "empty",
     );
     assert!(items(&data, 2).is_empty());
-    let again = run(&[
-        "--shard",
-        "2",
-        "--data-dir",
-        &d,
-        "--nodes",
-        &nodes,
-        "--input",
-        dir_arg(&path("empty.txt")),
-    ]);
+    let again = Args::shard(2, &d)
+        .nodes(&nodes)
+        .input(path("empty.txt"))
+        .run();
     assert_exit(&again, 0, "");
     assert!(String::from_utf8_lossy(&again.stdout).contains("nothing to do"));
 
@@ -426,16 +404,10 @@ fn bad_inputs_get_clear_errors_and_exit_codes() {
     content.extend_from_slice(b"\n\xff\xfe\x00raw\n");
     std::fs::write(path("big.txt"), &content).expect("write");
     assert_exit(
-        &run(&[
-            "--shard",
-            "3",
-            "--data-dir",
-            &d,
-            "--nodes",
-            &nodes,
-            "--input",
-            dir_arg(&path("big.txt")),
-        ]),
+        &Args::shard(3, &d)
+            .nodes(&nodes)
+            .input(path("big.txt"))
+            .run(),
         0,
         "",
     );
@@ -450,16 +422,10 @@ fn bad_inputs_get_clear_errors_and_exit_codes() {
     huge.resize(huge.len() + producer::MAX_ITEM_BYTES + 1, b'y');
     std::fs::write(path("huge.txt"), &huge).expect("write");
     assert_exit(
-        &run(&[
-            "--shard",
-            "4",
-            "--data-dir",
-            &d,
-            "--nodes",
-            &nodes,
-            "--input",
-            dir_arg(&path("huge.txt")),
-        ]),
+        &Args::shard(4, &d)
+            .nodes(&nodes)
+            .input(path("huge.txt"))
+            .run(),
         3,
         "line 2 is longer than the limit",
     );
@@ -472,16 +438,10 @@ fn bad_inputs_get_clear_errors_and_exit_codes() {
     // The data dir is a file.
     std::fs::write(path("afile"), b"x").expect("write");
     assert_exit(
-        &run(&[
-            "--shard",
-            "1",
-            "--data-dir",
-            dir_arg(&path("afile")),
-            "--nodes",
-            &nodes,
-            "--generate",
-            "1",
-        ]),
+        &Args::shard(1, path("afile"))
+            .nodes(&nodes)
+            .generate(1)
+            .run(),
         4,
         "afile",
     );
@@ -489,78 +449,38 @@ fn bad_inputs_get_clear_errors_and_exit_codes() {
     // A sublist written by another shard number.
     let other = path("other");
     assert_exit(
-        &run(&[
-            "--shard",
-            "5",
-            "--data-dir",
-            dir_arg(&other),
-            "--nodes",
-            &nodes,
-            "--generate",
-            "10",
-        ]),
+        &Args::shard(5, &other).nodes(&nodes).generate(10).run(),
         0,
         "",
     );
     std::fs::rename(shard_db_path(&other, 5), shard_db_path(&other, 6)).expect("rename");
     assert_exit(
-        &run(&[
-            "--shard",
-            "6",
-            "--data-dir",
-            dir_arg(&other),
-            "--nodes",
-            &nodes,
-            "--generate",
-            "10",
-        ]),
+        &Args::shard(6, &other).nodes(&nodes).generate(10).run(),
         4,
         "belongs to shard 5, not shard 6",
     );
 
     // Different input for an existing sublist.
     assert_exit(
-        &run(&[
-            "--shard",
-            "3",
-            "--data-dir",
-            &d,
-            "--nodes",
-            &nodes,
-            "--input",
-            dir_arg(&path("empty.txt")),
-        ]),
+        &Args::shard(3, &d)
+            .nodes(&nodes)
+            .input(path("empty.txt"))
+            .run(),
         4,
         "different input",
     );
     std::fs::rename(shard_db_path(&other, 6), shard_db_path(&other, 5)).expect("rename back");
     assert_exit(
-        &run(&[
-            "--shard",
-            "5",
-            "--data-dir",
-            dir_arg(&other),
-            "--nodes",
-            &nodes,
-            "--generate",
-            "11",
-        ]),
+        &Args::shard(5, &other).nodes(&nodes).generate(11).run(),
         4,
         "different input",
     );
     assert_exit(
-        &run(&[
-            "--shard",
-            "5",
-            "--data-dir",
-            dir_arg(&other),
-            "--nodes",
-            &nodes,
-            "--generate",
-            "10",
-            "--payload-size",
-            "9",
-        ]),
+        &Args::shard(5, &other)
+            .nodes(&nodes)
+            .generate(10)
+            .payload_size(9)
+            .run(),
         4,
         "different input",
     );
@@ -569,32 +489,14 @@ fn bad_inputs_get_clear_errors_and_exit_codes() {
     {
         let _held = ShardWriter::open(&data, 7).expect("hold shard 7");
         assert_exit(
-            &run(&[
-                "--shard",
-                "7",
-                "--data-dir",
-                &d,
-                "--nodes",
-                &nodes,
-                "--generate",
-                "5",
-            ]),
+            &Args::shard(7, &d).nodes(&nodes).generate(5).run(),
             4,
             "in use by another producer",
         );
     }
 
     // stdin works once and is not resumable.
-    let mut c = producer_cmd(&[
-        "--shard",
-        "8",
-        "--data-dir",
-        &d,
-        "--nodes",
-        &nodes,
-        "--input",
-        "-",
-    ]);
+    let mut c = Args::shard(8, &d).nodes(&nodes).input("-").cmd();
     let mut child = c.stdin(Stdio::piped()).spawn().expect("spawn");
     {
         use std::io::Write;
@@ -604,50 +506,27 @@ fn bad_inputs_get_clear_errors_and_exit_codes() {
     assert_exit(&child.wait_with_output().expect("wait"), 0, "");
     check_sublist(&items(&data, 8), 8, &[b"s0".to_vec(), b"s1".to_vec()]);
     assert_exit(
-        &run(&[
-            "--shard",
-            "8",
-            "--data-dir",
-            &d,
-            "--nodes",
-            &nodes,
-            "--input",
-            "-",
-        ]),
+        &Args::shard(8, &d).nodes(&nodes).input("-").run(),
         4,
         "is finished with 2 items; input from stdin cannot be resumed",
     );
 
     // Bad node URLs; no broker listening.
     assert_exit(
-        &run(&[
-            "--shard",
-            "10",
-            "--data-dir",
-            &d,
-            "--nodes",
-            "not-a-url",
-            "--generate",
-            "5",
-            "--deadline-ms",
-            "1000",
-        ]),
+        &Args::shard(10, &d)
+            .nodes("not-a-url")
+            .generate(5)
+            .deadline_ms(1000)
+            .run(),
         2,
         "",
     );
     assert_exit(
-        &run(&[
-            "--shard",
-            "11",
-            "--data-dir",
-            &d,
-            "--broker",
-            "127.0.0.1:1",
-            "--generate",
-            "5",
-            "--deadline-ms",
-            "1000",
-        ]),
+        &Args::shard(11, &d)
+            .broker("127.0.0.1:1")
+            .generate(5)
+            .deadline_ms(1000)
+            .run(),
         5,
         "",
     );
@@ -655,18 +534,11 @@ fn bad_inputs_get_clear_errors_and_exit_codes() {
     // No quorum: 2 of 3 nodes down. Nothing is half-written.
     q.kill(0);
     q.kill(1);
-    let out = run(&[
-        "--shard",
-        "12",
-        "--data-dir",
-        &d,
-        "--nodes",
-        &nodes,
-        "--generate",
-        "5",
-        "--deadline-ms",
-        "1000",
-    ]);
+    let out = Args::shard(12, &d)
+        .nodes(&nodes)
+        .generate(5)
+        .deadline_ms(1000)
+        .run();
     assert_exit(&out, 5, "quorum");
     if let Ok(r) = ShardReader::open(&shard_db_path(&data, 12)) {
         assert_eq!(r.iter().count(), 0);
@@ -699,20 +571,13 @@ fn broker_mode_produces_ordered_disjoint_sublists() {
     ));
     let children: Vec<(u32, Child)> = (0..2u32)
         .map(|shard| {
-            let c = producer_cmd(&[
-                "--shard",
-                &shard.to_string(),
-                "--data-dir",
-                dir_arg(tmp.path()),
-                "--broker",
-                &addr,
-                "--generate",
-                "1000",
-                "--batch",
-                "10",
-            ])
-            .spawn()
-            .expect("spawn");
+            let c = Args::shard(shard, tmp.path())
+                .broker(&addr)
+                .generate(1000)
+                .batch(10)
+                .cmd()
+                .spawn()
+                .expect("spawn");
             (shard, c)
         })
         .collect();
@@ -745,23 +610,13 @@ fn losing_the_quorum_mid_run_stops_cleanly_and_resumes() {
     let q = quorum(3);
     let tmp = tempfile::tempdir().expect("tempdir");
     let count = 300_000u64;
-    let args = [
-        "--shard",
-        "4",
-        "--data-dir",
-        dir_arg(tmp.path()),
-        "--nodes",
-        &q.urls_arg(),
-        "--generate",
-        &count.to_string(),
-        "--payload-size",
-        "8",
-        "--batch",
-        "10",
-        "--deadline-ms",
-        "1000",
-    ];
-    let child = producer_cmd(&args).spawn().expect("spawn");
+    let args = Args::shard(4, tmp.path())
+        .nodes(&q.urls_arg())
+        .generate(count)
+        .payload_size(8)
+        .batch(10)
+        .deadline_ms(1000);
+    let child = args.cmd().spawn().expect("spawn");
     // Wait until some batches are durable, then freeze a majority.
     let db = shard_db_path(tmp.path(), 4);
     let mut waited = 0;
@@ -792,10 +647,7 @@ fn losing_the_quorum_mid_run_stops_cleanly_and_resumes() {
         "{stderr}"
     );
     // The rerun may use another batch size: the marker counts items, not batches.
-    let mut rerun = args.to_vec();
-    let b = rerun.iter().position(|a| *a == "--batch").expect("--batch") + 1;
-    rerun[b] = "50000";
-    let out = run(&rerun);
+    let out = args.with("--batch", 50000).run();
     assert_exit(&out, 0, "");
     assert!(String::from_utf8_lossy(&out.stdout).contains(&format!("resumed after {}", p.next_seq)));
     let all = items(tmp.path(), 4);
@@ -809,8 +661,9 @@ fn losing_the_quorum_mid_run_stops_cleanly_and_resumes() {
 
 /// Starts a producer with the stall hook set and stdin piped (a line on stdin, or closing
 /// it, lets it go on); returns once it announced the stall.
-fn spawn_stalled(args: &[&str], after: u64) -> Child {
-    let mut child = producer_cmd(args)
+fn spawn_stalled(args: &Args, after: u64) -> Child {
+    let mut child = args
+        .cmd()
         .env(STALL_ENV, after.to_string())
         .stdin(Stdio::piped())
         .spawn()
@@ -835,10 +688,11 @@ fn release_with_stderr(
 
 /// Starts a stalled producer and returns it with a receiver of all its stderr lines.
 fn spawn_stalled_keep_stderr(
-    args: &[&str],
+    args: &Args,
     after: u64,
 ) -> (Child, std::sync::mpsc::Receiver<String>) {
-    let mut child = producer_cmd(args)
+    let mut child = args
+        .cmd()
         .env(STALL_ENV, after.to_string())
         .stdin(Stdio::piped())
         .spawn()
@@ -884,20 +738,11 @@ fn ids_going_backwards_after_a_wiped_quorum_are_refused_clearly() {
     let q = quorum(3);
     let tmp = tempfile::tempdir().expect("tempdir");
     let data = tmp.path().join("data");
-    let args = [
-        "--shard",
-        "0",
-        "--data-dir",
-        dir_arg(&data),
-        "--nodes",
-        &q.urls_arg(),
-        "--generate",
-        "5000",
-        "--batch",
-        "50",
-        "--deadline-ms",
-        "5000",
-    ];
+    let args = Args::shard(0, &data)
+        .nodes(&q.urls_arg())
+        .generate(5000)
+        .batch(50)
+        .deadline_ms(5000);
     let mut child = spawn_stalled(&args, 500);
     child.kill().expect("kill -9");
     child.wait().expect("wait");
@@ -919,7 +764,7 @@ fn ids_going_backwards_after_a_wiped_quorum_are_refused_clearly() {
             String::from_utf8_lossy(&out.stderr)
         );
     }
-    let out = run(&args);
+    let out = args.run();
     for needle in [
         "IDs went backwards",
         &format!("not above {last_id}, the last ID already in sublist"),
@@ -951,7 +796,7 @@ fn a_pipe_or_fifo_as_input_is_read_once_like_stdin() {
             .arg("-c")
             .arg(r#"exec "$0" "$@" --input <(printf 'p0\np1\n\np3\n')"#)
             .arg(env!("CARGO_BIN_EXE_producer"))
-            .args(["--shard", shard, "--data-dir", &d, "--nodes", &nodes])
+            .args(Args::shard(shard, &d).nodes(&nodes).strs())
             .env("RUST_LOG", "warn")
             .stdin(Stdio::null())
             .output()
@@ -979,16 +824,7 @@ fn a_pipe_or_fifo_as_input_is_read_once_like_stdin() {
             std::fs::write(&fifo, b"f0\nf1\n").expect("write the fifo");
         })
     };
-    let out = run(&[
-        "--shard",
-        "1",
-        "--data-dir",
-        &d,
-        "--nodes",
-        &nodes,
-        "--input",
-        dir_arg(&fifo),
-    ]);
+    let out = Args::shard(1, &d).nodes(&nodes).input(&fifo).run();
     assert_exit(&out, 0, "pipe or FIFO");
     writer.join().expect("fifo writer");
     check_sublist(&items(&data, 1), 1, &[b"f0".to_vec(), b"f1".to_vec()]);
@@ -1010,18 +846,10 @@ fn an_input_edited_in_place_during_a_run_is_caught() {
     let lines = wide_lines(count, width);
     let original = join_lines(&lines);
     std::fs::write(&input, &original).expect("write input");
-    let args = [
-        "--shard",
-        "0",
-        "--data-dir",
-        dir_arg(&data),
-        "--nodes",
-        &q.urls_arg(),
-        "--input",
-        dir_arg(&input),
-        "--batch",
-        "100",
-    ];
+    let args = Args::shard(0, &data)
+        .nodes(&q.urls_arg())
+        .input(&input)
+        .batch(100);
     let (child, rx) = spawn_stalled_keep_stderr(&args, 100);
     {
         use std::io::{Seek, SeekFrom, Write};
@@ -1046,7 +874,7 @@ fn an_input_edited_in_place_during_a_run_is_caught() {
 
     // The original again: its fingerprint matches, but the sublist holds the edited line.
     std::fs::write(&input, &original).expect("restore input");
-    let out = run(&args);
+    let out = args.run();
     assert_exit(&out, 3, "line 3501 is not item 3500");
     assert!(!String::from_utf8_lossy(&out.stdout).contains("nothing to do"));
 }
@@ -1061,18 +889,10 @@ fn an_input_truncated_during_a_run_exits_3() {
     let input = tmp.path().join("in.txt");
     let lines = wide_lines(4000, 1000);
     std::fs::write(&input, join_lines(&lines)).expect("write input");
-    let args = [
-        "--shard",
-        "0",
-        "--data-dir",
-        dir_arg(&data),
-        "--nodes",
-        &q.urls_arg(),
-        "--input",
-        dir_arg(&input),
-        "--batch",
-        "100",
-    ];
+    let args = Args::shard(0, &data)
+        .nodes(&q.urls_arg())
+        .input(&input)
+        .batch(100);
     let (child, rx) = spawn_stalled_keep_stderr(&args, 100);
     std::fs::OpenOptions::new()
         .write(true)
@@ -1094,23 +914,15 @@ fn an_input_truncated_during_a_run_exits_3() {
 fn nothing_to_do_with_every_node_down() {
     let mut q = quorum(3);
     let tmp = tempfile::tempdir().expect("tempdir");
-    let args = [
-        "--shard",
-        "2",
-        "--data-dir",
-        dir_arg(tmp.path()),
-        "--nodes",
-        &q.urls_arg(),
-        "--generate",
-        "30",
-        "--deadline-ms",
-        "1000",
-    ];
-    assert_exit(&run(&args), 0, "");
+    let args = Args::shard(2, tmp.path())
+        .nodes(&q.urls_arg())
+        .generate(30)
+        .deadline_ms(1000);
+    assert_exit(&args.run(), 0, "");
     for i in 0..3 {
         q.kill(i);
     }
-    let out = run(&args);
+    let out = args.run();
     assert_exit(&out, 0, "");
     assert!(
         String::from_utf8_lossy(&out.stdout).contains("already finished (30 items): nothing to do"),
@@ -1125,18 +937,11 @@ fn an_unsafe_node_exits_5() {
     let q = LocalQuorum::temp_with_args(3, &["--appendfsync".into(), "everysec".into()])
         .expect("cannot start a local redis-server quorum (is redis-server installed?)");
     let tmp = tempfile::tempdir().expect("tempdir");
-    let out = run(&[
-        "--shard",
-        "0",
-        "--data-dir",
-        dir_arg(tmp.path()),
-        "--nodes",
-        &q.urls_arg(),
-        "--generate",
-        "10",
-        "--deadline-ms",
-        "2000",
-    ]);
+    let out = Args::shard(0, tmp.path())
+        .nodes(&q.urls_arg())
+        .generate(10)
+        .deadline_ms(2000)
+        .run();
     assert_exit(&out, 5, "is unsafe");
     assert_exit(&out, 5, "appendfsync");
     if let Ok(r) = ShardReader::open(&shard_db_path(tmp.path(), 0)) {
@@ -1186,21 +991,12 @@ fn a_full_disk_exits_4_and_resumes() {
     let q = quorum(3);
     let fs = Tmpfs::mount(8 << 20);
     let data = fs.dir.join("data");
-    let args = [
-        "--shard",
-        "0",
-        "--data-dir",
-        dir_arg(&data),
-        "--nodes",
-        &q.urls_arg(),
-        "--generate",
-        "100000",
-        "--payload-size",
-        "200",
-        "--batch",
-        "1000",
-    ];
-    let out = run(&args);
+    let args = Args::shard(0, &data)
+        .nodes(&q.urls_arg())
+        .generate(100_000)
+        .payload_size(200)
+        .batch(1000);
+    let out = args.run();
     assert_exit(&out, 4, "No space left on device");
     let stderr = String::from_utf8_lossy(&out.stderr);
     let error_line = stderr
@@ -1231,9 +1027,7 @@ fn a_full_disk_exits_4_and_resumes() {
         .status()
         .expect("run cp");
     assert!(cp.success(), "cp -a the sublist off the tmpfs");
-    let mut rerun = args.to_vec();
-    rerun[3] = dir_arg(&moved);
-    let out = run(&rerun);
+    let out = args.with("--data-dir", dir_arg(&moved)).run();
     assert_exit(&out, 0, "");
     if durable > 0 {
         assert!(
