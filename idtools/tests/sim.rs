@@ -606,64 +606,97 @@ fn first_violation(what: &str, broken: Broken, mix: Mix) -> (u64, Violation) {
     panic!("{what}: no seed of {} produced a violation", seeds(1).len());
 }
 
+impl Broken {
+    fn amnesia(amnesia: Amnesia) -> Self {
+        Broken {
+            amnesia,
+            ..Broken::default()
+        }
+    }
+
+    fn mutant(mutant: Mutant) -> Self {
+        Broken {
+            mutant: Some(mutant),
+            ..Broken::default()
+        }
+    }
+
+    fn prefetching() -> Self {
+        Broken {
+            prefetch: true,
+            ..Broken::default()
+        }
+    }
+}
+
+/// The kind of violation a broken run must be caught with.
+#[derive(Debug, Clone, Copy)]
+enum Caught {
+    Duplicate,
+    /// Unique IDs, wrong order: only the real-time check can see it.
+    RealTime,
+}
+
+impl Caught {
+    fn matches(self, v: &Violation) -> bool {
+        match self {
+            Caught::Duplicate => matches!(v, Violation::Duplicate { .. }),
+            Caught::RealTime => matches!(v, Violation::RealTime { .. }),
+        }
+    }
+}
+
+/// Asserts that some seed of the default count makes the checker refuse `broken`'s run,
+/// and that the first such seed's violation is of kind `kind`.
+#[track_caller]
+fn assert_caught(what: &str, broken: Broken, mix: Mix, kind: Caught) {
+    let (_, v) = first_violation(what, broken, mix);
+    assert!(kind.matches(&v), "{what}: expected {kind:?}, got {v}");
+}
+
 /// A seed (found once by `first_violation`, then pinned) whose amnesiac nodes make the
 /// quorum hand out a duplicate.
 const AMNESIA_SEED: u64 = 0;
 
 #[test]
 fn amnesia_produces_a_duplicate_that_the_checker_catches() {
-    let wipe = Broken {
-        amnesia: Amnesia::Wipe,
-        ..Broken::default()
-    };
+    let wipe = Broken::amnesia(Amnesia::Wipe);
     let out = run_quorum_seed_with(AMNESIA_SEED, wipe, Mix::Plain);
     assert!(
         matches!(out.check(), Err(Violation::Duplicate { .. })),
         "pinned seed {AMNESIA_SEED} no longer produces a duplicate under amnesia: {:?}",
         out.check()
     );
-    let (_, v) = first_violation("amnesia (wipe)", wipe, Mix::Plain);
-    assert!(matches!(v, Violation::Duplicate { .. }), "{v}");
+    assert_caught("amnesia (wipe)", wipe, Mix::Plain, Caught::Duplicate);
 }
 
 #[test]
 fn losing_the_last_acknowledged_write_is_caught() {
-    let broken = Broken {
-        amnesia: Amnesia::LastWrite,
-        ..Broken::default()
-    };
-    let (_, v) = first_violation("amnesia (last write)", broken, Mix::Plain);
-    assert!(matches!(v, Violation::Duplicate { .. }), "{v}");
+    let broken = Broken::amnesia(Amnesia::LastWrite);
+    assert_caught(
+        "amnesia (last write)",
+        broken,
+        Mix::Plain,
+        Caught::Duplicate,
+    );
 }
 
 #[test]
 fn a_write_that_accepts_equal_values_is_caught() {
-    let broken = Broken {
-        mutant: Some(Mutant::WriteIfNotAbove),
-        ..Broken::default()
-    };
-    let (_, v) = first_violation("mutant <=", broken, Mix::Mixed);
-    assert!(matches!(v, Violation::Duplicate { .. }), "{v}");
+    let broken = Broken::mutant(Mutant::WriteIfNotAbove);
+    assert_caught("mutant <=", broken, Mix::Mixed, Caught::Duplicate);
 }
 
 #[test]
 fn a_write_that_compares_with_hi_is_caught() {
-    let broken = Broken {
-        mutant: Some(Mutant::CompareWithHi),
-        ..Broken::default()
-    };
-    let (_, v) = first_violation("mutant HI", broken, Mix::Mixed);
-    assert!(matches!(v, Violation::Duplicate { .. }), "{v}");
+    let broken = Broken::mutant(Mutant::CompareWithHi);
+    assert_caught("mutant HI", broken, Mix::Mixed, Caught::Duplicate);
 }
 
 #[test]
 fn a_broken_member_offset_is_caught() {
-    let broken = Broken {
-        mutant: Some(Mutant::MemberOffset),
-        ..Broken::default()
-    };
-    let (_, v) = first_violation("mutant offset", broken, Mix::Combining);
-    assert!(matches!(v, Violation::Duplicate { .. }), "{v}");
+    let broken = Broken::mutant(Mutant::MemberOffset);
+    assert_caught("mutant offset", broken, Mix::Combining, Caught::Duplicate);
 }
 
 /// The rendezvous is not trusted with safety: a batch closed with fewer IDs than its
@@ -671,10 +704,7 @@ fn a_broken_member_offset_is_caught() {
 /// share) costs retries, never a duplicate or a panic.
 #[test]
 fn a_short_batch_from_the_rendezvous_is_survived() {
-    let short = Broken {
-        mutant: Some(Mutant::ShortClose),
-        ..Broken::default()
-    };
+    let short = Broken::mutant(Mutant::ShortClose);
     let t = check_seeds(
         "short batches",
         "a_short_batch",
@@ -689,13 +719,8 @@ fn a_short_batch_from_the_rendezvous_is_survived() {
 
 #[test]
 fn a_client_serving_prefetched_ids_late_is_caught() {
-    let broken = Broken {
-        prefetch: true,
-        ..Broken::default()
-    };
-    let (_, v) = first_violation("prefetching client", broken, Mix::Mixed);
-    // Unique IDs, wrong order: only the real-time check can see it.
-    assert!(matches!(v, Violation::RealTime { .. }), "{v}");
+    let broken = Broken::prefetching();
+    assert_caught("prefetching client", broken, Mix::Mixed, Caught::RealTime);
 }
 
 /// One seed of the broker simulation: two `broker::run` servers over the simulated
