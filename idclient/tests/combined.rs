@@ -52,6 +52,32 @@ impl Fake {
         self.state().joins.push_back(Scripted { join, publish });
     }
 
+    /// Scripts a `join` that makes the caller a member of `batch` at `offset`, its
+    /// leader's lease ending in `wait`; that leader then publishes `result` ("LO HI" or
+    /// "failed") for the batch, or nothing.
+    fn follow(&self, batch: Nonce, offset: u64, wait: Duration, result: Option<&str>) {
+        let publish = result.map(|r| format!("{batch} {r}"));
+        self.script_join(
+            Join::Follow {
+                batch,
+                offset,
+                wait,
+            },
+            publish,
+        );
+    }
+
+    /// Scripts a `join` that makes the caller the leader of an open batch while batch
+    /// `busy` is in flight for up to `wait`; `busy`'s leader then publishes `result`.
+    fn lead(&self, busy: Nonce, wait: Duration, result: &str) {
+        self.script_join(Join::Lead { busy, wait }, Some(format!("{busy} {result}")));
+    }
+
+    /// Scripts a `join` that puts the caller's request alone in flight.
+    fn solo(&self) {
+        self.script_join(Join::Solo, None);
+    }
+
     fn script_close(&self, close: Close) {
         self.state().closes.push_back(close);
     }
@@ -187,10 +213,19 @@ fn assert_counters(c: &QuorumClient<Fake>, rounds: u64, batches: u64, combined: 
     );
 }
 
+/// Asserts that the one batch finished published `lo..=hi`; returns the batch's nonce.
+#[track_caller]
+fn assert_finished_once(s: &State, lo: u64, hi: u64) -> Nonce {
+    assert_eq!(s.finished.len(), 1);
+    let (nonce, message) = &s.finished[0];
+    assert_eq!(message, &format!("{nonce} {lo} {hi}"));
+    *nonce
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_solo_batch_runs_its_own_round_and_publishes_it() {
     let fake = Fake::default();
-    fake.script_join(Join::Solo, None);
+    fake.solo();
     let c = client(&fake);
     assert_eq!(c.next_ids(5).await, Ok(range(1, 5)));
     assert_counters(&c, 1, 1, 0);
@@ -198,30 +233,20 @@ async fn a_solo_batch_runs_its_own_round_and_publishes_it() {
     assert_eq!(s.register, 5);
     assert_eq!(s.joined.len(), 1);
     assert_eq!(s.joined[0].0, 5);
-    assert_eq!(s.finished.len(), 1);
-    let (nonce, message) = &s.finished[0];
-    assert_eq!(message, &format!("{nonce} 1 5"));
+    assert_finished_once(&s, 1, 5);
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_member_takes_its_offset_of_the_published_range() {
     let fake = Fake::default();
-    let b = batch(0xb);
     // Another client's leader publishes IDs 11..=30; this member joined at offset 5.
-    fake.script_join(
-        Join::Follow {
-            batch: b,
-            offset: 5,
-            wait: Duration::from_millis(50),
-        },
-        Some(format!("{b} 11 30")),
-    );
+    fake.follow(batch(0xb), 5, Duration::from_millis(50), Some("11 30"));
     let c = client(&fake);
     assert_eq!(c.next_ids(3).await, Ok(range(16, 18)));
     assert_counters(&c, 0, 0, 1);
     // The member learned the register's progress from the result: its next guess is 31.
     fake.state().register = 30;
-    fake.script_join(Join::Solo, None);
+    fake.solo();
     assert_eq!(c.next_ids(1).await, Ok(range(31, 31)));
     assert_counters(&c, 1, 1, 1);
 }
@@ -229,15 +254,8 @@ async fn a_member_takes_its_offset_of_the_published_range() {
 #[tokio::test(start_paused = true)]
 async fn the_leader_of_an_open_batch_reserves_it_all_and_takes_offset_zero() {
     let fake = Fake::default();
-    let busy = batch(0xbe5);
-    fake.script_join(
-        Join::Lead {
-            busy,
-            wait: Duration::from_millis(20),
-        },
-        // The batch in flight ends: its leader publishes 1..=10.
-        Some(format!("{busy} 1 10")),
-    );
+    // The batch in flight ends: its leader publishes 1..=10.
+    fake.lead(batch(0xbe5), Duration::from_millis(20), "1 10");
     // Members joined the open batch meanwhile: 4 IDs ours, 6 theirs.
     fake.script_close(Close::Closed { ids: 10 });
     let c = client(&fake);
@@ -246,25 +264,16 @@ async fn the_leader_of_an_open_batch_reserves_it_all_and_takes_offset_zero() {
     let s = fake.state();
     assert_eq!(s.register, 20, "the whole batch is reserved");
     assert_eq!(s.closed.len(), 1);
-    assert_eq!(s.finished.len(), 1);
-    let (nonce, message) = &s.finished[0];
-    assert_eq!(*nonce, s.closed[0], "finishes the batch it closed");
-    assert_eq!(message, &format!("{nonce} 11 20"));
+    let nonce = assert_finished_once(&s, 11, 20);
+    assert_eq!(nonce, s.closed[0], "finishes the batch it closed");
 }
 
 #[tokio::test(start_paused = true)]
 async fn a_member_whose_leader_vanishes_joins_again_after_the_lease() {
     let fake = Fake::default();
     // The leader's lease ends in 30 ms and nothing is ever published.
-    fake.script_join(
-        Join::Follow {
-            batch: batch(0xdead),
-            offset: 0,
-            wait: Duration::from_millis(30),
-        },
-        None,
-    );
-    fake.script_join(Join::Solo, None);
+    fake.follow(batch(0xdead), 0, Duration::from_millis(30), None);
+    fake.solo();
     let c = client(&fake);
     let started = tokio::time::Instant::now();
     assert_eq!(c.next_ids(2).await, Ok(range(1, 2)));
@@ -281,16 +290,9 @@ async fn a_member_whose_leader_vanishes_joins_again_after_the_lease() {
 #[tokio::test(start_paused = true)]
 async fn a_leader_whose_open_batch_expired_joins_again() {
     let fake = Fake::default();
-    let busy = batch(0xbe5);
-    fake.script_join(
-        Join::Lead {
-            busy,
-            wait: Duration::from_millis(5),
-        },
-        Some(format!("{busy} failed")),
-    );
+    fake.lead(batch(0xbe5), Duration::from_millis(5), "failed");
     fake.script_close(Close::Gone);
-    fake.script_join(Join::Solo, None);
+    fake.solo();
     let c = client(&fake);
     assert_eq!(c.next_ids(3).await, Ok(range(1, 3)));
     assert_counters(&c, 1, 1, 0);
@@ -301,15 +303,7 @@ async fn a_leader_whose_open_batch_expired_joins_again() {
 #[tokio::test(start_paused = true)]
 async fn a_failed_batch_sends_its_members_to_their_own_rounds() {
     let fake = Fake::default();
-    let b = batch(0xfa11);
-    fake.script_join(
-        Join::Follow {
-            batch: b,
-            offset: 0,
-            wait: Duration::from_millis(50),
-        },
-        Some(format!("{b} failed")),
-    );
+    fake.follow(batch(0xfa11), 0, Duration::from_millis(50), Some("failed"));
     let c = client(&fake);
     assert_eq!(c.next_ids(2).await, Ok(range(1, 2)));
     assert_counters(&c, 1, 0, 0);
@@ -322,17 +316,9 @@ async fn a_failed_batch_sends_its_members_to_their_own_rounds() {
 #[tokio::test(start_paused = true)]
 async fn a_result_that_does_not_cover_a_member_is_not_taken() {
     let fake = Fake::default();
-    let b = batch(0xc0);
     // The member's offset 8 plus 5 IDs lie outside 1..=10.
-    fake.script_join(
-        Join::Follow {
-            batch: b,
-            offset: 8,
-            wait: Duration::from_millis(50),
-        },
-        Some(format!("{b} 1 10")),
-    );
-    fake.script_join(Join::Solo, None);
+    fake.follow(batch(0xc0), 8, Duration::from_millis(50), Some("1 10"));
+    fake.solo();
     let c = client(&fake);
     // Learned 10 from the result, so its own batch starts above it.
     assert_eq!(c.next_ids(5).await, Ok(range(11, 15)));
@@ -342,14 +328,7 @@ async fn a_result_that_does_not_cover_a_member_is_not_taken() {
 #[tokio::test(start_paused = true)]
 async fn a_short_batch_is_not_led_and_the_rendezvous_is_left_alone() {
     let fake = Fake::default();
-    let busy = batch(0xbe5);
-    fake.script_join(
-        Join::Lead {
-            busy,
-            wait: Duration::from_millis(5),
-        },
-        Some(format!("{busy} 1 1")),
-    );
+    fake.lead(batch(0xbe5), Duration::from_millis(5), "1 1");
     // The rendezvous says the batch holds fewer IDs than this leader's own share.
     fake.script_close(Close::Closed { ids: 3 });
     let c = client(&fake);
