@@ -35,6 +35,17 @@ struct View {
 const LATENCY: Duration = Duration::from_millis(1);
 
 impl View {
+    /// A view with every call getting through, paused while `paused` says so.
+    fn new(nodes: &Arc<Nodes>, paused: watch::Receiver<bool>) -> View {
+        View {
+            nodes: nodes.clone(),
+            paused,
+            cut_off: AtomicBool::new(false),
+            isolated: AtomicBool::new(false),
+            failing_reads: Default::default(),
+        }
+    }
+
     async fn gate(&self) {
         let mut paused = self.paused.clone();
         let _ = paused.wait_for(|p| !*p).await;
@@ -157,13 +168,7 @@ struct Broker {
 impl Broker {
     fn start(nodes: &Arc<Nodes>, i: u64) -> Broker {
         let (pause, paused) = watch::channel(false);
-        let view = Arc::new(View {
-            nodes: nodes.clone(),
-            paused,
-            cut_off: AtomicBool::new(false),
-            isolated: AtomicBool::new(false),
-            failing_reads: Default::default(),
-        });
+        let view = Arc::new(View::new(nodes, paused));
         let addr = format!("broker{i}:7400");
         let config = ElectionConfig {
             seed: Some(i),
@@ -186,6 +191,19 @@ impl Broker {
     fn election(&self) -> &Election {
         self.source.election()
     }
+
+    /// Waits (5 s at most) until this broker leads.
+    async fn until_leads(&self, what: &str) {
+        until(Duration::from_secs(5), what, &[self.election()], || {
+            self.status().role == Role::Leader
+        })
+        .await;
+    }
+}
+
+/// Brokers `0..n`, all over `nodes`.
+fn start_brokers(nodes: &Arc<Nodes>, n: u64) -> Vec<Broker> {
+    (0..n).map(|i| Broker::start(nodes, i)).collect()
 }
 
 /// Waits (on the paused clock: simulated time) until `cond` holds, at most `limit`,
@@ -230,20 +248,22 @@ fn settled(brokers: &[Broker]) -> Option<usize> {
         .then_some(l)
 }
 
+/// Waits (5 s at most) until `brokers` have [`settled`]; returns the leader.
+async fn until_settled(brokers: &[Broker], what: &str) -> usize {
+    until(Duration::from_secs(5), what, &elections(brokers), || {
+        settled(brokers).is_some()
+    })
+    .await;
+    settled(brokers).expect("settled")
+}
+
 #[tokio::test(start_paused = true)]
 async fn with_no_heartbeat_one_broker_is_elected_and_the_others_follow_and_redirect() {
     let nodes = Arc::new(Nodes::default());
-    let brokers: Vec<Broker> = (0..3).map(|i| Broker::start(&nodes, i)).collect();
+    let brokers = start_brokers(&nodes, 3);
     // Before anything is known: a follower with no leader redirects to none.
     assert_eq!(brokers[0].source.admit(), Admit::Redirect(None));
-    until(
-        Duration::from_secs(5),
-        "one leader, followed",
-        &elections(&brokers),
-        || settled(&brokers).is_some(),
-    )
-    .await;
-    let l = settled(&brokers).expect("settled");
+    let l = until_settled(&brokers, "one leader, followed").await;
     // It stays that way: heartbeats keep the followers from standing.
     let term = brokers[l].status().term;
     tokio::time::sleep(ELECTION_TIMEOUT * 20).await;
@@ -272,27 +292,13 @@ async fn with_no_heartbeat_one_broker_is_elected_and_the_others_follow_and_redir
 #[tokio::test(start_paused = true)]
 async fn a_dead_leader_is_replaced_in_a_higher_term() {
     let nodes = Arc::new(Nodes::default());
-    let mut brokers: Vec<Broker> = (0..3).map(|i| Broker::start(&nodes, i)).collect();
-    until(
-        Duration::from_secs(5),
-        "first leader",
-        &elections(&brokers),
-        || settled(&brokers).is_some(),
-    )
-    .await;
-    let l = settled(&brokers).expect("settled");
+    let mut brokers = start_brokers(&nodes, 3);
+    let l = until_settled(&brokers, "first leader").await;
     let term = brokers[l].status().term;
     let killed_at = Instant::now();
     drop(brokers.remove(l)); // kill: its election task is aborted
-    until(
-        Duration::from_secs(5),
-        "a new leader",
-        &elections(&brokers),
-        || settled(&brokers).is_some(),
-    )
-    .await;
+    let n = until_settled(&brokers, "a new leader").await;
     let took = killed_at.elapsed();
-    let n = settled(&brokers).expect("settled");
     assert!(brokers[n].status().term > term);
     // Simulated time: at most the longest timeout, plus a few heartbeats.
     assert!(
@@ -304,15 +310,8 @@ async fn a_dead_leader_is_replaced_in_a_higher_term() {
 #[tokio::test(start_paused = true)]
 async fn a_paused_leader_is_replaced_and_steps_down_when_it_resumes() {
     let nodes = Arc::new(Nodes::default());
-    let brokers: Vec<Broker> = (0..3).map(|i| Broker::start(&nodes, i)).collect();
-    until(
-        Duration::from_secs(5),
-        "first leader",
-        &elections(&brokers),
-        || settled(&brokers).is_some(),
-    )
-    .await;
-    let l = settled(&brokers).expect("settled");
+    let brokers = start_brokers(&nodes, 3);
+    let l = until_settled(&brokers, "first leader").await;
     let old_term = brokers[l].status().term;
     brokers[l].pause.send_replace(true);
     // The others elect a new leader while the old one still believes it leads.
@@ -349,13 +348,7 @@ async fn of_two_leaders_the_lower_term_steps_down() {
     let mut machines = Vec::new();
     for (term, addr) in [(1, "low:1"), (2, "high:1")] {
         let (_pause, paused) = watch::channel(false);
-        let view = Arc::new(View {
-            nodes: nodes.clone(),
-            paused,
-            cut_off: AtomicBool::new(false),
-            isolated: AtomicBool::new(false),
-            failing_reads: Default::default(),
-        });
+        let view = Arc::new(View::new(&nodes, paused));
         let shared = Arc::new(Election::new(addr.to_string()));
         let mut m = Machine::new(view, config(addr), shared.clone(), Arc::new(Notify::new()));
         m.role = Role::Leader;
@@ -393,10 +386,7 @@ async fn of_two_leaders_the_lower_term_steps_down() {
 async fn a_dead_window_and_a_higher_term_register_make_the_leader_step_down() {
     let nodes = Arc::new(Nodes::default());
     let b = Broker::start(&nodes, 0);
-    until(Duration::from_secs(5), "leader", &[b.election()], || {
-        b.status().role == Role::Leader
-    })
-    .await;
+    b.until_leads("leader").await;
     // Another broker won term 9 but never heartbeated (it died at once): only the term
     // register shows it, and the window's death makes the leader look.
     let term = b.status().term;
@@ -412,13 +402,7 @@ async fn a_dead_window_and_a_higher_term_register_make_the_leader_step_down() {
     )
     .await;
     // Alone, it stands again after its timeout, above the term it saw.
-    until(
-        Duration::from_secs(5),
-        "leads again",
-        &[b.election()],
-        || b.status().role == Role::Leader,
-    )
-    .await;
+    b.until_leads("leads again").await;
     assert!(b.status().term >= 10, "{:?}", b.status());
 }
 
@@ -426,10 +410,7 @@ async fn a_dead_window_and_a_higher_term_register_make_the_leader_step_down() {
 async fn a_leader_that_cannot_refresh_a_majority_steps_down() {
     let nodes = Arc::new(Nodes::default());
     let b = Broker::start(&nodes, 0);
-    until(Duration::from_secs(5), "leader", &[b.election()], || {
-        b.status().role == Role::Leader
-    })
-    .await;
+    b.until_leads("leader").await;
     let elections = b.source.election().elections();
     b.view.cut_off.store(true, Relaxed);
     until(
@@ -441,13 +422,7 @@ async fn a_leader_that_cannot_refresh_a_majority_steps_down() {
     .await;
     assert_eq!(b.status().leader, None);
     b.view.cut_off.store(false, Relaxed);
-    until(
-        Duration::from_secs(5),
-        "leads again",
-        &[b.election()],
-        || b.status().role == Role::Leader,
-    )
-    .await;
+    b.until_leads("leads again").await;
     assert!(b.source.election().elections() > elections);
 }
 
@@ -479,10 +454,7 @@ async fn a_new_broker_waits_out_a_stale_heartbeat_before_standing() {
     )
     .await;
     assert_eq!(b.source.admit(), Admit::Redirect(Some("gone:1".into())));
-    until(Duration::from_secs(5), "leads", &[b.election()], || {
-        b.status().role == Role::Leader
-    })
-    .await;
+    b.until_leads("leads").await;
     // Simulated time: the heartbeat did not change for a whole timeout first.
     assert!(started.elapsed() >= ELECTION_TIMEOUT);
     assert_eq!(b.status().term, 4);
@@ -491,15 +463,8 @@ async fn a_new_broker_waits_out_a_stale_heartbeat_before_standing() {
 #[tokio::test(start_paused = true)]
 async fn a_resigning_leader_is_replaced_before_the_election_timeout() {
     let nodes = Arc::new(Nodes::default());
-    let brokers: Vec<Broker> = (0..3).map(|i| Broker::start(&nodes, i)).collect();
-    until(
-        Duration::from_secs(5),
-        "first leader",
-        &elections(&brokers),
-        || settled(&brokers).is_some(),
-    )
-    .await;
-    let l = settled(&brokers).expect("settled");
+    let brokers = start_brokers(&nodes, 3);
+    let l = until_settled(&brokers, "first leader").await;
     let term = brokers[l].status().term;
     let resigned_at = Instant::now();
     brokers[l].source.resign().await;
@@ -536,15 +501,8 @@ async fn a_resigning_leader_is_replaced_before_the_election_timeout() {
 #[tokio::test(start_paused = true)]
 async fn a_healed_partitioned_leader_follows_the_new_one_without_an_election() {
     let nodes = Arc::new(Nodes::default());
-    let brokers: Vec<Broker> = (0..3).map(|i| Broker::start(&nodes, i)).collect();
-    until(
-        Duration::from_secs(5),
-        "first leader",
-        &elections(&brokers),
-        || settled(&brokers).is_some(),
-    )
-    .await;
-    let l = settled(&brokers).expect("settled");
+    let brokers = start_brokers(&nodes, 3);
+    let l = until_settled(&brokers, "first leader").await;
     brokers[l].view.isolated.store(true, Relaxed);
     until(
         Duration::from_secs(5),
