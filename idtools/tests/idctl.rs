@@ -5,7 +5,7 @@ use common::{idctl, text};
 use idtools::cluster::{free_port, LocalQuorum};
 use std::net::TcpListener;
 use std::path::Path;
-use std::process::Command;
+use std::process::{Command, Output};
 
 /// A base port with `n` free ports after it.
 fn free_base(n: u16) -> u16 {
@@ -28,6 +28,43 @@ fn alive(pid: u64) -> bool {
     })
 }
 
+/// `idctl cluster up` of three nodes in `dir` on the ports from `base`, to run.
+fn up_command(dir: &str, base: u16) -> Command {
+    let mut up = Command::new(env!("CARGO_BIN_EXE_idctl"));
+    up.args(["cluster", "up", "--dir", dir, "--nodes", "3", "--base-port"])
+        .arg(base.to_string());
+    up
+}
+
+/// Runs `idctl cluster up` of three nodes in `dir` on the ports from `base`.
+fn cluster_up(dir: &str, base: u16) -> Output {
+    up_command(dir, base).output().expect("run idctl")
+}
+
+/// Asserts that `out` printed `want` (on stdout or stderr).
+#[track_caller]
+fn assert_says(out: &Output, want: &str) {
+    let text = text(out);
+    assert!(text.contains(want), "want {want:?} in {text}");
+}
+
+/// Asserts that the command failed, saying `want`.
+#[track_caller]
+fn assert_fails_saying(out: &Output, want: &str) {
+    assert!(!out.status.success(), "should fail: {}", text(out));
+    assert_says(out, want);
+}
+
+#[track_caller]
+fn assert_ok(out: &Output) {
+    assert!(out.status.success(), "{}", text(out));
+}
+
+/// What the command printed on stdout, trimmed.
+fn stdout(out: &Output) -> String {
+    String::from_utf8_lossy(&out.stdout).trim().to_string()
+}
+
 /// Stops a cluster left behind by a failing test, by the pids it recorded.
 struct Down<'a>(&'a Path);
 impl Drop for Down<'_> {
@@ -41,19 +78,10 @@ fn cluster_up_next_check_down() {
     let dir = tempfile::tempdir().expect("tempdir");
     let d = dir.path().to_str().expect("utf-8 path");
     let base = free_base(3);
-    let up = idctl(&[
-        "cluster",
-        "up",
-        "--dir",
-        d,
-        "--nodes",
-        "3",
-        "--base-port",
-        &base.to_string(),
-    ]);
+    let up = cluster_up(d, base);
     let _guard = Down(dir.path());
-    assert!(up.status.success(), "{}", text(&up));
-    let urls = String::from_utf8_lossy(&up.stdout).trim().to_string();
+    assert_ok(&up);
+    let urls = stdout(&up);
     assert_eq!(
         urls,
         format!(
@@ -65,21 +93,11 @@ fn cluster_up_next_check_down() {
     );
 
     // A second `up` on the same dir refuses.
-    let again = idctl(&[
-        "cluster",
-        "up",
-        "--dir",
-        d,
-        "--nodes",
-        "3",
-        "--base-port",
-        &base.to_string(),
-    ]);
-    assert!(!again.status.success());
-    assert!(text(&again).contains("already running"), "{}", text(&again));
+    let again = cluster_up(d, base);
+    assert_fails_saying(&again, "already running");
 
     let check = idctl(&["check", "--nodes", &urls]);
-    assert!(check.status.success(), "{}", text(&check));
+    assert_ok(&check);
     assert_eq!(
         String::from_utf8_lossy(&check.stdout)
             .matches(": ok")
@@ -88,15 +106,10 @@ fn cluster_up_next_check_down() {
     );
 
     let next = idctl(&["next", "--nodes", &urls, "--count", "10"]);
-    assert!(next.status.success(), "{}", text(&next));
-    assert_eq!(String::from_utf8_lossy(&next.stdout).trim(), "1 10");
+    assert_ok(&next);
+    assert_eq!(stdout(&next), "1 10");
     let next = idctl(&["next", "--nodes", &urls, "--classic"]);
-    assert_eq!(
-        String::from_utf8_lossy(&next.stdout).trim(),
-        "11 11",
-        "{}",
-        text(&next)
-    );
+    assert_eq!(stdout(&next), "11 11", "{}", text(&next));
 
     let bench = idctl(&[
         "bench",
@@ -107,7 +120,7 @@ fn cluster_up_next_check_down() {
         "--seconds",
         "0.5",
     ]);
-    assert!(bench.status.success(), "{}", text(&bench));
+    assert_ok(&bench);
     let last = String::from_utf8_lossy(&bench.stdout)
         .lines()
         .last()
@@ -129,28 +142,18 @@ fn cluster_up_next_check_down() {
     assert_eq!(pids.len(), 3);
     assert!(pids.iter().all(|&p| alive(p)));
     let down = idctl(&["cluster", "down", "--dir", d]);
-    assert!(down.status.success(), "{}", text(&down));
-    assert!(text(&down).contains("stopped 3 node(s)"), "{}", text(&down));
+    assert_ok(&down);
+    assert_says(&down, "stopped 3 node(s)");
     assert!(
         pids.iter().all(|&p| !alive(p)),
         "a node survived cluster down"
     );
     // Data is kept: a new cluster on the same dir resumes above the old IDs.
-    let up = idctl(&[
-        "cluster",
-        "up",
-        "--dir",
-        d,
-        "--nodes",
-        "3",
-        "--base-port",
-        &base.to_string(),
-    ]);
-    assert!(up.status.success(), "{}", text(&up));
+    let up = cluster_up(d, base);
+    assert_ok(&up);
     let next = idctl(&["next", "--nodes", &urls]);
     assert!(
-        String::from_utf8_lossy(&next.stdout)
-            .trim()
+        stdout(&next)
             .split(' ')
             .next()
             .and_then(|s| s.parse::<u64>().ok())
@@ -166,56 +169,24 @@ fn cluster_up_refuses_a_taken_port_and_missing_redis() {
     let d = dir.path().to_str().expect("utf-8 path");
     let base = free_base(3);
     let _holder = TcpListener::bind(("127.0.0.1", base + 1)).expect("hold a port");
-    let up = idctl(&[
-        "cluster",
-        "up",
-        "--dir",
-        d,
-        "--nodes",
-        "3",
-        "--base-port",
-        &base.to_string(),
-    ]);
-    assert!(!up.status.success());
-    assert!(
-        text(&up).contains(&format!("port {} on 127.0.0.1 is already in use", base + 1)),
-        "{}",
-        text(&up)
+    let up = cluster_up(d, base);
+    assert_fails_saying(
+        &up,
+        &format!("port {} on 127.0.0.1 is already in use", base + 1),
     );
 
-    let up = Command::new(env!("CARGO_BIN_EXE_idctl"))
-        .args([
-            "cluster",
-            "up",
-            "--dir",
-            d,
-            "--nodes",
-            "3",
-            "--base-port",
-            &free_base(3).to_string(),
-        ])
+    let up = up_command(d, free_base(3))
         .env("PATH", "/nonexistent")
         .output()
         .expect("run idctl");
-    assert!(!up.status.success());
-    assert!(
-        text(&up).contains("redis-server not found")
-            && text(&up).contains("apt-get install redis-server"),
-        "{}",
-        text(&up)
-    );
+    assert_fails_saying(&up, "redis-server not found");
+    assert_says(&up, "apt-get install redis-server");
 
     let even = idctl(&["cluster", "up", "--dir", d, "--nodes", "4"]);
-    assert!(!even.status.success());
-    assert!(text(&even).contains("odd"), "{}", text(&even));
+    assert_fails_saying(&even, "odd");
 
     let down = idctl(&["cluster", "down", "--dir", d]);
-    assert!(!down.status.success());
-    assert!(
-        text(&down).contains("no cluster state found"),
-        "{}",
-        text(&down)
-    );
+    assert_fails_saying(&down, "no cluster state found");
 }
 
 #[test]
@@ -232,21 +203,16 @@ fn cluster_up_refuses_a_redis_older_than_7() {
     .expect("write fake redis-server");
     std::fs::set_permissions(&fake, std::fs::Permissions::from_mode(0o755)).expect("chmod");
     let d = dir.path().join("q");
-    let up = Command::new(env!("CARGO_BIN_EXE_idctl"))
-        .args(["cluster", "up", "--dir", d.to_str().expect("utf-8 path")])
-        .args(["--nodes", "3", "--base-port", &free_base(3).to_string()])
+    let up = up_command(d.to_str().expect("utf-8 path"), free_base(3))
         .env("PATH", &bin)
         .output()
         .expect("run idctl");
-    assert!(!up.status.success());
-    let out = text(&up);
-    assert!(
-        out.contains("redis-server 6.2.6 is too old") && out.contains("Redis 7 or newer"),
-        "{out}"
-    );
+    assert_fails_saying(&up, "redis-server 6.2.6 is too old");
+    assert_says(&up, "Redis 7 or newer");
     assert!(
         !d.join("cluster.json").exists(),
-        "nothing was started: {out}"
+        "nothing was started: {}",
+        text(&up)
     );
 }
 
@@ -257,82 +223,53 @@ fn check_refuses_an_unsafe_node() {
         .expect("start redis-server");
     let urls = format!("{},{}", safe.urls_arg(), unsafe_node.urls_arg());
     let check = idctl(&["check", "--nodes", &urls]);
-    assert!(!check.status.success());
-    let out = text(&check);
-    assert!(
-        out.contains("UNSAFE: appendfsync is \"everysec\", must be \"always\""),
-        "{out}"
+    assert_fails_saying(
+        &check,
+        "UNSAFE: appendfsync is \"everysec\", must be \"always\"",
     );
-    assert!(out.contains(&format!("{}: ok", safe.urls_arg())), "{out}");
+    assert_says(&check, &format!("{}: ok", safe.urls_arg()));
 
     let next = idctl(&["next", "--nodes", &unsafe_node.urls_arg()]);
-    assert!(!next.status.success());
-    assert!(text(&next).contains("is unsafe"), "{}", text(&next));
+    assert_fails_saying(&next, "is unsafe");
     let next = idctl(&[
         "next",
         "--nodes",
         &unsafe_node.urls_arg(),
         "--unsafe-skip-durability-check",
     ]);
-    assert!(next.status.success(), "{}", text(&next));
+    assert_ok(&next);
 }
 
 #[test]
 fn bad_arguments_are_clear_errors() {
     let port = free_port().expect("port");
-    let cases: Vec<(Vec<String>, &str, i32)> = vec![
+    let nobody = format!("redis://127.0.0.1:{port}");
+    let cases: [(&[&str], &str, i32); 6] = [
         (
-            vec![
-                "next".into(),
-                "--nodes".into(),
-                format!("redis://127.0.0.1:{port}"),
-                "--deadline-ms".into(),
-                "200".into(),
-            ],
+            &["next", "--nodes", &nobody, "--deadline-ms", "200"],
             "no quorum",
             5,
         ),
         (
-            vec!["next".into(), "--nodes".into(), "localhost:6379".into()],
+            &["next", "--nodes", "localhost:6379"],
             "not a redis:// URL",
             2,
         ),
         (
-            vec![
-                "next".into(),
-                "--nodes".into(),
-                "redis://127.0.0.1:1".into(),
-                "--count".into(),
-                "x".into(),
-            ],
+            &["next", "--nodes", "redis://127.0.0.1:1", "--count", "x"],
             "invalid value 'x'",
             2,
         ),
-        (vec!["next".into()], "required", 2),
+        (&["next"], "required", 2),
         (
-            vec![
-                "bench".into(),
-                "--nodes".into(),
-                "redis://127.0.0.1:1".into(),
-                "--clients".into(),
-                "0".into(),
-            ],
+            &["bench", "--nodes", "redis://127.0.0.1:1", "--clients", "0"],
             "--clients must be at least 1",
             2,
         ),
-        (
-            vec![
-                "check".into(),
-                "--nodes".into(),
-                format!("redis://127.0.0.1:{port}"),
-            ],
-            "UNREACHABLE",
-            5,
-        ),
+        (&["check", "--nodes", &nobody], "UNREACHABLE", 5),
     ];
     for (args, want, code) in cases {
-        let args: Vec<&str> = args.iter().map(String::as_str).collect();
-        let out = idctl(&args);
+        let out = idctl(args);
         assert!(!out.status.success(), "{args:?} should fail");
         // The exit-code convention (README, "Command-line conventions").
         assert_eq!(out.status.code(), Some(code), "{args:?}: {}", text(&out));
@@ -365,7 +302,7 @@ fn chart_draws_runs_and_names_a_bad_line() {
     let out = idctl(&[
         "chart", "--in", runs_arg, "--out", svg_arg, "--title", "T-1",
     ]);
-    assert!(out.status.success(), "{}", text(&out));
+    assert_ok(&out);
     let doc = std::fs::read_to_string(&svg).expect("svg written");
     assert!(doc.starts_with("<svg") && doc.trim_end().ends_with("</svg>"));
     for s in ["T-1", "direct fast", "broker window"] {
@@ -380,29 +317,16 @@ fn chart_draws_runs_and_names_a_bad_line() {
     .expect("write runs");
     let out = idctl(&["chart", "--in", runs_arg, "--out", svg_arg]);
     assert_eq!(out.status.code(), Some(3), "{}", text(&out));
-    assert!(text(&out).contains("line 2"), "{}", text(&out));
-    let out = idctl(&[
-        "chart",
-        "--in",
-        runs_arg,
-        "--out",
-        "/nonexistent-dir/ids.svg",
-        "--count",
-        "1",
-    ]);
+    assert_says(&out, "line 2");
+    let nowhere = "/nonexistent-dir/ids.svg";
+    let out = idctl(&["chart", "--in", runs_arg, "--out", nowhere, "--count", "1"]);
     assert_eq!(out.status.code(), Some(3), "{}", text(&out));
     std::fs::write(
         &runs,
         "{\"series\":\"a\",\"callers\":1,\"count\":1,\"ids_per_sec\":1}\n",
     )
     .expect("write runs");
-    let out = idctl(&[
-        "chart",
-        "--in",
-        runs_arg,
-        "--out",
-        "/nonexistent-dir/ids.svg",
-    ]);
+    let out = idctl(&["chart", "--in", runs_arg, "--out", nowhere]);
     assert_eq!(out.status.code(), Some(4), "{}", text(&out));
-    assert!(text(&out).contains("cannot write"), "{}", text(&out));
+    assert_says(&out, "cannot write");
 }
