@@ -48,13 +48,15 @@ impl Drop for FakeBroker {
 
 impl FakeBroker {
     async fn start(script: Script) -> FakeBroker {
-        FakeBroker::start_gated(script, None).await
+        FakeBroker::serve_gated(fake_listener().await, script, None)
     }
 
-    /// Like `start`, but every reply first takes a permit of `gate` (the test
-    /// releases replies one by one, or all at once).
-    async fn start_gated(script: Script, gate: Option<Arc<Semaphore>>) -> FakeBroker {
-        FakeBroker::serve_gated(fake_listener().await, script, gate)
+    /// Like `start`, but every reply first takes a permit of the gate returned, closed
+    /// at first (the test releases replies one by one, or all at once).
+    async fn start_gated(script: Script) -> (FakeBroker, Arc<Semaphore>) {
+        let gate = Arc::new(Semaphore::new(0));
+        let b = FakeBroker::serve_gated(fake_listener().await, script, Some(gate.clone()));
+        (b, gate)
     }
 
     /// A fake broker on `listener` (bound first, so that brokers can name each other).
@@ -215,6 +217,28 @@ fn unavailable_reasons<T: std::fmt::Debug>(r: Result<T, IdError>) -> Vec<String>
     }
 }
 
+/// A typed error a broker answers with: it reached too few nodes.
+fn no_quorum() -> IdError {
+    IdError::NoQuorum {
+        needed: 3,
+        reachable: 1,
+        accepted: Some(1),
+        total: 5,
+        failures: Vec::new(),
+    }
+}
+
+/// Asks `b` alone (with `config`) for one ID, which it never answers well: the request
+/// is resent on new connections (at least once) until the deadline makes it
+/// unavailable. Returns the reasons given.
+async fn resent_until_unavailable(b: &FakeBroker, config: BrokerClientConfig) -> Vec<String> {
+    let before = b.requests();
+    let c = client(&[b], config).await;
+    let reasons = unavailable_reasons(c.next_ids(1).await);
+    assert!(b.requests() - before >= 2, "{}", b.requests());
+    reasons
+}
+
 /// Plenty: failover tests must not depend on how fast the machine is.
 const LONG: Duration = Duration::from_secs(20);
 
@@ -299,10 +323,7 @@ async fn a_garbage_frame_breaks_the_connection_and_fails_over() {
     // With nowhere else to go: resent on new connections, then unavailable at the
     // deadline, saying what was read (or, if the deadline fell while a resent
     // request was out, that no reply came).
-    let before = bad.requests();
-    let c = client(&[&bad], config(Duration::from_secs(2))).await;
-    let reasons = unavailable_reasons(c.next_ids(1).await);
-    assert!(bad.requests() - before >= 2, "{}", bad.requests());
+    let reasons = resent_until_unavailable(&bad, config(Duration::from_secs(2))).await;
     assert!(
         reasons
             .iter()
@@ -332,10 +353,7 @@ async fn a_half_sent_reply_times_out_and_fails_over() {
         deadline: Duration::from_secs(3),
         ..config
     };
-    let before = stuck.requests();
-    let c = client(&[&stuck], config).await;
-    unavailable_reasons(c.next_ids(1).await);
-    assert!(stuck.requests() - before >= 2, "{}", stuck.requests());
+    resent_until_unavailable(&stuck, config).await;
 }
 
 /// A connection closed with the request unanswered: outcome unknown, so the request
@@ -351,10 +369,7 @@ async fn a_close_mid_request_fails_over_to_the_second_broker() {
     assert_eq!(c.next_ids(1).await.expect("ids"), IdRange { lo: 6, hi: 6 });
     assert_eq!(closer.requests(), 1);
 
-    let before = closer.requests();
-    let c = client(&[&closer], config(Duration::from_secs(2))).await;
-    let reasons = unavailable_reasons(c.next_ids(1).await);
-    assert!(closer.requests() - before >= 2, "{}", closer.requests());
+    let reasons = resent_until_unavailable(&closer, config(Duration::from_secs(2))).await;
     assert!(
         reasons
             .iter()
@@ -367,13 +382,7 @@ async fn a_close_mid_request_fails_over_to_the_second_broker() {
 /// resent. Only `BrokersUnavailable` (shutting down, never started) fails over.
 #[tokio::test]
 async fn typed_errors_are_returned_and_only_shutdown_fails_over() {
-    let no_quorum = IdError::NoQuorum {
-        needed: 3,
-        reachable: 1,
-        accepted: Some(1),
-        total: 5,
-        failures: Vec::new(),
-    };
+    let no_quorum = no_quorum();
     let b = FakeBroker::start(Script::Fail(no_quorum.clone())).await;
     let good = FakeBroker::start(Script::Normal).await;
     let c = client(&[&b, &good], config(LONG)).await;
@@ -618,22 +627,26 @@ async fn outcome(call: Call) -> Result<IdRange, IdError> {
     call.await.expect("caller task")
 }
 
+/// Asserts that `calls`, for `counts` IDs each, got consecutive ranges from `lo` on,
+/// in order.
+async fn assert_consecutive(mut lo: u64, counts: &[u64], calls: Vec<Call>) {
+    for (n, call) in counts.iter().zip(calls) {
+        assert_eq!(outcome(call).await, Ok(IdRange { lo, hi: lo + n - 1 }));
+        lo += n;
+    }
+}
+
 /// Ten callers queued behind a request go out as ONE request for their total, and
 /// get consecutive ranges in queue order.
 #[tokio::test]
 async fn queued_callers_go_as_one_request_split_in_queue_order() {
-    let gate = Arc::new(Semaphore::new(0));
-    let b = FakeBroker::start_gated(Script::Normal, Some(gate.clone())).await;
+    let (b, gate) = FakeBroker::start_gated(Script::Normal).await;
     let (c, first) = one_out(&b).await;
     let counts: Vec<u64> = (1..=10).collect();
     let calls = queue_up(&c, &counts, LONG).await;
     gate.add_permits(100);
     assert_eq!(outcome(first).await, Ok(IdRange { lo: 1, hi: 1 }));
-    let mut lo = 2;
-    for (n, call) in counts.iter().zip(calls) {
-        assert_eq!(outcome(call).await, Ok(IdRange { lo, hi: lo + n - 1 }));
-        lo += n;
-    }
+    assert_consecutive(2, &counts, calls).await;
     assert_eq!(b.requests(), 2, "11 callers, 2 wire requests");
     let seen = c.coalescing();
     assert_eq!((seen.requests, seen.callers), (2, 11));
@@ -644,8 +657,7 @@ async fn queued_callers_go_as_one_request_split_in_queue_order() {
 /// own deadline, its share burned; the caller beside it still gets its IDs.
 #[tokio::test]
 async fn a_caller_past_its_deadline_gets_deadline_the_others_get_ids() {
-    let gate = Arc::new(Semaphore::new(0));
-    let b = FakeBroker::start_gated(Script::Normal, Some(gate.clone())).await;
+    let (b, gate) = FakeBroker::start_gated(Script::Normal).await;
     let (c, first) = one_out(&b).await;
     let mut calls = queue_up(&c, &[1], Duration::from_secs(2)).await;
     let short = queue_up(&c, &[1], Duration::from_millis(100)).await;
@@ -679,8 +691,7 @@ async fn a_caller_past_its_deadline_gets_deadline_the_others_get_ids() {
 /// request: no ID is asked for it, so it leaves no hole.
 #[tokio::test]
 async fn a_caller_dropped_while_queued_is_left_out() {
-    let gate = Arc::new(Semaphore::new(0));
-    let b = FakeBroker::start_gated(Script::Normal, Some(gate.clone())).await;
+    let (b, gate) = FakeBroker::start_gated(Script::Normal).await;
     let (c, first) = one_out(&b).await;
     let calls = queue_up(&c, &[1, 5, 1], LONG).await;
     let [before, dropped, after] = <[Call; 3]>::try_from(calls).expect("three calls");
@@ -697,18 +708,13 @@ async fn a_caller_dropped_while_queued_is_left_out() {
 /// several requests, none above it, still in queue order.
 #[tokio::test]
 async fn a_queue_above_max_count_is_split_into_several_requests() {
-    let gate = Arc::new(Semaphore::new(0));
-    let b = FakeBroker::start_gated(Script::Normal, Some(gate.clone())).await;
+    let (b, gate) = FakeBroker::start_gated(Script::Normal).await;
     let (c, first) = one_out(&b).await;
     let counts = [600, 600, 300, 1000];
     let calls = queue_up(&c, &counts, LONG).await;
     gate.add_permits(100);
     assert_eq!(outcome(first).await, Ok(IdRange { lo: 1, hi: 1 }));
-    let mut lo = 2;
-    for (n, call) in counts.iter().zip(calls) {
-        assert_eq!(outcome(call).await, Ok(IdRange { lo, hi: lo + n - 1 }));
-        lo += n;
-    }
+    assert_consecutive(2, &counts, calls).await;
     // [1], [600], [600, 300], [1000].
     assert_eq!(b.requests(), 4);
 }
@@ -716,15 +722,8 @@ async fn a_queue_above_max_count_is_split_into_several_requests() {
 /// Every caller of a failed coalesced request gets its error.
 #[tokio::test]
 async fn every_caller_of_a_failed_request_gets_the_error() {
-    let no_quorum = IdError::NoQuorum {
-        needed: 3,
-        reachable: 1,
-        accepted: Some(1),
-        total: 5,
-        failures: Vec::new(),
-    };
-    let gate = Arc::new(Semaphore::new(0));
-    let b = FakeBroker::start_gated(Script::Fail(no_quorum.clone()), Some(gate.clone())).await;
+    let no_quorum = no_quorum();
+    let (b, gate) = FakeBroker::start_gated(Script::Fail(no_quorum.clone())).await;
     let (c, first) = one_out(&b).await;
     let calls = queue_up(&c, &[1, 2, 3], LONG).await;
     gate.add_permits(100);
