@@ -215,12 +215,7 @@ fn crash_loop_kill_9_then_resume_is_exactly_once() {
     let lines: Vec<Vec<u8>> = (0..n)
         .map(|i| format!("item-{i}-{}", "z".repeat((i % 13) as usize)).into_bytes())
         .collect();
-    let mut bytes = Vec::new();
-    for l in &lines {
-        bytes.extend_from_slice(l);
-        bytes.push(b'\n');
-    }
-    std::fs::write(&input, &bytes).expect("write input");
+    std::fs::write(&input, join_lines(&lines)).expect("write input");
     let data = tmp.path().join("data");
     let args = Args::shard(9, &data)
         .nodes(&q.urls_arg())
@@ -234,12 +229,7 @@ fn crash_loop_kill_9_then_resume_is_exactly_once() {
     let mut durable = 0u64;
     for round in 0..KILLS {
         let stall_at = (round + 1) * STEP;
-        let mut child = args
-            .cmd()
-            .env(STALL_ENV, stall_at.to_string())
-            .stdin(Stdio::piped())
-            .spawn()
-            .expect("spawn");
+        let mut child = spawn_with_stall(&args, stall_at);
         let stalled = stall_watch(&mut child);
         if round % 2 == 0 {
             std::thread::sleep(Duration::from_millis(rng.gen_range(0..120)));
@@ -342,6 +332,8 @@ fn bad_inputs_get_clear_errors_and_exit_codes() {
     let d = dir_arg(&data).to_string();
     let nodes = q.urls_arg();
     let path = |name: &str| -> PathBuf { tmp.path().join(name) };
+    // Most cases run one shard of `data` against the quorum.
+    let shard = |n: u32| Args::shard(n, &d).nodes(&nodes);
 
     // --shard not a number: a usage error.
     assert_exit(
@@ -355,45 +347,19 @@ fn bad_inputs_get_clear_errors_and_exit_codes() {
         "",
     );
     // Neither or both inputs / ID sources.
-    assert_exit(&Args::shard(1, &d).nodes(&nodes).run(), 2, "");
-    assert_exit(
-        &Args::shard(1, &d)
-            .nodes(&nodes)
-            .broker("127.0.0.1:1")
-            .generate(1)
-            .run(),
-        2,
-        "",
-    );
-    assert_exit(
-        &Args::shard(1, &d).nodes(&nodes).generate(1).batch(0).run(),
-        2,
-        "--batch",
-    );
+    assert_exit(&shard(1).run(), 2, "");
+    assert_exit(&shard(1).broker("127.0.0.1:1").generate(1).run(), 2, "");
+    assert_exit(&shard(1).generate(1).batch(0).run(), 2, "--batch");
 
     // Missing input file.
     let missing = path("missing.txt");
-    assert_exit(
-        &Args::shard(1, &d).nodes(&nodes).input(&missing).run(),
-        3,
-        "missing.txt",
-    );
+    assert_exit(&shard(1).input(&missing).run(), 3, "missing.txt");
 
     // Empty input: an empty, finished sublist.
     std::fs::write(path("empty.txt"), b"").expect("write");
-    assert_exit(
-        &Args::shard(2, &d)
-            .nodes(&nodes)
-            .input(path("empty.txt"))
-            .run(),
-        0,
-        "empty",
-    );
+    assert_exit(&shard(2).input(path("empty.txt")).run(), 0, "empty");
     assert!(items(&data, 2).is_empty());
-    let again = Args::shard(2, &d)
-        .nodes(&nodes)
-        .input(path("empty.txt"))
-        .run();
+    let again = shard(2).input(path("empty.txt")).run();
     assert_exit(&again, 0, "");
     assert!(String::from_utf8_lossy(&again.stdout).contains("nothing to do"));
 
@@ -403,14 +369,7 @@ fn bad_inputs_get_clear_errors_and_exit_codes() {
     content.extend_from_slice(&big);
     content.extend_from_slice(b"\n\xff\xfe\x00raw\n");
     std::fs::write(path("big.txt"), &content).expect("write");
-    assert_exit(
-        &Args::shard(3, &d)
-            .nodes(&nodes)
-            .input(path("big.txt"))
-            .run(),
-        0,
-        "",
-    );
+    assert_exit(&shard(3).input(path("big.txt")).run(), 0, "");
     check_sublist(
         &items(&data, 3),
         3,
@@ -422,10 +381,7 @@ fn bad_inputs_get_clear_errors_and_exit_codes() {
     huge.resize(huge.len() + producer::MAX_ITEM_BYTES + 1, b'y');
     std::fs::write(path("huge.txt"), &huge).expect("write");
     assert_exit(
-        &Args::shard(4, &d)
-            .nodes(&nodes)
-            .input(path("huge.txt"))
-            .run(),
+        &shard(4).input(path("huge.txt")).run(),
         3,
         "line 2 is longer than the limit",
     );
@@ -448,39 +404,25 @@ fn bad_inputs_get_clear_errors_and_exit_codes() {
 
     // A sublist written by another shard number.
     let other = path("other");
-    assert_exit(
-        &Args::shard(5, &other).nodes(&nodes).generate(10).run(),
-        0,
-        "",
-    );
+    let other_shard = |n: u32| Args::shard(n, &other).nodes(&nodes);
+    assert_exit(&other_shard(5).generate(10).run(), 0, "");
     std::fs::rename(shard_db_path(&other, 5), shard_db_path(&other, 6)).expect("rename");
     assert_exit(
-        &Args::shard(6, &other).nodes(&nodes).generate(10).run(),
+        &other_shard(6).generate(10).run(),
         4,
         "belongs to shard 5, not shard 6",
     );
 
     // Different input for an existing sublist.
     assert_exit(
-        &Args::shard(3, &d)
-            .nodes(&nodes)
-            .input(path("empty.txt"))
-            .run(),
+        &shard(3).input(path("empty.txt")).run(),
         4,
         "different input",
     );
     std::fs::rename(shard_db_path(&other, 6), shard_db_path(&other, 5)).expect("rename back");
+    assert_exit(&other_shard(5).generate(11).run(), 4, "different input");
     assert_exit(
-        &Args::shard(5, &other).nodes(&nodes).generate(11).run(),
-        4,
-        "different input",
-    );
-    assert_exit(
-        &Args::shard(5, &other)
-            .nodes(&nodes)
-            .generate(10)
-            .payload_size(9)
-            .run(),
+        &other_shard(5).generate(10).payload_size(9).run(),
         4,
         "different input",
     );
@@ -488,15 +430,11 @@ fn bad_inputs_get_clear_errors_and_exit_codes() {
     // In use by another producer (this process holds the lock).
     {
         let _held = ShardWriter::open(&data, 7).expect("hold shard 7");
-        assert_exit(
-            &Args::shard(7, &d).nodes(&nodes).generate(5).run(),
-            4,
-            "in use by another producer",
-        );
+        assert_exit(&shard(7).generate(5).run(), 4, "in use by another producer");
     }
 
     // stdin works once and is not resumable.
-    let mut c = Args::shard(8, &d).nodes(&nodes).input("-").cmd();
+    let mut c = shard(8).input("-").cmd();
     let mut child = c.stdin(Stdio::piped()).spawn().expect("spawn");
     {
         use std::io::Write;
@@ -506,7 +444,7 @@ fn bad_inputs_get_clear_errors_and_exit_codes() {
     assert_exit(&child.wait_with_output().expect("wait"), 0, "");
     check_sublist(&items(&data, 8), 8, &[b"s0".to_vec(), b"s1".to_vec()]);
     assert_exit(
-        &Args::shard(8, &d).nodes(&nodes).input("-").run(),
+        &shard(8).input("-").run(),
         4,
         "is finished with 2 items; input from stdin cannot be resumed",
     );
@@ -534,11 +472,7 @@ fn bad_inputs_get_clear_errors_and_exit_codes() {
     // No quorum: 2 of 3 nodes down. Nothing is half-written.
     q.kill(0);
     q.kill(1);
-    let out = Args::shard(12, &d)
-        .nodes(&nodes)
-        .generate(5)
-        .deadline_ms(1000)
-        .run();
+    let out = shard(12).generate(5).deadline_ms(1000).run();
     assert_exit(&out, 5, "quorum");
     if let Ok(r) = ShardReader::open(&shard_db_path(&data, 12)) {
         assert_eq!(r.iter().count(), 0);
@@ -659,15 +593,19 @@ fn losing_the_quorum_mid_run_stops_cleanly_and_resumes() {
     );
 }
 
-/// Starts a producer with the stall hook set and stdin piped (a line on stdin, or closing
-/// it, lets it go on); returns once it announced the stall.
-fn spawn_stalled(args: &Args, after: u64) -> Child {
-    let mut child = args
-        .cmd()
+/// Starts a producer that stalls once `after` items are durable, stdin piped (a line on
+/// stdin, or closing it, lets it go on).
+fn spawn_with_stall(args: &Args, after: u64) -> Child {
+    args.cmd()
         .env(STALL_ENV, after.to_string())
         .stdin(Stdio::piped())
         .spawn()
-        .expect("spawn");
+        .expect("spawn")
+}
+
+/// [`spawn_with_stall`], returning once the producer announced the stall.
+fn spawn_stalled(args: &Args, after: u64) -> Child {
+    let mut child = spawn_with_stall(args, after);
     let stalled = stall_watch(&mut child);
     if let Err(e) = stalled.recv_timeout(Duration::from_secs(120)) {
         let _ = child.kill();
@@ -691,12 +629,7 @@ fn spawn_stalled_keep_stderr(
     args: &Args,
     after: u64,
 ) -> (Child, std::sync::mpsc::Receiver<String>) {
-    let mut child = args
-        .cmd()
-        .env(STALL_ENV, after.to_string())
-        .stdin(Stdio::piped())
-        .spawn()
-        .expect("spawn");
+    let mut child = spawn_with_stall(args, after);
     let rx = stderr_lines(&mut child);
     loop {
         match rx.recv_timeout(Duration::from_secs(120)) {
