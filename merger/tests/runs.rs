@@ -5,9 +5,32 @@
 mod common;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
+use std::process::{Command, Output, Stdio};
 
 use common::*;
+
+/// `merger --out OUT --runs RUNS`, then `more`.
+fn merge_runs(out: &Path, runs: &Path, more: &[&str]) -> Output {
+    let mut args = vec!["--out", s(out), "--runs", s(runs)];
+    args.extend_from_slice(more);
+    merger(&args)
+}
+
+/// `shards` sublists of `items` items in all under `tmp`/data, sealed into runs in
+/// `tmp`/runs: the sublists and the runs directory.
+fn sealed_shards(tmp: &Path, shards: u32, items: u64) -> (Vec<PathBuf>, PathBuf) {
+    let subs = make_shards(&tmp.join("data"), shards, items);
+    let runs = tmp.join("runs");
+    seal_all(&subs, &runs);
+    (subs, runs)
+}
+
+/// The arguments of `merger verify` of `parts`, in that order.
+fn verify_args(parts: &[PathBuf]) -> Vec<&str> {
+    std::iter::once("verify")
+        .chain(parts.iter().map(|p| s(p)))
+        .collect()
+}
 
 #[test]
 fn runs_merge_to_the_same_list_as_sublists_and_merges_compose() {
@@ -30,14 +53,7 @@ fn runs_merge_to_the_same_list_as_sublists_and_merges_compose() {
     let runs = tmp.path().join("runs");
     seal_all(&subs, &runs);
     let from_runs = tmp.path().join("from-runs.bin");
-    ok(&merger(&[
-        "--out",
-        s(&from_runs),
-        "--runs",
-        s(&runs),
-        "--expect-shards",
-        "4",
-    ]));
+    ok(&merge_runs(&from_runs, &runs, &["--expect-shards", "4"]));
     let expected = cat(&[&direct]);
     assert_eq!(expected.len(), 20_000);
     assert_eq!(cat(&[&from_runs]), expected);
@@ -80,10 +96,7 @@ fn runs_merge_to_the_same_list_as_sublists_and_merges_compose() {
 #[test]
 fn inputs_are_checked_across_each_other() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let data = tmp.path().join("data");
-    let subs = make_shards(&data, 3, 3000);
-    let runs = tmp.path().join("runs");
-    seal_all(&subs, &runs);
+    let (subs, runs) = sealed_shards(tmp.path(), 3, 3000);
     let out = tmp.path().join("out.bin");
     let run0 = runs.join("shard-0.bin");
     // A shard in two inputs: a run and the sublist it came from.
@@ -94,13 +107,13 @@ fn inputs_are_checked_across_each_other() {
     );
     // --expect-shards: a missing shard, and an extra one.
     let e = fails(
-        &merger(&["--out", s(&out), "--runs", s(&runs), "--expect-shards", "5"]),
+        &merge_runs(&out, &runs, &["--expect-shards", "5"]),
         INPUT,
         &["--expect-shards 5", "missing from every input: 3, 4"],
     );
     assert!(!e.contains("incomplete"), "{e}");
     fails(
-        &merger(&["--out", s(&out), "--runs", s(&runs), "--expect-shards", "2"]),
+        &merge_runs(&out, &runs, &["--expect-shards", "2"]),
         INPUT,
         &["2 (", "beyond --expect-shards"],
     );
@@ -114,29 +127,16 @@ fn inputs_are_checked_across_each_other() {
         s(&unfinished),
     ]));
     fails(
-        &merger(&[
-            "--out",
-            s(&out),
-            "--runs",
-            s(&runs),
-            s(&partial),
-            "--expect-shards",
-            "4",
-        ]),
+        &merge_runs(&out, &runs, &[s(&partial), "--expect-shards", "4"]),
         INPUT,
         &["not finished"],
     );
     fails(
-        &merger(&[
-            "--out",
-            s(&out),
-            "--runs",
-            s(&runs),
-            s(&partial),
-            "--allow-unfinished",
-            "--expect-shards",
-            "4",
-        ]),
+        &merge_runs(
+            &out,
+            &runs,
+            &[s(&partial), "--allow-unfinished", "--expect-shards", "4"],
+        ),
         INPUT,
         &["incomplete", "3 (", "partial.bin"],
     );
@@ -144,18 +144,18 @@ fn inputs_are_checked_across_each_other() {
     let empty = tmp.path().join("empty");
     std::fs::create_dir(&empty).expect("mkdir");
     fails(
-        &merger(&["--out", s(&out), "--runs", s(&empty)]),
+        &merge_runs(&out, &empty, &[]),
         INPUT,
         &["no runs found", s(&empty)],
     );
     fails(
-        &merger(&["--out", s(&out), "--runs", s(&tmp.path().join("nope"))]),
+        &merge_runs(&out, &tmp.path().join("nope"), &[]),
         INPUT,
         &["nope"],
     );
     // --out among the runs it reads, or onto an input run.
     fails(
-        &merger(&["--out", s(&runs.join("all.bin")), "--runs", s(&runs)]),
+        &merge_runs(&runs.join("all.bin"), &runs, &[]),
         USAGE,
         &["lands among the runs"],
     );
@@ -195,9 +195,7 @@ fn inputs_are_checked_across_each_other() {
 #[test]
 fn a_corrupt_run_is_named_with_the_offset() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let subs = make_shards(&tmp.path().join("data"), 2, 5000);
-    let runs = tmp.path().join("runs");
-    seal_all(&subs, &runs);
+    let (_, runs) = sealed_shards(tmp.path(), 2, 5000);
     let good = std::fs::read(runs.join("shard-1.bin")).expect("read");
     let meta = sublist::run::RunMeta::decode(good.len() as u64, &good).expect("meta");
     assert!(meta.blocks.len() >= 2, "want several blocks");
@@ -240,7 +238,7 @@ fn a_corrupt_run_is_named_with_the_offset() {
     for (name, bytes, needle) in cases {
         std::fs::write(&bad, &bytes).expect("write");
         let e = fails(
-            &merger(&["--out", s(&out), "--runs", s(&runs)]),
+            &merge_runs(&out, &runs, &[]),
             INPUT,
             &[&needle, "shard-1.bin"],
         );
@@ -268,11 +266,9 @@ fn a_corrupt_run_is_named_with_the_offset() {
 #[test]
 fn parts_are_the_list_in_order() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let subs = make_shards(&tmp.path().join("data"), 5, 60_000);
-    let runs = tmp.path().join("runs");
-    seal_all(&subs, &runs);
+    let (_, runs) = sealed_shards(tmp.path(), 5, 60_000);
     let whole = tmp.path().join("whole.bin");
-    ok(&merger(&["--out", s(&whole), "--runs", s(&runs)]));
+    ok(&merge_runs(&whole, &runs, &[]));
     let expected = cat(&[&whole]);
     for k in 1..=8u32 {
         let dir = tmp.path().join(format!("k{k}"));
@@ -280,21 +276,13 @@ fn parts_are_the_list_in_order() {
         let parts: Vec<PathBuf> = (0..k)
             .map(|i| {
                 let out = dir.join(format!("part-{i}.bin"));
-                ok(&merger(&[
-                    "--out",
-                    s(&out),
-                    "--runs",
-                    s(&runs),
-                    "--part",
-                    &format!("{i}/{k}"),
-                ]));
+                ok(&merge_runs(&out, &runs, &["--part", &format!("{i}/{k}")]));
                 out
             })
             .collect();
         let refs: Vec<&Path> = parts.iter().map(PathBuf::as_path).collect();
         assert_eq!(cat(&refs), expected, "k={k}");
-        let mut args = vec!["verify"];
-        args.extend(refs.iter().map(|p| s(p)));
+        let args = verify_args(&parts);
         let v = ok(&merger(&args));
         assert!(v.contains("OK: 60000 records"), "k={k}: {v}");
         if k >= 3 {
@@ -339,14 +327,7 @@ fn a_part_may_be_empty_and_parts_need_runs() {
     let parts: Vec<PathBuf> = (0..4)
         .map(|i| {
             let out = tmp.path().join(format!("p{i}.bin"));
-            ok(&merger(&[
-                "--out",
-                s(&out),
-                "--runs",
-                s(&runs),
-                "--part",
-                &format!("{i}/4"),
-            ]));
+            ok(&merge_runs(&out, &runs, &["--part", &format!("{i}/4")]));
             out
         })
         .collect();
@@ -356,10 +337,7 @@ fn a_part_may_be_empty_and_parts_need_runs() {
         counts.contains(&0),
         "one block of 3 items in 4 parts: {counts:?}"
     );
-    let refs: Vec<&Path> = parts.iter().map(PathBuf::as_path).collect();
-    let mut args = vec!["verify"];
-    args.extend(refs.iter().map(|p| s(p)));
-    ok(&merger(&args));
+    ok(&merger(&verify_args(&parts)));
     fails(
         &merger(&[
             "--out",
@@ -373,16 +351,11 @@ fn a_part_may_be_empty_and_parts_need_runs() {
         &["is a RocksDB sublist", "seal it first"],
     );
     fails(
-        &merger(&[
-            "--out",
-            s(&tmp.path().join("x.bin")),
-            "--runs",
-            s(&runs),
-            "--part",
-            "0/2",
-            "--jobs",
-            "2",
-        ]),
+        &merge_runs(
+            &tmp.path().join("x.bin"),
+            &runs,
+            &["--part", "0/2", "--jobs", "2"],
+        ),
         USAGE,
         &["cannot be combined"],
     );
@@ -391,22 +364,13 @@ fn a_part_may_be_empty_and_parts_need_runs() {
 #[test]
 fn jobs_write_the_list_one_merge_writes() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let subs = make_shards(&tmp.path().join("data"), 4, 50_000);
-    let runs = tmp.path().join("runs");
-    seal_all(&subs, &runs);
+    let (_, runs) = sealed_shards(tmp.path(), 4, 50_000);
     let whole = tmp.path().join("whole.bin");
-    ok(&merger(&["--out", s(&whole), "--runs", s(&runs)]));
+    ok(&merge_runs(&whole, &runs, &[]));
     let expected = cat(&[&whole]);
     for j in 1..=4 {
         let out = tmp.path().join(format!("jobs-{j}.bin"));
-        ok(&merger(&[
-            "--out",
-            s(&out),
-            "--runs",
-            s(&runs),
-            "--jobs",
-            &j.to_string(),
-        ]));
+        ok(&merge_runs(&out, &runs, &["--jobs", &j.to_string()]));
         assert_eq!(cat(&[&out]), expected, "--jobs {j}");
         ok(&merger(&["verify", s(&out)]));
     }
@@ -422,20 +386,11 @@ fn jobs_write_the_list_one_merge_writes() {
 #[test]
 fn a_killed_part_leaves_nothing_and_reruns() {
     let tmp = tempfile::tempdir().expect("tempdir");
-    let subs = make_shards(&tmp.path().join("data"), 3, 40_000);
-    let runs = tmp.path().join("runs");
-    seal_all(&subs, &runs);
+    let (_, runs) = sealed_shards(tmp.path(), 3, 40_000);
     let dir = tmp.path().join("parts");
     std::fs::create_dir(&dir).expect("mkdir");
     let part = |i: u32| dir.join(format!("part-{i}.bin"));
-    ok(&merger(&[
-        "--out",
-        s(&part(0)),
-        "--runs",
-        s(&runs),
-        "--part",
-        "0/2",
-    ]));
+    ok(&merge_runs(&part(0), &runs, &["--part", "0/2"]));
     let mut child = Command::new(MERGER)
         .args(["--out", s(&part(1)), "--runs", s(&runs), "--part", "1/2"])
         .env("QLIST_MERGER_TEST_STALL_AFTER", "5000")
@@ -458,14 +413,7 @@ fn a_killed_part_leaves_nothing_and_reruns() {
             .count(),
         1
     );
-    ok(&merger(&[
-        "--out",
-        s(&part(1)),
-        "--runs",
-        s(&runs),
-        "--part",
-        "1/2",
-    ]));
+    ok(&merge_runs(&part(1), &runs, &["--part", "1/2"]));
     let v = ok(&merger(&["verify", s(&part(0)), s(&part(1))]));
     assert!(v.contains("OK: 40000 records in 2 parts"), "{v}");
 }
