@@ -90,21 +90,29 @@ fn write_then_read_in_id_order() {
     );
 }
 
-#[test]
-fn a_lost_item_is_a_seq_gap_the_reader_reports() {
-    let dir = tempfile::tempdir().expect("tempdir");
+/// Shard 0 in `dir`, finished with IDs 10, 11 and 12 (seqs 0 to 2), then the items
+/// `lost` deleted behind the writer's back; opened for reading.
+fn finished_then_lost(dir: &Path, lost: &[u64]) -> ShardReader {
     {
-        let mut w = ShardWriter::open(dir.path(), 0).expect("open writer");
+        let mut w = ShardWriter::open(dir, 0).expect("open writer");
         let batch = vec![
             rec(10, 0, 0, b"a"),
             rec(11, 0, 1, b"b"),
             rec(12, 0, 2, b"c"),
         ];
         w.write_batch(&batch, &prog(3, 12, true)).expect("batch");
-        // What a lost write would leave: item 1 gone behind the writer's back.
-        w.db.delete(encode_key(11)).expect("delete");
+        for &id in lost {
+            w.db.delete(encode_key(id)).expect("delete");
+        }
     }
-    let r = ShardReader::open(&shard_db_path(dir.path(), 0)).expect("open reader");
+    ShardReader::open(&shard_db_path(dir, 0)).expect("open reader")
+}
+
+#[test]
+fn a_lost_item_is_a_seq_gap_the_reader_reports() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    // What a lost write would leave: item 1 gone.
+    let r = finished_then_lost(dir.path(), &[11]);
     let err = r.iter().collect::<Result<Vec<_>, _>>().expect_err("a gap");
     assert!(
         err.to_string().contains("item 12 has seq 2, 1 expected"),
@@ -115,19 +123,8 @@ fn a_lost_item_is_a_seq_gap_the_reader_reports() {
 #[test]
 fn a_lost_tail_is_reported_after_the_last_item() {
     let dir = tempfile::tempdir().expect("tempdir");
-    {
-        let mut w = ShardWriter::open(dir.path(), 0).expect("open writer");
-        let batch = vec![
-            rec(10, 0, 0, b"a"),
-            rec(11, 0, 1, b"b"),
-            rec(12, 0, 2, b"c"),
-        ];
-        w.write_batch(&batch, &prog(3, 12, true)).expect("batch");
-        // The last items gone: no gap in what is left, only fewer than promised.
-        w.db.delete(encode_key(12)).expect("delete");
-        w.db.delete(encode_key(11)).expect("delete");
-    }
-    let r = ShardReader::open(&shard_db_path(dir.path(), 0)).expect("open reader");
+    // The last items gone: no gap in what is left, only fewer than promised.
+    let r = finished_then_lost(dir.path(), &[12, 11]);
     let items: Vec<_> = r.iter().collect();
     assert_eq!(items.len(), 2, "the item that is there, then the error");
     assert_eq!(items[0].as_ref().expect("item 0").id, 10);
