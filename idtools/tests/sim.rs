@@ -213,6 +213,58 @@ async fn fault_schedule(
     }
 }
 
+/// A seed's simulated cluster with `fault_schedule` running on it, and the recorder of
+/// the seed's history.
+struct FaultyCluster {
+    cluster: SimCluster,
+    recorder: Recorder,
+    stop: Arc<std::sync::atomic::AtomicBool>,
+    faults: tokio::task::JoinHandle<()>,
+}
+
+impl FaultyCluster {
+    /// Starts the fault schedule on `cluster` (within the seed's runtime): at most
+    /// `max_down(n)` of its n nodes down at once, a fault every `mean_gap` on average.
+    fn start(cluster: SimCluster, max_down: fn(usize) -> usize, mean_gap: Duration) -> Self {
+        let recorder = Recorder::new();
+        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
+        let n = cluster.config().nodes;
+        let faults = tokio::spawn(fault_schedule(
+            cluster.clone(),
+            max_down(n),
+            mean_gap,
+            stop.clone(),
+        ));
+        FaultyCluster {
+            cluster,
+            recorder,
+            stop,
+            faults,
+        }
+    }
+
+    /// Stops the faults (every node restarts) and returns the history's outcome;
+    /// `combined` requests were served by a batch another client led.
+    async fn finish(self, combined: u64) -> Outcome {
+        self.stop.store(true, std::sync::atomic::Ordering::Relaxed);
+        self.faults.await.expect("fault task");
+        let events = self.recorder.events();
+        let ok = events.iter().filter(|e| e.outcome.is_some()).count();
+        Outcome {
+            events,
+            ok,
+            combined,
+            stats: self.cluster.stats(),
+            wrong_count: self.recorder.wrong_count(),
+        }
+    }
+}
+
+/// At most a majority of the nodes down at once: rounds stay possible often.
+fn a_majority(n: usize) -> usize {
+    n / 2 + 1
+}
+
 struct Outcome {
     events: Vec<Event>,
     ok: usize,
@@ -384,39 +436,26 @@ fn run_quorum_seed_with(seed: u64, broken: Broken, mix: Mix) -> Outcome {
             // The negative case: crashes frequent enough that a majority can be wiped.
             config.nodes = 3;
         }
-        let cluster = SimCluster::new(config, seed);
-        let recorder = Recorder::new();
-        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let n = cluster.config().nodes;
-        let faults = tokio::spawn(fault_schedule(
-            cluster.clone(),
-            n,
+        // Any node may be down, even all of them.
+        let run = FaultyCluster::start(
+            SimCluster::new(config, seed),
+            |n| n,
             Duration::from_millis(if amnesia { 5 } else { 30 }),
-            stop.clone(),
-        ));
+        );
         let most = if mix == Mix::Combining { 10 } else { 5 };
-        let (clients, requests) =
-            cluster.with_rng(|r| (r.gen_range(2..=most), r.gen_range(10..=30)));
+        let (clients, requests) = run
+            .cluster
+            .with_rng(|r| (r.gen_range(2..=most), r.gen_range(10..=30)));
         let combined = quorum_workload(
-            cluster.clone(),
-            recorder.clone(),
+            run.cluster.clone(),
+            run.recorder.clone(),
             clients,
             requests,
             mix,
             broken.prefetch,
         )
         .await;
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        faults.await.expect("fault task");
-        let events = recorder.events();
-        let ok = events.iter().filter(|e| e.outcome.is_some()).count();
-        Outcome {
-            events,
-            ok,
-            combined,
-            stats: cluster.stats(),
-            wrong_count: recorder.wrong_count(),
-        }
+        run.finish(combined).await
     })
 }
 
@@ -723,24 +762,28 @@ fn a_client_serving_prefetched_ids_late_is_caught() {
     assert_caught("prefetching client", broken, Mix::Mixed, Caught::RealTime);
 }
 
+/// The cluster of a seed that serves through brokers: at least three nodes, a majority
+/// of them up most of the time (call within the seed's runtime).
+fn serving_cluster(seed: u64) -> FaultyCluster {
+    let mut config = random_config(&mut config_rng(seed));
+    config.nodes = config.nodes.max(3);
+    FaultyCluster::start(
+        SimCluster::new(config, seed),
+        a_majority,
+        Duration::from_millis(30),
+    )
+}
+
 /// One seed of the broker simulation: two `broker::run` servers over the simulated
 /// quorum on loopback sockets, broker clients with failover, direct clients alongside,
 /// node crashes, and one broker stopped mid-run. Everything lands in one history.
 fn run_broker_seed(seed: u64) -> Outcome {
     runtime(true).block_on(async move {
-        let mut config = random_config(&mut config_rng(seed));
         // Keep rounds short and available often: the point is the batcher's ordering.
-        config.nodes = config.nodes.max(3);
-        let cluster = SimCluster::new(config, seed);
-        let recorder = Recorder::new();
-        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let n = cluster.config().nodes;
-        let faults = tokio::spawn(fault_schedule(
-            cluster.clone(),
-            n / 2 + 1,
-            Duration::from_millis(30),
-            stop.clone(),
-        ));
+        let run = serving_cluster(seed);
+        let FaultyCluster {
+            cluster, recorder, ..
+        } = &run;
         let mut brokers = Vec::new();
         let mut addrs = Vec::new();
         for b in 0..2u64 {
@@ -749,7 +792,7 @@ fn run_broker_seed(seed: u64) -> Outcome {
                 .expect("bind a loopback port");
             addrs.push(listener.local_addr().expect("local addr").to_string());
             let source = Arc::new(SimSource(client(
-                &cluster,
+                cluster,
                 Protocol::Fast,
                 Duration::from_secs(1),
                 seed ^ b,
@@ -825,47 +868,17 @@ fn run_broker_seed(seed: u64) -> Outcome {
             let _ = tx.send(());
             task.await.expect("broker task").expect("broker run");
         }
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        faults.await.expect("fault task");
-        let events = recorder.events();
-        let ok = events.iter().filter(|e| e.outcome.is_some()).count();
-        Outcome {
-            events,
-            ok,
-            combined,
-            stats: cluster.stats(),
-            wrong_count: recorder.wrong_count(),
-        }
+        run.finish(combined).await
     })
 }
 
 #[test]
 fn broker_batcher_is_safe_under_simulated_faults() {
-    let started = std::time::Instant::now();
-    let (mut ok, mut total) = (0, 0);
-    let seeds = seeds(BROKER_SEED_DIVISOR);
-    for &seed in &seeds {
-        let out = run_broker_seed(seed);
-        if let Err(v) = out.check() {
-            panic!("broker seed {seed}: {v}\nreplay with QLIST_SIM_SEED={seed} cargo test --release -p idtools --test sim broker");
-        }
-        ok += out.ok;
-        total += out.events.len();
-        if seeds.len() == 1 {
-            eprintln!(
-                "broker seed {seed}: history digest {:016x}",
-                digest(&out.events)
-            );
-        }
-    }
-    eprintln!(
-        "broker: {} seeds, {total} requests, {ok} succeeded, in {:?}",
-        seeds.len(),
-        started.elapsed()
-    );
+    let t = check_seeds("broker", "broker", BROKER_SEED_DIVISOR, run_broker_seed);
+    let (ok, total) = (t.ok, t.total);
     // Not vacuous over many seeds (one replayed hostile seed may fail most requests).
     assert!(
-        seeds.len() < 100 || ok * 2 > total,
+        t.seeds < 100 || ok * 2 > total,
         "only {ok} of {total} requests succeeded: the model is too hostile to test anything"
     );
 }
@@ -990,24 +1003,16 @@ fn run_window_seed(
     brokers: usize,
 ) -> (Outcome, WindowStats) {
     runtime(false).block_on(async move {
-        let mut config = random_config(&mut config_rng(seed));
-        config.nodes = config.nodes.max(3);
-        let cluster = SimCluster::new(config, seed);
-        let recorder = Recorder::new();
-        let stop = Arc::new(std::sync::atomic::AtomicBool::new(false));
-        let n = cluster.config().nodes;
-        let faults = tokio::spawn(fault_schedule(
-            cluster.clone(),
-            n / 2 + 1,
-            Duration::from_millis(30),
-            stop.clone(),
-        ));
+        let run = serving_cluster(seed);
+        let FaultyCluster {
+            cluster, recorder, ..
+        } = &run;
         let mut sources = Vec::new();
         let mut queues = Vec::new();
         let mut batchers = Vec::new();
         for b in 0..brokers.max(1) {
             let quorum = SimWindowQuorum(client(
-                &cluster,
+                cluster,
                 Protocol::Fast,
                 Duration::from_millis(300),
                 seed.wrapping_add(b as u64),
@@ -1066,17 +1071,7 @@ fn run_window_seed(
             b.await.expect("batcher task");
         }
         let combined = direct.await.expect("direct clients");
-        stop.store(true, std::sync::atomic::Ordering::Relaxed);
-        faults.await.expect("fault task");
-        let events = recorder.events();
-        let ok = events.iter().filter(|e| e.outcome.is_some()).count();
-        let outcome = Outcome {
-            events,
-            ok,
-            combined,
-            stats: cluster.stats(),
-            wrong_count: recorder.wrong_count(),
-        };
+        let outcome = run.finish(combined).await;
         let stats = sources
             .iter()
             .map(|s| s.stats())

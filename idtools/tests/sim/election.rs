@@ -568,16 +568,17 @@ async fn monitor(run: Arc<Run>, stop: Arc<AtomicBool>) {
 /// counters of every broker incarnation.
 fn run_election_seed(seed: u64, variant: Variant) -> (Outcome, WindowStats, ElectionStats) {
     runtime(false).block_on(async move {
-        let cluster = election_cluster(seed);
-        let recorder = Recorder::new();
-        let stop = Arc::new(AtomicBool::new(false));
-        let n = cluster.config().nodes;
-        let node_faults = tokio::spawn(fault_schedule(
-            cluster.clone(),
-            n / 2 + 1,
+        // Stopped in its own order below: after the brokers' faults and the monitor.
+        let FaultyCluster {
+            cluster,
+            recorder,
+            stop,
+            faults: node_faults,
+        } = FaultyCluster::start(
+            election_cluster(seed),
+            a_majority,
             Duration::from_millis(60),
-            stop.clone(),
-        ));
+        );
         let run = Run::new(seed, cluster.clone(), variant);
         let monitor = tokio::spawn(monitor(run.clone(), stop.clone()));
         let broker_faults = (!variant.no_broker_faults)
