@@ -8,6 +8,7 @@
 //! output). Several runs of one series at the same callers are drawn as their mean. Both axes are logarithmic: callers go 1, 16, 64, 256 and
 //! rates span several powers of ten.
 
+use plotters::coord::Shift;
 use plotters::prelude::*;
 use serde::Deserialize;
 use std::io::BufRead;
@@ -78,67 +79,18 @@ pub fn svg(runs: &[Run], count: u64, title: &str) -> Result<String, ChartError> 
     if runs.is_empty() {
         return Err(ChartError::Empty { count });
     }
-    let mut names: Vec<&str> = Vec::new();
-    for r in &runs {
-        if !names.contains(&r.series.as_str()) {
-            names.push(&r.series);
-        }
-    }
-    let max_callers = runs.iter().map(|r| r.callers).max().unwrap_or(1) as f64;
-    // The bottom of the log axis: the power of ten below half the lowest rate, at least
-    // 1. A rate of 0 (a run that got nothing) sits on that edge.
-    let lowest = runs
-        .iter()
-        .map(|r| r.ids_per_sec)
-        .filter(|r| *r > 0.0)
-        .fold(f64::INFINITY, f64::min);
-    let floor = if lowest.is_finite() {
-        10f64.powf((lowest / 2.0).log10().floor()).max(1.0)
-    } else {
-        1.0
-    };
-    let max_rate = runs.iter().map(|r| r.ids_per_sec).fold(floor, f64::max);
-    let draw = |e: &dyn std::fmt::Display| ChartError::Draw(e.to_string());
-
+    let scale = Scale::of(&runs);
     let mut out = String::new();
     {
         let root = SVGBackend::with_string(&mut out, (900, 560)).into_drawing_area();
-        root.fill(&WHITE).map_err(|e| draw(&e))?;
-        let mut chart = ChartBuilder::on(&root)
-            .caption(title, ("sans-serif", 22))
-            .margin(16)
-            .x_label_area_size(48)
-            .y_label_area_size(80)
-            .build_cartesian_2d(
-                (1.0..max_callers * 1.3).log_scale(),
-                (floor..max_rate * 2.0).log_scale(),
-            )
-            .map_err(|e| draw(&e))?;
-        chart
-            .configure_mesh()
-            .x_desc("concurrent callers")
-            .y_desc("IDs per second")
-            .label_style(("sans-serif", 14))
-            .x_label_formatter(&|x| format!("{x:.0}"))
-            .y_label_formatter(&|y| human(*y))
-            .draw()
-            .map_err(|e| draw(&e))?;
-        for (i, name) in names.iter().enumerate() {
-            let color = COLORS[i % COLORS.len()];
-            let points = mean_by_callers(runs.iter().copied().filter(|r| r.series == *name))
+        root.fill(&WHITE).map_err(drawing)?;
+        let mut chart = axes(&root, title, &scale)?;
+        for (i, name) in series_names(&runs).into_iter().enumerate() {
+            let points = mean_by_callers(runs.iter().copied().filter(|r| r.series == name))
                 .into_iter()
-                .map(|(callers, rate)| (callers as f64, rate.max(floor)))
+                .map(|(callers, rate)| (callers as f64, rate.max(scale.floor)))
                 .collect::<Vec<_>>();
-            chart
-                .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
-                .map_err(|e| draw(&e))?
-                .label(*name)
-                .legend(move |(x, y)| {
-                    PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2))
-                });
-            chart
-                .draw_series(points.iter().map(|&p| Circle::new(p, 3, color.filled())))
-                .map_err(|e| draw(&e))?;
+            draw_line(&mut chart, name, COLORS[i % COLORS.len()], points)?;
         }
         chart
             .configure_series_labels()
@@ -147,10 +99,109 @@ pub fn svg(runs: &[Run], count: u64, title: &str) -> Result<String, ChartError> 
             .background_style(WHITE.mix(0.85))
             .border_style(BLACK)
             .draw()
-            .map_err(|e| draw(&e))?;
-        root.present().map_err(|e| draw(&e))?;
+            .map_err(drawing)?;
+        root.present().map_err(drawing)?;
     }
     Ok(out)
+}
+
+/// Both axes of a chart, logarithmic.
+type LogLog = Cartesian2d<LogCoord<f64>, LogCoord<f64>>;
+
+/// The axes' reach for some runs: callers up to `max_callers`, rates from `floor` to
+/// `max_rate`.
+struct Scale {
+    max_callers: f64,
+    floor: f64,
+    max_rate: f64,
+}
+
+impl Scale {
+    fn of(runs: &[&Run]) -> Scale {
+        debug_assert!(!runs.is_empty());
+        let max_callers = runs.iter().map(|r| r.callers).max().unwrap_or(1) as f64;
+        // The bottom of the log axis: the power of ten below half the lowest rate, at least
+        // 1. A rate of 0 (a run that got nothing) sits on that edge.
+        let lowest = runs
+            .iter()
+            .map(|r| r.ids_per_sec)
+            .filter(|r| *r > 0.0)
+            .fold(f64::INFINITY, f64::min);
+        let floor = if lowest.is_finite() {
+            10f64.powf((lowest / 2.0).log10().floor()).max(1.0)
+        } else {
+            1.0
+        };
+        let max_rate = runs.iter().map(|r| r.ids_per_sec).fold(floor, f64::max);
+        Scale {
+            max_callers,
+            floor,
+            max_rate,
+        }
+    }
+}
+
+/// The series of `runs`, in the order they first appear.
+fn series_names<'r>(runs: &[&'r Run]) -> Vec<&'r str> {
+    let mut names: Vec<&str> = Vec::new();
+    for r in runs {
+        if !names.contains(&r.series.as_str()) {
+            names.push(&r.series);
+        }
+    }
+    names
+}
+
+/// A plotters failure as a [`ChartError::Draw`].
+fn drawing(e: impl std::fmt::Display) -> ChartError {
+    ChartError::Draw(e.to_string())
+}
+
+/// The titled chart area on `root` with its two labelled log axes and their mesh.
+fn axes<'a, 'b>(
+    root: &'a DrawingArea<SVGBackend<'b>, Shift>,
+    title: &str,
+    scale: &Scale,
+) -> Result<ChartContext<'a, SVGBackend<'b>, LogLog>, ChartError> {
+    let mut chart = ChartBuilder::on(root)
+        .caption(title, ("sans-serif", 22))
+        .margin(16)
+        .x_label_area_size(48)
+        .y_label_area_size(80)
+        .build_cartesian_2d(
+            (1.0..scale.max_callers * 1.3).log_scale(),
+            (scale.floor..scale.max_rate * 2.0).log_scale(),
+        )
+        .map_err(drawing)?;
+    chart
+        .configure_mesh()
+        .x_desc("concurrent callers")
+        .y_desc("IDs per second")
+        .label_style(("sans-serif", 14))
+        .x_label_formatter(&|x| format!("{x:.0}"))
+        .y_label_formatter(&|y| human(*y))
+        .draw()
+        .map_err(drawing)?;
+    Ok(chart)
+}
+
+/// One series: its line through `points` and a dot on each, in `color`, with a legend
+/// entry named `name`.
+fn draw_line(
+    chart: &mut ChartContext<'_, SVGBackend<'_>, LogLog>,
+    name: &str,
+    color: RGBColor,
+    points: Vec<(f64, f64)>,
+) -> Result<(), ChartError> {
+    chart
+        .draw_series(LineSeries::new(points.clone(), color.stroke_width(2)))
+        .map_err(drawing)?
+        .label(name)
+        .legend(move |(x, y)| PathElement::new(vec![(x, y), (x + 20, y)], color.stroke_width(2)));
+    chart
+        .draw_series(points.iter().map(|&p| Circle::new(p, 3, color.filled())))
+        .map_err(drawing)?;
+    Ok(())
 }
 
 /// The mean rate of `runs` at each number of callers, by increasing callers.

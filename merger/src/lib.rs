@@ -19,6 +19,8 @@ pub mod parquet_list;
 pub mod runs;
 pub mod sink;
 pub mod split;
+#[cfg(feature = "test-hooks")]
+pub mod test_hooks;
 pub mod verify;
 
 use std::collections::BTreeMap;

@@ -42,7 +42,7 @@ use idclient::broker_client::{fetch_stats_with, BrokerClient, BrokerClientConfig
 use idclient::{IdError, IdRange, NodeFailure};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
-use tokio::sync::OnceCell;
+use tokio::sync::{watch, OnceCell};
 use tokio::time::{timeout_at, Instant};
 
 /// Where a `QLIST.NEXT` goes, given the election's status.
@@ -98,6 +98,76 @@ pub(crate) fn forward_client_config(config: &BrokerConfig) -> BrokerClientConfig
 /// How long a leader address that failed its check (unreachable, no handshake, not the
 /// leader) is not tried again: requests meanwhile get that failure at once.
 pub(crate) const RETRY_AFTER: Duration = Duration::from_secs(1);
+
+/// The election's status as one request sees it: the latest value and every change
+/// since the request arrived.
+struct StatusWatch<'e> {
+    changes: watch::Receiver<Status>,
+    status: Status,
+    /// This broker's own advertised address.
+    own: &'e str,
+}
+
+impl<'e> StatusWatch<'e> {
+    /// Subscribes first, then reads the status: no change after it is missed.
+    fn new(election: &'e dyn Leadership) -> StatusWatch<'e> {
+        let changes = election.subscribe();
+        let own = election.advertise();
+        let status = election.status();
+        StatusWatch {
+            changes,
+            status,
+            own,
+        }
+    }
+
+    fn route(&self) -> Route {
+        route(&self.status, self.own)
+    }
+
+    /// Waits until `until` for the status to change, and takes the new one. False if it
+    /// did not change by then, or the election is gone (its channel closed).
+    async fn changed(&mut self, until: Instant) -> bool {
+        match timeout_at(until, self.changes.changed()).await {
+            Ok(Ok(())) => {
+                self.status = self.changes.borrow_and_update().clone();
+                true
+            }
+            Ok(Err(_)) | Err(_) => false,
+        }
+    }
+}
+
+/// The forward `attempt` to `leader`: `Some` with its answer when it ends, `None` when
+/// the status routed the request elsewhere first (the attempt dropped: its IDs, if
+/// any, become a hole).
+async fn unless_rerouted(
+    attempt: impl std::future::Future<Output = Forwarded>,
+    leader: &str,
+    watch: &mut StatusWatch<'_>,
+    deadline: Instant,
+) -> Option<Forwarded> {
+    tokio::pin!(attempt);
+    // Runs the attempt until it ends, or the status routes the request elsewhere.
+    // A status without a leader (a follower standing for election) keeps it: the
+    // leader may well answer.
+    loop {
+        tokio::select! {
+            r = &mut attempt => return Some(r),
+            changed = watch.changed(deadline) => {
+                if !changed {
+                    // Deadline or no election: the attempt ends by the deadline.
+                    return Some(attempt.await);
+                }
+                match watch.route() {
+                    Route::Forward(l) if l == leader => {}
+                    Route::Wait => {}
+                    Route::Local | Route::Forward(_) => return None,
+                }
+            }
+        }
+    }
+}
 
 /// The client of the current leader, connected on first use.
 struct Target {
@@ -234,24 +304,45 @@ impl Forwarder {
         deadline: Instant,
         requested: Duration,
     ) -> Forwarded {
-        let mut changes = self.election.subscribe();
-        let own = self.election.advertise();
-        let mut status = self.election.status();
+        let mut watch = StatusWatch::new(&*self.election);
         loop {
-            let leader = match route(&status, own) {
-                Route::Local => return Forwarded::Local,
-                Route::Forward(leader) => leader,
+            let leader = match self.leader_to_ask(&mut watch, deadline).await {
+                Ok(leader) => leader,
+                Err(answer) => return answer,
+            };
+            let attempt = self.ask(&leader, count, deadline, requested);
+            if let Some(answer) = unless_rerouted(attempt, &leader, &mut watch, deadline).await {
+                return answer;
+            }
+            tracing::debug!(
+                from = %leader,
+                "leader changed while forwarding: the request goes to the new one"
+            );
+        }
+    }
+
+    /// The leader to forward to, waiting (within `deadline`) while none is known; or the
+    /// request's answer when it is not to be forwarded.
+    async fn leader_to_ask(
+        &self,
+        watch: &mut StatusWatch<'_>,
+        deadline: Instant,
+    ) -> Result<String, Forwarded> {
+        loop {
+            match watch.route() {
+                Route::Local => return Err(Forwarded::Local),
+                Route::Forward(leader) => return Ok(leader),
                 Route::Wait
-                    if status.leader.as_deref() == Some(own)
+                    if watch.status.leader.as_deref() == Some(watch.own)
                         && self.election.own_address_named() =>
                 {
                     // No election will change this: answer now, saying what to fix.
-                    return Forwarded::Failed(IdError::Config(format!(
+                    return Err(Forwarded::Failed(IdError::Config(format!(
                         "the leader's heartbeat names this broker's own address {} (its \
                          --advertise): one of the two brokers has a wrong --advertise, so \
                          there is no leader to forward to; fix it and restart that broker",
-                        own
-                    )));
+                        watch.own
+                    ))));
                 }
                 Route::Wait => {
                     // A broker that resigned waits for the next leader only so long: it
@@ -261,43 +352,13 @@ impl Forwarder {
                         .handoff_until()
                         .map_or(deadline, |h| h.min(deadline));
                     // Changes after `subscribe` are seen, so none is missed since `status`.
-                    match timeout_at(until, changes.changed()).await {
-                        Ok(Ok(())) => {
-                            status = changes.borrow_and_update().clone();
-                            continue;
-                        }
-                        // The election outlives every connection; a closed channel would
-                        // mean it is gone: nobody will name a leader.
-                        Ok(Err(_)) | Err(_) => return Forwarded::NoLeader,
-                    }
-                }
-            };
-            let attempt = self.ask(&leader, count, deadline, requested);
-            tokio::pin!(attempt);
-            // Runs the attempt until it ends, or the status routes the request elsewhere.
-            // A status without a leader (a follower standing for election) keeps it: the
-            // leader may well answer.
-            loop {
-                tokio::select! {
-                    r = &mut attempt => return r,
-                    changed = timeout_at(deadline, changes.changed()) => {
-                        let Ok(Ok(())) = changed else {
-                            // Deadline or no election: the attempt ends by the deadline.
-                            return attempt.await;
-                        };
-                        status = changes.borrow_and_update().clone();
-                        match route(&status, own) {
-                            Route::Forward(l) if l == leader => {}
-                            Route::Wait => {}
-                            Route::Local | Route::Forward(_) => break,
-                        }
+                    // The election outlives every connection; a closed channel would
+                    // mean it is gone: nobody will name a leader.
+                    if !watch.changed(until).await {
+                        return Err(Forwarded::NoLeader);
                     }
                 }
             }
-            tracing::debug!(
-                from = %leader,
-                "leader changed while forwarding: the request goes to the new one"
-            );
         }
     }
 

@@ -39,7 +39,7 @@ use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::sync::Notify;
+use tokio::sync::{MutexGuard, Notify};
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
@@ -195,6 +195,21 @@ impl Window {
     }
 }
 
+/// One closed batch being served: `n` IDs, asked for at `started`, due by `deadline`.
+struct Batch {
+    n: u64,
+    started: Instant,
+    deadline: Instant,
+}
+
+/// IDs set aside for a batch before its confirmation read: served only if the read
+/// confirms the window they came from (`generation`, whose TOP was `known_top`).
+struct Taken {
+    range: IdRange,
+    generation: u64,
+    known_top: u64,
+}
+
 /// Deliberately broken window serving, for the simulation's negative tests only: each
 /// breaks one rule of the module docs, and the history checker must catch it. Only
 /// with the feature `test-hooks` (idtools' tests enable it): a production build cannot
@@ -292,85 +307,133 @@ impl<Q: WindowQuorum> WindowSource<Q> {
     /// batcher closed them (it starts their futures in that order and the lock is
     /// fair): one connection's pipelined requests get increasing IDs.
     async fn serve(&self, n: u64, deadline: Instant) -> Result<IdRange, IdError> {
-        let started = Instant::now();
+        let batch = Batch {
+            n,
+            started: Instant::now(),
+            deadline,
+        };
         let mut w = self.window.lock().await;
         if w.broken.is_some() {
             drop(w);
             return self.quorum.round(n, deadline).await;
         }
         if w.available() < n {
-            self.decide_pending(&mut w, started, deadline).await?;
+            self.decide_pending(&mut w, batch.started, deadline).await?;
         }
         if w.available() < n {
             return self.fresh(&mut w, n, deadline).await;
         }
+        let taken = self.set_aside(&mut w, n);
+        // The confirmation: every read starts now, after the batch closed.
+        let (mut w, max) = self.confirmation(w, &batch, taken.known_top).await?;
+        Self::note_read(&mut w, max);
+        self.counters.confirmations.fetch_add(1, Relaxed);
+        if w.broken.is_some() || self.switched_off_below_top(&mut w, max, taken.known_top) {
+            // Windows are off (now, or by another batch meanwhile): the IDs set aside
+            // are holes and the batch runs its own round.
+            self.counters.holes.fetch_add(n, Relaxed);
+            drop(w);
+            return self.quorum.round(n, deadline).await;
+        }
+        self.settle(&mut w, &batch, taken, max).await
+    }
+
+    /// Sets the next `n` unserved IDs of the window aside for a batch, and starts the
+    /// next reservation if the window runs low.
+    fn set_aside(&self, w: &mut Window, n: u64) -> Taken {
+        debug_assert!(w.broken.is_none() && w.available() >= n);
         let range = w.take(n);
         // The window the IDs came from, and its TOP, known to be on a majority before
         // the read starts: the read cannot see less unless a node lost acknowledged writes.
-        let (generation, known_top) = (w.generation, w.top);
-        self.refill(&mut w);
-        // The confirmation: every read starts now, after the batch closed.
-        let max = match self.mutated_confirmation(&w, known_top) {
-            Some(max) => max,
-            None => {
-                drop(w);
-                let read = self.quorum.read_max(deadline).await;
-                w = self.window.lock().await;
-                match read {
-                    Ok(max) => max,
-                    Err(e) => {
-                        self.counters.holes.fetch_add(n, Relaxed);
-                        return Err(e);
-                    }
-                }
-            }
+        let taken = Taken {
+            range,
+            generation: w.generation,
+            known_top: w.top,
         };
-        Self::note_read(&mut w, max);
-        self.counters.confirmations.fetch_add(1, Relaxed);
-        if w.broken.is_some() {
-            self.counters.holes.fetch_add(n, Relaxed);
-            drop(w);
-            return self.quorum.round(n, deadline).await;
+        self.refill(w);
+        taken
+    }
+
+    /// The confirmation read of `batch`, the window unlocked meanwhile so that other
+    /// batches take their IDs and start their reads (or the value a mutant makes up,
+    /// the lock kept). A read that fails makes the batch's IDs holes.
+    async fn confirmation<'a>(
+        &'a self,
+        w: MutexGuard<'a, Window>,
+        batch: &Batch,
+        known_top: u64,
+    ) -> Result<(MutexGuard<'a, Window>, u64), IdError> {
+        if let Some(max) = self.mutated_confirmation(&w, known_top) {
+            return Ok((w, max));
         }
-        if max < known_top && !self.mutated() {
-            let reason = format!(
-                "a majority read {max} below {known_top}, which a majority accepted: a node \
-                 lost acknowledged writes (check every node's appendfsync and disk)"
-            );
-            tracing::error!(%reason, "window serving switched off");
-            w.broken = Some(reason);
-            self.kill(&mut w);
-            self.counters.holes.fetch_add(n, Relaxed);
-            drop(w);
-            return self.quorum.round(n, deadline).await;
+        drop(w);
+        let read = self.quorum.read_max(batch.deadline).await;
+        let w = self.window.lock().await;
+        match read {
+            Ok(max) => Ok((w, max)),
+            Err(e) => {
+                self.counters.holes.fetch_add(batch.n, Relaxed);
+                Err(e)
+            }
         }
+    }
+
+    /// A confirmation that read `max` below `known_top`, which a majority accepted: a
+    /// node lost acknowledged writes, and windows are switched off for good (loudly).
+    /// Whether it did.
+    fn switched_off_below_top(&self, w: &mut Window, max: u64, known_top: u64) -> bool {
+        if max >= known_top || self.mutated() {
+            return false;
+        }
+        let reason = format!(
+            "a majority read {max} below {known_top}, which a majority accepted: a node \
+             lost acknowledged writes (check every node's appendfsync and disk)"
+        );
+        tracing::error!(%reason, "window serving switched off");
+        w.broken = Some(reason);
+        self.kill(w);
+        true
+    }
+
+    /// Serves `batch` once its confirmation read `max`: with the IDs it set aside if the
+    /// read confirms the window they came from; else they are holes, and the batch is
+    /// served by a newer window.
+    async fn settle(
+        &self,
+        w: &mut Window,
+        batch: &Batch,
+        taken: Taken,
+        max: u64,
+    ) -> Result<IdRange, IdError> {
+        let (n, generation) = (batch.n, taken.generation);
         // Above the TOP the IDs were taken under: one of our own reservations may explain
         // it (decided first: a win extends the same window), else another writer did.
         while max > w.top && w.generation == generation && w.pending.is_some() {
-            if let Err(e) = self.decide_pending(&mut w, started, deadline).await {
+            if let Err(e) = self.decide_pending(w, batch.started, batch.deadline).await {
                 self.counters.holes.fetch_add(n, Relaxed);
                 return Err(e);
             }
         }
-        let confirmed = max <= known_top || (w.generation == generation && w.alive && max <= w.top);
+        let confirmed =
+            max <= taken.known_top || (w.generation == generation && w.alive && max <= w.top);
         let keep = self.keeps_dead_windows();
         if confirmed || keep {
-            return Ok(range);
+            return Ok(taken.range);
         }
         self.counters.holes.fetch_add(n, Relaxed);
         if w.generation == generation && w.alive {
             self.counters.confirmations_failed.fetch_add(1, Relaxed);
             self.died.notify_one();
-            self.kill(&mut w);
+            self.kill(w);
         }
         // Else another batch found it dead already and may have started a fresh window.
         // Its TOP, too, is on a majority: at or above `max`, it serves this batch.
         if w.available() >= n && max <= w.top {
             let range = w.take(n);
-            self.refill(&mut w);
+            self.refill(w);
             return Ok(range);
         }
-        self.fresh(&mut w, n, deadline).await
+        self.fresh(w, n, batch.deadline).await
     }
 
     /// Waits (within `deadline`) for the reservation in flight, if any: a win extends

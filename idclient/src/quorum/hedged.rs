@@ -6,6 +6,7 @@ use crate::register::Register;
 use crate::MovingAverage;
 use futures::stream::{FuturesUnordered, StreamExt};
 use idproto::NodeFailure;
+use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 use tokio::time::Instant;
@@ -35,6 +36,52 @@ impl Reads {
     }
 }
 
+/// The nodes a majority read asked, in `order`: the reads in flight, and who is still
+/// to answer (`outstanding`) or still unasked.
+struct Asked<'o, A, F> {
+    ask: A,
+    pending: FuturesUnordered<F>,
+    unasked: std::slice::Iter<'o, usize>,
+    outstanding: Vec<bool>,
+}
+
+impl<'o, A: Fn(usize) -> F, F: Future> Asked<'o, A, F> {
+    /// Asks the first `need` nodes of `order` (a permutation of the node indexes).
+    fn new(order: &'o [usize], need: usize, ask: A) -> Asked<'o, A, F> {
+        debug_assert!(need >= 1 && need <= order.len());
+        let mut asked = Asked {
+            ask,
+            pending: FuturesUnordered::new(),
+            unasked: order[need..].iter(),
+            outstanding: vec![false; order.len()],
+        };
+        for &i in &order[..need] {
+            asked.ask(i);
+        }
+        asked
+    }
+
+    fn ask(&mut self, i: usize) {
+        debug_assert!(!self.outstanding[i], "node {i} asked twice");
+        self.outstanding[i] = true;
+        self.pending.push((self.ask)(i));
+    }
+
+    /// One more node, for one that failed (none left: nothing).
+    fn ask_one_more(&mut self) {
+        if let Some(&i) = self.unasked.next() {
+            self.ask(i);
+        }
+    }
+
+    /// Every node not asked yet: the hedge.
+    fn ask_the_rest(&mut self) {
+        while let Some(&i) = self.unasked.next() {
+            self.ask(i);
+        }
+    }
+}
+
 impl<N: Register> QuorumClient<N> {
     /// Classic step 1: GET from every node, max of a majority of answers.
     pub(super) async fn read_round(&self, deadline: Instant) -> Result<u64, RoundLoss> {
@@ -47,16 +94,10 @@ impl<N: Register> QuorumClient<N> {
         // holds every value a majority accepted before this call.
         let first = self.reads.cursor.fetch_add(1, Ordering::Relaxed) % count;
         let order: Vec<usize> = (0..count).map(|k| (first + k) % count).collect();
-        let ask = |i: usize| {
+        let mut asked = Asked::new(&order, need, |i: usize| {
             let node = &self.nodes[i];
             async move { (i, node.read(&self.key).await) }
-        };
-        let mut pending: FuturesUnordered<_> = order[..need].iter().map(|&i| ask(i)).collect();
-        let mut unasked = order[need..].iter();
-        let mut outstanding = vec![false; count];
-        for &i in &order[..need] {
-            outstanding[i] = true;
-        }
+        });
         let hedge_at = started + self.read_hedge();
         let mut hedged = false;
         let (mut answers, mut max, mut failures) = (0, 0u64, Vec::new());
@@ -66,31 +107,20 @@ impl<N: Register> QuorumClient<N> {
             } else {
                 deadline.min(hedge_at)
             };
-            let (i, reply) = match tokio::time::timeout_at(wake, pending.next()).await {
+            let (i, reply) = match tokio::time::timeout_at(wake, asked.pending.next()).await {
                 Ok(Some(reply)) => reply,
                 Ok(None) => break,
                 Err(_) if !hedged && Instant::now() < deadline => {
                     hedged = true;
-                    for &i in unasked.by_ref() {
-                        outstanding[i] = true;
-                        pending.push(ask(i));
-                    }
+                    asked.ask_the_rest();
                     continue;
                 }
                 Err(_) => {
-                    for (i, node) in self.nodes.iter().enumerate() {
-                        if outstanding[i] {
-                            self.count_node_failure(i, true);
-                            failures.push(NodeFailure {
-                                addr: node.addr().to_string(),
-                                reason: CUT_BY_DEADLINE.to_string(),
-                            });
-                        }
-                    }
+                    self.cut_by_deadline(&asked.outstanding, &mut failures);
                     break;
                 }
             };
-            outstanding[i] = false;
+            asked.outstanding[i] = false;
             match reply {
                 Ok(v) => {
                     answers += 1;
@@ -98,20 +128,11 @@ impl<N: Register> QuorumClient<N> {
                 }
                 Err(e) => {
                     self.note_failure(&self.nodes[i], e, &mut failures)?;
-                    if let Some(&next) = unasked.next() {
-                        outstanding[next] = true;
-                        pending.push(ask(next));
-                    }
+                    asked.ask_one_more();
                 }
             }
             if answers >= need {
-                self.last_known.fetch_max(max, Ordering::Relaxed);
-                if !hedged {
-                    // Only reads the first majority answered count: a hedged read's time
-                    // is the hedge's, and feeding it back would grow the hedge with
-                    // every read that meets a silent node, up to half a reply timeout.
-                    self.reads.time.record(started.elapsed());
-                }
+                self.read_won(max, started, hedged);
                 return Ok(max);
             }
             if failures.len() > count - need {
@@ -126,6 +147,32 @@ impl<N: Register> QuorumClient<N> {
             accepted: None,
             failures,
         })
+    }
+
+    /// A majority answered `max`: the fast protocol's next guess, and (for a read the
+    /// first majority answered) the read time the hedge is measured in.
+    fn read_won(&self, max: u64, started: Instant, hedged: bool) {
+        self.last_known.fetch_max(max, Ordering::Relaxed);
+        if !hedged {
+            // Only reads the first majority answered count: a hedged read's time
+            // is the hedge's, and feeding it back would grow the hedge with
+            // every read that meets a silent node, up to half a reply timeout.
+            self.reads.time.record(started.elapsed());
+        }
+    }
+
+    /// The deadline ended a read: every node asked and still silent is a failure.
+    fn cut_by_deadline(&self, outstanding: &[bool], failures: &mut Vec<NodeFailure>) {
+        debug_assert_eq!(outstanding.len(), self.nodes.len());
+        for (i, node) in self.nodes.iter().enumerate() {
+            if outstanding[i] {
+                self.count_node_failure(i, true);
+                failures.push(NodeFailure {
+                    addr: node.addr().to_string(),
+                    reason: CUT_BY_DEADLINE.to_string(),
+                });
+            }
+        }
     }
 
     /// How long a read waits for its first majority before asking the other nodes:

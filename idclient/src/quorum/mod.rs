@@ -242,20 +242,7 @@ impl QuorumClient<Node> {
             .tls
             .load()
             .map_err(|e| IdError::Config(format!("TLS: {e}")))?;
-        let peers = std::sync::Arc::new(Identities::default());
-        let mut nodes = Vec::with_capacity(config.nodes.len());
-        for (i, url) in config.nodes.iter().enumerate() {
-            let node = Node::with_tls(
-                url.trim(),
-                config.connect_timeout,
-                config.reply_timeout,
-                !config.unsafe_skip_durability_check,
-                &config.tls,
-            )
-            .map_err(|e| IdError::Config(format!("bad node URL: {e}")))?
-            .with_peers(i, peers.clone());
-            nodes.push(node);
-        }
+        let nodes = open_nodes(&config)?;
         let mut client =
             QuorumClient::with_nodes(nodes, config.key, config.protocol, config.deadline)?;
         client.backoff = Backoff::new(config.backoff_cap);
@@ -263,39 +250,22 @@ impl QuorumClient<Node> {
         client.combine.max_lease = (config.reply_timeout * 2).min(MAX_LEASE);
         client.reply_timeout = config.reply_timeout;
         let results = futures::future::join_all(client.nodes.iter().map(|n| n.warm_up())).await;
-        let mut failures = Vec::new();
-        let mut refused = Vec::new();
-        for (node, result) in client.nodes.iter().zip(results) {
-            match result {
-                Ok(()) => {}
-                Err(NodeError::NotIndependent(reason)) => {
-                    refused.push(format!("node {} {reason}", node.addr()))
-                }
-                Err(NodeError::Unsafe(reason)) => {
-                    return Err(IdError::UnsafeNode {
-                        addr: node.addr().to_string(),
-                        reason,
-                    })
-                }
-                Err(NodeError::Unavailable(reason) | NodeError::BadValue(reason)) => {
-                    failures.push(NodeFailure {
-                        addr: node.addr().to_string(),
-                        reason,
-                    })
-                }
-            }
-        }
-        if !refused.is_empty() {
-            return Err(IdError::Config(refused.join("; ")));
-        }
+        let failures = warm_up_failures(&client.nodes, results)?;
         if config.unsafe_skip_durability_check {
             tracing::warn!("durability check skipped: a node that loses writes can make this client repeat IDs");
         }
-        let total = client.nodes.len();
+        client.require_majority_at_connect(failures)?;
+        Ok(client)
+    }
+
+    /// Fewer than a majority reachable at connect is [`IdError::NoQuorum`]; a minority
+    /// unreachable is logged and tolerated.
+    fn require_majority_at_connect(&self, failures: Vec<NodeFailure>) -> Result<(), IdError> {
+        let total = self.nodes.len();
         let reachable = total - failures.len();
-        if reachable < client.majority() {
+        if reachable < self.majority() {
             return Err(IdError::NoQuorum {
-                needed: client.majority(),
+                needed: self.majority(),
                 reachable,
                 accepted: None,
                 total,
@@ -305,8 +275,64 @@ impl QuorumClient<Node> {
         for f in &failures {
             tracing::warn!(node = %f.addr, reason = %f.reason, "node unreachable at connect; continuing with a majority");
         }
-        Ok(client)
+        Ok(())
     }
+}
+
+/// The configured nodes, not yet connected, sharing one record of who is who (two
+/// names for one server are refused at warm-up).
+fn open_nodes(config: &ClientConfig) -> Result<Vec<Node>, IdError> {
+    let peers = std::sync::Arc::new(Identities::default());
+    let mut nodes = Vec::with_capacity(config.nodes.len());
+    for (i, url) in config.nodes.iter().enumerate() {
+        let node = Node::with_tls(
+            url.trim(),
+            config.connect_timeout,
+            config.reply_timeout,
+            !config.unsafe_skip_durability_check,
+            &config.tls,
+        )
+        .map_err(|e| IdError::Config(format!("bad node URL: {e}")))?
+        .with_peers(i, peers.clone());
+        nodes.push(node);
+    }
+    Ok(nodes)
+}
+
+/// The nodes' warm-up `results`, in node order: an unsafe node is an error at once
+/// (the first one), servers listed under two names are one error naming them all, and
+/// what is left are the unreachable nodes.
+fn warm_up_failures(
+    nodes: &[Node],
+    results: Vec<Result<(), NodeError>>,
+) -> Result<Vec<NodeFailure>, IdError> {
+    debug_assert_eq!(nodes.len(), results.len());
+    let mut failures = Vec::new();
+    let mut refused = Vec::new();
+    for (node, result) in nodes.iter().zip(results) {
+        match result {
+            Ok(()) => {}
+            Err(NodeError::NotIndependent(reason)) => {
+                refused.push(format!("node {} {reason}", node.addr()))
+            }
+            Err(NodeError::Unsafe(reason)) => {
+                return Err(IdError::UnsafeNode {
+                    addr: node.addr().to_string(),
+                    reason,
+                })
+            }
+            Err(NodeError::Unavailable(reason) | NodeError::BadValue(reason)) => {
+                failures.push(NodeFailure {
+                    addr: node.addr().to_string(),
+                    reason,
+                })
+            }
+        }
+    }
+    if !refused.is_empty() {
+        return Err(IdError::Config(refused.join("; ")));
+    }
+    Ok(failures)
 }
 
 impl<N: Register> QuorumClient<N> {

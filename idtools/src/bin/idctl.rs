@@ -3,6 +3,7 @@
 use anyhow::{Context, Result};
 use clap::{Parser, Subcommand};
 use idclient::{IdSource, QuorumClient};
+use idproto::wire::BrokerStats;
 use idtools::bench::{self, BenchConfig};
 use idtools::chart;
 use idtools::cluster::{self, LocalQuorum};
@@ -169,11 +170,7 @@ fn run(cli: Cli) -> Result<()> {
             nodes,
             base_port,
         }) => cluster_up(&dir, nodes, base_port),
-        Command::Cluster(ClusterCmd::Down { dir }) => {
-            let stopped = cluster::down(&dir)?;
-            eprintln!("stopped {stopped} node(s) of {}", dir.display());
-            Ok(())
-        }
+        Command::Cluster(ClusterCmd::Down { dir }) => cluster_down(&dir),
         Command::Check {
             nodes,
             timeouts,
@@ -195,12 +192,7 @@ fn run(cli: Cli) -> Result<()> {
             broker_token_file,
             tls,
         } => {
-            let token = broker_token_file
-                .map(|path| {
-                    idclient::Token::from_file(&path)
-                        .map_err(|e| qcli::usage(format!("--broker-token-file: {e}")))
-                })
-                .transpose()?;
+            let token = broker_token(broker_token_file)?;
             let tls = tls.tls()?;
             runtime()?.block_on(broker_stats(addr, token, tls))
         }
@@ -234,23 +226,44 @@ fn run(cli: Cli) -> Result<()> {
             count,
             history,
         } => {
-            if clients == 0 {
-                return Err(qcli::usage("--clients must be at least 1"));
-            }
-            if !(seconds > 0.0 && seconds.is_finite()) {
-                return Err(qcli::usage(format!(
-                    "--seconds must be a positive number, got {seconds}"
-                )));
-            }
-            let config = BenchConfig {
-                clients,
-                duration: Duration::from_secs_f64(seconds),
-                count,
-                progress: true,
-            };
+            let config = bench_config(clients, seconds, count)?;
             bench_ids(source.source()?, &config, history)
         }
     }
+}
+
+/// `idctl cluster down`: stops the quorum `cluster up --dir DIR` started.
+fn cluster_down(dir: &Path) -> Result<()> {
+    let stopped = cluster::down(dir)?;
+    eprintln!("stopped {stopped} node(s) of {}", dir.display());
+    Ok(())
+}
+
+/// The broker's token, from `--broker-token-file` if given.
+fn broker_token(file: Option<PathBuf>) -> Result<Option<idclient::Token>> {
+    file.map(|path| {
+        idclient::Token::from_file(&path)
+            .map_err(|e| qcli::usage(format!("--broker-token-file: {e}")))
+    })
+    .transpose()
+}
+
+/// `idctl bench`'s flags checked: at least one client, a positive duration.
+fn bench_config(clients: usize, seconds: f64, count: u64) -> Result<BenchConfig> {
+    if clients == 0 {
+        return Err(qcli::usage("--clients must be at least 1"));
+    }
+    if !(seconds > 0.0 && seconds.is_finite()) {
+        return Err(qcli::usage(format!(
+            "--seconds must be a positive number, got {seconds}"
+        )));
+    }
+    Ok(BenchConfig {
+        clients,
+        duration: Duration::from_secs_f64(seconds),
+        count,
+        progress: true,
+    })
 }
 
 /// `idctl cluster up`: starts the quorum and leaves it running (detached).
@@ -468,6 +481,14 @@ async fn broker_stats(
     let s = idclient::broker_client::fetch_stats_with(&addr, token.as_ref(), tls.as_ref())
         .await
         .with_context(|| format!("broker {addr}"))?;
+    print_broker_stats(&s);
+    println!("{}", broker_stats_json(&s));
+    Ok(())
+}
+
+/// A broker's counters, human-readable: role, connections, requests, rounds and their
+/// latency, batch sizes, and (unless it serves one round per batch) its windows.
+fn print_broker_stats(s: &BrokerStats) {
     println!(
         "role {}  term {}  leader {}  redirects {}  forwarded {}",
         s.role,
@@ -515,7 +536,11 @@ async fn broker_stats(
             s.holes
         );
     }
-    let json = serde_json::json!({
+}
+
+/// A broker's counters as `idctl broker-stats`'s last line: one JSON object.
+fn broker_stats_json(s: &BrokerStats) -> serde_json::Value {
+    serde_json::json!({
         "requests": s.requests,
         "ids": s.ids,
         "rounds": s.rounds,
@@ -536,7 +561,5 @@ async fn broker_stats(
         "reservations": s.reservations,
         "reservations_lost": s.reservations_lost,
         "holes": s.holes,
-    });
-    println!("{json}");
-    Ok(())
+    })
 }

@@ -23,12 +23,28 @@ use qstore::{Location, Store, StoreError, StoreOptions};
 use sublist::listbin::{verify, ListError, ListReader};
 use sublist::run::{Part, RunError, RunWriter, ShardSpec};
 
-/// Test hook for crash tests: after this many records the merge stops making progress
-/// (it sleeps with its temporary file open) so a test can kill it mid-merge
-/// deterministically, without racing a fast machine.
-const STALL_ENV: &str = "QLIST_MERGER_TEST_STALL_AFTER";
-/// With [`STALL_ENV`]: stall this many milliseconds, then go on.
-const STALL_MS_ENV: &str = "QLIST_MERGER_TEST_STALL_MS";
+#[cfg(feature = "test-hooks")]
+use merger::test_hooks::Stall;
+
+/// Without the feature `test-hooks` (every build but the merger's own tests): no stall,
+/// and no variable read.
+#[cfg(not(feature = "test-hooks"))]
+#[derive(Clone, Copy)]
+struct Stall;
+
+#[cfg(not(feature = "test-hooks"))]
+impl Stall {
+    fn none() -> Stall {
+        Stall
+    }
+
+    fn from_env() -> Result<Stall, String> {
+        Ok(Stall)
+    }
+
+    fn maybe_stall(&mut self, _records: u64) {}
+}
+
 /// Plain-log progress interval when stderr is not a terminal.
 const LOG_EVERY: Duration = Duration::from_secs(5);
 
@@ -192,7 +208,8 @@ struct MergeConfig {
     jobs: u32,
     allow_unfinished: bool,
     store: StoreOptions,
-    stall_after: Option<u64>,
+    /// The crash tests' stall (feature `test-hooks`, `merger::test_hooks`).
+    stall: Stall,
 }
 
 fn main() -> ExitCode {
@@ -271,13 +288,7 @@ fn config(args: MergeArgs) -> anyhow::Result<MergeConfig> {
     if args.part.is_some() && args.jobs > 1 {
         return Err(qcli::usage("--part and --jobs cannot be combined: run the K parts as K processes, or one merge with --jobs"));
     }
-    let stall_after = match std::env::var(STALL_ENV) {
-        Ok(v) => Some(
-            v.parse()
-                .map_err(|_| qcli::usage(format!("{STALL_ENV}={v:?} is not a number")))?,
-        ),
-        Err(_) => None,
-    };
+    let stall = Stall::from_env().map_err(qcli::usage)?;
     Ok(MergeConfig {
         out,
         format,
@@ -292,7 +303,7 @@ fn config(args: MergeArgs) -> anyhow::Result<MergeConfig> {
             deadline: Duration::from_secs(args.store_deadline_secs.max(1)),
             ..StoreOptions::default()
         },
-        stall_after,
+        stall,
     })
 }
 
@@ -386,7 +397,7 @@ fn run_merge(cfg: &MergeConfig) -> anyhow::Result<()> {
     let store = Store::new(merger::runs::read_options(cfg.store, specs.len(), jobs, s3));
     // Fail on a bad --out before spending time opening inputs.
     check_out(cfg, &specs)?;
-    let mut progress = Progress::new(0, cfg.stall_after);
+    let mut progress = Progress::new(0, cfg.stall);
     let result = open_and_merge(cfg, &store, &specs, &mut progress);
     progress.finish();
     let written = result.map_err(|e| {
@@ -558,7 +569,7 @@ fn run_convert(files: &[String], out: &str, opts: ParquetOptions) -> anyhow::Res
     if let Location::Dir(p) = &out {
         check_out_dir(p)?;
     }
-    let mut progress = Progress::new(0, None);
+    let mut progress = Progress::new(0, Stall::none());
     let result = (|| {
         let runs = locations
             .iter()
@@ -620,17 +631,17 @@ fn check_out_dir(out: &std::path::Path) -> anyhow::Result<()> {
 }
 
 /// The merge's progress: a bar on a terminal, a log line every [`LOG_EVERY`] otherwise;
-/// and the crash-test stall ([`STALL_ENV`]).
+/// and the crash tests' stall ([`Stall`]).
 struct Progress {
     bar: Option<indicatif::ProgressBar>,
     total: u64,
     start: Instant,
     last_log: Instant,
-    stall_after: Option<u64>,
+    stall: Stall,
 }
 
 impl Progress {
-    fn new(total: u64, stall_after: Option<u64>) -> Progress {
+    fn new(total: u64, stall: Stall) -> Progress {
         let bar = std::io::stderr().is_terminal().then(|| {
             let bar = indicatif::ProgressBar::new(total);
             bar.set_style(
@@ -647,7 +658,7 @@ impl Progress {
             total,
             start,
             last_log: start,
-            stall_after,
+            stall,
         }
     }
 
@@ -671,23 +682,7 @@ impl Progress {
             let total = self.total;
             tracing::info!(records, total, mb = bytes / 1_000_000, "merging");
         }
-        if self.stall_after.is_some_and(|n| records >= n) {
-            // With STALL_MS_ENV the stall ends (once), so a test can change the world
-            // under a merge in progress (kill the S3 server, replace an object).
-            if let Some(ms) = std::env::var(STALL_MS_ENV)
-                .ok()
-                .and_then(|v| v.parse().ok())
-            {
-                tracing::warn!(records, "{STALL_ENV} set: stalling for {ms} ms");
-                self.stall_after = None;
-                std::thread::sleep(Duration::from_millis(ms));
-                return;
-            }
-            tracing::warn!(records, "{STALL_ENV} set: stalling until killed");
-            loop {
-                std::thread::sleep(Duration::from_secs(3600));
-            }
-        }
+        self.stall.maybe_stall(records);
     }
 
     fn finish(&self) {

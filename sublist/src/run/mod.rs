@@ -517,14 +517,49 @@ impl RunMeta {
 /// # Errors
 /// [`RunError::BlockChecksum`], [`RunError::BadBlock`], naming the byte offset.
 pub fn decode_block(bytes: &[u8], entry: &BlockEntry, block: u64) -> Result<Vec<Record>, RunError> {
-    let bad = |offset: u64, what: String| RunError::BadBlock {
+    let body = checked_block_body(bytes, entry, block)?;
+    let mut out: Vec<Record> = Vec::with_capacity(entry.records as usize);
+    let mut pos = 0usize;
+    while pos < body.len() {
+        let at = entry.offset + pos as u64;
+        let (record, end) = decode_record(body, pos).map_err(|what| bad_block(at, block, what))?;
+        if let Some(prev) = out.last().map(|r| r.id).filter(|&p| record.id <= p) {
+            return Err(bad_block(
+                at,
+                block,
+                format!(
+                    "record id {} is not above the previous id {prev}",
+                    record.id
+                ),
+            ));
+        }
+        out.push(record);
+        pos = end;
+    }
+    matches_index(&out, entry, block)?;
+    Ok(out)
+}
+
+/// A [`RunError::BadBlock`]: `what` is wrong at byte `offset`, in block `block`.
+fn bad_block(offset: u64, block: u64, what: String) -> RunError {
+    RunError::BadBlock {
         offset,
         block,
         what,
-    };
+    }
+}
+
+/// The records' bytes of a block (`bytes` without its CRC) once its length matches the
+/// index and its CRC its bytes.
+fn checked_block_body<'b>(
+    bytes: &'b [u8],
+    entry: &BlockEntry,
+    block: u64,
+) -> Result<&'b [u8], RunError> {
     if bytes.len() as u64 != u64::from(entry.len) {
-        return Err(bad(
+        return Err(bad_block(
             entry.offset,
+            block,
             format!("{} bytes read, the index says {}", bytes.len(), entry.len),
         ));
     }
@@ -539,66 +574,57 @@ pub fn decode_block(bytes: &[u8], entry: &BlockEntry, block: u64) -> Result<Vec<
             computed,
         });
     }
-    let mut out = Vec::with_capacity(entry.records as usize);
-    let mut pos = 0usize;
-    let mut prev: Option<u64> = None;
-    while pos < body.len() {
-        let at = entry.offset + pos as u64;
-        let Some(head) = body.get(pos..pos + RECORD_HEAD_LEN) else {
-            return Err(bad(
-                at,
-                "a record's fixed fields run past the block's end".into(),
-            ));
-        };
-        let mut h = [0u8; RECORD_HEAD_LEN];
-        h.copy_from_slice(head);
-        let (id, shard, seq, len) = decode_record_head(&h);
-        let start = pos + RECORD_HEAD_LEN;
-        let end = (len <= MAX_PAYLOAD as u64)
-            .then(|| start + len as usize)
-            .filter(|&e| e <= body.len())
-            .ok_or_else(|| {
-                bad(
-                    at,
-                    format!("record id {id} claims a {len}-byte payload, past the block's end"),
-                )
-            })?;
-        if prev.is_some_and(|p| id <= p) {
-            return Err(bad(
-                at,
-                format!(
-                    "record id {id} is not above the previous id {}",
-                    prev.unwrap_or(0)
-                ),
-            ));
-        }
-        prev = Some(id);
-        out.push(Record {
-            id,
-            shard,
-            seq,
-            payload: body[start..end].to_vec(),
-        });
-        pos = end;
-    }
-    let first = out.first().map(|r| r.id);
-    let last = out.last().map(|r| r.id);
-    if out.len() as u64 != u64::from(entry.records)
+    Ok(body)
+}
+
+/// The record at `pos` of a block's `body`, and where the next one starts; or what is
+/// wrong with it: fixed fields or a payload running past the body's end, or a payload
+/// longer than [`MAX_PAYLOAD`].
+fn decode_record(body: &[u8], pos: usize) -> Result<(Record, usize), String> {
+    let Some(head) = body.get(pos..pos + RECORD_HEAD_LEN) else {
+        return Err("a record's fixed fields run past the block's end".into());
+    };
+    let mut h = [0u8; RECORD_HEAD_LEN];
+    h.copy_from_slice(head);
+    let (id, shard, seq, len) = decode_record_head(&h);
+    let start = pos + RECORD_HEAD_LEN;
+    let end = (len <= MAX_PAYLOAD as u64)
+        .then(|| start + len as usize)
+        .filter(|&e| e <= body.len())
+        .ok_or_else(|| {
+            format!("record id {id} claims a {len}-byte payload, past the block's end")
+        })?;
+    let record = Record {
+        id,
+        shard,
+        seq,
+        payload: body[start..end].to_vec(),
+    };
+    Ok((record, end))
+}
+
+/// Checks that a block's decoded records are the ones its index entry announces: as
+/// many, from its first ID to its last.
+fn matches_index(records: &[Record], entry: &BlockEntry, block: u64) -> Result<(), RunError> {
+    let first = records.first().map(|r| r.id);
+    let last = records.last().map(|r| r.id);
+    if records.len() as u64 != u64::from(entry.records)
         || first != Some(entry.first_id)
         || last != Some(entry.last_id)
     {
-        return Err(bad(
+        return Err(bad_block(
             entry.offset,
+            block,
             format!(
                 "holds {} records with ids {first:?}..={last:?}; the index says {} records {}..={}",
-                out.len(),
+                records.len(),
                 entry.records,
                 entry.first_id,
                 entry.last_id
             ),
         ));
     }
-    Ok(out)
+    Ok(())
 }
 
 mod check;
