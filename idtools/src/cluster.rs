@@ -3,7 +3,8 @@
 //! [`LocalQuorum`] is used three ways: `idctl cluster up/down` (processes outlive the
 //! command, their pids are recorded in `DIR/cluster.json`), and tests and benchmarks
 //! ([`LocalQuorum::temp`]: free loopback ports in a temp dir, stopped on drop;
-//! [`LocalQuorum::temp_tls`]: the same with nodes that speak TLS only).
+//! [`LocalQuorum::temp_tls`]: the same with nodes that speak TLS only; [`test_quorum`]
+//! and [`test_quorum_tls`]: either, panicking with the reason, for tests).
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
@@ -423,6 +424,29 @@ pub fn ping(port: u16) -> bool {
     }
     let mut buf = [0u8; 7];
     stream.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n"
+}
+
+/// A throwaway quorum of `nodes` for a test ([`LocalQuorum::temp`]): the one way the
+/// tests start their Redis nodes.
+///
+/// # Panics
+/// If the quorum cannot start, with the reason (a missing or too old redis-server says
+/// how to install one): a test that needs Redis fails clearly, it never skips.
+#[track_caller]
+pub fn test_quorum(nodes: usize) -> LocalQuorum {
+    LocalQuorum::temp(nodes)
+        .unwrap_or_else(|e| panic!("cannot start a {nodes}-node redis-server quorum: {e}"))
+}
+
+/// [`test_quorum`] with nodes that speak TLS only ([`LocalQuorum::temp_tls`]).
+///
+/// # Panics
+/// As [`test_quorum`]; also if redis-server was built without TLS or refuses the files.
+#[track_caller]
+pub fn test_quorum_tls(nodes: usize, tls: TlsNodes) -> LocalQuorum {
+    LocalQuorum::temp_tls(nodes, tls).unwrap_or_else(|e| {
+        panic!("cannot start a {nodes}-node TLS redis-server quorum (redis-server built with TLS?): {e}")
+    })
 }
 
 impl LocalQuorum {
