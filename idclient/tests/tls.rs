@@ -6,8 +6,7 @@ use idclient::{
     ClientCert, ClientConfig, Combine, IdError, IdSource, Protocol, QuorumClient, TlsConfig,
 };
 use idtools::bench::{self, BenchConfig};
-use idtools::cluster::{LocalQuorum, TlsNodes};
-use idtools::history::check;
+use idtools::cluster::{test_quorum_tls, LocalQuorum};
 use idtools::pki::Pki;
 use std::path::Path;
 use std::sync::Arc;
@@ -18,19 +17,6 @@ const PASSWORD: &str = "tls-test-s3cret";
 
 fn pki() -> Pki {
     Pki::new().expect("make the test certificates")
-}
-
-fn quorum(pki: &Pki, require_client_cert: bool) -> LocalQuorum {
-    LocalQuorum::temp_tls(
-        3,
-        TlsNodes {
-            cert_file: pki.server_cert.clone(),
-            key_file: pki.server_key.clone(),
-            ca_file: pki.ca.clone(),
-            require_client_cert,
-        },
-    )
-    .expect("cannot start a TLS redis-server quorum (is redis-server, built with TLS, installed? `apt-get install redis-server`)")
 }
 
 fn config(urls: Vec<String>, tls: TlsConfig) -> ClientConfig {
@@ -80,7 +66,7 @@ fn names_every_node(q: &LocalQuorum, msg: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ids_over_a_tls_quorum_in_every_protocol() {
     let pki = pki();
-    let q = quorum(&pki, false);
+    let q = test_quorum_tls(3, pki.tls_nodes(false));
     assert!(q.urls().iter().all(|u| u.starts_with("rediss://")));
     let mut last = 0;
     for protocol in [Protocol::Fast, Protocol::Classic] {
@@ -100,15 +86,10 @@ async fn ids_over_a_tls_quorum_in_every_protocol() {
         c.combine = Combine::Always;
         sources.push(Arc::new(QuorumClient::connect(c).await.expect("connect")));
     }
-    let cfg = BenchConfig {
-        clients: sources.len(),
-        duration: Duration::from_millis(800),
-        count: 1,
-        progress: false,
-    };
+    let cfg = BenchConfig::quiet(sources.len(), Duration::from_millis(800), 1);
     let report = bench::run(&cfg, &sources).await;
     assert_eq!(report.errors, 0, "{}", report.summary_line());
-    check(&report.events).expect("linearizable");
+    report.assert_checked();
     let combined: u64 = sources.iter().map(|c| c.counters().combined).sum();
     assert!(
         combined > 0,
@@ -120,7 +101,7 @@ async fn ids_over_a_tls_quorum_in_every_protocol() {
 #[tokio::test]
 async fn a_restarted_tls_node_serves_again() {
     let pki = pki();
-    let mut q = quorum(&pki, false);
+    let mut q = test_quorum_tls(3, pki.tls_nodes(false));
     let client = QuorumClient::connect(config(q.urls(), trusting(&pki.ca)))
         .await
         .expect("connect over TLS");
@@ -139,7 +120,7 @@ async fn a_restarted_tls_node_serves_again() {
 #[tokio::test]
 async fn idctl_checks_tls_nodes() {
     let pki = pki();
-    let q = quorum(&pki, true);
+    let q = test_quorum_tls(3, pki.tls_nodes(true));
     let timeout = Duration::from_secs(2);
     let checks = idclient::check_nodes(&q.urls(), timeout, timeout, &with_client_cert(&pki))
         .await
@@ -164,7 +145,7 @@ async fn idctl_checks_tls_nodes() {
 #[tokio::test]
 async fn a_node_certificate_from_another_ca_is_a_clear_error() {
     let pki = pki();
-    let q = quorum(&pki, false);
+    let q = test_quorum_tls(3, pki.tls_nodes(false));
     // A password in every URL: the error names the nodes, never it.
     let urls: Vec<String> = q
         .ports()
@@ -187,7 +168,7 @@ async fn a_node_certificate_from_another_ca_is_a_clear_error() {
 #[tokio::test]
 async fn a_required_client_certificate_is_presented() {
     let pki = pki();
-    let q = quorum(&pki, true);
+    let q = test_quorum_tls(3, pki.tls_nodes(true));
     let e = connect_err(config(q.urls(), trusting(&pki.ca))).await;
     let msg = e.to_string();
     assert!(matches!(e, IdError::NoQuorum { .. }), "{msg}");

@@ -20,6 +20,19 @@ pub struct BenchConfig {
     pub progress: bool,
 }
 
+impl BenchConfig {
+    /// `clients` callers for `duration`, each request for `count` IDs, without progress
+    /// lines: how the tests load a quorum.
+    pub fn quiet(clients: usize, duration: Duration, count: u64) -> BenchConfig {
+        BenchConfig {
+            clients,
+            duration,
+            count,
+            progress: false,
+        }
+    }
+}
+
 /// What happened.
 #[derive(Debug, Clone)]
 pub struct BenchReport {
@@ -95,6 +108,20 @@ impl BenchReport {
             history::check_count(e, self.count)?;
         }
         history::check(&self.events)
+    }
+
+    /// Panics unless the run passes [`BenchReport::check`]: the tests' one-line check.
+    ///
+    /// # Panics
+    /// On the first violation, naming how many requests the run made.
+    #[track_caller]
+    pub fn assert_checked(&self) {
+        if let Err(v) = self.check() {
+            panic!(
+                "run of {} requests violates the guarantee: {v}",
+                self.events.len()
+            );
+        }
     }
 
     /// Counts one caller's requests; `stop_ns` ends the timed window.

@@ -449,6 +449,30 @@ pub fn test_quorum_tls(nodes: usize, tls: TlsNodes) -> LocalQuorum {
     })
 }
 
+/// Runs one command (`args[0]` and its arguments) on the Redis node at `url`, over a
+/// connection of its own, as the URL's user: how tests set up, break or inspect a node
+/// behind the client's back. Its reply.
+///
+/// # Panics
+/// If `args` is empty, the node cannot be reached, or it answers with an error (the
+/// message has the command).
+pub async fn node_command<A: AsRef<str>>(url: &str, args: &[A]) -> redis::Value {
+    let (name, rest) = args.split_first().expect("a command");
+    let mut conn = redis::Client::open(url)
+        .expect("node URL")
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap_or_else(|e| panic!("connect to a node for {:?}: {e}", name.as_ref()));
+    let mut cmd = redis::cmd(name.as_ref());
+    for a in rest {
+        cmd.arg(a.as_ref());
+    }
+    cmd.query_async(&mut conn).await.unwrap_or_else(|e| {
+        let args: Vec<&str> = args.iter().map(AsRef::as_ref).collect();
+        panic!("{args:?}: {e}")
+    })
+}
+
 impl LocalQuorum {
     /// Starts `nodes` durable redis-servers on ports `base_port..` with data dirs under
     /// `dir`, and records them in `dir/cluster.json`. Nodes stop when the value drops,

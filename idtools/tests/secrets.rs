@@ -7,7 +7,7 @@
 
 mod common;
 use common::{idbroker_bin, idctl, text};
-use idtools::cluster::LocalQuorum;
+use idtools::cluster::{node_command, test_quorum, LocalQuorum};
 use idtools::proc::{Announced, START_TIMEOUT};
 use std::io::Read;
 use std::process::{Command, Stdio};
@@ -17,18 +17,7 @@ const PASSWORD: &str = "Pw-7f3a9c-do-not-print";
 /// Sets a password on every node of `q` (they start without one).
 async fn require_password(q: &LocalQuorum) {
     for url in q.urls() {
-        let client = redis::Client::open(url.as_str()).expect("url");
-        let mut conn = client
-            .get_multiplexed_async_connection()
-            .await
-            .expect("connect");
-        redis::cmd("CONFIG")
-            .arg("SET")
-            .arg("requirepass")
-            .arg(PASSWORD)
-            .query_async::<()>(&mut conn)
-            .await
-            .expect("CONFIG SET requirepass");
+        node_command(&url, &["CONFIG", "SET", "requirepass", PASSWORD]).await;
     }
 }
 
@@ -42,7 +31,7 @@ fn assert_no_password(what: &str, out: &str) {
 
 #[tokio::test]
 async fn no_output_of_a_failing_run_carries_a_node_password() {
-    let mut q = LocalQuorum::temp(3).expect("cannot start redis-server quorum");
+    let mut q = test_quorum(3);
     require_password(&q).await;
     let urls: Vec<String> = q
         .ports()
