@@ -14,11 +14,10 @@
 //!   follower cost a bounded number of connections there and get a clear error, logged
 //!   once.
 
-use idclient::broker_client::{fetch_stats_with_token, BrokerClient, BrokerClientConfig};
+use idclient::broker_client::{BrokerClient, BrokerClientConfig};
 use idclient::{IdSource, Token};
-use idproto::wire::BrokerStats;
-use idtools::cluster::LocalQuorum;
-use idtools::failover;
+use idtools::cluster::{test_quorum, LocalQuorum};
+use idtools::failover::{self, stats};
 use idtools::proc::TestBroker;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
@@ -53,17 +52,6 @@ fn broker(
 
 /// The default timing of the election tests.
 const FAST: (u64, u64) = (200, 50);
-
-fn quorum() -> LocalQuorum {
-    LocalQuorum::temp(3).expect("start a 3-node redis quorum (is redis-server installed?)")
-}
-
-async fn stats(addr: &str, token: Option<&Token>) -> Option<BrokerStats> {
-    tokio::time::timeout(Duration::from_secs(2), fetch_stats_with_token(addr, token))
-        .await
-        .ok()?
-        .ok()
-}
 
 async fn wait_settled(
     brokers: &[&TestBroker],
@@ -173,7 +161,7 @@ async fn next_on(resp: &str, token: Option<&str>, limit: Duration) -> Result<Vec
 /// brokers stepped down and forwarded RESP requests, token in the Hello, to the sink.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forged_heartbeat_deposes_no_leader_and_draws_no_token() {
-    let q = quorum();
+    let q = test_quorum(3);
     let (sink, accepted) = sink().await;
     // A timeout well above the forger's pace: followers must not stand merely because
     // the forged value hid the leader's heartbeat for a moment.
@@ -244,7 +232,7 @@ async fn a_forged_heartbeat_deposes_no_leader_and_draws_no_token() {
 /// the brokers restarted, the log blaming the term register.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_heartbeat_of_the_largest_term_stops_no_election() {
-    let q = quorum();
+    let q = test_quorum(3);
     let brokers: Vec<TestBroker> = (0..2).map(|_| broker(&q, None, FAST, &[])).collect();
     let refs: Vec<&TestBroker> = brokers.iter().collect();
     wait_settled(&refs, None, Duration::from_secs(10))
@@ -288,7 +276,7 @@ async fn a_heartbeat_of_the_largest_term_stops_no_election() {
 /// as what it is, with the fix, once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_term_register_at_the_largest_term_is_reported_with_the_fix() {
-    let q = quorum();
+    let q = test_quorum(3);
     on_every_node(&q, &set(TERM_KEY, &u64::MAX.to_string()));
     let b = broker(&q, None, FAST, &[]);
     let want = format!(
@@ -346,7 +334,7 @@ async fn pipeline(
 /// full 5 s deadline for a leader it would never learn ("no leader is known now").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resigning_leader_answers_pending_resp_requests_promptly() {
-    let q = quorum();
+    let q = test_quorum(3);
     let brokers: Vec<TestBroker> = (0..3).map(|_| broker(&q, None, FAST, &[])).collect();
     let refs: Vec<&TestBroker> = brokers.iter().collect();
     let l = wait_settled(&refs, None, Duration::from_secs(10))
@@ -395,7 +383,7 @@ async fn a_resigning_leader_answers_pending_resp_requests_promptly() {
 /// ~100 connections there, each request retrying until its deadline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_misadvertised_leader_costs_a_bounded_number_of_connections() {
-    let q = quorum();
+    let q = test_quorum(3);
     let (sink, accepted) = sink().await;
     let leader = broker(&q, None, FAST, &["--advertise", &sink]);
     let end = Instant::now() + Duration::from_secs(10);
@@ -453,7 +441,7 @@ async fn a_misadvertised_leader_costs_a_bounded_number_of_connections() {
 /// an error saying so (before, each waited out its 5 s deadline), and it logs it once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_named_by_the_live_leader_answers_at_once() {
-    let q = quorum();
+    let q = test_quorum(3);
     let (shared, _accepted) = sink().await;
     let leader = broker(&q, None, FAST, &["--advertise", &shared]);
     let end = Instant::now() + Duration::from_secs(10);

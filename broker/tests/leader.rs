@@ -7,14 +7,15 @@
 //! redirects), so the failover can be timed per broker; the SIGSTOP test adds callers of
 //! the real `BrokerClient` (which follows redirects itself) to the same history.
 
-use idclient::broker_client::{fetch_stats, BrokerClient, BrokerClientConfig};
+use idclient::broker_client::{BrokerClient, BrokerClientConfig};
 use idclient::{IdRange, IdSource};
 use idproto::framed::FrameReader;
-use idproto::wire::{self, BrokerStats, ClientMsg, ServerMsg};
+use idproto::wire::{ClientMsg, ServerMsg};
 use idtools::cluster::{test_quorum, LocalQuorum};
-use idtools::failover;
+use idtools::failover::{self, stats};
 use idtools::history::{assert_linearizable, monotonic_ns, Recorder};
 use idtools::proc::TestBroker;
+use idtools::raw;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -42,13 +43,6 @@ fn broker(quorum: &LocalQuorum) -> TestBroker {
     )
 }
 
-async fn stats(addr: &str) -> Option<BrokerStats> {
-    tokio::time::timeout(Duration::from_secs(2), fetch_stats(addr))
-        .await
-        .ok()?
-        .ok()
-}
-
 /// Polls the brokers (bounded) until exactly one of `alive` leads and every other one
 /// follows it in its term; its index.
 async fn wait_settled(brokers: &[TestBroker], alive: &[usize], limit: Duration) -> usize {
@@ -67,21 +61,14 @@ async fn request(addr: &str, count: u64) -> Result<ServerMsg, String> {
         let mut s = TcpStream::connect(addr)
             .await
             .map_err(|e| format!("connect: {e}"))?;
-        let mut buf = Vec::new();
-        for msg in [
-            ClientMsg::Hello {
-                magic: wire::MAGIC,
-                version: wire::VERSION,
-                token: None,
-            },
+        let buf = raw::encode(&[
+            raw::hello(),
             ClientMsg::NextIds {
                 id: 1,
                 count,
                 deadline_ms: 1000,
             },
-        ] {
-            wire::encode(&msg, &mut buf).map_err(|e| e.to_string())?;
-        }
+        ]);
         s.write_all(&buf).await.map_err(|e| format!("write: {e}"))?;
         let mut rd = FrameReader::new(&mut s, Duration::from_secs(5));
         match rd.read_msg::<ServerMsg>().await {
@@ -225,12 +212,12 @@ async fn one_leader_serves_followers_redirect_and_a_killed_leader_is_replaced() 
 
     // A follower redirects to the leader and starts nothing; the leader serves.
     let f = (l + 1) % 3;
-    let before = stats(&brokers[f].addr).await.expect("follower stats");
+    let before = stats(&brokers[f].addr, None).await.expect("follower stats");
     match request(&brokers[f].addr, 1).await {
         Ok(ServerMsg::Redirect { id: 1, leader: to }) => assert_eq!(to, Some(leader.clone())),
         other => panic!("follower answered {other:?}"),
     }
-    let after = stats(&brokers[f].addr).await.expect("follower stats");
+    let after = stats(&brokers[f].addr, None).await.expect("follower stats");
     assert_eq!(after.redirects, before.redirects + 1);
     assert_eq!((after.rounds, after.ids), (before.rounds, before.ids));
     assert!(matches!(request(&leader, 3).await, Ok(ServerMsg::Ids { lo, hi, .. }) if hi == lo + 2));
@@ -241,14 +228,16 @@ async fn one_leader_serves_followers_redirect_and_a_killed_leader_is_replaced() 
     let seen = Arc::new(Seen::default());
     let callers = spawn_callers(addrs, 4, &stop, &seen);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let term = stats(&leader).await.expect("leader stats").term;
+    let term = stats(&leader, None).await.expect("leader stats").term;
     let killed_ns = monotonic_ns();
     brokers[l].proc.kill();
     let took = first_served_after(&seen, &leader, killed_ns).await;
     eprintln!("failover: kill -9 of the leader to the first ID from the new leader: {took:?}");
     let alive: Vec<usize> = (0..3).filter(|&i| i != l).collect();
     let n = wait_settled(&brokers, &alive, Duration::from_secs(10)).await;
-    let new = stats(&brokers[n].addr).await.expect("new leader stats");
+    let new = stats(&brokers[n].addr, None)
+        .await
+        .expect("new leader stats");
     assert!(new.term > term, "new term {} after {term}", new.term);
     tokio::time::sleep(Duration::from_millis(200)).await;
     stop.store(true, Relaxed);
@@ -263,7 +252,7 @@ async fn a_leader_stopped_past_the_timeout_steps_down_when_continued() {
     let brokers: Vec<TestBroker> = (0..3).map(|_| broker(&q)).collect();
     let l = wait_settled(&brokers, &[0, 1, 2], Duration::from_secs(10)).await;
     let leader = brokers[l].addr.clone();
-    let term = stats(&leader).await.expect("leader stats").term;
+    let term = stats(&leader, None).await.expect("leader stats").term;
 
     let addrs: Vec<String> = brokers.iter().map(|b| b.addr.clone()).collect();
     let stop = Arc::new(AtomicBool::new(false));
@@ -283,7 +272,7 @@ async fn a_leader_stopped_past_the_timeout_steps_down_when_continued() {
     // Continued, it sees the higher term and follows the new leader.
     let settled = wait_settled(&brokers, &[0, 1, 2], Duration::from_secs(10)).await;
     assert_eq!(settled, n);
-    let old = stats(&leader).await.expect("old leader stats");
+    let old = stats(&leader, None).await.expect("old leader stats");
     assert_eq!(old.role, "follower");
     assert!(old.term > term);
     tokio::time::sleep(Duration::from_millis(200)).await;

@@ -6,9 +6,8 @@ use idclient::{IdError, IdSource};
 use idproto::wire::{self, ClientMsg};
 use idtools::cluster::{test_quorum, LocalQuorum};
 use idtools::history::{assert_linearizable, monotonic_ns, Event, Recorder};
-use idtools::proc::TestBroker;
+use idtools::proc::{refused_at_startup, TestBroker};
 use idtools::raw::{closed_by_broker, connect as raw_connect, send};
-use std::process::Command;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
@@ -565,19 +564,10 @@ async fn max_connections_flag_caps_connections() {
 /// Bad limits are refused at startup, naming the flag's setting (exit code 2).
 #[test]
 fn inconsistent_deadline_flags_are_refused() {
-    let out = Command::new(env!("CARGO_BIN_EXE_idbroker"))
-        .args([
-            "--listen",
-            "127.0.0.1:0",
-            "--nodes",
-            "redis://127.0.0.1:1",
-            "--max-deadline-ms",
-            "100",
-        ])
-        .output()
-        .expect("run idbroker");
-    assert_eq!(out.status.code(), Some(2), "{out:?}");
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = refused_at_startup(
+        env!("CARGO_BIN_EXE_idbroker"),
+        &["--max-deadline-ms", "100"],
+    );
     assert!(
         stderr.contains("default_deadline exceeds max_deadline"),
         "{stderr}"

@@ -4,11 +4,10 @@
 //! history as binary clients of the leader; through a kill -9 of the leader; and with an
 //! auth token the leader requires.
 
-use idclient::broker_client::{fetch_stats_with_token, BrokerClient, BrokerClientConfig};
+use idclient::broker_client::{BrokerClient, BrokerClientConfig};
 use idclient::{IdRange, IdSource, Token};
-use idproto::wire::BrokerStats;
-use idtools::cluster::LocalQuorum;
-use idtools::failover;
+use idtools::cluster::{test_quorum, LocalQuorum};
+use idtools::failover::{self, stats};
 use idtools::history::{assert_linearizable, monotonic_ns, Event, Recorder};
 use idtools::proc::TestBroker;
 use idtools::resp::{parse_range, redis_cli};
@@ -31,17 +30,6 @@ fn broker(quorum: &LocalQuorum, extra: &[&str]) -> TestBroker {
         None,
         &[&timing[..], extra].concat(),
     )
-}
-
-fn quorum() -> LocalQuorum {
-    LocalQuorum::temp(3).expect("start a 3-node redis quorum (is redis-server installed?)")
-}
-
-async fn stats(addr: &str, token: Option<&Token>) -> Option<BrokerStats> {
-    tokio::time::timeout(Duration::from_secs(2), fetch_stats_with_token(addr, token))
-        .await
-        .ok()?
-        .ok()
 }
 
 /// Polls (bounded) until exactly one of `alive` leads and every other one follows it in
@@ -67,7 +55,7 @@ async fn wait_settled(
 /// it forwarded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_followers_resp_port_serves_the_leaders_ids() {
-    let q = quorum();
+    let q = test_quorum(3);
     let brokers: Vec<TestBroker> = (0..3).map(|_| broker(&q, &[])).collect();
     let l = wait_settled(&brokers, &[0, 1, 2], None, Duration::from_secs(10)).await;
     let (leader, follower) = (&brokers[l], &brokers[(l + 1) % 3]);
@@ -224,7 +212,7 @@ async fn read_reply(s: &mut TcpStream, buf: &mut Vec<u8>) -> Vec<String> {
 /// real-time order holds, with binary clients of every broker in the same history.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_leader_under_pipelined_resp_load_on_a_follower() {
-    let q = quorum();
+    let q = test_quorum(3);
     let mut brokers: Vec<TestBroker> = (0..3).map(|_| broker(&q, &[])).collect();
     let l = wait_settled(&brokers, &[0, 1, 2], None, Duration::from_secs(10)).await;
     let f = (l + 1) % 3;
@@ -349,7 +337,7 @@ async fn a_killed_leader_under_pipelined_resp_load_on_a_follower() {
 /// and its RESP clients still have to `AUTH` to it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_with_a_token_forwards_to_a_leader_requiring_it() {
-    let q = quorum();
+    let q = test_quorum(3);
     let dir = tempfile::tempdir().expect("temp dir");
     let secret = "forward-s3cret";
     let path = dir.path().join("token");

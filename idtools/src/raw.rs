@@ -17,21 +17,34 @@ pub const REPLY_TIMEOUT: Duration = Duration::from_secs(5);
 /// handshake and write timeouts in the tests stay well below.
 pub const CLOSE_TIMEOUT: Duration = Duration::from_secs(10);
 
-/// Connects to `addr` and says Hello (this wire version, no token).
+/// A Hello of this wire version, without a token: what a client sends first.
+pub fn hello() -> ClientMsg {
+    ClientMsg::Hello {
+        magic: wire::MAGIC,
+        version: wire::VERSION,
+        token: None,
+    }
+}
+
+/// `msgs` encoded one after the other: to be written at once, pipelined.
+///
+/// # Panics
+/// If one cannot be encoded.
+pub fn encode(msgs: &[ClientMsg]) -> Vec<u8> {
+    let mut buf = Vec::new();
+    for msg in msgs {
+        wire::encode(msg, &mut buf).expect("encode");
+    }
+    buf
+}
+
+/// Connects to `addr` and says [`hello`].
 ///
 /// # Panics
 /// Unless the broker answers Welcome, alone, within [`REPLY_TIMEOUT`].
 pub async fn connect(addr: &str) -> TcpStream {
     let mut s = TcpStream::connect(addr).await.expect("connect");
-    send(
-        &mut s,
-        &ClientMsg::Hello {
-            magic: wire::MAGIC,
-            version: wire::VERSION,
-            token: None,
-        },
-    )
-    .await;
+    send(&mut s, &hello()).await;
     let welcome = recv(&mut s).await;
     assert!(
         matches!(welcome, Some(ServerMsg::Welcome { .. })),
@@ -45,9 +58,9 @@ pub async fn connect(addr: &str) -> TcpStream {
 /// # Panics
 /// If it cannot be encoded or written.
 pub async fn send(s: &mut TcpStream, msg: &ClientMsg) {
-    let mut buf = Vec::new();
-    wire::encode(msg, &mut buf).expect("encode");
-    s.write_all(&buf).await.expect("write");
+    s.write_all(&encode(std::slice::from_ref(msg)))
+        .await
+        .expect("write");
 }
 
 /// The next reply (`None` if the connection closed or the bytes were no message). Reads
