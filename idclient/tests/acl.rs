@@ -4,9 +4,8 @@
 //! gets an error that names it.
 
 use idclient::{ClientConfig, Combine, IdError, IdSource, Protocol, QuorumClient};
-use idtools::bench::{self, BenchConfig};
+use idtools::bench;
 use idtools::cluster::{node_command, test_quorum, LocalQuorum};
-use std::sync::Arc;
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -87,22 +86,7 @@ async fn the_documented_acl_is_enough_on_every_path() {
             last = r.hi;
         }
     }
-    let mut sources = Vec::new();
-    for _ in 0..6 {
-        let mut c = config(&q);
-        c.combine = Combine::Always;
-        sources.push(Arc::new(QuorumClient::connect(c).await.expect("connect")));
-    }
-    let cfg = BenchConfig::quiet(sources.len(), Duration::from_millis(800), 1);
-    let report = bench::run(&cfg, &sources).await;
-    assert_eq!(report.errors, 0, "{}", report.summary_line());
-    report.assert_checked();
-    let combined: u64 = sources.iter().map(|c| c.counters().combined).sum();
-    assert!(
-        combined > 0,
-        "no request rode in another client's batch (the rendezvous was not used): {}",
-        report.summary_line()
-    );
+    bench::assert_combining_run(&config(&q), 6, Duration::from_millis(800)).await;
     for i in 0..q.len() {
         let denied = denials(&q, i).await;
         assert!(

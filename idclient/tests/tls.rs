@@ -2,14 +2,11 @@
 //! --tls-port`), with throwaway certificates ([`idtools::pki`]): a CA, a server certificate
 //! for 127.0.0.1, a client certificate, and a second CA that signed none of them.
 
-use idclient::{
-    ClientCert, ClientConfig, Combine, IdError, IdSource, Protocol, QuorumClient, TlsConfig,
-};
-use idtools::bench::{self, BenchConfig};
+use idclient::{ClientCert, ClientConfig, IdError, IdSource, Protocol, QuorumClient, TlsConfig};
+use idtools::bench;
 use idtools::cluster::{test_quorum_tls, LocalQuorum};
 use idtools::pki::Pki;
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 
 /// A password in the nodes' URLs: it must never show in an error.
@@ -80,22 +77,8 @@ async fn ids_over_a_tls_quorum_in_every_protocol() {
         }
     }
     // Combined rounds: the rendezvous script and the results subscription, both over TLS.
-    let mut sources = Vec::new();
-    for _ in 0..6 {
-        let mut c = config(q.urls(), trusting(&pki.ca));
-        c.combine = Combine::Always;
-        sources.push(Arc::new(QuorumClient::connect(c).await.expect("connect")));
-    }
-    let cfg = BenchConfig::quiet(sources.len(), Duration::from_millis(800), 1);
-    let report = bench::run(&cfg, &sources).await;
-    assert_eq!(report.errors, 0, "{}", report.summary_line());
-    report.assert_checked();
-    let combined: u64 = sources.iter().map(|c| c.counters().combined).sum();
-    assert!(
-        combined > 0,
-        "no request rode in another client's batch: {}",
-        report.summary_line()
-    );
+    let tls = config(q.urls(), trusting(&pki.ca));
+    bench::assert_combining_run(&tls, 6, Duration::from_millis(800)).await;
 }
 
 #[tokio::test]

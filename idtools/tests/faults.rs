@@ -122,19 +122,7 @@ async fn thirty_two_clients_in_two_processes_are_linearizable() {
             String::from_utf8_lossy(&out.stderr)
         );
         let stdout = String::from_utf8_lossy(&out.stdout);
-        let json: serde_json::Value =
-            serde_json::from_str(stdout.lines().last().expect("a JSON line")).expect("JSON");
-        for field in [
-            "ids_per_sec",
-            "requests_per_sec",
-            "p50_us",
-            "p99_us",
-            "holes_pct",
-            "errors",
-            "requests_started",
-        ] {
-            assert!(json.get(field).is_some(), "missing {field} in {stdout}");
-        }
+        let json = bench::summary_json(&stdout);
         assert_eq!(
             json["errors"], 0,
             "requests failed on a healthy quorum: {stdout}"
@@ -305,8 +293,7 @@ fn idctl_bench_counts_failures_that_return_after_the_window() {
     let rest = drain.join().expect("stderr reader");
     assert!(out.status.success(), "idctl bench failed: {rest:?}");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let json: serde_json::Value =
-        serde_json::from_str(stdout.lines().last().expect("a JSON line")).expect("JSON");
+    let json = bench::summary_json(&stdout);
     let recorded = history::read_events(&path).expect("history file");
     let failed = recorded.iter().filter(|e| e.outcome.is_none()).count();
     // Requests running when the majority died, and every one started after, fail.
