@@ -19,10 +19,11 @@ use idclient::{IdSource, Token};
 use idtools::cluster::{test_quorum, LocalQuorum};
 use idtools::failover::{self, stats};
 use idtools::proc::TestBroker;
+use idtools::resp;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
 
@@ -104,35 +105,6 @@ async fn sink() -> (String, Arc<AtomicUsize>) {
     (addr, accepted)
 }
 
-/// Reads one RESP reply (`*2` + two bulk strings, or one error line) within `limit`:
-/// `Ok(lines)`, or `Err` if the connection ended or nothing came in time.
-async fn read_reply(
-    s: &mut TcpStream,
-    buf: &mut Vec<u8>,
-    limit: Duration,
-) -> Result<Vec<String>, String> {
-    let end = Instant::now() + limit;
-    loop {
-        let text = String::from_utf8_lossy(buf).into_owned();
-        let lines: Vec<&str> = text.split("\r\n").collect();
-        let complete = lines.len().saturating_sub(1);
-        let need = if text.starts_with('*') { 5 } else { 1 };
-        if complete >= need {
-            let used: usize = lines[..need].iter().map(|l| l.len() + 2).sum();
-            let reply = lines[..need].iter().map(|l| l.to_string()).collect();
-            buf.drain(..used);
-            return Ok(reply);
-        }
-        let mut chunk = [0u8; 4096];
-        match tokio::time::timeout_at(end, s.read(&mut chunk)).await {
-            Err(_) => return Err(format!("no reply within {limit:?}")),
-            Ok(Err(e)) => return Err(format!("read: {e}")),
-            Ok(Ok(0)) => return Err("closed".into()),
-            Ok(Ok(n)) => buf.extend_from_slice(&chunk[..n]),
-        }
-    }
-}
-
 /// `QLIST.NEXT 1` on a fresh RESP connection to `resp` (with `AUTH` first when a token
 /// is given): the reply's lines, or why there was none within `limit`.
 async fn next_on(resp: &str, token: Option<&str>, limit: Duration) -> Result<Vec<String>, String> {
@@ -145,7 +117,7 @@ async fn next_on(resp: &str, token: Option<&str>, limit: Duration) -> Result<Vec
         s.write_all(auth.as_bytes())
             .await
             .map_err(|e| e.to_string())?;
-        let ok = read_reply(&mut s, &mut buf, limit).await?;
+        let ok = resp::read_reply(&mut s, &mut buf, limit).await?;
         if ok != ["+OK"] {
             return Err(format!("AUTH: {ok:?}"));
         }
@@ -153,7 +125,7 @@ async fn next_on(resp: &str, token: Option<&str>, limit: Duration) -> Result<Vec
     s.write_all(b"*2\r\n$10\r\nQLIST.NEXT\r\n$1\r\n1\r\n")
         .await
         .map_err(|e| e.to_string())?;
-    read_reply(&mut s, &mut buf, limit).await
+    resp::read_reply(&mut s, &mut buf, limit).await
 }
 
 /// Finding 8: `<key>:leader = "999 SEQ SINK"` written on every node, again and again for
@@ -318,7 +290,7 @@ async fn pipeline(
             break;
         }
         for _ in 0..BATCH {
-            let reply = read_reply(&mut s, &mut buf, Duration::from_secs(10)).await;
+            let reply = resp::read_reply(&mut s, &mut buf, Duration::from_secs(10)).await;
             let closed = reply.is_err();
             out.push((sent.elapsed(), reply));
             if closed {
@@ -411,7 +383,7 @@ async fn a_misadvertised_leader_costs_a_bounded_number_of_connections() {
         .expect("write");
     let mut buf = Vec::new();
     for _ in 0..4 {
-        let reply = read_reply(&mut s, &mut buf, Duration::from_secs(10))
+        let reply = resp::read_reply(&mut s, &mut buf, Duration::from_secs(10))
             .await
             .expect("a reply");
         let line = &reply[0];
@@ -473,7 +445,7 @@ async fn a_follower_named_by_the_live_leader_answers_at_once() {
         .expect("write");
     let mut buf = Vec::new();
     for _ in 0..3 {
-        let reply = read_reply(&mut s, &mut buf, Duration::from_secs(10))
+        let reply = resp::read_reply(&mut s, &mut buf, Duration::from_secs(10))
             .await
             .expect("a reply");
         let line = &reply[0];

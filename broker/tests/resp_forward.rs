@@ -10,13 +10,13 @@ use idtools::cluster::{test_quorum, LocalQuorum};
 use idtools::failover::{self, stats};
 use idtools::history::{assert_linearizable, monotonic_ns, Event, Recorder};
 use idtools::proc::TestBroker;
-use idtools::resp::{parse_range, redis_cli};
+use idtools::resp::{self, parse_range, redis_cli};
 use std::io::Write;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
@@ -176,33 +176,12 @@ async fn pipeline(resp: String, stop: Arc<AtomicBool>) -> (Vec<Event>, Vec<Strin
 /// One reply: `["*2", lo, hi]` or `[error line]`. Every reply must arrive within 10 s
 /// (the broker's deadline is 5 s): the connection never hangs.
 async fn read_reply(s: &mut TcpStream, buf: &mut Vec<u8>) -> Vec<String> {
-    let end = Instant::now() + Duration::from_secs(10);
-    loop {
-        let text = String::from_utf8_lossy(buf).into_owned();
-        let lines: Vec<&str> = text.split("\r\n").collect();
-        let complete = lines.len().saturating_sub(1);
-        let need = if text.starts_with('*') { 5 } else { 1 };
-        if complete >= need {
-            let used: usize = lines[..need].iter().map(|l| l.len() + 2).sum();
-            let reply = if need == 5 {
-                vec![
-                    lines[0].to_string(),
-                    lines[2].to_string(),
-                    lines[4].to_string(),
-                ]
-            } else {
-                vec![lines[0].to_string()]
-            };
-            buf.drain(..used);
-            return reply;
-        }
-        let mut chunk = [0u8; 4096];
-        let n = tokio::time::timeout_at(end, s.read(&mut chunk))
-            .await
-            .expect("a reply within 10 s")
-            .expect("read");
-        assert!(n > 0, "the follower closed the connection: {text:?}");
-        buf.extend_from_slice(&chunk[..n]);
+    let lines = resp::read_reply(s, buf, Duration::from_secs(10))
+        .await
+        .unwrap_or_else(|e| panic!("the follower's reply: {e}"));
+    match &lines[..] {
+        [n, _, lo, _, hi] => vec![n.clone(), lo.clone(), hi.clone()],
+        _ => lines,
     }
 }
 
