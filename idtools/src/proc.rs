@@ -133,6 +133,18 @@ impl Announced {
         self.child.stderr.take()
     }
 
+    /// Everything the process wrote on its stderr (which the command piped), read to its
+    /// end: call it once the process has ended, or it waits until then.
+    ///
+    /// # Panics
+    /// If stderr was not piped or was taken before, or reading it fails.
+    pub fn read_stderr(&mut self) -> String {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut self.take_stderr().expect("a piped stderr"), &mut text)
+            .expect("read stderr");
+        text
+    }
+
     /// Whether the process has ended, without waiting.
     ///
     /// # Errors
