@@ -60,6 +60,11 @@ fn spawn_callers(
         .collect()
 }
 
+/// Joins callers (none may hang): their histories together.
+async fn history(tasks: Vec<tokio::task::JoinHandle<Vec<Event>>>) -> Vec<Event> {
+    join(tasks).await.into_iter().flatten().collect()
+}
+
 /// Joins callers; none may hang.
 async fn join(tasks: Vec<tokio::task::JoinHandle<Vec<Event>>>) -> Vec<Vec<Event>> {
     let mut out = Vec::new();
@@ -104,16 +109,11 @@ async fn one_broker_many_callers_is_linearizable() {
             .expect("connect to broker"),
     );
     let stop = Arc::new(AtomicBool::new(false));
-    let tasks = spawn_callers(&c, 96, 1, &stop);
-    let ranges = spawn_callers(&c, 4, 1000, &stop);
+    let mut tasks = spawn_callers(&c, 96, 1, &stop);
+    tasks.extend(spawn_callers(&c, 4, 1000, &stop));
     tokio::time::sleep(Duration::from_millis(1500)).await;
     stop.store(true, Relaxed);
-    let events: Vec<Event> = join(tasks)
-        .await
-        .into_iter()
-        .chain(join(ranges).await)
-        .flatten()
-        .collect();
+    let events = history(tasks).await;
     assert_linearizable(&events);
     assert_eq!(
         ok_count(&events),
@@ -139,16 +139,11 @@ async fn two_brokers_callers_split_is_linearizable() {
     let c1 = client(&[&b1.addr, &b2.addr], Duration::from_secs(5)).await;
     let c2 = client(&[&b2.addr, &b1.addr], Duration::from_secs(5)).await;
     let stop = Arc::new(AtomicBool::new(false));
-    let t1 = spawn_callers(&c1, 40, 1, &stop);
-    let t2 = spawn_callers(&c2, 40, 1, &stop);
+    let mut tasks = spawn_callers(&c1, 40, 1, &stop);
+    tasks.extend(spawn_callers(&c2, 40, 1, &stop));
     tokio::time::sleep(Duration::from_millis(1500)).await;
     stop.store(true, Relaxed);
-    let events: Vec<Event> = join(t1)
-        .await
-        .into_iter()
-        .chain(join(t2).await)
-        .flatten()
-        .collect();
+    let events = history(tasks).await;
     assert_linearizable(&events);
     assert_eq!(ok_count(&events), events.len());
     // One leader serves; the follower redirected the callers that started with it.
@@ -221,7 +216,7 @@ async fn quorum_minority_down_continues_majority_down_fails_in_time_then_resumes
     let tasks = spawn_callers(&c, 64, 1, &stop);
     tokio::time::sleep(Duration::from_millis(800)).await;
     stop.store(true, Relaxed);
-    let mut history: Vec<Event> = join(tasks).await.into_iter().flatten().collect();
+    let mut history = history(tasks).await;
     let minority_ok = ok_count(&history);
     assert!(
         minority_ok > 64,
@@ -412,7 +407,7 @@ async fn sigterm_answers_everyone_and_exits_cleanly() {
     let stopped_ns = monotonic_ns();
     tokio::time::sleep(Duration::from_millis(300)).await;
     stop.store(true, Relaxed);
-    let events: Vec<Event> = join(tasks).await.into_iter().flatten().collect();
+    let events = history(tasks).await;
     assert_linearizable(&events);
     // docs/broker.md: the round in flight is answered, queued requests are refused as
     // never started and resent to the other broker, unread ones are resent after the
@@ -524,7 +519,7 @@ async fn a_client_works_with_the_connections_it_gets() {
         assert!(errors.is_empty(), "calls failed: {errors:?}");
     }
     stop.store(true, Relaxed);
-    let events: Vec<Event> = join(others).await.into_iter().flatten().collect();
+    let events = history(others).await;
     assert_eq!(
         ok_count(&events),
         events.len(),
