@@ -12,9 +12,9 @@ use idclient::{IdRange, IdSource};
 use idproto::framed::FrameReader;
 use idproto::wire::{ClientMsg, ServerMsg};
 use idtools::cluster::{test_quorum, LocalQuorum};
-use idtools::failover::{self, stats};
+use idtools::failover::stats;
 use idtools::history::{assert_linearizable, monotonic_ns, Recorder};
-use idtools::proc::TestBroker;
+use idtools::proc::{wait_settled, TestBroker};
 use idtools::raw;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
@@ -41,18 +41,6 @@ fn broker(quorum: &LocalQuorum) -> TestBroker {
             &heartbeat,
         ],
     )
-}
-
-/// Polls the brokers (bounded) until exactly one of `alive` leads and every other one
-/// follows it in its term; its index.
-async fn wait_settled(brokers: &[TestBroker], alive: &[usize], limit: Duration) -> usize {
-    let views: Vec<_> = alive
-        .iter()
-        .map(|&i| (i, brokers[i].addr.as_str()))
-        .collect();
-    failover::wait_settled(&views, None, limit)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// One `NextIds` on a fresh connection: the broker's reply, or why there was none.
@@ -207,7 +195,7 @@ fn assert_checked(seen: &Seen) -> usize {
 async fn one_leader_serves_followers_redirect_and_a_killed_leader_is_replaced() {
     let q = test_quorum(5);
     let mut brokers: Vec<TestBroker> = (0..3).map(|_| broker(&q)).collect();
-    let l = wait_settled(&brokers, &[0, 1, 2], Duration::from_secs(10)).await;
+    let l = wait_settled(&brokers, &[0, 1, 2], None, Duration::from_secs(10)).await;
     let leader = brokers[l].addr.clone();
 
     // A follower redirects to the leader and starts nothing; the leader serves.
@@ -234,7 +222,7 @@ async fn one_leader_serves_followers_redirect_and_a_killed_leader_is_replaced() 
     let took = first_served_after(&seen, &leader, killed_ns).await;
     eprintln!("failover: kill -9 of the leader to the first ID from the new leader: {took:?}");
     let alive: Vec<usize> = (0..3).filter(|&i| i != l).collect();
-    let n = wait_settled(&brokers, &alive, Duration::from_secs(10)).await;
+    let n = wait_settled(&brokers, &alive, None, Duration::from_secs(10)).await;
     let new = stats(&brokers[n].addr, None)
         .await
         .expect("new leader stats");
@@ -250,7 +238,7 @@ async fn one_leader_serves_followers_redirect_and_a_killed_leader_is_replaced() 
 async fn a_leader_stopped_past_the_timeout_steps_down_when_continued() {
     let q = test_quorum(5);
     let brokers: Vec<TestBroker> = (0..3).map(|_| broker(&q)).collect();
-    let l = wait_settled(&brokers, &[0, 1, 2], Duration::from_secs(10)).await;
+    let l = wait_settled(&brokers, &[0, 1, 2], None, Duration::from_secs(10)).await;
     let leader = brokers[l].addr.clone();
     let term = stats(&leader, None).await.expect("leader stats").term;
 
@@ -265,12 +253,12 @@ async fn a_leader_stopped_past_the_timeout_steps_down_when_continued() {
     let stopped_ns = monotonic_ns();
     // The others elect a new leader meanwhile (the stopped one cannot be asked).
     let others: Vec<usize> = (0..3).filter(|&i| i != l).collect();
-    let n = wait_settled(&brokers, &others, Duration::from_secs(10)).await;
+    let n = wait_settled(&brokers, &others, None, Duration::from_secs(10)).await;
     let took = first_served_after(&seen, &leader, stopped_ns).await;
     eprintln!("failover: SIGSTOP of the leader to the first ID from the new leader: {took:?}");
     brokers[l].proc.signal(libc::SIGCONT);
     // Continued, it sees the higher term and follows the new leader.
-    let settled = wait_settled(&brokers, &[0, 1, 2], Duration::from_secs(10)).await;
+    let settled = wait_settled(&brokers, &[0, 1, 2], None, Duration::from_secs(10)).await;
     assert_eq!(settled, n);
     let old = stats(&leader, None).await.expect("old leader stats");
     assert_eq!(old.role, "follower");
@@ -299,7 +287,7 @@ async fn repeated_kills_of_the_leader_fail_over_every_time() {
     let seen = Arc::new(Seen::default());
     let mut took = Vec::new();
     for _ in 0..kills() {
-        let l = wait_settled(&brokers, &alive, Duration::from_secs(10)).await;
+        let l = wait_settled(&brokers, &alive, None, Duration::from_secs(10)).await;
         let leader = brokers[l].addr.clone();
         let addrs: Vec<String> = alive.iter().map(|&i| brokers[i].addr.clone()).collect();
         let stop = Arc::new(AtomicBool::new(false));

@@ -7,9 +7,9 @@
 use idclient::broker_client::{BrokerClient, BrokerClientConfig};
 use idclient::{IdRange, IdSource, Token};
 use idtools::cluster::{test_quorum, LocalQuorum};
-use idtools::failover::{self, stats};
+use idtools::failover::stats;
 use idtools::history::{assert_linearizable, monotonic_ns, Event, Recorder};
-use idtools::proc::TestBroker;
+use idtools::proc::{wait_settled, TestBroker};
 use idtools::resp::{self, parse_range, redis_cli};
 use std::io::Write;
 use std::path::Path;
@@ -30,23 +30,6 @@ fn broker(quorum: &LocalQuorum, extra: &[&str]) -> TestBroker {
         None,
         &[&timing[..], extra].concat(),
     )
-}
-
-/// Polls (bounded) until exactly one of `alive` leads and every other one follows it in
-/// its term; its index.
-async fn wait_settled(
-    brokers: &[TestBroker],
-    alive: &[usize],
-    token: Option<&Token>,
-    limit: Duration,
-) -> usize {
-    let views: Vec<_> = alive
-        .iter()
-        .map(|&i| (i, brokers[i].addr.as_str()))
-        .collect();
-    failover::wait_settled(&views, token, limit)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
 }
 
 /// The follower's RESP port answers `QLIST.NEXT` with the leader's IDs: redis-cli, then

@@ -268,6 +268,27 @@ impl TestBroker {
     }
 }
 
+/// Polls `brokers[i]` for each `i` in `alive` (with `token` if they require one) until
+/// one leads and every other one follows it in its term, for at most `limit`
+/// ([`crate::failover::wait_settled`]): the leader's index.
+///
+/// # Panics
+/// If they do not settle in time: the message has each one's role and term.
+pub async fn wait_settled(
+    brokers: &[TestBroker],
+    alive: &[usize],
+    token: Option<&idclient::Token>,
+    limit: Duration,
+) -> usize {
+    let views: Vec<_> = alive
+        .iter()
+        .map(|&i| (i, brokers[i].addr.as_str()))
+        .collect();
+    crate::failover::wait_settled(&views, token, limit)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
 /// Runs `bin` (a test's `env!("CARGO_BIN_EXE_idbroker")`) with `--listen 127.0.0.1:0
 /// --nodes redis://127.0.0.1:1` and `args`, which it must refuse before serving: a usage
 /// error (exit code 2) with nothing on stdout. Its stderr, which says why.
