@@ -17,12 +17,7 @@ use tokio::time::Instant;
 
 /// An idbroker on `quorum` with `extra` flags.
 fn broker(quorum: &LocalQuorum, extra: &[&str]) -> TestBroker {
-    TestBroker::start(
-        env!("CARGO_BIN_EXE_idbroker"),
-        &quorum.urls_arg(),
-        None,
-        extra,
-    )
+    TestBroker::on(env!("CARGO_BIN_EXE_idbroker"), quorum, extra)
 }
 
 async fn client(addrs: &[&String], deadline: Duration) -> Arc<BrokerClient> {

@@ -25,12 +25,7 @@ use tokio::time::Instant;
 
 /// An idbroker serving binary and RESP on `quorum`, with `extra` flags.
 fn broker(quorum: &LocalQuorum, extra: &[&str]) -> TestBroker {
-    TestBroker::start(
-        env!("CARGO_BIN_EXE_idbroker"),
-        &quorum.urls_arg(),
-        None,
-        extra,
-    )
+    TestBroker::on(env!("CARGO_BIN_EXE_idbroker"), quorum, extra)
 }
 
 /// (host, port) of the broker's RESP listener.

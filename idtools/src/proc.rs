@@ -6,6 +6,7 @@
 //! on a thread (a process that never prints cannot block the caller past the timeout)
 //! and drained for the process's lifetime (a full pipe would stall it).
 
+use crate::cluster::LocalQuorum;
 use std::ffi::OsStr;
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
@@ -203,6 +204,14 @@ impl TestBroker {
         args: &[A],
     ) -> TestBroker {
         TestBroker::spawn(bin, nodes, token, args, false)
+    }
+
+    /// [`TestBroker::start`] on the nodes of `quorum`, without a token.
+    ///
+    /// # Panics
+    /// As [`TestBroker::start`].
+    pub fn on<A: AsRef<OsStr>>(bin: &str, quorum: &LocalQuorum, args: &[A]) -> TestBroker {
+        TestBroker::start(bin, &quorum.urls_arg(), None, args)
     }
 
     /// As [`TestBroker::start`], with `--metrics-listen 127.0.0.1:0` too (before `args`);
