@@ -4,7 +4,7 @@
 mod common;
 
 use common::{bin, check_output, Proc};
-use idtools::cluster::{free_port, LocalQuorum};
+use idtools::cluster::{free_port, test_quorum, LocalQuorum};
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Output, Stdio};
 
@@ -57,8 +57,7 @@ fn broker_with(q: &LocalQuorum, extra: &[&str]) -> (Proc, String) {
 
 #[test]
 fn next_bench_and_stats_through_a_broker() {
-    let q = LocalQuorum::temp(5)
-        .expect("cannot start redis-server quorum (apt-get install redis-server)");
+    let q = test_quorum(5);
     let (_broker, addr) = broker(&q);
 
     let next = idctl(&["next", "--broker", &addr, "--count", "5"]);
@@ -90,22 +89,7 @@ fn next_bench_and_stats_through_a_broker() {
         "0.5",
     ]);
     check_output(&bench, "idctl bench --broker");
-    let last = String::from_utf8_lossy(&bench.stdout)
-        .lines()
-        .last()
-        .expect("a JSON line")
-        .to_string();
-    let json: serde_json::Value = serde_json::from_str(&last).expect("JSON");
-    for field in [
-        "ids_per_sec",
-        "requests_per_sec",
-        "p50_us",
-        "p99_us",
-        "holes_pct",
-        "errors",
-    ] {
-        assert!(json.get(field).is_some(), "missing {field} in {last}");
-    }
+    let json = idtools::bench::summary_json(&String::from_utf8_lossy(&bench.stdout));
     assert_eq!(json["errors"], 0);
 
     let stats = idctl(&["broker-stats", &addr]);
@@ -156,8 +140,7 @@ fn broker_mode_errors_are_clear() {
 /// `--broker-closed-list` it fails as before, saying how to allow it.
 #[test]
 fn next_through_a_follower_alone_reaches_the_leader() {
-    let q = LocalQuorum::temp(3)
-        .expect("cannot start redis-server quorum (apt-get install redis-server)");
+    let q = test_quorum(3);
     let timing = ["--election-timeout-ms", "200", "--heartbeat-ms", "50"];
     // The first window broker leads; the second announces itself once it follows it.
     let (_leader, leader) = broker_with(&q, &timing);

@@ -4,11 +4,8 @@
 
 use idclient::broker_client::{BrokerClient, BrokerClientConfig};
 use idclient::{IdSource, Token};
-use idtools::cluster::LocalQuorum;
-use idtools::proc::{Announced, START_TIMEOUT};
-use std::os::unix::fs::PermissionsExt;
-use std::path::PathBuf;
-use std::process::Command;
+use idtools::cluster::{test_quorum, LocalQuorum};
+use idtools::proc::TestBroker;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
@@ -21,102 +18,43 @@ const SECRET: &str = "tok-5be1d07a-never-logged";
 /// The deadline of every client that must be served (the broker client's default).
 const DEADLINE: Duration = Duration::from_secs(5);
 
-/// An idbroker with a binary, a RESP and a metrics listener, its stderr in a file;
-/// killed by its pid on drop (`Announced`).
-struct Broker {
-    proc: Announced,
-    addr: String,
-    resp: String,
-    metrics: String,
-    stderr: PathBuf,
-    _dir: tempfile::TempDir,
+/// Starts idbroker on `quorum` with a binary, a RESP and a metrics listener, the token
+/// file holding `token` (if any) and `extra` flags.
+fn broker(quorum: &LocalQuorum, token: Option<&str>, extra: &[&str]) -> TestBroker {
+    TestBroker::start_with_metrics(
+        env!("CARGO_BIN_EXE_idbroker"),
+        &quorum.urls_arg(),
+        token,
+        extra,
+    )
 }
 
-impl Broker {
-    /// Starts idbroker on `quorum` with the token file holding `token` (if any) and
-    /// `extra` flags.
-    fn start(quorum: &LocalQuorum, token: Option<&str>, extra: &[&str]) -> Broker {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let stderr = dir.path().join("stderr");
-        let mut cmd = Command::new(env!("CARGO_BIN_EXE_idbroker"));
-        cmd.args(["--listen", "127.0.0.1:0", "--resp-listen", "127.0.0.1:0"])
-            .args(["--metrics-listen", "127.0.0.1:0"])
-            .args(["--nodes", &quorum.urls_arg()]);
-        if let Some(token) = token {
-            let path = dir.path().join("token");
-            std::fs::write(&path, token).expect("write token file");
-            std::fs::set_permissions(&path, std::fs::Permissions::from_mode(0o600))
-                .expect("chmod token file");
-            cmd.arg("--auth-token-file").arg(path);
-        }
-        cmd.args(extra)
-            .stderr(std::fs::File::create(&stderr).expect("stderr file"));
-        let proc = Announced::start(
-            &mut cmd,
-            &[
-                "listening on ",
-                "resp listening on ",
-                "metrics listening on ",
-            ],
-            START_TIMEOUT,
-        )
-        .unwrap_or_else(|e| {
-            let log = std::fs::read_to_string(&stderr).unwrap_or_default();
-            panic!("idbroker did not start: {e}: {log}")
-        });
-        Broker {
-            addr: proc.addr().to_string(),
-            resp: proc.value(1).to_string(),
-            metrics: proc.value(2).to_string(),
-            proc,
-            stderr,
-            _dir: dir,
-        }
-    }
-
-    fn stderr(&self) -> String {
-        std::fs::read_to_string(&self.stderr).expect("idbroker stderr")
-    }
-
-    /// The value of the unlabelled metric `name` on `/metrics`.
-    async fn metric(&self, name: &str) -> f64 {
-        let (status, body) = qmetrics::get(&self.metrics, "/metrics", Duration::from_secs(5))
-            .await
-            .unwrap_or_else(|e| panic!("GET /metrics: {e}"));
-        assert_eq!(status, 200, "{body}");
-        body.lines()
-            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
-            .and_then(|v| v.trim().parse().ok())
-            .unwrap_or_else(|| panic!("no metric {name} in {body}"))
-    }
-
-    /// CPU time the broker process has used so far (user + system), from /proc.
-    fn cpu_time(&self) -> Duration {
-        let stat = std::fs::read_to_string(format!("/proc/{}/stat", self.proc.pid()))
-            .expect("read /proc/PID/stat");
-        // Fields after the command name (which may hold spaces), in parentheses.
-        let (_, rest) = stat.rsplit_once(')').expect("/proc/PID/stat format");
-        let fields: Vec<&str> = rest.split_whitespace().collect();
-        let ticks: u64 =
-            fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
-        // SAFETY: sysconf has no preconditions.
-        let per_sec = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-        let per_sec = u64::try_from(per_sec).expect("clock ticks per second");
-        Duration::from_secs_f64(ticks as f64 / per_sec as f64)
-    }
+/// The value of the unlabelled metric `name` on `b`'s `/metrics`.
+async fn metric(b: &TestBroker, name: &str) -> f64 {
+    let addr = b.metrics.as_deref().expect("a metrics listener");
+    let (status, body) = qmetrics::get(addr, "/metrics", Duration::from_secs(5))
+        .await
+        .unwrap_or_else(|e| panic!("GET /metrics: {e}"));
+    assert_eq!(status, 200, "{body}");
+    body.lines()
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.trim().parse().ok())
+        .unwrap_or_else(|| panic!("no metric {name} in {body}"))
 }
 
-impl Drop for Broker {
-    fn drop(&mut self) {
-        if std::thread::panicking() {
-            let log = std::fs::read_to_string(&self.stderr).unwrap_or_default();
-            eprintln!("--- stderr of idbroker {} ---\n{log}", self.addr);
-        }
-    }
-}
-
-fn quorum() -> LocalQuorum {
-    LocalQuorum::temp(3).expect("start a 3-node redis quorum (is redis-server installed?)")
+/// CPU time the broker process has used so far (user + system), from /proc.
+fn cpu_time(b: &TestBroker) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{}/stat", b.proc.pid()))
+        .expect("read /proc/PID/stat");
+    // Fields after the command name (which may hold spaces), in parentheses.
+    let (_, rest) = stat.rsplit_once(')').expect("/proc/PID/stat format");
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 =
+        fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
+    // SAFETY: sysconf has no preconditions.
+    let per_sec = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    let per_sec = u64::try_from(per_sec).expect("clock ticks per second");
+    Duration::from_secs_f64(ticks as f64 / per_sec as f64)
 }
 
 /// A RESP request: an array of bulk strings.
@@ -232,8 +170,8 @@ async fn binary_next_within(
 /// within their deadline: admission never waits for an eviction in the accept loop.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_cap_of_idle_connections_does_not_stall_admission() {
-    let q = quorum();
-    let b = Broker::start(&q, None, &["--max-connections", "40"]);
+    let q = test_quorum(3);
+    let b = broker(&q, None, &["--max-connections", "40"]);
     let mut idle = Vec::new();
     for _ in 0..40 {
         let s = TcpStream::connect(&b.resp).await.expect("connect");
@@ -264,8 +202,8 @@ async fn a_full_cap_of_idle_connections_does_not_stall_admission() {
 /// over RESP and binary, within their deadline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unauthenticated_pingers_do_not_lock_out_token_holders() {
-    let q = quorum();
-    let b = Broker::start(&q, Some(SECRET), &["--max-connections", "40"]);
+    let q = test_quorum(3);
+    let b = broker(&q, Some(SECRET), &["--max-connections", "40"]);
     let stop = Arc::new(AtomicBool::new(false));
     let noauth = Arc::new(AtomicU64::new(0));
     let mut pingers = Vec::new();
@@ -314,8 +252,8 @@ async fn unauthenticated_pingers_do_not_lock_out_token_holders() {
 /// was tried.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn auth_guessing_is_cut_off_counted_and_logged_without_the_guess() {
-    let q = quorum();
-    let b = Broker::start(&q, Some(SECRET), &[]);
+    let q = test_quorum(3);
+    let b = broker(&q, Some(SECRET), &[]);
     let guesses: Vec<u8> = (0..1000)
         .flat_map(|i| cmd(&["AUTH", &format!("guess-{i}")]))
         .chain(cmd(&["AUTH", SECRET]))
@@ -336,7 +274,7 @@ async fn auth_guessing_is_cut_off_counted_and_logged_without_the_guess() {
     assert!(binary_next_within(&b.addr, Some("guess-binary"), DEADLINE)
         .await
         .is_err());
-    assert_eq!(b.metric("qlist_broker_auth_failures_total").await, 4.0);
+    assert_eq!(metric(&b, "qlist_broker_auth_failures_total").await, 4.0);
     // Logged when the connection ends, after its linger.
     let until = Instant::now() + Duration::from_secs(5);
     while !b.stderr().contains("failed AUTH") && Instant::now() < until {
@@ -395,12 +333,12 @@ async fn trickle(addr: String, line: &'static [u8], stop: Arc<AtomicBool>, sent:
 /// stays small, and a probe's `QLIST.NEXT` is answered within its deadline throughout.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn trickled_request_headers_cost_work_proportional_to_their_bytes() {
-    let q = quorum();
-    let b = Broker::start(&q, None, &[]);
+    let q = test_quorum(3);
+    let b = broker(&q, None, &[]);
     assert!(resp_next_within(&b.resp, None, DEADLINE).await.is_ok());
     let stop = Arc::new(AtomicBool::new(false));
     let sent = Arc::new(AtomicU64::new(0));
-    let cpu_before = b.cpu_time();
+    let cpu_before = cpu_time(&b);
     let mut attackers = Vec::new();
     for i in 0..60 {
         let line: &'static [u8] = if i % 2 == 0 {
@@ -427,7 +365,7 @@ async fn trickled_request_headers_cost_work_proportional_to_their_bytes() {
     for a in attackers {
         a.await.expect("trickle task");
     }
-    let cpu = b.cpu_time().saturating_sub(cpu_before).as_secs_f64();
+    let cpu = cpu_time(&b).saturating_sub(cpu_before).as_secs_f64();
     let mib = sent.load(Relaxed) as f64 / f64::from(1 << 20);
     let per_mib = cpu / mib;
     eprintln!(

@@ -7,8 +7,8 @@ use idclient::broker_client::{fetch_stats_with_token, BrokerClient, BrokerClient
 use idclient::{IdSource, Token};
 use idproto::framed::FrameReader;
 use idproto::wire::{self, ServerMsg};
-use idtools::cluster::LocalQuorum;
-use idtools::proc::{Announced, TestBroker, START_TIMEOUT};
+use idtools::cluster::{test_quorum, LocalQuorum};
+use idtools::proc::{self, Announced, TestBroker, START_TIMEOUT};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
@@ -56,10 +56,6 @@ fn write_token(dir: &Path, content: &str, mode: u32) -> PathBuf {
     path
 }
 
-fn quorum() -> LocalQuorum {
-    LocalQuorum::temp(3).expect("start a 3-node redis quorum (is redis-server installed?)")
-}
-
 fn config(token: Option<&str>) -> BrokerClientConfig {
     BrokerClientConfig {
         deadline: Duration::from_secs(2),
@@ -68,18 +64,11 @@ fn config(token: Option<&str>) -> BrokerClientConfig {
     }
 }
 
-/// idbroker with `args` must exit 2 before serving; its stderr.
+/// idbroker with `args` and the token file must exit 2 before serving; its stderr.
 fn refused_at_startup(args: &[&str], token_file: &Path) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_idbroker"))
-        .args(["--listen", "127.0.0.1:0", "--nodes", "redis://127.0.0.1:1"])
-        .args(args)
-        .arg("--auth-token-file")
-        .arg(token_file)
-        .output()
-        .expect("run idbroker");
-    assert_eq!(out.status.code(), Some(2), "{out:?}");
-    assert!(out.stdout.is_empty(), "{out:?}");
-    String::from_utf8_lossy(&out.stderr).into_owned()
+    let token_file = token_file.to_str().expect("utf-8 temp path");
+    let args = [args, &["--auth-token-file", token_file]].concat();
+    proc::refused_at_startup(env!("CARGO_BIN_EXE_idbroker"), &args)
 }
 
 #[test]
@@ -98,7 +87,7 @@ fn unreadable_or_empty_token_files_are_usage_errors_naming_the_file() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn binary_clients_need_the_token() {
-    let q = quorum();
+    let q = test_quorum(3);
     let b = token_broker(&q);
 
     // Without a token, and with a wrong one: refused, with an error that says so, after
@@ -242,7 +231,7 @@ async fn binary_clients_need_the_token() {
 
 #[test]
 fn shared_token_files_and_open_listeners_are_warned_about() {
-    let q = quorum();
+    let q = test_quorum(3);
     let dir = tempfile::tempdir().expect("temp dir");
     let token = write_token(dir.path(), SECRET, 0o644);
     let stderr = dir.path().join("stderr");

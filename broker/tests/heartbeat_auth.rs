@@ -14,16 +14,16 @@
 //!   follower cost a bounded number of connections there and get a clear error, logged
 //!   once.
 
-use idclient::broker_client::{fetch_stats_with_token, BrokerClient, BrokerClientConfig};
+use idclient::broker_client::{BrokerClient, BrokerClientConfig};
 use idclient::{IdSource, Token};
-use idproto::wire::BrokerStats;
-use idtools::cluster::LocalQuorum;
-use idtools::failover;
+use idtools::cluster::{test_quorum, LocalQuorum};
+use idtools::failover::{self, stats};
 use idtools::proc::TestBroker;
+use idtools::resp;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::time::Instant;
 
@@ -53,17 +53,6 @@ fn broker(
 
 /// The default timing of the election tests.
 const FAST: (u64, u64) = (200, 50);
-
-fn quorum() -> LocalQuorum {
-    LocalQuorum::temp(3).expect("start a 3-node redis quorum (is redis-server installed?)")
-}
-
-async fn stats(addr: &str, token: Option<&Token>) -> Option<BrokerStats> {
-    tokio::time::timeout(Duration::from_secs(2), fetch_stats_with_token(addr, token))
-        .await
-        .ok()?
-        .ok()
-}
 
 async fn wait_settled(
     brokers: &[&TestBroker],
@@ -116,35 +105,6 @@ async fn sink() -> (String, Arc<AtomicUsize>) {
     (addr, accepted)
 }
 
-/// Reads one RESP reply (`*2` + two bulk strings, or one error line) within `limit`:
-/// `Ok(lines)`, or `Err` if the connection ended or nothing came in time.
-async fn read_reply(
-    s: &mut TcpStream,
-    buf: &mut Vec<u8>,
-    limit: Duration,
-) -> Result<Vec<String>, String> {
-    let end = Instant::now() + limit;
-    loop {
-        let text = String::from_utf8_lossy(buf).into_owned();
-        let lines: Vec<&str> = text.split("\r\n").collect();
-        let complete = lines.len().saturating_sub(1);
-        let need = if text.starts_with('*') { 5 } else { 1 };
-        if complete >= need {
-            let used: usize = lines[..need].iter().map(|l| l.len() + 2).sum();
-            let reply = lines[..need].iter().map(|l| l.to_string()).collect();
-            buf.drain(..used);
-            return Ok(reply);
-        }
-        let mut chunk = [0u8; 4096];
-        match tokio::time::timeout_at(end, s.read(&mut chunk)).await {
-            Err(_) => return Err(format!("no reply within {limit:?}")),
-            Ok(Err(e)) => return Err(format!("read: {e}")),
-            Ok(Ok(0)) => return Err("closed".into()),
-            Ok(Ok(n)) => buf.extend_from_slice(&chunk[..n]),
-        }
-    }
-}
-
 /// `QLIST.NEXT 1` on a fresh RESP connection to `resp` (with `AUTH` first when a token
 /// is given): the reply's lines, or why there was none within `limit`.
 async fn next_on(resp: &str, token: Option<&str>, limit: Duration) -> Result<Vec<String>, String> {
@@ -157,7 +117,7 @@ async fn next_on(resp: &str, token: Option<&str>, limit: Duration) -> Result<Vec
         s.write_all(auth.as_bytes())
             .await
             .map_err(|e| e.to_string())?;
-        let ok = read_reply(&mut s, &mut buf, limit).await?;
+        let ok = resp::read_reply(&mut s, &mut buf, limit).await?;
         if ok != ["+OK"] {
             return Err(format!("AUTH: {ok:?}"));
         }
@@ -165,7 +125,7 @@ async fn next_on(resp: &str, token: Option<&str>, limit: Duration) -> Result<Vec
     s.write_all(b"*2\r\n$10\r\nQLIST.NEXT\r\n$1\r\n1\r\n")
         .await
         .map_err(|e| e.to_string())?;
-    read_reply(&mut s, &mut buf, limit).await
+    resp::read_reply(&mut s, &mut buf, limit).await
 }
 
 /// Finding 8: `<key>:leader = "999 SEQ SINK"` written on every node, again and again for
@@ -173,7 +133,7 @@ async fn next_on(resp: &str, token: Option<&str>, limit: Duration) -> Result<Vec
 /// brokers stepped down and forwarded RESP requests, token in the Hello, to the sink.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_forged_heartbeat_deposes_no_leader_and_draws_no_token() {
-    let q = quorum();
+    let q = test_quorum(3);
     let (sink, accepted) = sink().await;
     // A timeout well above the forger's pace: followers must not stand merely because
     // the forged value hid the leader's heartbeat for a moment.
@@ -244,7 +204,7 @@ async fn a_forged_heartbeat_deposes_no_leader_and_draws_no_token() {
 /// the brokers restarted, the log blaming the term register.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_heartbeat_of_the_largest_term_stops_no_election() {
-    let q = quorum();
+    let q = test_quorum(3);
     let brokers: Vec<TestBroker> = (0..2).map(|_| broker(&q, None, FAST, &[])).collect();
     let refs: Vec<&TestBroker> = brokers.iter().collect();
     wait_settled(&refs, None, Duration::from_secs(10))
@@ -288,7 +248,7 @@ async fn a_heartbeat_of_the_largest_term_stops_no_election() {
 /// as what it is, with the fix, once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_term_register_at_the_largest_term_is_reported_with_the_fix() {
-    let q = quorum();
+    let q = test_quorum(3);
     on_every_node(&q, &set(TERM_KEY, &u64::MAX.to_string()));
     let b = broker(&q, None, FAST, &[]);
     let want = format!(
@@ -330,7 +290,7 @@ async fn pipeline(
             break;
         }
         for _ in 0..BATCH {
-            let reply = read_reply(&mut s, &mut buf, Duration::from_secs(10)).await;
+            let reply = resp::read_reply(&mut s, &mut buf, Duration::from_secs(10)).await;
             let closed = reply.is_err();
             out.push((sent.elapsed(), reply));
             if closed {
@@ -346,7 +306,7 @@ async fn pipeline(
 /// full 5 s deadline for a leader it would never learn ("no leader is known now").
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_resigning_leader_answers_pending_resp_requests_promptly() {
-    let q = quorum();
+    let q = test_quorum(3);
     let brokers: Vec<TestBroker> = (0..3).map(|_| broker(&q, None, FAST, &[])).collect();
     let refs: Vec<&TestBroker> = brokers.iter().collect();
     let l = wait_settled(&refs, None, Duration::from_secs(10))
@@ -395,7 +355,7 @@ async fn a_resigning_leader_answers_pending_resp_requests_promptly() {
 /// ~100 connections there, each request retrying until its deadline.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_misadvertised_leader_costs_a_bounded_number_of_connections() {
-    let q = quorum();
+    let q = test_quorum(3);
     let (sink, accepted) = sink().await;
     let leader = broker(&q, None, FAST, &["--advertise", &sink]);
     let end = Instant::now() + Duration::from_secs(10);
@@ -423,7 +383,7 @@ async fn a_misadvertised_leader_costs_a_bounded_number_of_connections() {
         .expect("write");
     let mut buf = Vec::new();
     for _ in 0..4 {
-        let reply = read_reply(&mut s, &mut buf, Duration::from_secs(10))
+        let reply = resp::read_reply(&mut s, &mut buf, Duration::from_secs(10))
             .await
             .expect("a reply");
         let line = &reply[0];
@@ -453,7 +413,7 @@ async fn a_misadvertised_leader_costs_a_bounded_number_of_connections() {
 /// an error saying so (before, each waited out its 5 s deadline), and it logs it once.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_named_by_the_live_leader_answers_at_once() {
-    let q = quorum();
+    let q = test_quorum(3);
     let (shared, _accepted) = sink().await;
     let leader = broker(&q, None, FAST, &["--advertise", &shared]);
     let end = Instant::now() + Duration::from_secs(10);
@@ -485,7 +445,7 @@ async fn a_follower_named_by_the_live_leader_answers_at_once() {
         .expect("write");
     let mut buf = Vec::new();
     for _ in 0..3 {
-        let reply = read_reply(&mut s, &mut buf, Duration::from_secs(10))
+        let reply = resp::read_reply(&mut s, &mut buf, Duration::from_secs(10))
             .await
             .expect("a reply");
         let line = &reply[0];

@@ -6,14 +6,14 @@
 use broker::{BrokerConfig, RoundSource};
 use idclient::broker_client::{fetch_stats, BrokerClient, BrokerClientConfig};
 use idclient::{IdError, IdRange, IdSource};
-use idproto::framed::FrameReader;
 use idproto::wire::{self, ClientMsg, ServerMsg};
-use idtools::history::{check, monotonic_ns, Event};
+use idtools::history::{assert_linearizable, Event, Recorder};
+use idtools::raw::{closed_by_broker, connect as raw_connect, recv, send};
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::oneshot;
 use tokio::time::Instant;
@@ -102,35 +102,26 @@ async fn hammer(
     per_caller: usize,
     count: u64,
 ) -> Vec<Event> {
+    let history = Recorder::new();
     let mut tasks = Vec::new();
     for _ in 0..callers {
-        let client = client.clone();
+        let (client, history) = (client.clone(), history.clone());
         tasks.push(tokio::spawn(async move {
-            let mut events = Vec::with_capacity(per_caller);
-            for _ in 0..per_caller {
-                let invoke_ns = monotonic_ns();
-                let outcome = client.next_ids(count).await.ok();
-                events.push(Event {
-                    invoke_ns,
-                    return_ns: monotonic_ns(),
-                    outcome,
-                });
-            }
-            events
+            let client = &client;
+            history
+                .call_while(|i| i < per_caller, |_| client.next_ids(count))
+                .await;
         }));
     }
-    let mut all = Vec::new();
     for t in tasks {
-        all.extend(t.await.expect("caller task"));
+        t.await.expect("caller task");
     }
-    all
+    history.take()
 }
 
 #[track_caller]
 fn assert_history(events: &[Event], min_ok: usize) {
-    if let Err(v) = check(events) {
-        panic!("history check failed: {v}");
-    }
+    assert_linearizable(events);
     let ok = events.iter().filter(|e| e.outcome.is_some()).count();
     assert!(
         ok >= min_ok,
@@ -275,53 +266,6 @@ async fn bad_count_is_a_bad_request() {
     }
     assert_eq!(client.next_ids(10).await.expect("ok").len(), 10);
     b.shutdown().await;
-}
-
-async fn raw_connect(addr: &str) -> TcpStream {
-    let mut s = TcpStream::connect(addr).await.expect("connect");
-    send(
-        &mut s,
-        &ClientMsg::Hello {
-            magic: wire::MAGIC,
-            version: wire::VERSION,
-            token: None,
-        },
-    )
-    .await;
-    assert!(matches!(
-        recv(&mut s).await,
-        Some(ServerMsg::Welcome { .. })
-    ));
-    s
-}
-
-async fn send(s: &mut TcpStream, msg: &ClientMsg) {
-    let mut buf = Vec::new();
-    wire::encode(msg, &mut buf).expect("encode");
-    s.write_all(&buf).await.expect("write");
-}
-
-/// The next reply. Reads through a reader of its own, which must not have buffered more
-/// than that one frame (the tests expect one reply at a time).
-async fn recv(s: &mut TcpStream) -> Option<ServerMsg> {
-    let mut rd = FrameReader::new(&mut *s, Duration::from_secs(5));
-    let msg = tokio::time::timeout(Duration::from_secs(5), rd.read_msg())
-        .await
-        .expect("reply in time")
-        .ok()
-        .flatten();
-    assert_eq!(rd.buffered(), 0, "more than one reply arrived at once");
-    msg
-}
-
-/// Reads until the broker closes; returns what it said last (a Refused reason).
-async fn closed_by_broker(s: &mut TcpStream) -> String {
-    let mut all = Vec::new();
-    tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut all))
-        .await
-        .expect("broker closes the connection")
-        .ok();
-    String::from_utf8_lossy(&all).into_owned()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,15 +7,15 @@
 //! redirects), so the failover can be timed per broker; the SIGSTOP test adds callers of
 //! the real `BrokerClient` (which follows redirects itself) to the same history.
 
-use idclient::broker_client::{fetch_stats, BrokerClient, BrokerClientConfig};
+use idclient::broker_client::{BrokerClient, BrokerClientConfig};
 use idclient::{IdRange, IdSource};
 use idproto::framed::FrameReader;
-use idproto::wire::{self, BrokerStats, ClientMsg, ServerMsg};
-use idtools::cluster::LocalQuorum;
-use idtools::failover;
-use idtools::history::{check, monotonic_ns, Event};
-use idtools::proc::{Announced, START_TIMEOUT};
-use std::process::{Command, Stdio};
+use idproto::wire::{ClientMsg, ServerMsg};
+use idtools::cluster::{test_quorum, LocalQuorum};
+use idtools::failover::stats;
+use idtools::history::{assert_linearizable, monotonic_ns, Recorder};
+use idtools::proc::{wait_settled, TestBroker};
+use idtools::raw;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -27,61 +27,20 @@ use tokio::time::Instant;
 const ELECTION_TIMEOUT_MS: u64 = 200;
 const HEARTBEAT_MS: u64 = 50;
 
-/// An idbroker process, killed (by its pid) on drop.
-struct Broker {
-    proc: Announced,
-    addr: String,
-}
-
-impl Broker {
-    fn start(quorum: &LocalQuorum) -> Broker {
-        let proc = Announced::start(
-            Command::new(env!("CARGO_BIN_EXE_idbroker"))
-                .args(["--listen", "127.0.0.1:0", "--nodes", &quorum.urls_arg()])
-                .args(["--election-timeout-ms", &ELECTION_TIMEOUT_MS.to_string()])
-                .args(["--heartbeat-ms", &HEARTBEAT_MS.to_string()])
-                .stderr(Stdio::inherit()),
-            &["listening on "],
-            START_TIMEOUT,
-        )
-        .expect("idbroker starts");
-        Broker {
-            addr: proc.addr().to_string(),
-            proc,
-        }
-    }
-
-    fn signal(&self, sig: libc::c_int) {
-        self.proc.signal(sig);
-    }
-
-    /// kill -9 (SIGKILL ends a stopped process too) and reap.
-    fn kill9(&mut self) {
-        self.proc.kill();
-    }
-}
-
-fn quorum() -> LocalQuorum {
-    LocalQuorum::temp(5).expect("start a 5-node redis quorum (is redis-server installed?)")
-}
-
-async fn stats(addr: &str) -> Option<BrokerStats> {
-    tokio::time::timeout(Duration::from_secs(2), fetch_stats(addr))
-        .await
-        .ok()?
-        .ok()
-}
-
-/// Polls the brokers (bounded) until exactly one of `alive` leads and every other one
-/// follows it in its term; its index.
-async fn wait_settled(brokers: &[Broker], alive: &[usize], limit: Duration) -> usize {
-    let views: Vec<_> = alive
-        .iter()
-        .map(|&i| (i, brokers[i].addr.as_str()))
-        .collect();
-    failover::wait_settled(&views, None, limit)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
+/// An idbroker with the election timing of these tests.
+fn broker(quorum: &LocalQuorum) -> TestBroker {
+    let (timeout, heartbeat) = (ELECTION_TIMEOUT_MS.to_string(), HEARTBEAT_MS.to_string());
+    TestBroker::start(
+        env!("CARGO_BIN_EXE_idbroker"),
+        &quorum.urls_arg(),
+        None,
+        &[
+            "--election-timeout-ms",
+            &timeout,
+            "--heartbeat-ms",
+            &heartbeat,
+        ],
+    )
 }
 
 /// One `NextIds` on a fresh connection: the broker's reply, or why there was none.
@@ -90,21 +49,14 @@ async fn request(addr: &str, count: u64) -> Result<ServerMsg, String> {
         let mut s = TcpStream::connect(addr)
             .await
             .map_err(|e| format!("connect: {e}"))?;
-        let mut buf = Vec::new();
-        for msg in [
-            ClientMsg::Hello {
-                magic: wire::MAGIC,
-                version: wire::VERSION,
-                token: None,
-            },
+        let buf = raw::encode(&[
+            raw::hello(),
             ClientMsg::NextIds {
                 id: 1,
                 count,
                 deadline_ms: 1000,
             },
-        ] {
-            wire::encode(&msg, &mut buf).map_err(|e| e.to_string())?;
-        }
+        ]);
         s.write_all(&buf).await.map_err(|e| format!("write: {e}"))?;
         let mut rd = FrameReader::new(&mut s, Duration::from_secs(5));
         match rd.read_msg::<ServerMsg>().await {
@@ -121,11 +73,12 @@ async fn request(addr: &str, count: u64) -> Result<ServerMsg, String> {
         .map_err(|_| "timed out".to_string())?
 }
 
-/// What the callers saw: every request's event, and which broker served each success.
+/// What the callers saw: every request's event, and which broker served each success
+/// (when it returned, and the broker's address).
 #[derive(Default)]
 struct Seen {
-    events: Vec<Event>,
-    served_by: Vec<(u64, String)>,
+    history: Recorder,
+    served_by: Mutex<Vec<(u64, String)>>,
 }
 
 /// `n` callers asking for one ID at a time, starting at the broker they were last sent
@@ -134,7 +87,7 @@ fn spawn_callers(
     addrs: Vec<String>,
     n: usize,
     stop: &Arc<AtomicBool>,
-    seen: &Arc<Mutex<Seen>>,
+    seen: &Arc<Seen>,
 ) -> Vec<tokio::task::JoinHandle<()>> {
     (0..n)
         .map(|c| {
@@ -143,29 +96,27 @@ fn spawn_callers(
                 let mut target = addrs[c % addrs.len()].clone();
                 let mut next = c;
                 while !stop.load(Relaxed) {
-                    let invoke_ns = monotonic_ns();
-                    let reply = request(&target, 1).await;
-                    let return_ns = monotonic_ns();
-                    let mut outcome = None;
+                    let ids = async {
+                        match request(&target, 1).await {
+                            Ok(ServerMsg::Ids { lo, hi, .. }) => Ok(IdRange { lo, hi }),
+                            other => Err(other),
+                        }
+                    };
+                    let (reply, event) = seen.history.record_event(ids).await;
                     match reply {
-                        Ok(ServerMsg::Ids { lo, hi, .. }) => outcome = Some(IdRange { lo, hi }),
-                        Ok(ServerMsg::Redirect {
+                        Ok(_) => seen
+                            .served_by
+                            .lock()
+                            .expect("served_by lock")
+                            .push((event.return_ns, target.clone())),
+                        Err(Ok(ServerMsg::Redirect {
                             leader: Some(l), ..
-                        }) => target = l,
-                        _ => {
+                        })) => target = l,
+                        Err(_) => {
                             next += 1;
                             target = addrs[next % addrs.len()].clone();
                             tokio::time::sleep(Duration::from_millis(10)).await;
                         }
-                    }
-                    let mut s = seen.lock().expect("seen lock");
-                    s.events.push(Event {
-                        invoke_ns,
-                        return_ns,
-                        outcome,
-                    });
-                    if outcome.is_some() {
-                        s.served_by.push((return_ns, target.clone()));
                     }
                 }
             })
@@ -178,7 +129,7 @@ async fn spawn_client_callers(
     addrs: Vec<String>,
     n: usize,
     stop: &Arc<AtomicBool>,
-    seen: &Arc<Mutex<Seen>>,
+    seen: &Arc<Seen>,
 ) -> Vec<tokio::task::JoinHandle<()>> {
     let config = BrokerClientConfig {
         deadline: Duration::from_secs(5),
@@ -193,16 +144,10 @@ async fn spawn_client_callers(
         .map(|_| {
             let (client, stop, seen) = (client.clone(), stop.clone(), seen.clone());
             tokio::spawn(async move {
-                while !stop.load(Relaxed) {
-                    let invoke_ns = monotonic_ns();
-                    let outcome = client.next_ids(1).await.ok();
-                    let return_ns = monotonic_ns();
-                    seen.lock().expect("seen lock").events.push(Event {
-                        invoke_ns,
-                        return_ns,
-                        outcome,
-                    });
-                }
+                let client = &client;
+                seen.history
+                    .call_while(|_| !stop.load(Relaxed), |_| client.next_ids(1))
+                    .await;
             })
         })
         .collect()
@@ -219,13 +164,13 @@ async fn join(tasks: Vec<tokio::task::JoinHandle<()>>) {
 
 /// Waits (bounded) until a success served by another broker than `old` returned after
 /// `since_ns`: the time from `since_ns` to it.
-async fn first_served_after(seen: &Mutex<Seen>, old: &str, since_ns: u64) -> Duration {
+async fn first_served_after(seen: &Seen, old: &str, since_ns: u64) -> Duration {
     let end = Instant::now() + Duration::from_secs(15);
     loop {
         let first = seen
-            .lock()
-            .expect("seen lock")
             .served_by
+            .lock()
+            .expect("served_by lock")
             .iter()
             .filter(|(t, by)| *t > since_ns && by != old)
             .map(|(t, _)| *t)
@@ -238,29 +183,29 @@ async fn first_served_after(seen: &Mutex<Seen>, old: &str, since_ns: u64) -> Dur
     }
 }
 
-fn assert_linearizable(seen: &Mutex<Seen>) -> usize {
-    let s = seen.lock().expect("seen lock");
-    if let Err(v) = check(&s.events) {
-        panic!("history check failed: {v}");
-    }
-    s.events.iter().filter(|e| e.outcome.is_some()).count()
+/// Checks the history; how many requests got IDs.
+#[track_caller]
+fn assert_checked(seen: &Seen) -> usize {
+    let events = seen.history.events();
+    assert_linearizable(&events);
+    events.iter().filter(|e| e.outcome.is_some()).count()
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_leader_serves_followers_redirect_and_a_killed_leader_is_replaced() {
-    let q = quorum();
-    let mut brokers: Vec<Broker> = (0..3).map(|_| Broker::start(&q)).collect();
-    let l = wait_settled(&brokers, &[0, 1, 2], Duration::from_secs(10)).await;
+    let q = test_quorum(5);
+    let mut brokers: Vec<TestBroker> = (0..3).map(|_| broker(&q)).collect();
+    let l = wait_settled(&brokers, &[0, 1, 2], None, Duration::from_secs(10)).await;
     let leader = brokers[l].addr.clone();
 
     // A follower redirects to the leader and starts nothing; the leader serves.
     let f = (l + 1) % 3;
-    let before = stats(&brokers[f].addr).await.expect("follower stats");
+    let before = stats(&brokers[f].addr, None).await.expect("follower stats");
     match request(&brokers[f].addr, 1).await {
         Ok(ServerMsg::Redirect { id: 1, leader: to }) => assert_eq!(to, Some(leader.clone())),
         other => panic!("follower answered {other:?}"),
     }
-    let after = stats(&brokers[f].addr).await.expect("follower stats");
+    let after = stats(&brokers[f].addr, None).await.expect("follower stats");
     assert_eq!(after.redirects, before.redirects + 1);
     assert_eq!((after.rounds, after.ids), (before.rounds, before.ids));
     assert!(matches!(request(&leader, 3).await, Ok(ServerMsg::Ids { lo, hi, .. }) if hi == lo + 2));
@@ -268,58 +213,60 @@ async fn one_leader_serves_followers_redirect_and_a_killed_leader_is_replaced() 
     // Callers through the kill -9 of the leader.
     let addrs: Vec<String> = brokers.iter().map(|b| b.addr.clone()).collect();
     let stop = Arc::new(AtomicBool::new(false));
-    let seen = Arc::new(Mutex::new(Seen::default()));
+    let seen = Arc::new(Seen::default());
     let callers = spawn_callers(addrs, 4, &stop, &seen);
     tokio::time::sleep(Duration::from_millis(300)).await;
-    let term = stats(&leader).await.expect("leader stats").term;
+    let term = stats(&leader, None).await.expect("leader stats").term;
     let killed_ns = monotonic_ns();
-    brokers[l].kill9();
+    brokers[l].proc.kill();
     let took = first_served_after(&seen, &leader, killed_ns).await;
     eprintln!("failover: kill -9 of the leader to the first ID from the new leader: {took:?}");
     let alive: Vec<usize> = (0..3).filter(|&i| i != l).collect();
-    let n = wait_settled(&brokers, &alive, Duration::from_secs(10)).await;
-    let new = stats(&brokers[n].addr).await.expect("new leader stats");
+    let n = wait_settled(&brokers, &alive, None, Duration::from_secs(10)).await;
+    let new = stats(&brokers[n].addr, None)
+        .await
+        .expect("new leader stats");
     assert!(new.term > term, "new term {} after {term}", new.term);
     tokio::time::sleep(Duration::from_millis(200)).await;
     stop.store(true, Relaxed);
     join(callers).await;
-    let ok = assert_linearizable(&seen);
+    let ok = assert_checked(&seen);
     assert!(ok > 0);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_leader_stopped_past_the_timeout_steps_down_when_continued() {
-    let q = quorum();
-    let brokers: Vec<Broker> = (0..3).map(|_| Broker::start(&q)).collect();
-    let l = wait_settled(&brokers, &[0, 1, 2], Duration::from_secs(10)).await;
+    let q = test_quorum(5);
+    let brokers: Vec<TestBroker> = (0..3).map(|_| broker(&q)).collect();
+    let l = wait_settled(&brokers, &[0, 1, 2], None, Duration::from_secs(10)).await;
     let leader = brokers[l].addr.clone();
-    let term = stats(&leader).await.expect("leader stats").term;
+    let term = stats(&leader, None).await.expect("leader stats").term;
 
     let addrs: Vec<String> = brokers.iter().map(|b| b.addr.clone()).collect();
     let stop = Arc::new(AtomicBool::new(false));
-    let seen = Arc::new(Mutex::new(Seen::default()));
+    let seen = Arc::new(Seen::default());
     let mut callers = spawn_callers(addrs.clone(), 4, &stop, &seen);
     callers.extend(spawn_client_callers(addrs, 8, &stop, &seen).await);
     tokio::time::sleep(Duration::from_millis(300)).await;
 
-    brokers[l].signal(libc::SIGSTOP);
+    brokers[l].proc.signal(libc::SIGSTOP);
     let stopped_ns = monotonic_ns();
     // The others elect a new leader meanwhile (the stopped one cannot be asked).
     let others: Vec<usize> = (0..3).filter(|&i| i != l).collect();
-    let n = wait_settled(&brokers, &others, Duration::from_secs(10)).await;
+    let n = wait_settled(&brokers, &others, None, Duration::from_secs(10)).await;
     let took = first_served_after(&seen, &leader, stopped_ns).await;
     eprintln!("failover: SIGSTOP of the leader to the first ID from the new leader: {took:?}");
-    brokers[l].signal(libc::SIGCONT);
+    brokers[l].proc.signal(libc::SIGCONT);
     // Continued, it sees the higher term and follows the new leader.
-    let settled = wait_settled(&brokers, &[0, 1, 2], Duration::from_secs(10)).await;
+    let settled = wait_settled(&brokers, &[0, 1, 2], None, Duration::from_secs(10)).await;
     assert_eq!(settled, n);
-    let old = stats(&leader).await.expect("old leader stats");
+    let old = stats(&leader, None).await.expect("old leader stats");
     assert_eq!(old.role, "follower");
     assert!(old.term > term);
     tokio::time::sleep(Duration::from_millis(200)).await;
     stop.store(true, Relaxed);
     join(callers).await;
-    let ok = assert_linearizable(&seen);
+    let ok = assert_checked(&seen);
     assert!(ok > 0);
 }
 
@@ -334,25 +281,25 @@ fn kills() -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn repeated_kills_of_the_leader_fail_over_every_time() {
-    let q = quorum();
-    let mut brokers: Vec<Broker> = (0..3).map(|_| Broker::start(&q)).collect();
+    let q = test_quorum(5);
+    let mut brokers: Vec<TestBroker> = (0..3).map(|_| broker(&q)).collect();
     let mut alive: Vec<usize> = vec![0, 1, 2];
-    let seen = Arc::new(Mutex::new(Seen::default()));
+    let seen = Arc::new(Seen::default());
     let mut took = Vec::new();
     for _ in 0..kills() {
-        let l = wait_settled(&brokers, &alive, Duration::from_secs(10)).await;
+        let l = wait_settled(&brokers, &alive, None, Duration::from_secs(10)).await;
         let leader = brokers[l].addr.clone();
         let addrs: Vec<String> = alive.iter().map(|&i| brokers[i].addr.clone()).collect();
         let stop = Arc::new(AtomicBool::new(false));
         let callers = spawn_callers(addrs, 4, &stop, &seen);
         tokio::time::sleep(Duration::from_millis(200)).await;
         let killed_ns = monotonic_ns();
-        brokers[l].kill9();
+        brokers[l].proc.kill();
         took.push(first_served_after(&seen, &leader, killed_ns).await);
         stop.store(true, Relaxed);
         join(callers).await;
         alive.retain(|&i| i != l);
-        brokers.push(Broker::start(&q));
+        brokers.push(broker(&q));
         alive.push(brokers.len() - 1);
     }
     took.sort();
@@ -363,5 +310,5 @@ async fn repeated_kills_of_the_leader_fail_over_every_time() {
          p50 {p50:?}, max {max:?} (all: {took:?})",
         took.len()
     );
-    assert!(assert_linearizable(&seen) > 0);
+    assert!(assert_checked(&seen) > 0);
 }

@@ -6,7 +6,7 @@
 
 use idclient::broker_client::{BrokerClient, BrokerClientConfig};
 use idclient::IdSource;
-use idtools::cluster::{free_port, LocalQuorum};
+use idtools::cluster::{free_port, test_quorum};
 use idtools::proc::{Announced, START_TIMEOUT};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
@@ -163,7 +163,7 @@ fn samples<'a>(exposition: &'a str, name: &'a str) -> impl Iterator<Item = &'a s
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn prometheus_scrapes_a_broker_under_load() {
-    let quorum = LocalQuorum::temp(3).expect("start a 3-node redis quorum");
+    let quorum = test_quorum(3);
     let broker = Broker::start(&quorum.urls_arg(), &[]);
     let stop = Arc::new(AtomicBool::new(false));
     let loader = tokio::spawn(load(broker.addr.clone(), stop.clone()));
@@ -250,7 +250,7 @@ fn assert_no_password(what: &str, text: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn metrics_label_nodes_by_host_and_port_never_a_password_and_readyz_follows_the_quorum() {
-    let mut quorum = LocalQuorum::temp(3).expect("start a 3-node redis quorum");
+    let mut quorum = test_quorum(3);
     let ports = quorum.ports();
     for &p in &ports {
         require_password(p);

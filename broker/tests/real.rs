@@ -3,54 +3,21 @@
 
 use idclient::broker_client::{fetch_stats, BrokerClient, BrokerClientConfig};
 use idclient::{IdError, IdSource};
-use idproto::framed::FrameReader;
-use idproto::wire::{self, ClientMsg, ServerMsg};
-use idtools::cluster::LocalQuorum;
-use idtools::history::{check, monotonic_ns, Event};
-use idtools::proc::{Announced, START_TIMEOUT};
-use std::process::{Command, Stdio};
+use idproto::wire::{self, ClientMsg};
+use idtools::cluster::{test_quorum, LocalQuorum};
+use idtools::history::{assert_linearizable, monotonic_ns, Event, Recorder};
+use idtools::proc::{refused_at_startup, TestBroker};
+use idtools::raw::{closed_by_broker, connect as raw_connect, send};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
-/// An idbroker process, killed (by its pid) on drop.
-struct Broker {
-    proc: Announced,
-    addr: String,
-}
-
-impl Broker {
-    fn start(quorum: &LocalQuorum, extra: &[&str]) -> Broker {
-        let proc = Announced::start(
-            Command::new(env!("CARGO_BIN_EXE_idbroker"))
-                .args(["--listen", "127.0.0.1:0", "--nodes", &quorum.urls_arg()])
-                .args(extra)
-                .stderr(Stdio::inherit()),
-            &["listening on "],
-            START_TIMEOUT,
-        )
-        .expect("idbroker starts");
-        Broker {
-            addr: proc.addr().to_string(),
-            proc,
-        }
-    }
-
-    fn kill9(&mut self) {
-        self.proc.kill();
-    }
-}
-
-fn quorum() -> LocalQuorum {
-    LocalQuorum::temp(5).expect("start a 5-node redis quorum (is redis-server installed?)")
-}
-
-/// For tests about the broker's connections rather than the quorum: fewer processes.
-fn small_quorum() -> LocalQuorum {
-    LocalQuorum::temp(3).expect("start a 3-node redis quorum (is redis-server installed?)")
+/// An idbroker on `quorum` with `extra` flags.
+fn broker(quorum: &LocalQuorum, extra: &[&str]) -> TestBroker {
+    TestBroker::on(env!("CARGO_BIN_EXE_idbroker"), quorum, extra)
 }
 
 async fn client(addrs: &[&String], deadline: Duration) -> Arc<BrokerClient> {
@@ -66,8 +33,7 @@ async fn client(addrs: &[&String], deadline: Duration) -> Arc<BrokerClient> {
     )
 }
 
-/// `callers` tasks calling `next_ids(count)` in a loop until `stop`; their history and
-/// the longest time one call took.
+/// `callers` tasks calling `next_ids(count)` in a loop until `stop`; each one's history.
 fn spawn_callers(
     client: &Arc<BrokerClient>,
     callers: usize,
@@ -79,20 +45,19 @@ fn spawn_callers(
             let client = client.clone();
             let stop = stop.clone();
             tokio::spawn(async move {
-                let mut events = Vec::new();
-                while !stop.load(Relaxed) {
-                    let invoke_ns = monotonic_ns();
-                    let outcome = client.next_ids(count).await.ok();
-                    events.push(Event {
-                        invoke_ns,
-                        return_ns: monotonic_ns(),
-                        outcome,
-                    });
-                }
-                events
+                let (client, history) = (&client, Recorder::new());
+                history
+                    .call_while(|_| !stop.load(Relaxed), |_| client.next_ids(count))
+                    .await;
+                history.take()
             })
         })
         .collect()
+}
+
+/// Joins callers (none may hang): their histories together.
+async fn history(tasks: Vec<tokio::task::JoinHandle<Vec<Event>>>) -> Vec<Event> {
+    join(tasks).await.into_iter().flatten().collect()
 }
 
 /// Joins callers; none may hang.
@@ -107,13 +72,6 @@ async fn join(tasks: Vec<tokio::task::JoinHandle<Vec<Event>>>) -> Vec<Vec<Event>
         );
     }
     out
-}
-
-#[track_caller]
-fn assert_linearizable(events: &[Event]) {
-    if let Err(v) = check(events) {
-        panic!("history check failed: {v}");
-    }
 }
 
 fn ok_count(events: &[Event]) -> usize {
@@ -132,8 +90,8 @@ async fn served(addr: &str) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_broker_many_callers_is_linearizable() {
-    let q = quorum();
-    let b = Broker::start(&q, &[]);
+    let q = test_quorum(5);
+    let b = broker(&q, &[]);
     // Four requests out at once (the default is one), so the broker batches too.
     let config = BrokerClientConfig {
         deadline: Duration::from_secs(5),
@@ -146,16 +104,11 @@ async fn one_broker_many_callers_is_linearizable() {
             .expect("connect to broker"),
     );
     let stop = Arc::new(AtomicBool::new(false));
-    let tasks = spawn_callers(&c, 96, 1, &stop);
-    let ranges = spawn_callers(&c, 4, 1000, &stop);
+    let mut tasks = spawn_callers(&c, 96, 1, &stop);
+    tasks.extend(spawn_callers(&c, 4, 1000, &stop));
     tokio::time::sleep(Duration::from_millis(1500)).await;
     stop.store(true, Relaxed);
-    let events: Vec<Event> = join(tasks)
-        .await
-        .into_iter()
-        .chain(join(ranges).await)
-        .flatten()
-        .collect();
+    let events = history(tasks).await;
     assert_linearizable(&events);
     assert_eq!(
         ok_count(&events),
@@ -175,22 +128,17 @@ async fn one_broker_many_callers_is_linearizable() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_brokers_callers_split_is_linearizable() {
-    let q = quorum();
-    let b1 = Broker::start(&q, &[]);
-    let b2 = Broker::start(&q, &[]);
+    let q = test_quorum(5);
+    let b1 = broker(&q, &[]);
+    let b2 = broker(&q, &[]);
     let c1 = client(&[&b1.addr, &b2.addr], Duration::from_secs(5)).await;
     let c2 = client(&[&b2.addr, &b1.addr], Duration::from_secs(5)).await;
     let stop = Arc::new(AtomicBool::new(false));
-    let t1 = spawn_callers(&c1, 40, 1, &stop);
-    let t2 = spawn_callers(&c2, 40, 1, &stop);
+    let mut tasks = spawn_callers(&c1, 40, 1, &stop);
+    tasks.extend(spawn_callers(&c2, 40, 1, &stop));
     tokio::time::sleep(Duration::from_millis(1500)).await;
     stop.store(true, Relaxed);
-    let events: Vec<Event> = join(t1)
-        .await
-        .into_iter()
-        .chain(join(t2).await)
-        .flatten()
-        .collect();
+    let events = history(tasks).await;
     assert_linearizable(&events);
     assert_eq!(ok_count(&events), events.len());
     // One leader serves; the follower redirected the callers that started with it.
@@ -211,16 +159,16 @@ async fn two_brokers_callers_split_is_linearizable() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_one_of_two_brokers_mid_run() {
-    let q = quorum();
-    let mut b1 = Broker::start(&q, &[]);
-    let b2 = Broker::start(&q, &[]);
+    let q = test_quorum(5);
+    let mut b1 = broker(&q, &[]);
+    let b2 = broker(&q, &[]);
     let c1 = client(&[&b1.addr, &b2.addr], Duration::from_secs(5)).await;
     let c2 = client(&[&b2.addr, &b1.addr], Duration::from_secs(5)).await;
     let stop = Arc::new(AtomicBool::new(false));
     let t1 = spawn_callers(&c1, 40, 1, &stop);
     let t2 = spawn_callers(&c2, 40, 1, &stop);
     tokio::time::sleep(Duration::from_millis(700)).await;
-    b1.kill9();
+    b1.proc.kill();
     let killed_ns = monotonic_ns();
     tokio::time::sleep(Duration::from_millis(1000)).await;
     stop.store(true, Relaxed);
@@ -248,8 +196,8 @@ async fn kill_one_of_two_brokers_mid_run() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn quorum_minority_down_continues_majority_down_fails_in_time_then_resumes() {
-    let mut q = quorum();
-    let b = Broker::start(
+    let mut q = test_quorum(5);
+    let b = broker(
         &q,
         &["--connect-timeout-ms", "200", "--reply-timeout-ms", "200"],
     );
@@ -263,7 +211,7 @@ async fn quorum_minority_down_continues_majority_down_fails_in_time_then_resumes
     let tasks = spawn_callers(&c, 64, 1, &stop);
     tokio::time::sleep(Duration::from_millis(800)).await;
     stop.store(true, Relaxed);
-    let mut history: Vec<Event> = join(tasks).await.into_iter().flatten().collect();
+    let mut history = history(tasks).await;
     let minority_ok = ok_count(&history);
     assert!(
         minority_ok > 64,
@@ -272,26 +220,18 @@ async fn quorum_minority_down_continues_majority_down_fails_in_time_then_resumes
 
     // Majority down: every waiting caller gets an error within its deadline.
     q.kill(2);
+    let majority_down = Recorder::new();
     let mut tasks = Vec::new();
     for _ in 0..64 {
-        let c = c.clone();
+        let (c, majority_down) = (c.clone(), majority_down.clone());
         tasks.push(tokio::spawn(async move {
-            let invoke_ns = monotonic_ns();
             let t0 = Instant::now();
-            let result = c.next_ids(1).await;
-            (
-                Event {
-                    invoke_ns,
-                    return_ns: monotonic_ns(),
-                    outcome: result.as_ref().ok().copied(),
-                },
-                t0.elapsed(),
-                result,
-            )
+            let result = majority_down.record(c.next_ids(1)).await;
+            (t0.elapsed(), result)
         }));
     }
     for t in tasks {
-        let (event, took, result) = tokio::time::timeout(Duration::from_secs(10), t)
+        let (took, result) = tokio::time::timeout(Duration::from_secs(10), t)
             .await
             .expect("a caller hung")
             .expect("task");
@@ -311,8 +251,8 @@ async fn quorum_minority_down_continues_majority_down_fails_in_time_then_resumes
             took <= deadline + Duration::from_secs(5),
             "error after {took:?}, deadline {deadline:?}"
         );
-        history.push(event);
     }
+    history.extend(majority_down.take());
 
     // Restart: service resumes, with IDs above everything handed out before.
     let max_before = history
@@ -324,16 +264,10 @@ async fn quorum_minority_down_continues_majority_down_fails_in_time_then_resumes
     for i in 0..3 {
         q.restart(i).expect("restart node");
     }
+    let restarted = Recorder::new();
     let t0 = Instant::now();
     let range = loop {
-        let invoke_ns = monotonic_ns();
-        let result = c.next_ids(1).await;
-        history.push(Event {
-            invoke_ns,
-            return_ns: monotonic_ns(),
-            outcome: result.as_ref().ok().copied(),
-        });
-        match result {
+        match restarted.record(c.next_ids(1)).await {
             Ok(r) => break r,
             Err(e) => assert!(
                 t0.elapsed() < Duration::from_secs(20),
@@ -341,50 +275,15 @@ async fn quorum_minority_down_continues_majority_down_fails_in_time_then_resumes
             ),
         }
     };
+    history.extend(restarted.take());
     assert!(range.lo > max_before, "{range:?} not above {max_before}");
     assert_linearizable(&history);
 }
 
-async fn raw_connect(addr: &str) -> TcpStream {
-    let mut s = TcpStream::connect(addr).await.expect("connect");
-    send(
-        &mut s,
-        &ClientMsg::Hello {
-            magic: wire::MAGIC,
-            version: wire::VERSION,
-            token: None,
-        },
-    )
-    .await;
-    let mut rd = FrameReader::new(&mut s, Duration::from_secs(5));
-    let welcome = tokio::time::timeout(Duration::from_secs(5), rd.read_msg::<ServerMsg>()).await;
-    assert!(
-        matches!(welcome, Ok(Ok(Some(ServerMsg::Welcome { .. })))),
-        "{welcome:?}"
-    );
-    assert_eq!(rd.buffered(), 0, "nothing may follow the Welcome unasked");
-    s
-}
-
-async fn send(s: &mut TcpStream, msg: &ClientMsg) {
-    let mut buf = Vec::new();
-    wire::encode(msg, &mut buf).expect("encode");
-    s.write_all(&buf).await.expect("write");
-}
-
-/// Reads until the broker closes the connection; what it sent, lossily as text.
-async fn closed_by_broker(s: &mut TcpStream) -> String {
-    let mut all = Vec::new();
-    let _ = tokio::time::timeout(Duration::from_secs(10), s.read_to_end(&mut all))
-        .await
-        .expect("broker closes the connection");
-    String::from_utf8_lossy(&all).into_owned()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_input_costs_only_that_connection() {
-    let q = quorum();
-    let b = Broker::start(
+    let q = test_quorum(5);
+    let b = broker(
         &q,
         &[
             "--handshake-timeout-ms",
@@ -490,9 +389,9 @@ async fn bad_input_costs_only_that_connection() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_answers_everyone_and_exits_cleanly() {
-    let q = quorum();
-    let mut b1 = Broker::start(&q, &[]);
-    let b2 = Broker::start(&q, &[]);
+    let q = test_quorum(5);
+    let mut b1 = broker(&q, &[]);
+    let b2 = broker(&q, &[]);
     let c = client(&[&b1.addr, &b2.addr], Duration::from_secs(5)).await;
     let stop = Arc::new(AtomicBool::new(false));
     let tasks = spawn_callers(&c, 32, 1, &stop);
@@ -503,7 +402,7 @@ async fn sigterm_answers_everyone_and_exits_cleanly() {
     let stopped_ns = monotonic_ns();
     tokio::time::sleep(Duration::from_millis(300)).await;
     stop.store(true, Relaxed);
-    let events: Vec<Event> = join(tasks).await.into_iter().flatten().collect();
+    let events = history(tasks).await;
     assert_linearizable(&events);
     // docs/broker.md: the round in flight is answered, queued requests are refused as
     // never started and resent to the other broker, unread ones are resent after the
@@ -523,7 +422,7 @@ async fn sigterm_answers_everyone_and_exits_cleanly() {
 }
 
 /// Waits for `b` to exit, up to `limit`; its status.
-fn wait_exit(b: &mut Broker, limit: Duration) -> Option<std::process::ExitStatus> {
+fn wait_exit(b: &mut TestBroker, limit: Duration) -> Option<std::process::ExitStatus> {
     let t0 = std::time::Instant::now();
     loop {
         if let Some(status) = b.proc.try_wait().expect("try_wait idbroker") {
@@ -536,7 +435,7 @@ fn wait_exit(b: &mut Broker, limit: Duration) -> Option<std::process::ExitStatus
     }
 }
 
-fn sigterm(b: &Broker) {
+fn sigterm(b: &TestBroker) {
     b.proc.signal(libc::SIGTERM);
 }
 
@@ -544,8 +443,8 @@ fn sigterm(b: &Broker) {
 /// and frame timeout, a half-sent Hello used to keep the broker alive until it expired.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_does_not_wait_for_a_half_sent_hello() {
-    let q = small_quorum();
-    let mut b = Broker::start(
+    let q = test_quorum(3);
+    let mut b = broker(
         &q,
         &[
             "--handshake-timeout-ms",
@@ -577,8 +476,8 @@ async fn sigterm_does_not_wait_for_a_half_sent_hello() {
 /// idle connection make room, hiding the defect.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_works_with_the_connections_it_gets() {
-    let q = small_quorum();
-    let b = Broker::start(
+    let q = test_quorum(3);
+    let b = broker(
         &q,
         &["--max-connections", "3", "--evict-min-idle-ms", "600000"],
     );
@@ -601,13 +500,10 @@ async fn a_client_works_with_the_connections_it_gets() {
     for _ in 0..8 {
         let c = c.clone();
         results.push(tokio::spawn(async move {
-            let mut errors = Vec::new();
-            for _ in 0..10 {
-                if let Err(e) = c.next_ids(1).await {
-                    errors.push(e.to_string());
-                }
-            }
-            errors
+            let c = &c;
+            Recorder::new()
+                .call_while(|i| i < 10, |_| c.next_ids(1))
+                .await
         }));
     }
     for r in results {
@@ -618,7 +514,7 @@ async fn a_client_works_with_the_connections_it_gets() {
         assert!(errors.is_empty(), "calls failed: {errors:?}");
     }
     stop.store(true, Relaxed);
-    let events: Vec<Event> = join(others).await.into_iter().flatten().collect();
+    let events = history(others).await;
     assert_eq!(
         ok_count(&events),
         events.len(),
@@ -630,8 +526,8 @@ async fn a_client_works_with_the_connections_it_gets() {
 /// connection is refused with the reason; once one closes, clients are served again.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn max_connections_flag_caps_connections() {
-    let q = small_quorum();
-    let b = Broker::start(
+    let q = test_quorum(3);
+    let b = broker(
         &q,
         &["--max-connections", "2", "--frame-timeout-ms", "120000"],
     );
@@ -658,19 +554,10 @@ async fn max_connections_flag_caps_connections() {
 /// Bad limits are refused at startup, naming the flag's setting (exit code 2).
 #[test]
 fn inconsistent_deadline_flags_are_refused() {
-    let out = Command::new(env!("CARGO_BIN_EXE_idbroker"))
-        .args([
-            "--listen",
-            "127.0.0.1:0",
-            "--nodes",
-            "redis://127.0.0.1:1",
-            "--max-deadline-ms",
-            "100",
-        ])
-        .output()
-        .expect("run idbroker");
-    assert_eq!(out.status.code(), Some(2), "{out:?}");
-    let stderr = String::from_utf8_lossy(&out.stderr);
+    let stderr = refused_at_startup(
+        env!("CARGO_BIN_EXE_idbroker"),
+        &["--max-deadline-ms", "100"],
+    );
     assert!(
         stderr.contains("default_deadline exceeds max_deadline"),
         "{stderr}"

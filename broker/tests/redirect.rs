@@ -12,8 +12,8 @@
 
 use idclient::broker_client::{fetch_stats, fetch_stats_with, BrokerClient, BrokerClientConfig};
 use idclient::{BrokerTls, IdError, IdSource};
-use idtools::cluster::LocalQuorum;
-use idtools::history::{check, monotonic_ns, Event};
+use idtools::cluster::{test_quorum, LocalQuorum};
+use idtools::history::{assert_linearizable, Event, Recorder};
 use idtools::pki::Pki;
 use idtools::proc::TestBroker;
 use std::ffi::OsStr;
@@ -24,10 +24,6 @@ use tokio::net::{TcpListener, TcpStream};
 
 /// Election timing of these tests (fast, as in tests/leader.rs).
 const TIMING: [&str; 4] = ["--election-timeout-ms", "200", "--heartbeat-ms", "50"];
-
-fn quorum() -> LocalQuorum {
-    LocalQuorum::temp(3).expect("start a 3-node redis quorum (is redis-server installed?)")
-}
 
 /// A window broker (no token) with the test timing and `extra` arguments.
 fn broker<A: AsRef<OsStr>>(q: &LocalQuorum, extra: &[A]) -> TestBroker {
@@ -161,39 +157,29 @@ async fn run_callers(
     callers: usize,
     per_caller: usize,
 ) -> (Vec<Event>, Vec<Vec<Result<u64, IdError>>>) {
+    let history = Recorder::new();
     let tasks: Vec<_> = (0..callers)
         .map(|_| {
-            let client = client.clone();
+            let (client, history) = (client.clone(), history.clone());
             tokio::spawn(async move {
-                let mut events = Vec::new();
                 let mut ids = Vec::new();
                 for _ in 0..per_caller {
-                    let invoke_ns = monotonic_ns();
-                    let r = client.next_ids(1).await;
-                    let return_ns = monotonic_ns();
-                    events.push(Event {
-                        invoke_ns,
-                        return_ns,
-                        outcome: r.as_ref().ok().copied(),
-                    });
+                    let r = history.record(client.next_ids(1)).await;
                     let failed = r.is_err();
                     ids.push(r.map(|r| r.lo));
                     if failed {
                         break; // Said by the test; the rest would fail the same way.
                     }
                 }
-                (events, ids)
+                ids
             })
         })
         .collect();
-    let mut events = Vec::new();
     let mut per = Vec::new();
     for t in tasks {
-        let (e, ids) = t.await.expect("caller task");
-        events.extend(e);
-        per.push(ids);
+        per.push(t.await.expect("caller task"));
     }
-    (events, per)
+    (history.take(), per)
 }
 
 /// Finding 9: one address in front of a leader and a follower, as a load balancer (or a
@@ -203,7 +189,7 @@ async fn run_callers(
 /// to the leader it was redirected to (the follower redirects only a few times).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_address_in_front_of_leader_and_follower_serves_every_request() {
-    let q = quorum();
+    let q = test_quorum(3);
     let none: [&str; 0] = [];
     let (leader, follower) = leader_then_follower(&q, &none, &none, None).await;
     for pick in [Pick::RoundRobin, Pick::Sticky] {
@@ -226,7 +212,7 @@ async fn one_address_in_front_of_leader_and_follower_serves_every_request() {
                 .collect();
             assert!(ids.windows(2).all(|w| w[0] < w[1]), "{pick:?}: {ids:?}");
         }
-        check(&events).unwrap_or_else(|v| panic!("history: {v:?}"));
+        assert_linearizable(&events);
         // Pooled: the connections go to the leader and stay there, instead of a redirect
         // per request.
         let redirects = fetch_stats(&follower.addr).await.expect("stats").redirects - before;
@@ -245,7 +231,7 @@ async fn one_address_in_front_of_leader_and_follower_serves_every_request() {
 /// within that bound.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redirect_loop_ends_after_bounded_hops() {
-    let q = quorum();
+    let q = test_quorum(3);
     let lie = Proxy::start("127.0.0.1", Pick::Sticky).await;
     let (_leader, follower) =
         leader_then_follower(&q, &["--advertise", lie.addr.as_str()], &[], None).await;
@@ -286,7 +272,7 @@ async fn a_redirect_loop_ends_after_bounded_hops() {
 /// the same redirect is served.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_tls_a_redirect_target_must_verify() {
-    let (q, pki) = (quorum(), Pki::new().expect("certificates"));
+    let (q, pki) = (test_quorum(3), Pki::new().expect("certificates"));
     let other = Proxy::start("127.0.0.2", Pick::Sticky).await;
     let tls_args = vec![
         OsStr::new("--listen-tls-cert"),

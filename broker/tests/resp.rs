@@ -7,10 +7,11 @@ use broker::{BrokerConfig, RoundSource};
 use idclient::broker_client::{fetch_stats, BrokerClient, BrokerClientConfig};
 use idclient::{IdError, IdRange, IdSource};
 use idproto::framed::FrameReader;
-use idproto::wire::{self, ClientMsg, ServerMsg};
-use idtools::cluster::LocalQuorum;
+use idproto::wire::{ClientMsg, ServerMsg};
+use idtools::cluster::{test_quorum, LocalQuorum};
 use idtools::history::{assert_linearizable, Recorder};
 use idtools::proc::TestBroker;
+use idtools::raw;
 use idtools::resp::{parse_range, python};
 use std::future::Future;
 use std::process::Command;
@@ -24,22 +25,13 @@ use tokio::time::Instant;
 
 /// An idbroker serving binary and RESP on `quorum`, with `extra` flags.
 fn broker(quorum: &LocalQuorum, extra: &[&str]) -> TestBroker {
-    TestBroker::start(
-        env!("CARGO_BIN_EXE_idbroker"),
-        &quorum.urls_arg(),
-        None,
-        extra,
-    )
+    TestBroker::on(env!("CARGO_BIN_EXE_idbroker"), quorum, extra)
 }
 
 /// (host, port) of the broker's RESP listener.
 fn resp_host_port(b: &TestBroker) -> (String, String) {
     let (host, port) = b.resp.rsplit_once(':').expect("host:port");
     (host.to_string(), port.to_string())
-}
-
-fn quorum() -> LocalQuorum {
-    LocalQuorum::temp(3).expect("start a 3-node redis quorum (is redis-server installed?)")
 }
 
 /// Runs `redis-cli` against the broker's RESP port with `args` (and `stdin`); its stdout.
@@ -60,7 +52,7 @@ fn assert_increasing(ranges: &[IdRange]) {
 
 #[test]
 fn redis_cli_session() {
-    let q = quorum();
+    let q = test_quorum(3);
     let b = broker(&q, &[]);
     assert_eq!(redis_cli(&b, &["PING"], b""), "PONG\n");
     assert_eq!(redis_cli(&b, &["ping", "hello"], b""), "hello\n");
@@ -115,7 +107,7 @@ fn redis_cli_session() {
 
 #[test]
 fn redis_py_client() {
-    let q = quorum();
+    let q = test_quorum(3);
     let b = broker(&q, &[]);
     let (host, port) = resp_host_port(&b);
     let script = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/resp_client.py");
@@ -147,7 +139,7 @@ fn redis_py_client() {
 /// RESP3) at once: every range is distinct and in real-time order across both.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn binary_and_resp_clients_interleave_linearizably() {
-    let q = quorum();
+    let q = test_quorum(3);
     let b = broker(&q, &[]);
     let binary = Arc::new(
         BrokerClient::connect(vec![b.addr.clone()], BrokerClientConfig::default())
@@ -263,7 +255,7 @@ fn rss_kib(b: &TestBroker) -> u64 {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn hostile_input_costs_only_that_connection() {
-    let q = quorum();
+    let q = test_quorum(3);
     let b = broker(
         &q,
         &[
@@ -344,7 +336,7 @@ async fn hostile_input_costs_only_that_connection() {
 /// and every request is still answered, in order, as the client reads.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn pipelined_flood_is_answered_in_order() {
-    let q = quorum();
+    let q = test_quorum(3);
     let b = broker(&q, &["--max-in-flight", "4"]);
     let n = 3000;
     let mut flood = Vec::new();
@@ -389,7 +381,7 @@ async fn pipelined_flood_is_answered_in_order() {
 /// the connection and exits cleanly.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_closes_resp_connections_after_their_replies() {
-    let q = quorum();
+    let q = test_quorum(3);
     let mut b = broker(&q, &[]);
     let mut s = TcpStream::connect(&b.resp).await.expect("connect");
     s.write_all(next_cmd(1).repeat(500).as_bytes())
@@ -417,7 +409,7 @@ async fn sigterm_closes_resp_connections_after_their_replies() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connection_cap_refuses_resp_clients_in_redis_words() {
-    let q = quorum();
+    let q = test_quorum(3);
     let b = broker(
         &q,
         &["--max-connections", "1", "--evict-min-idle-ms", "60000"],
@@ -506,13 +498,8 @@ async fn resp_and_binary_requests_share_a_round() {
     let pipelined = format!("{}{}", next_cmd(4), next_cmd(0));
     second.write_all(pipelined.as_bytes()).await.expect("write");
     let mut binary = TcpStream::connect(&addr).await.expect("connect");
-    let mut hello = Vec::new();
-    let msgs = [
-        ClientMsg::Hello {
-            magic: wire::MAGIC,
-            version: wire::VERSION,
-            token: None,
-        },
+    let hello = raw::encode(&[
+        raw::hello(),
         ClientMsg::NextIds {
             id: 1,
             count: 3,
@@ -523,10 +510,7 @@ async fn resp_and_binary_requests_share_a_round() {
             count: 0,
             deadline_ms: 0,
         },
-    ];
-    for msg in &msgs {
-        wire::encode(msg, &mut hello).expect("encode");
-    }
+    ]);
     binary.write_all(&hello).await.expect("write");
     let mut queued = 0;
     while queued < 5 {

@@ -4,20 +4,19 @@
 //! history as binary clients of the leader; through a kill -9 of the leader; and with an
 //! auth token the leader requires.
 
-use idclient::broker_client::{fetch_stats_with_token, BrokerClient, BrokerClientConfig};
+use idclient::broker_client::{BrokerClient, BrokerClientConfig};
 use idclient::{IdRange, IdSource, Token};
-use idproto::wire::BrokerStats;
-use idtools::cluster::LocalQuorum;
-use idtools::failover;
+use idtools::cluster::{test_quorum, LocalQuorum};
+use idtools::failover::stats;
 use idtools::history::{assert_linearizable, monotonic_ns, Event, Recorder};
-use idtools::proc::TestBroker;
-use idtools::resp::{parse_range, redis_cli};
+use idtools::proc::{wait_settled, TestBroker};
+use idtools::resp::{self, parse_range, redis_cli};
 use std::io::Write;
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
-use tokio::io::{AsyncReadExt, AsyncWriteExt};
+use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 use tokio::time::Instant;
 
@@ -33,41 +32,13 @@ fn broker(quorum: &LocalQuorum, extra: &[&str]) -> TestBroker {
     )
 }
 
-fn quorum() -> LocalQuorum {
-    LocalQuorum::temp(3).expect("start a 3-node redis quorum (is redis-server installed?)")
-}
-
-async fn stats(addr: &str, token: Option<&Token>) -> Option<BrokerStats> {
-    tokio::time::timeout(Duration::from_secs(2), fetch_stats_with_token(addr, token))
-        .await
-        .ok()?
-        .ok()
-}
-
-/// Polls (bounded) until exactly one of `alive` leads and every other one follows it in
-/// its term; its index.
-async fn wait_settled(
-    brokers: &[TestBroker],
-    alive: &[usize],
-    token: Option<&Token>,
-    limit: Duration,
-) -> usize {
-    let views: Vec<_> = alive
-        .iter()
-        .map(|&i| (i, brokers[i].addr.as_str()))
-        .collect();
-    failover::wait_settled(&views, token, limit)
-        .await
-        .unwrap_or_else(|e| panic!("{e}"))
-}
-
 /// The follower's RESP port answers `QLIST.NEXT` with the leader's IDs: redis-cli, then
 /// `redis` crate callers on the follower interleaved with binary callers of the leader,
 /// all in one linearizable history; the follower reserves nothing itself and counts what
 /// it forwarded.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_followers_resp_port_serves_the_leaders_ids() {
-    let q = quorum();
+    let q = test_quorum(3);
     let brokers: Vec<TestBroker> = (0..3).map(|_| broker(&q, &[])).collect();
     let l = wait_settled(&brokers, &[0, 1, 2], None, Duration::from_secs(10)).await;
     let (leader, follower) = (&brokers[l], &brokers[(l + 1) % 3]);
@@ -188,33 +159,12 @@ async fn pipeline(resp: String, stop: Arc<AtomicBool>) -> (Vec<Event>, Vec<Strin
 /// One reply: `["*2", lo, hi]` or `[error line]`. Every reply must arrive within 10 s
 /// (the broker's deadline is 5 s): the connection never hangs.
 async fn read_reply(s: &mut TcpStream, buf: &mut Vec<u8>) -> Vec<String> {
-    let end = Instant::now() + Duration::from_secs(10);
-    loop {
-        let text = String::from_utf8_lossy(buf).into_owned();
-        let lines: Vec<&str> = text.split("\r\n").collect();
-        let complete = lines.len().saturating_sub(1);
-        let need = if text.starts_with('*') { 5 } else { 1 };
-        if complete >= need {
-            let used: usize = lines[..need].iter().map(|l| l.len() + 2).sum();
-            let reply = if need == 5 {
-                vec![
-                    lines[0].to_string(),
-                    lines[2].to_string(),
-                    lines[4].to_string(),
-                ]
-            } else {
-                vec![lines[0].to_string()]
-            };
-            buf.drain(..used);
-            return reply;
-        }
-        let mut chunk = [0u8; 4096];
-        let n = tokio::time::timeout_at(end, s.read(&mut chunk))
-            .await
-            .expect("a reply within 10 s")
-            .expect("read");
-        assert!(n > 0, "the follower closed the connection: {text:?}");
-        buf.extend_from_slice(&chunk[..n]);
+    let lines = resp::read_reply(s, buf, Duration::from_secs(10))
+        .await
+        .unwrap_or_else(|e| panic!("the follower's reply: {e}"));
+    match &lines[..] {
+        [n, _, lo, _, hi] => vec![n.clone(), lo.clone(), hi.clone()],
+        _ => lines,
     }
 }
 
@@ -224,7 +174,7 @@ async fn read_reply(s: &mut TcpStream, buf: &mut Vec<u8>) -> Vec<String> {
 /// real-time order holds, with binary clients of every broker in the same history.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_killed_leader_under_pipelined_resp_load_on_a_follower() {
-    let q = quorum();
+    let q = test_quorum(3);
     let mut brokers: Vec<TestBroker> = (0..3).map(|_| broker(&q, &[])).collect();
     let l = wait_settled(&brokers, &[0, 1, 2], None, Duration::from_secs(10)).await;
     let f = (l + 1) % 3;
@@ -349,7 +299,7 @@ async fn a_killed_leader_under_pipelined_resp_load_on_a_follower() {
 /// and its RESP clients still have to `AUTH` to it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_with_a_token_forwards_to_a_leader_requiring_it() {
-    let q = quorum();
+    let q = test_quorum(3);
     let dir = tempfile::tempdir().expect("temp dir");
     let secret = "forward-s3cret";
     let path = dir.path().join("token");

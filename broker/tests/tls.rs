@@ -6,9 +6,9 @@
 
 use idclient::broker_client::{fetch_stats_with, BrokerClient, BrokerClientConfig};
 use idclient::{BrokerTls, ClientCert, IdError, IdSource, Token};
-use idtools::cluster::LocalQuorum;
+use idtools::cluster::{test_quorum, LocalQuorum};
 use idtools::pki::Pki;
-use idtools::proc::{Announced, TestBroker, START_TIMEOUT};
+use idtools::proc::{self, Announced, TestBroker, START_TIMEOUT};
 use idtools::resp::python;
 use std::ffi::OsStr;
 use std::path::Path;
@@ -63,10 +63,6 @@ fn resp_port(b: &TestBroker) -> &str {
     b.resp.rsplit_once(':').expect("host:port").1
 }
 
-fn quorum() -> LocalQuorum {
-    LocalQuorum::temp(3).expect("start a 3-node redis quorum (is redis-server installed?)")
-}
-
 fn pki() -> Pki {
     Pki::new().expect("make the test certificates")
 }
@@ -105,7 +101,7 @@ fn redis_cli(b: &TestBroker, args: &[&str]) -> (String, String) {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn every_client_gets_ids_over_tls_with_the_token() {
-    let (q, pki) = (quorum(), pki());
+    let (q, pki) = (test_quorum(3), pki());
     let b = rounds_broker(&q, &pki, &[]);
     let ca = pki.ca.to_str().expect("utf-8 path");
 
@@ -198,7 +194,7 @@ async fn every_client_gets_ids_over_tls_with_the_token() {
 /// to a leader that requires client certificates).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_follower_forwards_resp_requests_to_the_leader_over_tls() {
-    let (q, pki) = (quorum(), pki());
+    let (q, pki) = (test_quorum(3), pki());
     let client_ca = pki.ca.to_str().expect("utf-8 path");
     let brokers: Vec<TestBroker> = (0..3)
         .map(|_| window_broker(&q, &pki, &["--listen-tls-client-ca", client_ca]))
@@ -256,7 +252,7 @@ async fn a_follower_forwards_resp_requests_to_the_leader_over_tls() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn plain_clients_are_told_to_use_tls_and_others_are_served() {
-    let (q, pki) = (quorum(), pki());
+    let (q, pki) = (test_quorum(3), pki());
     let b = rounds_broker(&q, &pki, &[]);
 
     let e = next_ids(&b.addr, config(None), 1)
@@ -290,7 +286,7 @@ async fn plain_clients_are_told_to_use_tls_and_others_are_served() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_trusting_another_ca_fails_certificate_verification() {
-    let (q, pki) = (quorum(), pki());
+    let (q, pki) = (test_quorum(3), pki());
     let b = rounds_broker(&q, &pki, &[]);
 
     let e = next_ids(&b.addr, config(Some(trusting(&pki.other_ca))), 1)
@@ -338,7 +334,7 @@ async fn closed_by_broker(stream: &mut TcpStream, tries: usize) -> bool {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn silent_clients_are_dropped_after_the_handshake_timeout_while_others_are_served() {
-    let (q, pki) = (quorum(), pki());
+    let (q, pki) = (test_quorum(3), pki());
     let b = rounds_broker(&q, &pki, &["--handshake-timeout-ms", "1500"]);
 
     // Connections that never send a ClientHello, on both listeners.
@@ -381,7 +377,7 @@ async fn silent_clients_are_dropped_after_the_handshake_timeout_while_others_are
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_required_client_certificate_is_checked() {
-    let (q, pki) = (quorum(), pki());
+    let (q, pki) = (test_quorum(3), pki());
     let client_ca = pki.ca.to_str().expect("utf-8 path");
     let b = rounds_broker(&q, &pki, &["--listen-tls-client-ca", client_ca]);
 
@@ -421,14 +417,7 @@ async fn a_required_client_certificate_is_checked() {
 
 /// idbroker with `args` must exit 2 before serving; its stderr.
 fn refused_at_startup(args: &[&str]) -> String {
-    let out = Command::new(env!("CARGO_BIN_EXE_idbroker"))
-        .args(["--listen", "127.0.0.1:0", "--nodes", "redis://127.0.0.1:1"])
-        .args(args)
-        .output()
-        .expect("run idbroker");
-    assert_eq!(out.status.code(), Some(2), "{out:?}");
-    assert!(out.stdout.is_empty(), "{out:?}");
-    String::from_utf8_lossy(&out.stderr).into_owned()
+    proc::refused_at_startup(env!("CARGO_BIN_EXE_idbroker"), args)
 }
 
 #[test]
@@ -462,7 +451,7 @@ fn bad_tls_files_are_usage_errors_naming_the_file_never_the_key() {
 
 #[test]
 fn a_token_without_tls_on_a_public_address_is_warned_about() {
-    let q = quorum();
+    let q = test_quorum(3);
     let dir = tempfile::tempdir().expect("temp dir");
     let token = dir.path().join("token");
     std::fs::write(&token, SECRET).expect("write token file");

@@ -4,10 +4,8 @@
 //! gets an error that names it.
 
 use idclient::{ClientConfig, Combine, IdError, IdSource, Protocol, QuorumClient};
-use idtools::bench::{self, BenchConfig};
-use idtools::cluster::LocalQuorum;
-use idtools::history::check;
-use std::sync::Arc;
+use idtools::bench;
+use idtools::cluster::{node_command, test_quorum, LocalQuorum};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -36,24 +34,9 @@ fn documented_acl() -> Vec<String> {
     args
 }
 
-fn quorum() -> LocalQuorum {
-    LocalQuorum::temp(3).expect("cannot start redis-server quorum (is redis-server installed? `apt-get install redis-server`)")
-}
-
 /// Runs one command as the default (unrestricted) user on node `i`.
 async fn admin(q: &LocalQuorum, i: usize, args: &[String]) -> redis::Value {
-    let client = redis::Client::open(q.urls()[i].as_str()).expect("url");
-    let mut conn = client
-        .get_multiplexed_async_connection()
-        .await
-        .expect("connect as the default user");
-    let mut cmd = redis::cmd(&args[0]);
-    for a in &args[1..] {
-        cmd.arg(a);
-    }
-    cmd.query_async(&mut conn)
-        .await
-        .unwrap_or_else(|e| panic!("{args:?}: {e}"))
+    node_command(&q.urls()[i], args).await
 }
 
 /// Creates the user on every node with the documented ACL, `but` a permission rule
@@ -90,7 +73,7 @@ async fn denials(q: &LocalQuorum, i: usize) -> Vec<String> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_documented_acl_is_enough_on_every_path() {
-    let q = quorum();
+    let q = test_quorum(3);
     create_user(&q, None).await;
     let mut last = 0;
     for protocol in [Protocol::Fast, Protocol::Classic] {
@@ -103,27 +86,7 @@ async fn the_documented_acl_is_enough_on_every_path() {
             last = r.hi;
         }
     }
-    let mut sources = Vec::new();
-    for _ in 0..6 {
-        let mut c = config(&q);
-        c.combine = Combine::Always;
-        sources.push(Arc::new(QuorumClient::connect(c).await.expect("connect")));
-    }
-    let cfg = BenchConfig {
-        clients: sources.len(),
-        duration: Duration::from_millis(800),
-        count: 1,
-        progress: false,
-    };
-    let report = bench::run(&cfg, &sources).await;
-    assert_eq!(report.errors, 0, "{}", report.summary_line());
-    check(&report.events).expect("linearizable");
-    let combined: u64 = sources.iter().map(|c| c.counters().combined).sum();
-    assert!(
-        combined > 0,
-        "no request rode in another client's batch (the rendezvous was not used): {}",
-        report.summary_line()
-    );
+    bench::assert_combining_run(&config(&q), 6, Duration::from_millis(800)).await;
     for i in 0..q.len() {
         let denied = denials(&q, i).await;
         assert!(
@@ -139,7 +102,7 @@ async fn the_documented_acl_is_enough_on_every_path() {
 /// `a_round_cut_by_the_deadline_keeps_the_earlier_cause`). The error, which must say it
 /// is the ACL and never show the password.
 async fn error_without(rule: &str) -> String {
-    let q = quorum();
+    let q = test_quorum(3);
     create_user(&q, Some(rule)).await;
     let msg = match QuorumClient::connect(config(&q)).await {
         Err(e) => e.to_string(),
@@ -185,7 +148,7 @@ async fn a_command_the_script_runs_is_named_when_denied() {
 
 #[tokio::test]
 async fn a_key_outside_the_pattern_is_denied_clearly() {
-    let q = quorum();
+    let q = test_quorum(3);
     create_user(&q, None).await;
     let mut c = config(&q);
     c.key = "elsewhere".to_string();
@@ -204,7 +167,7 @@ async fn a_key_outside_the_pattern_is_denied_clearly() {
 #[tokio::test]
 async fn a_denied_rendezvous_costs_speed_not_ids() {
     for rule in ["-subscribe", "-publish"] {
-        let q = quorum();
+        let q = test_quorum(3);
         create_user(&q, Some(rule)).await;
         let mut c = config(&q);
         c.combine = Combine::Always;

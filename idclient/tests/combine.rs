@@ -8,14 +8,10 @@ use idclient::{ClientConfig, Combine, IdSource, QuorumClient};
 use idclient::{Close, Join, Leases, Nonce};
 use idclient::{Node, Rendezvous};
 use idtools::bench::{self, BenchConfig, BenchReport};
-use idtools::cluster::LocalQuorum;
-use idtools::history::{check, monotonic_ns, Event};
+use idtools::cluster::{node_command, test_quorum, LocalQuorum};
+use idtools::history::{assert_linearizable, monotonic_ns};
 use std::sync::Arc;
 use std::time::Duration;
-
-fn quorum() -> LocalQuorum {
-    LocalQuorum::temp(5).expect("cannot start redis-server quorum (is redis-server installed? `apt-get install redis-server`)")
-}
 
 fn config(q: &LocalQuorum, deadline: Duration) -> ClientConfig {
     let mut c = ClientConfig::new(q.urls());
@@ -56,24 +52,9 @@ async fn clients(q: &LocalQuorum, n: usize, deadline: Duration) -> Vec<Arc<Quoru
 }
 
 fn run(sources: &[Arc<QuorumClient>], secs: f64) -> tokio::task::JoinHandle<BenchReport> {
-    let cfg = BenchConfig {
-        clients: sources.len(),
-        duration: Duration::from_secs_f64(secs),
-        count: 1,
-        progress: false,
-    };
+    let cfg = BenchConfig::quiet(sources.len(), Duration::from_secs_f64(secs), 1);
     let sources = sources.to_vec();
     tokio::spawn(async move { bench::run(&cfg, &sources).await })
-}
-
-#[track_caller]
-fn assert_linearizable(events: &[Event]) {
-    if let Err(v) = check(events) {
-        panic!(
-            "history of {} requests violates the guarantee: {v}",
-            events.len()
-        );
-    }
 }
 
 fn combined(sources: &[Arc<QuorumClient>]) -> u64 {
@@ -87,7 +68,7 @@ const LEASES: Leases = Leases {
 
 #[tokio::test]
 async fn rendezvous_hands_out_offsets_one_batch_at_a_time() {
-    let q = quorum();
+    let q = test_quorum(5);
     let n = node(&q, 0);
     let (a, b, c, d) = (
         Nonce::random(),
@@ -153,7 +134,7 @@ async fn rendezvous_hands_out_offsets_one_batch_at_a_time() {
 
 #[tokio::test]
 async fn rendezvous_state_expires_and_never_reaches_the_aof() {
-    let q = quorum();
+    let q = test_quorum(5);
     let n = node(&q, 0);
     let short = Leases {
         round: Duration::from_millis(150),
@@ -219,7 +200,7 @@ fn walk(dir: &std::path::Path) -> Vec<std::path::PathBuf> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn contending_clients_share_rounds() {
-    let q = quorum();
+    let q = test_quorum(5);
     let sources = clients(&q, 32, Duration::from_secs(5)).await;
     let report = run(&sources, 1.5).await.expect("load");
     assert_linearizable(&report.events);
@@ -243,7 +224,7 @@ async fn contending_clients_share_rounds() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn clients_told_never_to_combine_do_not() {
-    let q = quorum();
+    let q = test_quorum(5);
     let mut sources = Vec::new();
     for _ in 0..8 {
         let mut cfg = config(&q, Duration::from_secs(5));
@@ -258,7 +239,7 @@ async fn clients_told_never_to_combine_do_not() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_vanished_leader_costs_its_members_a_lease_not_their_deadline() {
-    let q = quorum();
+    let q = test_quorum(5);
     let rv = node(&q, rendezvous(&q));
     let lease = Leases {
         round: Duration::from_millis(300),
@@ -305,7 +286,7 @@ async fn a_vanished_leader_costs_its_members_a_lease_not_their_deadline() {
 /// rendezvous and go on combining, nothing repeats, and after the node is back they
 /// combine again.
 async fn rendezvous_fails_mid_run(kill: bool) {
-    let mut q = quorum();
+    let mut q = test_quorum(5);
     let r = rendezvous(&q);
     let sources = clients(&q, 16, Duration::from_secs(5)).await;
     let first = run(&sources, 3.0);
@@ -375,21 +356,12 @@ async fn rendezvous_node_paused_and_resumed() {
 
 /// Runs one raw command on node `i` of `q`.
 async fn raw(q: &LocalQuorum, i: usize, args: &[&str]) -> redis::Value {
-    let client = redis::Client::open(q.urls()[i].as_str()).expect("url");
-    let mut conn = client
-        .get_multiplexed_async_connection()
-        .await
-        .expect("connect");
-    let mut cmd = redis::cmd(args[0]);
-    for a in &args[1..] {
-        cmd.arg(*a);
-    }
-    cmd.query_async(&mut conn).await.expect("command")
+    node_command(&q.urls()[i], args).await
 }
 
 #[tokio::test]
 async fn stray_rendezvous_keys_are_deleted_not_obeyed() {
-    let q = quorum();
+    let q = test_quorum(5);
     let n = node(&q, 0);
     let stray = Nonce::random().to_string();
     let strays: [&[&str]; 6] = [
@@ -439,7 +411,7 @@ async fn stray_rendezvous_keys_are_deleted_not_obeyed() {
 /// Contending clients with a stray in-flight mark on the rendezvous node, set as `args`
 /// (after the key and value): nobody fails, nothing repeats.
 async fn clients_despite_a_stray_mark(args: &[&str]) {
-    let q = quorum();
+    let q = test_quorum(5);
     let r = rendezvous(&q);
     let stray = Nonce::random().to_string();
     let mut set = vec!["SET", "current:inflight", &stray];
@@ -471,7 +443,7 @@ async fn a_stray_in_flight_mark_with_a_long_expiry_stops_nobody() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn all_five_nodes_killed_mid_run_repeat_nothing() {
-    let mut q = quorum();
+    let mut q = test_quorum(5);
     let sources = clients(&q, 8, Duration::from_secs(5)).await;
     let load = run(&sources, 3.0);
     tokio::time::sleep(Duration::from_millis(700)).await;
@@ -514,7 +486,7 @@ enum SilenceEnds {
 /// within its reply timeout and still get its IDs before its 5 s deadline. Every ID is
 /// checked: strictly increasing per caller (real-time order), none twice.
 async fn a_silent_rendezvous_fails_nobody(combine: Combine, ends: SilenceEnds) {
-    let mut q = quorum();
+    let mut q = test_quorum(5);
     let r = rendezvous(&q);
     let mut sources = Vec::new();
     for _ in 0..64 {
@@ -534,12 +506,7 @@ async fn a_silent_rendezvous_fails_nobody(combine: Combine, ends: SilenceEnds) {
         SilenceEnds::Killed => q.kill(r),
     }
     let report = load.await.expect("load");
-    if let Err(v) = report.check() {
-        panic!(
-            "history of {} requests violates the guarantee: {v}",
-            report.events.len()
-        );
-    }
+    report.assert_checked();
     assert!(
         combining_before > 0,
         "no combined round before the pause: the test did not exercise the rendezvous"
@@ -577,7 +544,7 @@ async fn a_paused_then_resumed_rendezvous_fails_no_combining_client() {
 /// until the deadline (see `a_silent_rendezvous_fails_nobody`). Without contention,
 /// deterministic: the `batches` counter tells which way the request went.
 async fn a_request_moves_to_the_fallback_rendezvous(ends: SilenceEnds) {
-    let mut q = quorum();
+    let mut q = test_quorum(5);
     let r = rendezvous(&q);
     let mut cfg = ClientConfig::new(q.urls());
     cfg.combine = Combine::Always;

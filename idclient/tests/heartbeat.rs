@@ -2,7 +2,7 @@
 //! node, conditional on the term; read from a majority; expiry; a minority down.
 
 use idclient::{read_heartbeats, refresh_heartbeat, resign_heartbeat, Heartbeat, IdError, Node};
-use idtools::cluster::LocalQuorum;
+use idtools::cluster::{test_quorum, LocalQuorum};
 use std::time::Duration;
 use tokio::time::Instant;
 
@@ -28,7 +28,7 @@ const TTL: Duration = Duration::from_secs(30);
 
 #[tokio::test]
 async fn a_refresh_reaches_every_node_and_a_lower_term_is_refused_with_the_higher() {
-    let q = LocalQuorum::temp(3).expect("start a 3-node redis quorum (is redis-server installed?)");
+    let q = test_quorum(3);
     let nodes = nodes(&q);
     assert!(read_heartbeats(&nodes, KEY, soon())
         .await
@@ -65,7 +65,7 @@ async fn a_refresh_reaches_every_node_and_a_lower_term_is_refused_with_the_highe
 
 #[tokio::test]
 async fn a_heartbeat_expires_and_junk_is_overwritten() {
-    let q = LocalQuorum::temp(1).expect("start a redis-server (is redis-server installed?)");
+    let q = test_quorum(1);
     let nodes = nodes(&q);
     let raw = redis::Client::open(q.urls()[0].as_str()).expect("redis URL");
     let mut conn = raw
@@ -105,8 +105,7 @@ async fn a_heartbeat_expires_and_junk_is_overwritten() {
 
 #[tokio::test]
 async fn a_minority_down_is_a_partial_refresh_and_a_majority_down_no_quorum() {
-    let mut q =
-        LocalQuorum::temp(3).expect("start a 3-node redis quorum (is redis-server installed?)");
+    let mut q = test_quorum(3);
     let nodes = nodes(&q);
     q.kill(0);
     let r = refresh_heartbeat(&nodes, KEY, &hb(1, 1), TTL, soon()).await;
@@ -126,7 +125,7 @@ async fn a_minority_down_is_a_partial_refresh_and_a_majority_down_no_quorum() {
 
 #[tokio::test]
 async fn only_the_leader_of_the_term_held_can_resign_it() {
-    let q = LocalQuorum::temp(3).expect("start a 3-node redis quorum (is redis-server installed?)");
+    let q = test_quorum(3);
     let nodes = nodes(&q);
     let r = refresh_heartbeat(&nodes, KEY, &hb(12, 1), TTL, soon()).await;
     assert_eq!(r.acked, 3);
@@ -158,7 +157,7 @@ async fn only_the_leader_of_the_term_held_can_resign_it() {
 #[tokio::test]
 async fn a_forged_heartbeat_is_overwritten_and_a_signed_one_kept() {
     use idclient::{refresh_heartbeat_trusting, HeartbeatAuth, Token};
-    let q = LocalQuorum::temp(3).expect("start a 3-node redis quorum (is redis-server installed?)");
+    let q = test_quorum(3);
     let nodes = nodes(&q);
     let auth = HeartbeatAuth::new(&Token::new("s3cret").expect("token"), KEY);
     let trust = |h: &Heartbeat| auth.verify(h);

@@ -2,12 +2,8 @@
 //! register values, unsafe nodes, bad URLs.
 
 use idclient::{ClientConfig, IdError, IdSource, Protocol, QuorumClient};
-use idtools::cluster::LocalQuorum;
+use idtools::cluster::{node_command, test_quorum, LocalQuorum};
 use std::time::Duration;
-
-fn quorum(n: usize) -> LocalQuorum {
-    LocalQuorum::temp(n).expect("cannot start redis-server quorum (is redis-server installed? `apt-get install redis-server`)")
-}
 
 async fn client(q: &LocalQuorum, protocol: Protocol) -> QuorumClient {
     let mut config = ClientConfig::new(q.urls());
@@ -19,28 +15,14 @@ async fn client(q: &LocalQuorum, protocol: Protocol) -> QuorumClient {
 /// Sets the register on every node of `q` to a raw value.
 async fn set_all(q: &LocalQuorum, value: &str) {
     for url in q.urls() {
-        let client = redis::Client::open(url.as_str()).expect("url");
-        let mut conn = client
-            .get_multiplexed_async_connection()
-            .await
-            .expect("connect");
-        redis::cmd("DEL")
-            .arg("current")
-            .query_async::<()>(&mut conn)
-            .await
-            .expect("del");
-        redis::cmd("SET")
-            .arg("current")
-            .arg(value)
-            .query_async::<()>(&mut conn)
-            .await
-            .expect("set");
+        node_command(&url, &["DEL", "current"]).await;
+        node_command(&url, &["SET", "current", value]).await;
     }
 }
 
 #[tokio::test]
 async fn ids_increase_across_protocols_and_clients() {
-    let q = quorum(5);
+    let q = test_quorum(5);
     let fast = client(&q, Protocol::Fast).await;
     let classic = client(&q, Protocol::Classic).await;
     let mut last = 0;
@@ -62,7 +44,7 @@ async fn ids_increase_across_protocols_and_clients() {
 
 #[tokio::test]
 async fn fast_protocol_learns_the_value_from_rejects() {
-    let q = quorum(3);
+    let q = test_quorum(3);
     // "99" > "100" as strings: the script must compare by length first.
     set_all(&q, "99").await;
     let c = client(&q, Protocol::Fast).await;
@@ -76,7 +58,7 @@ async fn fast_protocol_learns_the_value_from_rejects() {
 
 #[tokio::test]
 async fn values_near_2_pow_63_and_u64_max_are_exact() {
-    let q = quorum(3);
+    let q = test_quorum(3);
     for protocol in [Protocol::Fast, Protocol::Classic] {
         // 2^53 + 1 is where Lua doubles stop being exact; 2^63 is where i64 ends.
         for base in [
@@ -107,7 +89,7 @@ async fn values_near_2_pow_63_and_u64_max_are_exact() {
 
 #[tokio::test]
 async fn bad_register_values_are_errors_naming_the_node() {
-    let q = quorum(3);
+    let q = test_quorum(3);
     for bad in ["foo", "-1", "007", "18446744073709551616", "1.5", ""] {
         set_all(&q, bad).await;
         for protocol in [Protocol::Fast, Protocol::Classic] {
@@ -127,22 +109,8 @@ async fn bad_register_values_are_errors_naming_the_node() {
     }
     // Not a string at all.
     for url in q.urls() {
-        let client = redis::Client::open(url.as_str()).expect("url");
-        let mut conn = client
-            .get_multiplexed_async_connection()
-            .await
-            .expect("connect");
-        redis::cmd("DEL")
-            .arg("current")
-            .query_async::<()>(&mut conn)
-            .await
-            .expect("del");
-        redis::cmd("RPUSH")
-            .arg("current")
-            .arg("x")
-            .query_async::<()>(&mut conn)
-            .await
-            .expect("rpush");
+        node_command(&url, &["DEL", "current"]).await;
+        node_command(&url, &["RPUSH", "current", "x"]).await;
     }
     let err = client(&q, Protocol::Fast)
         .await
@@ -203,7 +171,7 @@ async fn unreachable_and_malformed_urls_are_clear_errors() {
         assert!(err.to_string().contains("bad node URL"), "{bad}: {err}");
     }
 
-    let q = quorum(3);
+    let q = test_quorum(3);
     let mut urls = q.urls();
     urls.pop();
     let err = QuorumClient::connect(ClientConfig::new(urls))
@@ -215,7 +183,7 @@ async fn unreachable_and_malformed_urls_are_clear_errors() {
 
 #[tokio::test]
 async fn zero_and_huge_counts_are_bad_requests() {
-    let q = quorum(3);
+    let q = test_quorum(3);
     let c = client(&q, Protocol::Fast).await;
     assert!(matches!(c.next_ids(0).await, Err(IdError::BadRequest(_))));
     assert!(matches!(
@@ -249,24 +217,13 @@ async fn every_durability_setting_is_checked() {
 /// Runs one command on every node in `urls`.
 async fn on_all(urls: &[String], args: &[&str]) {
     for url in urls {
-        let client = redis::Client::open(url.as_str()).expect("url");
-        let mut conn = client
-            .get_multiplexed_async_connection()
-            .await
-            .expect("connect");
-        let mut cmd = redis::cmd(args[0]);
-        for a in &args[1..] {
-            cmd.arg(*a);
-        }
-        cmd.query_async::<redis::Value>(&mut conn)
-            .await
-            .expect("command");
+        node_command(url, args).await;
     }
 }
 
 #[tokio::test]
 async fn durability_is_checked_again_on_reconnect() {
-    let q = quorum(3);
+    let q = test_quorum(3);
     let c = client(&q, Protocol::Fast).await;
     c.next_id().await.expect("id");
     // Two nodes turn unsafe while connected, then drop every client connection: the
@@ -291,7 +248,7 @@ async fn durability_is_checked_again_on_reconnect() {
 #[tokio::test]
 async fn combining_stops_after_a_streak_of_solo_batches() {
     // One node: its reply (with the hint) always decides the round, never arrives late.
-    let q = quorum(1);
+    let q = test_quorum(1);
     let c = client(&q, Protocol::Fast).await;
     assert_eq!(c.counters().batches, 0);
     // A batch in flight at the rendezvous (smallest URL) tells the next writer it is not

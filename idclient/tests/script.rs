@@ -5,16 +5,14 @@
 
 use idclient::{Close, Join, Leases, Nonce};
 use idclient::{Node, Register, Rendezvous, WriteReply, Written};
-use idtools::cluster::LocalQuorum;
+use idtools::cluster::{test_quorum, LocalQuorum};
 use idtools::sim::{Mutant, SimCluster, SimConfig};
 use proptest::prelude::*;
 use rand::{Rng, SeedableRng};
 use std::time::Duration;
 
 fn redis_node() -> (LocalQuorum, Node, redis::Client) {
-    let q = LocalQuorum::temp(1).expect(
-        "cannot start redis-server (is redis-server installed? `apt-get install redis-server`)",
-    );
+    let q = test_quorum(1);
     let url = q.urls()[0].clone();
     let timeout = Duration::from_secs(5);
     let node = Node::new(&url, timeout, timeout, true).expect("a valid node URL");

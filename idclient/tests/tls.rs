@@ -2,15 +2,11 @@
 //! --tls-port`), with throwaway certificates ([`idtools::pki`]): a CA, a server certificate
 //! for 127.0.0.1, a client certificate, and a second CA that signed none of them.
 
-use idclient::{
-    ClientCert, ClientConfig, Combine, IdError, IdSource, Protocol, QuorumClient, TlsConfig,
-};
-use idtools::bench::{self, BenchConfig};
-use idtools::cluster::{LocalQuorum, TlsNodes};
-use idtools::history::check;
+use idclient::{ClientCert, ClientConfig, IdError, IdSource, Protocol, QuorumClient, TlsConfig};
+use idtools::bench;
+use idtools::cluster::{test_quorum_tls, LocalQuorum};
 use idtools::pki::Pki;
 use std::path::Path;
-use std::sync::Arc;
 use std::time::Duration;
 
 /// A password in the nodes' URLs: it must never show in an error.
@@ -18,19 +14,6 @@ const PASSWORD: &str = "tls-test-s3cret";
 
 fn pki() -> Pki {
     Pki::new().expect("make the test certificates")
-}
-
-fn quorum(pki: &Pki, require_client_cert: bool) -> LocalQuorum {
-    LocalQuorum::temp_tls(
-        3,
-        TlsNodes {
-            cert_file: pki.server_cert.clone(),
-            key_file: pki.server_key.clone(),
-            ca_file: pki.ca.clone(),
-            require_client_cert,
-        },
-    )
-    .expect("cannot start a TLS redis-server quorum (is redis-server, built with TLS, installed? `apt-get install redis-server`)")
 }
 
 fn config(urls: Vec<String>, tls: TlsConfig) -> ClientConfig {
@@ -80,7 +63,7 @@ fn names_every_node(q: &LocalQuorum, msg: &str) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ids_over_a_tls_quorum_in_every_protocol() {
     let pki = pki();
-    let q = quorum(&pki, false);
+    let q = test_quorum_tls(3, pki.tls_nodes(false));
     assert!(q.urls().iter().all(|u| u.starts_with("rediss://")));
     let mut last = 0;
     for protocol in [Protocol::Fast, Protocol::Classic] {
@@ -94,33 +77,14 @@ async fn ids_over_a_tls_quorum_in_every_protocol() {
         }
     }
     // Combined rounds: the rendezvous script and the results subscription, both over TLS.
-    let mut sources = Vec::new();
-    for _ in 0..6 {
-        let mut c = config(q.urls(), trusting(&pki.ca));
-        c.combine = Combine::Always;
-        sources.push(Arc::new(QuorumClient::connect(c).await.expect("connect")));
-    }
-    let cfg = BenchConfig {
-        clients: sources.len(),
-        duration: Duration::from_millis(800),
-        count: 1,
-        progress: false,
-    };
-    let report = bench::run(&cfg, &sources).await;
-    assert_eq!(report.errors, 0, "{}", report.summary_line());
-    check(&report.events).expect("linearizable");
-    let combined: u64 = sources.iter().map(|c| c.counters().combined).sum();
-    assert!(
-        combined > 0,
-        "no request rode in another client's batch: {}",
-        report.summary_line()
-    );
+    let tls = config(q.urls(), trusting(&pki.ca));
+    bench::assert_combining_run(&tls, 6, Duration::from_millis(800)).await;
 }
 
 #[tokio::test]
 async fn a_restarted_tls_node_serves_again() {
     let pki = pki();
-    let mut q = quorum(&pki, false);
+    let mut q = test_quorum_tls(3, pki.tls_nodes(false));
     let client = QuorumClient::connect(config(q.urls(), trusting(&pki.ca)))
         .await
         .expect("connect over TLS");
@@ -139,7 +103,7 @@ async fn a_restarted_tls_node_serves_again() {
 #[tokio::test]
 async fn idctl_checks_tls_nodes() {
     let pki = pki();
-    let q = quorum(&pki, true);
+    let q = test_quorum_tls(3, pki.tls_nodes(true));
     let timeout = Duration::from_secs(2);
     let checks = idclient::check_nodes(&q.urls(), timeout, timeout, &with_client_cert(&pki))
         .await
@@ -164,7 +128,7 @@ async fn idctl_checks_tls_nodes() {
 #[tokio::test]
 async fn a_node_certificate_from_another_ca_is_a_clear_error() {
     let pki = pki();
-    let q = quorum(&pki, false);
+    let q = test_quorum_tls(3, pki.tls_nodes(false));
     // A password in every URL: the error names the nodes, never it.
     let urls: Vec<String> = q
         .ports()
@@ -187,7 +151,7 @@ async fn a_node_certificate_from_another_ca_is_a_clear_error() {
 #[tokio::test]
 async fn a_required_client_certificate_is_presented() {
     let pki = pki();
-    let q = quorum(&pki, true);
+    let q = test_quorum_tls(3, pki.tls_nodes(true));
     let e = connect_err(config(q.urls(), trusting(&pki.ca))).await;
     let msg = e.to_string();
     assert!(matches!(e, IdError::NoQuorum { .. }), "{msg}");

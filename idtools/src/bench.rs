@@ -3,6 +3,7 @@
 //! request history for the checker.
 
 use crate::history::{self, monotonic_ns, Event, Violation};
+use idclient::{ClientConfig, Combine, QuorumClient};
 use idproto::IdSource;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::Arc;
@@ -18,6 +19,72 @@ pub struct BenchConfig {
     pub count: u64,
     /// Print a progress line to stderr every second.
     pub progress: bool,
+}
+
+impl BenchConfig {
+    /// `clients` callers for `duration`, each request for `count` IDs, without progress
+    /// lines: how the tests load a quorum.
+    pub fn quiet(clients: usize, duration: Duration, count: u64) -> BenchConfig {
+        BenchConfig {
+            clients,
+            duration,
+            count,
+            progress: false,
+        }
+    }
+}
+
+/// The fields of [`BenchReport::json`] that scripts and tests read.
+pub const SUMMARY_FIELDS: [&str; 7] = [
+    "ids_per_sec",
+    "requests_per_sec",
+    "p50_us",
+    "p99_us",
+    "holes_pct",
+    "errors",
+    "requests_started",
+];
+
+/// The JSON summary ([`BenchReport::json`]) that `idctl bench` prints as the last line
+/// of its `stdout`.
+///
+/// # Panics
+/// If there is no such line, it is not JSON, or it lacks one of [`SUMMARY_FIELDS`] (the
+/// message has `stdout`).
+#[track_caller]
+pub fn summary_json(stdout: &str) -> serde_json::Value {
+    let last = stdout.lines().last().expect("a JSON line");
+    let json: serde_json::Value =
+        serde_json::from_str(last).unwrap_or_else(|e| panic!("not JSON ({e}): {stdout}"));
+    for field in SUMMARY_FIELDS {
+        assert!(json.get(field).is_some(), "missing {field} in {stdout}");
+    }
+    json
+}
+
+/// `clients` clients of `config`, each told to always combine, run quietly for
+/// `duration`, one ID a request: every request must succeed and pass
+/// [`BenchReport::check`], and some must ride in another client's batch, which shows the
+/// rendezvous (its script and results subscription) works for that configuration.
+///
+/// # Panics
+/// If a client cannot connect, or the run falls short of any of that.
+pub async fn assert_combining_run(config: &ClientConfig, clients: usize, duration: Duration) {
+    let mut sources = Vec::new();
+    for _ in 0..clients {
+        let mut c = config.clone();
+        c.combine = Combine::Always;
+        sources.push(Arc::new(QuorumClient::connect(c).await.expect("connect")));
+    }
+    let report = run(&BenchConfig::quiet(clients, duration, 1), &sources).await;
+    assert_eq!(report.errors, 0, "{}", report.summary_line());
+    report.assert_checked();
+    let combined: u64 = sources.iter().map(|c| c.counters().combined).sum();
+    assert!(
+        combined > 0,
+        "no request rode in another client's batch (the rendezvous was not used): {}",
+        report.summary_line()
+    );
 }
 
 /// What happened.
@@ -95,6 +162,20 @@ impl BenchReport {
             history::check_count(e, self.count)?;
         }
         history::check(&self.events)
+    }
+
+    /// Panics unless the run passes [`BenchReport::check`]: the tests' one-line check.
+    ///
+    /// # Panics
+    /// On the first violation, naming how many requests the run made.
+    #[track_caller]
+    pub fn assert_checked(&self) {
+        if let Err(v) = self.check() {
+            panic!(
+                "run of {} requests violates the guarantee: {v}",
+                self.events.len()
+            );
+        }
     }
 
     /// Counts one caller's requests; `stop_ns` ends the timed window.

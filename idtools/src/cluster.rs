@@ -3,7 +3,8 @@
 //! [`LocalQuorum`] is used three ways: `idctl cluster up/down` (processes outlive the
 //! command, their pids are recorded in `DIR/cluster.json`), and tests and benchmarks
 //! ([`LocalQuorum::temp`]: free loopback ports in a temp dir, stopped on drop;
-//! [`LocalQuorum::temp_tls`]: the same with nodes that speak TLS only).
+//! [`LocalQuorum::temp_tls`]: the same with nodes that speak TLS only; [`test_quorum`]
+//! and [`test_quorum_tls`]: either, panicking with the reason, for tests).
 
 use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
@@ -423,6 +424,53 @@ pub fn ping(port: u16) -> bool {
     }
     let mut buf = [0u8; 7];
     stream.read_exact(&mut buf).is_ok() && &buf == b"+PONG\r\n"
+}
+
+/// A throwaway quorum of `nodes` for a test ([`LocalQuorum::temp`]): the one way the
+/// tests start their Redis nodes.
+///
+/// # Panics
+/// If the quorum cannot start, with the reason (a missing or too old redis-server says
+/// how to install one): a test that needs Redis fails clearly, it never skips.
+#[track_caller]
+pub fn test_quorum(nodes: usize) -> LocalQuorum {
+    LocalQuorum::temp(nodes)
+        .unwrap_or_else(|e| panic!("cannot start a {nodes}-node redis-server quorum: {e}"))
+}
+
+/// [`test_quorum`] with nodes that speak TLS only ([`LocalQuorum::temp_tls`]).
+///
+/// # Panics
+/// As [`test_quorum`]; also if redis-server was built without TLS or refuses the files.
+#[track_caller]
+pub fn test_quorum_tls(nodes: usize, tls: TlsNodes) -> LocalQuorum {
+    LocalQuorum::temp_tls(nodes, tls).unwrap_or_else(|e| {
+        panic!("cannot start a {nodes}-node TLS redis-server quorum (redis-server built with TLS?): {e}")
+    })
+}
+
+/// Runs one command (`args[0]` and its arguments) on the Redis node at `url`, over a
+/// connection of its own, as the URL's user: how tests set up, break or inspect a node
+/// behind the client's back. Its reply.
+///
+/// # Panics
+/// If `args` is empty, the node cannot be reached, or it answers with an error (the
+/// message has the command).
+pub async fn node_command<A: AsRef<str>>(url: &str, args: &[A]) -> redis::Value {
+    let (name, rest) = args.split_first().expect("a command");
+    let mut conn = redis::Client::open(url)
+        .expect("node URL")
+        .get_multiplexed_async_connection()
+        .await
+        .unwrap_or_else(|e| panic!("connect to a node for {:?}: {e}", name.as_ref()));
+    let mut cmd = redis::cmd(name.as_ref());
+    for a in rest {
+        cmd.arg(a.as_ref());
+    }
+    cmd.query_async(&mut conn).await.unwrap_or_else(|e| {
+        let args: Vec<&str> = args.iter().map(AsRef::as_ref).collect();
+        panic!("{args:?}: {e}")
+    })
 }
 
 impl LocalQuorum {

@@ -174,7 +174,7 @@ pub fn settled_leader(views: &[(usize, &str, Option<&BrokerStats>)]) -> Option<u
 /// Polls `brokers` (each one's index and address; `token` for brokers that require one)
 /// until [`settled_leader`] holds for them, for at most `limit`: the leader's index.
 /// `Err` gives each broker's role and term at the last poll. A broker that does not
-/// answer within 2 s counts as not settled.
+/// answer within [`STATS_TIMEOUT`] counts as not settled.
 ///
 /// # Errors
 /// As above, when they did not settle within `limit`.
@@ -187,12 +187,7 @@ pub async fn wait_settled(
     loop {
         let mut all = Vec::new();
         for &(i, addr) in brokers {
-            let stats =
-                tokio::time::timeout(Duration::from_secs(2), fetch_stats_with_token(addr, token))
-                    .await
-                    .ok()
-                    .and_then(Result::ok);
-            all.push((i, addr, stats));
+            all.push((i, addr, stats(addr, token).await));
         }
         let views: Vec<_> = all.iter().map(|(i, a, s)| (*i, *a, s.as_ref())).collect();
         if let Some(l) = settled_leader(&views) {
@@ -207,6 +202,19 @@ pub async fn wait_settled(
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
+}
+
+/// How long a broker may take to answer a stats request before it counts as silent.
+pub const STATS_TIMEOUT: Duration = Duration::from_secs(2);
+
+/// The stats of the broker at `addr` (with `token` if it requires one), or `None` if it
+/// does not answer, or not within [`STATS_TIMEOUT`]: for polling brokers that may be
+/// stopped, killed or electing.
+pub async fn stats(addr: &str, token: Option<&Token>) -> Option<BrokerStats> {
+    tokio::time::timeout(STATS_TIMEOUT, fetch_stats_with_token(addr, token))
+        .await
+        .ok()?
+        .ok()
 }
 
 /// The callers' shared state.

@@ -145,7 +145,10 @@ pub fn check(events: &[Event]) -> Result<(), Violation> {
 #[track_caller]
 pub fn assert_linearizable(events: &[Event]) {
     if let Err(v) = check(events) {
-        panic!("history check failed: {v}");
+        panic!(
+            "history of {} requests violates the guarantee: {v}",
+            events.len()
+        );
     }
 }
 
@@ -169,14 +172,24 @@ impl Recorder {
         &self,
         request: impl Future<Output = Result<IdRange, E>>,
     ) -> Result<IdRange, E> {
+        self.record_event(request).await.0
+    }
+
+    /// As [`Recorder::record`], also handing back the event recorded: for a caller that
+    /// needs a request's times besides its result (when an ID was served, and by whom).
+    pub async fn record_event<E>(
+        &self,
+        request: impl Future<Output = Result<IdRange, E>>,
+    ) -> (Result<IdRange, E>, Event) {
         let invoke_ns = monotonic_ns();
         let result = request.await;
-        self.lock().push(Event {
+        let event = Event {
             invoke_ns,
             return_ns: monotonic_ns(),
             outcome: result.as_ref().ok().copied(),
-        });
-        result
+        };
+        self.lock().push(event);
+        (result, event)
     }
 
     /// One caller's loop: `request(i)` for i = 0, 1, 2, ... while `more(i)` holds (a
@@ -533,6 +546,17 @@ mod tests {
         assert!(events.windows(2).all(|w| w[0].return_ns <= w[1].invoke_ns));
         assert!(events.iter().all(|e| e.invoke_ns <= e.return_ns));
         assert!(r.events().is_empty(), "take leaves the history empty");
+    }
+
+    /// `record_event` hands back exactly the event it recorded.
+    #[tokio::test]
+    async fn recorder_record_event_returns_what_it_recorded() {
+        let r = Recorder::new();
+        let range = IdRange { lo: 4, hi: 6 };
+        let (result, event) = r.record_event(async { Ok::<_, ()>(range) }).await;
+        assert_eq!(result, Ok(range));
+        assert_eq!(event.outcome, Some(range));
+        assert_eq!(r.take(), vec![event]);
     }
 
     proptest! {

@@ -1,7 +1,8 @@
 //! idtools: the tooling around the ID client, none of it on the ID path.
 //!
 //! - [`cluster`]: starts and stops a local `redis-server` quorum (`idctl cluster up`,
-//!   tests and benchmarks), and checks the server's version.
+//!   tests and benchmarks; [`cluster::test_quorum`] for a test), and checks the server's
+//!   version.
 //! - [`history`]: records ID requests ([`history::Recorder`]) and checks a history is
 //!   linearizable.
 //! - [`sim`]: the deterministic simulation's in-memory node model (message loss, delay,
@@ -14,6 +15,8 @@
 //!   on drop: for `idctl failover` and the real-process tests.
 //! - [`pki`]: throwaway certificates for the TLS tests.
 //! - [`resp`]: `redis-cli` runs and `QLIST.NEXT` replies, for the broker's RESP tests.
+//! - [`raw`]: hand-driven connections to a broker's binary listener (Hello, one message,
+//!   one reply, waiting for the close), for the broker's bad-input tests.
 //!
 //! The binary `idctl` (src/bin/idctl.rs) is the command-line face of them all.
 
@@ -24,5 +27,6 @@ pub mod failover;
 pub mod history;
 pub mod pki;
 pub mod proc;
+pub mod raw;
 pub mod resp;
 pub mod sim;

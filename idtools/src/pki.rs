@@ -27,6 +27,18 @@ pub struct Pki {
 }
 
 impl Pki {
+    /// TLS for a quorum's nodes ([`crate::cluster::test_quorum_tls`]): they present the
+    /// server certificate and check client certificates against the CA, requiring one if
+    /// `require_client_cert`.
+    pub fn tls_nodes(&self, require_client_cert: bool) -> crate::cluster::TlsNodes {
+        crate::cluster::TlsNodes {
+            cert_file: self.server_cert.clone(),
+            key_file: self.server_key.clone(),
+            ca_file: self.ca.clone(),
+            require_client_cert,
+        }
+    }
+
     /// Makes the certificates and writes them to a fresh temp dir.
     ///
     /// # Errors

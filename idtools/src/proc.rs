@@ -6,6 +6,7 @@
 //! on a thread (a process that never prints cannot block the caller past the timeout)
 //! and drained for the process's lifetime (a full pipe would stall it).
 
+use crate::cluster::LocalQuorum;
 use std::ffi::OsStr;
 use std::io::{BufRead, BufReader};
 use std::os::unix::fs::PermissionsExt;
@@ -133,6 +134,18 @@ impl Announced {
         self.child.stderr.take()
     }
 
+    /// Everything the process wrote on its stderr (which the command piped), read to its
+    /// end: call it once the process has ended, or it waits until then.
+    ///
+    /// # Panics
+    /// If stderr was not piped or was taken before, or reading it fails.
+    pub fn read_stderr(&mut self) -> String {
+        let mut text = String::new();
+        std::io::Read::read_to_string(&mut self.take_stderr().expect("a piped stderr"), &mut text)
+            .expect("read stderr");
+        text
+    }
+
     /// Whether the process has ended, without waiting.
     ///
     /// # Errors
@@ -160,15 +173,18 @@ impl Drop for Announced {
     }
 }
 
-/// An `idbroker` under test: a binary and a RESP listener on free loopback ports, its
-/// stderr kept in a file ([`TestBroker::stderr`]; printed if the test panics while it
-/// runs), killed by its pid on drop. One harness for the broker's real-process tests.
+/// An `idbroker` under test: a binary and a RESP listener on free loopback ports (and a
+/// metrics listener if asked for), its stderr kept in a file ([`TestBroker::stderr`];
+/// printed if the test panics while it runs), killed by its pid on drop. One harness for
+/// the broker's real-process tests.
 pub struct TestBroker {
     pub proc: Announced,
     /// `host:port` of the binary listener.
     pub addr: String,
     /// `host:port` of the RESP listener.
     pub resp: String,
+    /// `host:port` of the metrics listener ([`TestBroker::start_with_metrics`]).
+    pub metrics: Option<String>,
     stderr: PathBuf,
     _dir: tempfile::TempDir,
 }
@@ -187,11 +203,48 @@ impl TestBroker {
         token: Option<&str>,
         args: &[A],
     ) -> TestBroker {
+        TestBroker::spawn(bin, nodes, token, args, false)
+    }
+
+    /// [`TestBroker::start`] on the nodes of `quorum`, without a token.
+    ///
+    /// # Panics
+    /// As [`TestBroker::start`].
+    pub fn on<A: AsRef<OsStr>>(bin: &str, quorum: &LocalQuorum, args: &[A]) -> TestBroker {
+        TestBroker::start(bin, &quorum.urls_arg(), None, args)
+    }
+
+    /// As [`TestBroker::start`], with `--metrics-listen 127.0.0.1:0` too (before `args`);
+    /// waits for all three listeners.
+    ///
+    /// # Panics
+    /// As [`TestBroker::start`].
+    pub fn start_with_metrics<A: AsRef<OsStr>>(
+        bin: &str,
+        nodes: &str,
+        token: Option<&str>,
+        args: &[A],
+    ) -> TestBroker {
+        TestBroker::spawn(bin, nodes, token, args, true)
+    }
+
+    fn spawn<A: AsRef<OsStr>>(
+        bin: &str,
+        nodes: &str,
+        token: Option<&str>,
+        args: &[A],
+        metrics: bool,
+    ) -> TestBroker {
         let dir = tempfile::tempdir().expect("temp dir");
         let stderr = dir.path().join("stderr");
         let mut cmd = Command::new(bin);
-        cmd.args(["--listen", "127.0.0.1:0", "--resp-listen", "127.0.0.1:0"])
-            .args(["--nodes", nodes]);
+        let mut listeners = vec!["listening on ", "resp listening on "];
+        cmd.args(["--listen", "127.0.0.1:0", "--resp-listen", "127.0.0.1:0"]);
+        if metrics {
+            cmd.args(["--metrics-listen", "127.0.0.1:0"]);
+            listeners.push("metrics listening on ");
+        }
+        cmd.args(["--nodes", nodes]);
         if let Some(token) = token {
             let path = dir.path().join("token");
             std::fs::write(&path, token).expect("write token file");
@@ -201,18 +254,14 @@ impl TestBroker {
         }
         cmd.args(args)
             .stderr(std::fs::File::create(&stderr).expect("stderr file"));
-        let proc = Announced::start(
-            &mut cmd,
-            &["listening on ", "resp listening on "],
-            START_TIMEOUT,
-        )
-        .unwrap_or_else(|e| {
+        let proc = Announced::start(&mut cmd, &listeners, START_TIMEOUT).unwrap_or_else(|e| {
             let log = std::fs::read_to_string(&stderr).unwrap_or_default();
             panic!("idbroker did not start: {e}: {log}")
         });
         TestBroker {
             addr: proc.addr().to_string(),
             resp: proc.value(1).to_string(),
+            metrics: metrics.then(|| proc.value(2).to_string()),
             proc,
             stderr,
             _dir: dir,
@@ -226,6 +275,44 @@ impl TestBroker {
     pub fn stderr(&self) -> String {
         std::fs::read_to_string(&self.stderr).expect("idbroker stderr")
     }
+}
+
+/// Polls `brokers[i]` for each `i` in `alive` (with `token` if they require one) until
+/// one leads and every other one follows it in its term, for at most `limit`
+/// ([`crate::failover::wait_settled`]): the leader's index.
+///
+/// # Panics
+/// If they do not settle in time: the message has each one's role and term.
+pub async fn wait_settled(
+    brokers: &[TestBroker],
+    alive: &[usize],
+    token: Option<&idclient::Token>,
+    limit: Duration,
+) -> usize {
+    let views: Vec<_> = alive
+        .iter()
+        .map(|&i| (i, brokers[i].addr.as_str()))
+        .collect();
+    crate::failover::wait_settled(&views, token, limit)
+        .await
+        .unwrap_or_else(|e| panic!("{e}"))
+}
+
+/// Runs `bin` (a test's `env!("CARGO_BIN_EXE_idbroker")`) with `--listen 127.0.0.1:0
+/// --nodes redis://127.0.0.1:1` and `args`, which it must refuse before serving: a usage
+/// error (exit code 2) with nothing on stdout. Its stderr, which says why.
+///
+/// # Panics
+/// If it cannot run, or exits otherwise.
+pub fn refused_at_startup<A: AsRef<OsStr>>(bin: &str, args: &[A]) -> String {
+    let out = Command::new(bin)
+        .args(["--listen", "127.0.0.1:0", "--nodes", "redis://127.0.0.1:1"])
+        .args(args)
+        .output()
+        .expect("run idbroker");
+    assert_eq!(out.status.code(), Some(2), "{out:?}");
+    assert!(out.stdout.is_empty(), "{out:?}");
+    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 impl Drop for TestBroker {

@@ -4,9 +4,8 @@
 
 mod common;
 use common::{idbroker_bin, text};
-use idtools::cluster::LocalQuorum;
+use idtools::cluster::{test_quorum, LocalQuorum};
 use idtools::proc::{Announced, START_TIMEOUT};
-use std::io::Read;
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 
@@ -67,7 +66,7 @@ fn dead_port() -> u16 {
 
 #[test]
 fn variables_set_values_and_flags_win() {
-    let q = LocalQuorum::temp(3).expect("cannot start redis-server quorum");
+    let q = test_quorum(3);
     let urls = q.urls_arg();
     let idctl = idctl_bin();
 
@@ -282,7 +281,7 @@ fn message(v: &serde_json::Value) -> &str {
 
 #[test]
 fn log_format_json_makes_every_stderr_line_json() {
-    let q = LocalQuorum::temp(3).expect("cannot start redis-server quorum");
+    let q = test_quorum(3);
     // The flag: a broker that serves, then stops on SIGTERM.
     let mut broker = Announced::start(
         command(
@@ -300,12 +299,7 @@ fn log_format_json_makes_every_stderr_line_json() {
     broker.signal(libc::SIGTERM);
     let status = broker.wait().expect("wait for idbroker");
     assert!(status.success(), "idbroker exited {status}");
-    let mut logs = String::new();
-    broker
-        .take_stderr()
-        .expect("stderr")
-        .read_to_string(&mut logs)
-        .expect("read idbroker stderr");
+    let logs = broker.read_stderr();
     let lines = json_lines(&logs);
     assert!(
         lines.iter().any(|v| message(v) == "SIGTERM received"

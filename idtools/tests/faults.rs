@@ -4,14 +4,10 @@
 
 use idclient::{ClientConfig, IdError, IdSource, Protocol, QuorumClient};
 use idtools::bench::{self, BenchConfig, BenchReport};
-use idtools::cluster::LocalQuorum;
-use idtools::history::{self, check, monotonic_ns, Event};
+use idtools::cluster::{test_quorum, LocalQuorum};
+use idtools::history::{self, assert_linearizable, monotonic_ns, Event};
 use std::sync::Arc;
 use std::time::Duration;
-
-fn quorum() -> LocalQuorum {
-    LocalQuorum::temp(5).expect("cannot start redis-server quorum (is redis-server installed? `apt-get install redis-server`)")
-}
 
 /// Per-request deadline of [`load`]: idctl bench's default.
 const LOAD_DEADLINE: Duration = Duration::from_secs(5);
@@ -52,12 +48,7 @@ async fn load(
                 .expect("connect"),
         ));
     }
-    let cfg = BenchConfig {
-        clients,
-        duration: Duration::from_secs_f64(secs),
-        count,
-        progress: false,
-    };
+    let cfg = BenchConfig::quiet(clients, Duration::from_secs_f64(secs), count);
     tokio::spawn(async move { bench::run(&cfg, &sources).await })
 }
 
@@ -72,22 +63,7 @@ fn assert_healthy_run(report: &BenchReport) {
         report.summary_line()
     );
     assert_eq!(report.requests_started, report.events.len() as u64);
-    if let Err(v) = report.check() {
-        panic!(
-            "run of {} requests violates the guarantee: {v}",
-            report.events.len()
-        );
-    }
-}
-
-#[track_caller]
-fn assert_linearizable(events: &[Event]) {
-    if let Err(v) = check(events) {
-        panic!(
-            "history of {} requests violates the guarantee: {v}",
-            events.len()
-        );
-    }
+    report.assert_checked();
 }
 
 fn max_id(events: &[Event]) -> u64 {
@@ -108,7 +84,7 @@ fn succeeded_after(events: &[Event], t: u64) -> usize {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn thirty_two_clients_in_two_processes_are_linearizable() {
-    let q = quorum();
+    let q = test_quorum(5);
     let dir = tempfile::tempdir().expect("tempdir");
     let idctl = env!("CARGO_BIN_EXE_idctl");
     let mut children = Vec::new();
@@ -146,19 +122,7 @@ async fn thirty_two_clients_in_two_processes_are_linearizable() {
             String::from_utf8_lossy(&out.stderr)
         );
         let stdout = String::from_utf8_lossy(&out.stdout);
-        let json: serde_json::Value =
-            serde_json::from_str(stdout.lines().last().expect("a JSON line")).expect("JSON");
-        for field in [
-            "ids_per_sec",
-            "requests_per_sec",
-            "p50_us",
-            "p99_us",
-            "holes_pct",
-            "errors",
-            "requests_started",
-        ] {
-            assert!(json.get(field).is_some(), "missing {field} in {stdout}");
-        }
+        let json = bench::summary_json(&stdout);
         assert_eq!(
             json["errors"], 0,
             "requests failed on a healthy quorum: {stdout}"
@@ -179,7 +143,7 @@ async fn thirty_two_clients_in_two_processes_are_linearizable() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn killing_a_minority_mid_run_keeps_generating() {
-    let mut q = quorum();
+    let mut q = test_quorum(5);
     let run = load(&q, 8, 2.5, 1).await;
     tokio::time::sleep(Duration::from_millis(700)).await;
     let killed_at = monotonic_ns();
@@ -196,7 +160,7 @@ async fn killing_a_minority_mid_run_keeps_generating() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_a_majority_requests_fail_and_recover_after_restart() {
-    let mut q = quorum();
+    let mut q = test_quorum(5);
     let deadline = Duration::from_millis(800);
     let c = QuorumClient::connect(config(&q, Protocol::Fast, deadline))
         .await
@@ -243,7 +207,7 @@ async fn without_a_majority_requests_fail_and_recover_after_restart() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn paused_minority_causes_no_duplicate() {
-    let q = quorum();
+    let q = test_quorum(5);
     let run = load(&q, 8, 2.5, 2).await;
     tokio::time::sleep(Duration::from_millis(500)).await;
     // Longer than the 200 ms reply timeout: replies arrive late, after the client moved on.
@@ -267,7 +231,7 @@ async fn paused_minority_causes_no_duplicate() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn kill_and_restart_all_nodes_repeats_nothing() {
-    let mut q = quorum();
+    let mut q = test_quorum(5);
     let first = load(&q, 6, 1.0, 3).await.await.expect("load");
     assert_healthy_run(&first);
     let first = first.events;
@@ -299,7 +263,7 @@ async fn kill_and_restart_all_nodes_repeats_nothing() {
 #[test]
 fn idctl_bench_counts_failures_that_return_after_the_window() {
     use std::io::BufRead;
-    let mut q = quorum();
+    let mut q = test_quorum(5);
     let dir = tempfile::tempdir().expect("tempdir");
     let path = dir.path().join("h.txt");
     let mut child = std::process::Command::new(env!("CARGO_BIN_EXE_idctl"))
@@ -329,8 +293,7 @@ fn idctl_bench_counts_failures_that_return_after_the_window() {
     let rest = drain.join().expect("stderr reader");
     assert!(out.status.success(), "idctl bench failed: {rest:?}");
     let stdout = String::from_utf8_lossy(&out.stdout);
-    let json: serde_json::Value =
-        serde_json::from_str(stdout.lines().last().expect("a JSON line")).expect("JSON");
+    let json = bench::summary_json(&stdout);
     let recorded = history::read_events(&path).expect("history file");
     let failed = recorded.iter().filter(|e| e.outcome.is_none()).count();
     // Requests running when the majority died, and every one started after, fail.

@@ -5,12 +5,8 @@
 mod common;
 use common::{idctl, text};
 use idclient::{ClientConfig, IdError, QuorumClient};
-use idtools::cluster::LocalQuorum;
+use idtools::cluster::{test_quorum, LocalQuorum};
 use std::time::{Duration, Instant};
-
-fn quorum(n: usize) -> LocalQuorum {
-    LocalQuorum::temp(n).expect("cannot start redis-server quorum (is redis-server installed? `apt-get install redis-server`)")
-}
 
 async fn connect(urls: Vec<String>) -> Result<QuorumClient, IdError> {
     let mut config = ClientConfig::new(urls);
@@ -29,7 +25,7 @@ fn config_error(result: Result<QuorumClient, IdError>) -> String {
 
 #[tokio::test]
 async fn one_server_listed_three_times_is_refused() {
-    let q = quorum(3);
+    let q = test_quorum(3);
     let u = q.urls();
     let urls = vec![
         u[0].clone(),
@@ -56,7 +52,7 @@ async fn one_server_listed_three_times_is_refused() {
 
 #[tokio::test]
 async fn one_server_under_two_names_is_refused() {
-    let q = quorum(3);
+    let q = test_quorum(3);
     let u = q.urls();
     // Another database of the same server: another name, the same process to crash.
     let alias = format!("{}/1", u[0]);
@@ -133,8 +129,8 @@ async fn replicate(master: &LocalQuorum, replica: &LocalQuorum) {
 
 #[tokio::test]
 async fn a_replica_is_refused_and_its_master_warned_about() {
-    let q = quorum(3);
-    let replica = quorum(1);
+    let q = test_quorum(3);
+    let replica = test_quorum(1);
     replicate(&q, &replica).await;
     let u = q.urls();
     let r = replica.urls()[0].clone();

@@ -7,9 +7,8 @@
 
 mod common;
 use common::{idbroker_bin, idctl, text};
-use idtools::cluster::LocalQuorum;
+use idtools::cluster::{node_command, test_quorum, LocalQuorum};
 use idtools::proc::{Announced, START_TIMEOUT};
-use std::io::Read;
 use std::process::{Command, Stdio};
 
 const PASSWORD: &str = "Pw-7f3a9c-do-not-print";
@@ -17,18 +16,7 @@ const PASSWORD: &str = "Pw-7f3a9c-do-not-print";
 /// Sets a password on every node of `q` (they start without one).
 async fn require_password(q: &LocalQuorum) {
     for url in q.urls() {
-        let client = redis::Client::open(url.as_str()).expect("url");
-        let mut conn = client
-            .get_multiplexed_async_connection()
-            .await
-            .expect("connect");
-        redis::cmd("CONFIG")
-            .arg("SET")
-            .arg("requirepass")
-            .arg(PASSWORD)
-            .query_async::<()>(&mut conn)
-            .await
-            .expect("CONFIG SET requirepass");
+        node_command(&url, &["CONFIG", "SET", "requirepass", PASSWORD]).await;
     }
 }
 
@@ -42,7 +30,7 @@ fn assert_no_password(what: &str, out: &str) {
 
 #[tokio::test]
 async fn no_output_of_a_failing_run_carries_a_node_password() {
-    let mut q = LocalQuorum::temp(3).expect("cannot start redis-server quorum");
+    let mut q = test_quorum(3);
     require_password(&q).await;
     let urls: Vec<String> = q
         .ports()
@@ -101,12 +89,7 @@ async fn no_output_of_a_failing_run_carries_a_node_password() {
     assert_no_password("idctl next --broker (the broker's reply)", &text(&next));
 
     broker.kill();
-    let mut logs = String::new();
-    broker
-        .take_stderr()
-        .expect("stderr")
-        .read_to_string(&mut logs)
-        .expect("read idbroker stderr");
+    let logs = broker.read_stderr();
     assert!(!logs.is_empty(), "idbroker logged nothing at debug level");
     assert_no_password("idbroker's log", &logs);
 }

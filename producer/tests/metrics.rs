@@ -2,7 +2,7 @@
 //! RocksDB) serves its progress as Prometheus metrics while it runs. The run is stalled
 //! at a known point (`QLIST_PRODUCER_TEST_STALL_AFTER`) so the scrape sees exact state.
 
-use idtools::cluster::LocalQuorum;
+use idtools::cluster::test_quorum;
 use std::io::{BufRead, BufReader};
 use std::process::{Command, Stdio};
 use std::sync::mpsc;
@@ -21,7 +21,7 @@ fn value(exposition: &str, name: &str) -> u64 {
 
 #[test]
 fn a_running_producer_serves_items_batches_and_id_wait() {
-    let quorum = LocalQuorum::temp(3).expect("start a 3-node redis quorum");
+    let quorum = test_quorum(3);
     let dir = tempfile::tempdir().expect("temp dir");
     let data = dir.path().to_str().expect("utf-8 temp path");
     let mut child = Command::new(env!("CARGO_BIN_EXE_producer"))

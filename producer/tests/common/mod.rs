@@ -2,14 +2,11 @@
 //! it, and its exit.
 #![allow(dead_code)] // each test file uses its own subset
 
-use idtools::cluster::LocalQuorum;
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc::Receiver;
 
-pub fn quorum(n: usize) -> LocalQuorum {
-    LocalQuorum::temp(n)
-        .expect("cannot start a local redis-server quorum (is redis-server installed?)")
-}
+/// A throwaway local quorum of `n` nodes; panics with the reason if it cannot start.
+pub use idtools::cluster::test_quorum as quorum;
 
 pub fn producer_cmd(args: &[&str]) -> Command {
     let mut c = Command::new(env!("CARGO_BIN_EXE_producer"));
