@@ -16,3 +16,14 @@ pub struct Record {
     pub seq: u64,
     pub payload: Vec<u8>,
 }
+
+/// The tests' shorthand for a record holding a copy of `payload`.
+#[cfg(test)]
+pub(crate) fn rec(id: u64, shard: u32, seq: u64, payload: &[u8]) -> Record {
+    Record {
+        id,
+        shard,
+        seq,
+        payload: payload.to_vec(),
+    }
+}

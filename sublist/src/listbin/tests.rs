@@ -1,14 +1,6 @@
 use super::*;
+use crate::record::rec;
 use std::io::Cursor;
-
-fn rec(id: u64, shard: u32, seq: u64, payload: &[u8]) -> Record {
-    Record {
-        id,
-        shard,
-        seq,
-        payload: payload.to_vec(),
-    }
-}
 
 fn write_file(dir: &Path, records: &[Record]) -> PathBuf {
     let path = dir.join("list.bin");

@@ -1,13 +1,5 @@
 use super::*;
-
-fn rec(id: u64, shard: u32, seq: u64, payload: &[u8]) -> Record {
-    Record {
-        id,
-        shard,
-        seq,
-        payload: payload.to_vec(),
-    }
-}
+use crate::record::rec;
 
 fn prog(next_seq: u64, last_id: u64, finished: bool) -> Progress {
     Progress {
