@@ -39,7 +39,8 @@ impl Reads {
 /// The nodes a majority read asked, in `order`: the reads in flight, and who is still
 /// to answer (`outstanding`) or still unasked.
 struct Asked<'o, A, F> {
-    ask: A,
+    /// Starts the read of one node.
+    read: A,
     pending: FuturesUnordered<F>,
     unasked: std::slice::Iter<'o, usize>,
     outstanding: Vec<bool>,
@@ -47,10 +48,10 @@ struct Asked<'o, A, F> {
 
 impl<'o, A: Fn(usize) -> F, F: Future> Asked<'o, A, F> {
     /// Asks the first `need` nodes of `order` (a permutation of the node indexes).
-    fn new(order: &'o [usize], need: usize, ask: A) -> Asked<'o, A, F> {
+    fn new(order: &'o [usize], need: usize, read: A) -> Asked<'o, A, F> {
         debug_assert!(need >= 1 && need <= order.len());
         let mut asked = Asked {
-            ask,
+            read,
             pending: FuturesUnordered::new(),
             unasked: order[need..].iter(),
             outstanding: vec![false; order.len()],
@@ -64,7 +65,7 @@ impl<'o, A: Fn(usize) -> F, F: Future> Asked<'o, A, F> {
     fn ask(&mut self, i: usize) {
         debug_assert!(!self.outstanding[i], "node {i} asked twice");
         self.outstanding[i] = true;
-        self.pending.push((self.ask)(i));
+        self.pending.push((self.read)(i));
     }
 
     /// One more node, for one that failed (none left: nothing).
