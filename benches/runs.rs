@@ -3,14 +3,20 @@
 //! `QLIST_BENCH_ITEMS` items in all (default 10 million) of 100-byte payloads:
 //!
 //! - `sublists`: `merger --data-dir DIR --out list.bin`, today's path (the baseline);
-//! - `runs dir`: `merger --runs RUNSDIR --out list.bin` (goal: at least 1.0x sublists);
+//! - `runs dir`: `merger --runs RUNSDIR --out list.bin` (goals: at least 1.0x sublists,
+//!   0.9x `scan`, 0.6x `cat`);
 //! - `runs s3`: `merger --runs s3://bucket/prefix --out list.bin`, the runs in a real
-//!   SeaweedFS (`qstore::testing::TestS3`) (goal: at least 0.8x the directory);
-//! - `runs dir --jobs 2` (goal: at least 1.5x `scan`);
-//! - `scan`: the one-core baseline, this binary run again as a child: each run file read
-//!   in turn with `sublist::run::RunFile` (every block's CRC checked, records decoded),
-//!   records written as `RunWriter` writes them (encoded into 256 KiB blocks, a CRC per
-//!   block, an index), fsync, rename; no merging and no order or seq checks;
+//!   SeaweedFS (`qstore::testing::TestS3`) (goal: at least 0.8x `s3 read`);
+//! - `s3 read`: the plain reader of the same objects on the same server, the limit the
+//!   S3 merge is measured against: every object fetched whole with ranged GETs of 4 MiB,
+//!   32 in flight across the objects, the bytes discarded (this binary as a child);
+//! - `runs dir --jobs 2` (goal: at least 1.6x `runs dir`);
+//! - `scan`: the one-core baseline, this binary run again as a child: each run read in
+//!   turn through the merger's own reader (`merger::runs::RunInput::blocks`: ranged reads,
+//!   every block's CRC and framing checked, records borrowed, not copied), its records
+//!   framed into blocks by the run's block rule (a CRC per block, an index) and written
+//!   through the merger's own output (`qstore`'s upload: background writeback, fsync,
+//!   rename); no merging and no order or seq checks;
 //! - `cat`: `cat RUNSDIR/*.bin > out && sync out`, a byte copy (a reference, no decoding);
 //! - `part i/4`: the K = 4 parts of a split merge as 4 processes, one after another (goal:
 //!   a part costs at most 1/K of the whole `runs dir` merge plus one index read per input);
@@ -19,6 +25,9 @@
 //!   least 0.7x `runs dir`), and `parquet snappy` (the default codec); then DuckDB (the venv's, as
 //!   the Parquet tests use it) times `count(*)` and a query of 0.1% of the IDs on the
 //!   file, and checks the count.
+//!
+//! `QLIST_BENCH_BATCH=1000` deals the IDs to shards in batches of 1000 consecutive IDs, as
+//! producers stamping in batches interleave (default 1: every ID to a random shard).
 //!
 //! `QLIST_BENCH_ROWS` (comma-separated: sublists, dir, s3, jobs2, scan, cat, parts,
 //! parquet) runs only those rows.
@@ -56,15 +65,15 @@
 use std::collections::BTreeMap;
 use std::ffi::OsString;
 use std::fs::File;
-use std::io::{BufWriter, Write};
+use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 use qstore::testing::TestS3;
 use rand::{Rng, SeedableRng};
-use sublist::listbin::{encode_record, Crc32};
-use sublist::run::{Footer, RunFile, BLOCK_TARGET, FOOTER_LEN, HEADER_LEN, MAGIC};
+use sublist::listbin::Crc32;
+use sublist::run::{Footer, FOOTER_LEN, HEADER_LEN, MAGIC};
 use sublist::shard::{Progress, ShardWriter};
 use sublist::Record;
 
@@ -91,6 +100,12 @@ const WEED_VOLUME_MB: u32 = 1024;
 const WEED_MAX_VOLUMES: u32 = 64;
 /// Set (to the output path) when this binary runs as the `scan` child.
 const SCAN_CHILD_ENV: &str = "QLIST_RUNS_BENCH_SCAN_OUT";
+/// Set (to the runs' `s3://` prefix) when this binary runs as the `s3 read` child.
+const S3_READ_CHILD_ENV: &str = "QLIST_RUNS_BENCH_S3_READ";
+/// Ranged GETs the plain S3 reader keeps in flight across all objects, and their size:
+/// what a reader that only fetches and discards does at best on this server.
+const S3_READ_IN_FLIGHT: usize = 32;
+const S3_READ_CHUNK: usize = 4 << 20;
 /// Lines of a failed child's stderr shown.
 const ERR_TAIL_LINES: usize = 15;
 
@@ -100,8 +115,18 @@ fn payload(id: u64) -> Vec<u8> {
     p
 }
 
+/// Consecutive IDs dealt to one shard at a time: `QLIST_BENCH_BATCH` (default 1, every
+/// ID to a shard of its own draw; 1000 is how producers stamping in batches interleave).
+fn batch_len() -> u64 {
+    std::env::var("QLIST_BENCH_BATCH")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .filter(|&b| b > 0)
+        .unwrap_or(1)
+}
+
 /// Writes `items` items with IDs 1..=items dealt at random (seeded) to `shards` sublists
-/// under `data`, as benches/merge.rs does.
+/// under `data`, as benches/merge.rs does, in batches of [`batch_len`] consecutive IDs.
 fn build_sublists(data: &Path, shards: u32, items: u64) {
     let mut writers: Vec<ShardWriter> = (0..shards)
         .map(|s| ShardWriter::open(data, s).expect("open shard writer"))
@@ -125,8 +150,12 @@ fn build_sublists(data: &Path, shards: u32, items: u64) {
         w.write_batch(b, &p).expect("write batch");
         b.clear();
     };
+    let batch = batch_len();
+    let mut s = 0usize;
     for id in 1..=items {
-        let s = rng.gen_range(0..shards) as usize;
+        if (id - 1) % batch == 0 {
+            s = rng.gen_range(0..shards) as usize;
+        }
         buf[s].push(Record {
             id,
             shard: s as u32,
@@ -433,6 +462,7 @@ enum Row {
     Sublists,
     RunsDir,
     RunsS3,
+    S3Read,
     Jobs2,
     Scan,
     Cat,
@@ -448,8 +478,9 @@ impl Row {
             Row::Sublists => "sublists (--data-dir)".into(),
             Row::RunsDir => "runs dir (--runs DIR)".into(),
             Row::RunsS3 => "runs s3 (--runs s3://)".into(),
+            Row::S3Read => format!("s3 read ({S3_READ_IN_FLIGHT} GETs in flight, discard)"),
             Row::Jobs2 => "runs dir --jobs 2".into(),
-            Row::Scan => "scan (1 core, RunFile -> blocks)".into(),
+            Row::Scan => "scan (1 core, blocks read and framed)".into(),
             Row::Cat => "cat runs/*.bin + sync".into(),
             Row::Part(i) => format!("part {i}/{PARTS} (alone)"),
             Row::PartsTwoAtATime => format!("{PARTS} parts, 2 at a time"),
@@ -464,6 +495,7 @@ impl Row {
             Row::Sublists => "sublists",
             Row::RunsDir => "dir",
             Row::RunsS3 => "s3",
+            Row::S3Read => "s3read",
             Row::Jobs2 => "jobs2",
             Row::Scan => "scan",
             Row::Cat => "cat",
@@ -483,6 +515,7 @@ impl Row {
             Row::Sublists,
             Row::RunsDir,
             Row::RunsS3,
+            Row::S3Read,
             Row::Jobs2,
             Row::Scan,
             Row::Cat,
@@ -544,6 +577,8 @@ struct Proc {
     out: PathBuf,
     /// Items it holds when it is not a run (scan, cat); else read from its footer.
     items: Option<u64>,
+    /// Bytes it stands for when its output is not what it moved (the s3 read's marker).
+    bytes: Option<u64>,
 }
 
 impl Fixture {
@@ -556,6 +591,7 @@ impl Fixture {
             log: self.out.join(format!("{row}-{rep}.log")),
             out,
             items: None,
+            bytes: None,
         }
     }
 
@@ -592,6 +628,7 @@ impl Fixture {
                 vec![vec![self.merger(env, "jobs2", rep, args, "list-jobs2.bin")]]
             }
             Row::Scan => vec![vec![self.scan_proc(rep)]],
+            Row::S3Read => vec![vec![self.s3_read_proc(env, rep)]],
             Row::Cat => vec![vec![self.cat_proc(rep)]],
             Row::Part(i) => vec![vec![part(i, "")]],
             Row::PartsTwoAtATime => (0..PARTS)
@@ -625,6 +662,28 @@ impl Fixture {
             log: self.out.join(format!("scan-{rep}.log")),
             out,
             items: Some(self.items),
+            bytes: None,
+        }
+    }
+
+    fn s3_read_proc(&self, env: &Env, rep: usize) -> Proc {
+        let out = self.out.join("s3-read.txt");
+        let mut cmd = Command::new(std::env::current_exe().expect("current exe"));
+        cmd.env(S3_READ_CHILD_ENV, &self.s3_runs)
+            .arg(&out)
+            .envs(env.s3.env())
+            .stdin(Stdio::null());
+        let runs_bytes = self
+            .run_files
+            .iter()
+            .map(|f| std::fs::metadata(f).map_or(0, |m| m.len()))
+            .sum();
+        Proc {
+            cmd,
+            log: self.out.join(format!("s3read-{rep}.log")),
+            out,
+            items: Some(self.items),
+            bytes: Some(runs_bytes),
         }
     }
 
@@ -642,8 +701,44 @@ impl Fixture {
             log: self.out.join(format!("cat-{rep}.log")),
             out,
             items: Some(self.items),
+            bytes: None,
         }
     }
+}
+
+/// The plain reader (the `s3 read` row): every object under `prefix` fetched whole with
+/// ranged GETs of [`S3_READ_CHUNK`] bytes, [`S3_READ_IN_FLIGHT`] in flight across all of
+/// them (each object's reads in order, the objects read at once), the bytes discarded.
+/// Returns the bytes read.
+fn s3_read_child(prefix: &str) -> u64 {
+    let objects_at = qstore::Location::parse(prefix).expect("prefix");
+    let probe = qstore::Store::new(qstore::StoreOptions::default());
+    let objects = probe.list_runs(&objects_at).expect("list");
+    let per_object = (S3_READ_IN_FLIGHT / objects.len().max(1)).max(1);
+    let store = qstore::Store::new(qstore::StoreOptions {
+        read_chunk: S3_READ_CHUNK,
+        in_flight: per_object,
+        ..qstore::StoreOptions::default()
+    });
+    let total = std::sync::atomic::AtomicU64::new(0);
+    // One thread per object (at most in-flight of them at once), each draining its reads.
+    for group in objects.chunks(S3_READ_IN_FLIGHT.max(1)) {
+        std::thread::scope(|scope| {
+            for loc in group {
+                let (store, total) = (&store, &total);
+                scope.spawn(move || {
+                    let object = store.open(loc).expect("open");
+                    let mut n = 0u64;
+                    let whole = std::iter::once(0..object.len()).collect();
+                    for piece in object.read_ranges(whole) {
+                        n += piece.expect("read").1.len() as u64;
+                    }
+                    total.fetch_add(n, std::sync::atomic::Ordering::Relaxed);
+                });
+            }
+        });
+    }
+    total.into_inner()
 }
 
 /// Records in a run's footer, or `None` (not a run: the scan and cat outputs).
@@ -674,6 +769,7 @@ fn run_row(env: &Env, f: &Fixture, row: Row, rep: usize, m: &mut Measured) {
                 log,
                 out,
                 items: fixed_items,
+                bytes: fixed_bytes,
                 ..
             },
         ) in children
@@ -681,7 +777,8 @@ fn run_row(env: &Env, f: &Fixture, row: Row, rep: usize, m: &mut Measured) {
             let exit = wait_pid(pid);
             rss = rss.max(exit.rss);
             if exit.ok {
-                bytes += std::fs::metadata(&out).map_or(0, |m| m.len());
+                bytes +=
+                    fixed_bytes.unwrap_or_else(|| std::fs::metadata(&out).map_or(0, |m| m.len()));
                 items += fixed_items.or_else(|| run_records(&out)).unwrap_or(0);
             } else {
                 ok = false;
@@ -877,27 +974,34 @@ fn bench_shards(env: &Env, shards: u32, items: u64, keep: bool) -> ShardResult {
     }
 }
 
-/// The `scan` child: every run in turn, read and checked with `RunFile`, its records
-/// written as `RunWriter` writes them (256 KiB blocks with a CRC each, an index, a
-/// footer-sized tail), fsync, rename. The records are in shard order, not ID order, so
+/// The `scan` child: every run in turn, read and checked as the merger reads it, its
+/// records framed as `RunWriter` frames them (blocks by the run's block rule with a CRC
+/// each, an index, a footer-sized tail), written, fsynced and renamed as the merger's
+/// output is. The records are in shard order, not ID order, so
 /// the file is not a valid run; what is timed is the same work per byte, minus merging.
 fn scan_child(out: &Path, runs: &[PathBuf]) -> u64 {
-    let tmp = out.with_extension("tmp");
-    let file = File::create(&tmp).expect("create scan output");
-    let mut w = BufWriter::with_capacity(1 << 20, file);
+    use merger::Blocks;
+    let store = qstore::Store::new(merger::runs::read_options(
+        qstore::StoreOptions::default(),
+        runs.len(),
+        1,
+        false,
+    ));
+    let out = qstore::Location::Dir(out.to_path_buf());
+    let mut w = store.create(&out).expect("create scan output");
     w.write_all(&MAGIC).expect("write");
     let mut blocks = BlockSink::default();
     for path in runs {
-        for r in RunFile::open(path).expect("open run") {
-            let r = r.expect("read run");
-            blocks.push(&r, &mut w);
+        let run =
+            merger::runs::open_run(&store, &qstore::Location::Dir(path.clone())).expect("open run");
+        let mut input = run.blocks(0, u64::MAX);
+        while let Some(body) = input.next_block().expect("read run") {
+            blocks.push_encoded(&body, &mut w);
         }
     }
     let count = blocks.records;
     blocks.finish(&mut w);
-    let file = w.into_inner().expect("flush");
-    file.sync_all().expect("fsync");
-    std::fs::rename(&tmp, out).expect("rename");
+    w.finish().expect("fsync and rename");
     count
 }
 
@@ -911,20 +1015,32 @@ struct BlockSink {
     offset: u64,
     index: Vec<u8>,
     records: u64,
+    /// Record bytes so far (the block rule's position).
+    position: u64,
 }
 
 impl BlockSink {
-    fn push(&mut self, r: &Record, w: &mut impl Write) {
-        if self.block.is_empty() {
-            self.first = r.id;
+    /// A checked block's records, framed into blocks as a run's (the same block rule
+    /// as `RunWriter`, counted from this output's start), no other check.
+    fn push_encoded(&mut self, records: &[u8], w: &mut impl Write) {
+        let (mut copied, mut pos) = (0, 0);
+        for r in sublist::run::BlockRecords::new(records) {
+            if self.block.is_empty() && copied == pos {
+                self.first = r.id;
+            }
+            pos += r.encoded.len();
+            self.last = r.id;
+            self.block_records += 1;
+            self.records += 1;
+            self.position += r.encoded.len() as u64;
+            if self.position >= sublist::run::next_boundary(self.position - r.encoded.len() as u64)
+            {
+                self.block.extend_from_slice(&records[copied..pos]);
+                copied = pos;
+                self.flush(w);
+            }
         }
-        encode_record(r, &mut self.block);
-        self.last = r.id;
-        self.block_records += 1;
-        self.records += 1;
-        if self.block.len() >= BLOCK_TARGET {
-            self.flush(w);
-        }
+        self.block.extend_from_slice(&records[copied..pos]);
     }
 
     fn flush(&mut self, w: &mut impl Write) {
@@ -1028,16 +1144,24 @@ fn print_ratios(results: &[ShardResult]) {
         );
         goal_line(
             s,
-            "runs s3 / runs dir (throughput)",
-            speed(Row::RunsS3, dir),
+            "runs dir / scan (one job against the one-core scan)",
+            speed(dir, Row::Scan),
+            0.9,
+            true,
+        );
+        goal_line(s, "runs dir / cat + sync", speed(dir, Row::Cat), 0.6, true);
+        goal_line(
+            s,
+            "runs s3 / plain s3 reader (throughput)",
+            speed(Row::RunsS3, Row::S3Read),
             0.8,
             true,
         );
         goal_line(
             s,
-            "--jobs 2 / scan (throughput)",
-            speed(Row::Jobs2, Row::Scan),
-            1.5,
+            "runs s3 / runs dir (throughput)",
+            speed(Row::RunsS3, dir),
+            0.8,
             true,
         );
         let parts: Option<Vec<f64>> = (0..PARTS).map(|i| w(Row::Part(i))).collect();
@@ -1074,7 +1198,7 @@ fn print_ratios(results: &[ShardResult]) {
             s,
             "--jobs 2 / runs dir (speed-up)",
             speed(Row::Jobs2, dir),
-            1.0,
+            1.6,
             true,
         );
     }
@@ -1150,6 +1274,14 @@ fn shard_counts() -> Vec<u32> {
 }
 
 fn main() {
+    if let Some(prefix) = std::env::var_os(S3_READ_CHILD_ENV) {
+        let out: PathBuf = std::env::args_os().nth(1).map(PathBuf::from).expect("out");
+        let n = s3_read_child(&prefix.to_string_lossy());
+        // The bytes read, so the row's MB/s is of what crossed the wire.
+        std::fs::write(&out, vec![0u8; 0]).expect("write marker");
+        println!("read {n} bytes");
+        return;
+    }
     if let Some(out) = std::env::var_os(SCAN_CHILD_ENV) {
         let runs: Vec<PathBuf> = std::env::args_os().skip(1).map(PathBuf::from).collect();
         let n = scan_child(Path::new(&out), &runs);

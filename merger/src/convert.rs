@@ -5,6 +5,7 @@
 
 use sublist::run::{Part, ShardSpec};
 
+use crate::kway::Blocks;
 use crate::runs::RunInput;
 use crate::sink::ListSink;
 use crate::{MergeError, PROGRESS_EVERY};
@@ -48,11 +49,14 @@ pub fn convert(
     writer: &mut dyn ListSink,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<(), MergeError> {
+    let mut report_at = PROGRESS_EVERY;
     for run in runs {
-        for record in run.records(0, u64::MAX) {
-            writer.write(&record?)?;
-            if writer.records().is_multiple_of(PROGRESS_EVERY) {
+        let mut blocks = run.blocks(0, u64::MAX);
+        while let Some(block) = blocks.next_block()? {
+            writer.write_encoded(&block)?;
+            if writer.records() >= report_at {
                 progress(writer.records(), writer.bytes());
+                report_at = writer.records() + PROGRESS_EVERY;
             }
         }
     }

@@ -7,11 +7,11 @@ use std::path::PathBuf;
 
 use qstore::{Location, Store};
 use sublist::run::{Part, RunMeta, ShardSpec};
-use sublist::Record;
 
+use crate::kway::{Input, Merger, RecordBlocks};
 use crate::runs::{open_run, RunInput};
 use crate::sink::ListSink;
-use crate::{open_shards, MergeError, OpenShard, Source, PROGRESS_EVERY};
+use crate::{open_shards, MergeError, OpenShard, PROGRESS_EVERY};
 
 /// One input as named on the command line.
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -201,47 +201,39 @@ impl Inputs {
     }
 }
 
-type Records<'a> = Box<dyn Iterator<Item = Result<Record, MergeError>> + 'a>;
-
-/// The merge's sources for the IDs of `part`: every run restricted to the part's range
+/// The merge's inputs for the IDs of `part`: every run restricted to the part's range
 /// (only its blocks are read), every sublist whole (`--part` refuses sublists).
-fn sources(inputs: &Inputs, part: Part) -> Result<Vec<Source<Records<'_>>>, MergeError> {
-    let mut out: Vec<Source<Records<'_>>> = Vec::new();
+fn merge_inputs_of(inputs: &Inputs, part: Part) -> Result<Vec<Input<'_>>, MergeError> {
+    let mut out: Vec<Input<'_>> = Vec::new();
     for s in &inputs.sublists {
         if !part.is_whole() {
             return Err(MergeError::SplitNeedsRuns {
                 path: s.reader.path().to_path_buf(),
             });
         }
-        let iter = s.reader.iter().map(|r| r.map_err(MergeError::from));
-        out.push(Source::new(
-            s.reader.path().display().to_string(),
-            s.reader.shard(),
-            Box::new(iter) as Records<'_>,
-        ));
+        let name = s.reader.path().display().to_string();
+        let records = s.reader.iter().map(|r| r.map_err(MergeError::from));
+        let blocks = RecordBlocks::new(name.clone(), records);
+        out.push(Input::new(name, vec![s.reader.shard()], Box::new(blocks)));
     }
-    out.extend(run_sources(&inputs.runs, part));
+    out.extend(run_inputs(&inputs.runs, part));
     Ok(out)
 }
 
-/// The merge's sources of the runs alone, restricted to `part`'s range.
-pub(crate) fn run_sources(runs: &[RunInput], part: Part) -> Vec<Source<Records<'_>>> {
+/// The merge's inputs of the runs alone, restricted to `part`'s range.
+pub(crate) fn run_inputs(runs: &[RunInput], part: Part) -> Vec<Input<'_>> {
     runs.iter()
         .map(|run| {
             let shards = run.meta.shards.iter().map(|s| s.shard).collect();
-            let records = run.records(part.first_id, part.last_id);
-            Source::with_shards(
-                run.location.to_string(),
-                shards,
-                Box::new(records) as Records<'_>,
-            )
+            let blocks = run.blocks(part.first_id, part.last_id);
+            Input::new(run.location.to_string(), shards, Box::new(blocks))
         })
         .collect()
 }
 
 /// Merges the inputs' records of `part` into `writer` (a run or a Parquet list, which
 /// the caller made for `part` and finishes). `progress(records, bytes)` is called every
-/// [`PROGRESS_EVERY`] records and at the end.
+/// [`PROGRESS_EVERY`] records or so and at the end.
 ///
 /// # Errors
 /// Every [`MergeError`] of the merge (duplicates, order, shards, reading) and of the
@@ -252,22 +244,25 @@ pub fn merge_inputs(
     writer: &mut dyn ListSink,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<(), MergeError> {
-    write_merged(writer, sources(inputs, part)?, progress)?;
+    write_merged(writer, merge_inputs_of(inputs, part)?, progress)?;
     progress(writer.records(), writer.bytes());
     Ok(())
 }
 
-/// Merges `sources` into `writer`, calling `progress(records, bytes)` every
-/// [`PROGRESS_EVERY`] records.
+/// The one merge loop: merges `inputs` into `writer` stretch by stretch, calling
+/// `progress(records, bytes)` each time another [`PROGRESS_EVERY`] records are written.
 pub(crate) fn write_merged(
     writer: &mut dyn ListSink,
-    sources: Vec<Source<Records<'_>>>,
+    inputs: Vec<Input<'_>>,
     progress: &mut dyn FnMut(u64, u64),
 ) -> Result<(), MergeError> {
-    for record in crate::merge(sources) {
-        writer.write(&record?)?;
-        if writer.records().is_multiple_of(PROGRESS_EVERY) {
+    let mut merger = Merger::new(inputs);
+    let mut report_at = PROGRESS_EVERY;
+    while let Some(stretch) = merger.next_stretch()? {
+        writer.write_encoded(stretch.bytes)?;
+        if writer.records() >= report_at {
             progress(writer.records(), writer.bytes());
+            report_at = writer.records() + PROGRESS_EVERY;
         }
     }
     Ok(())

@@ -1,24 +1,389 @@
-//! The k-way merge as a pure function over iterators: no RocksDB, no files, so it can be
-//! property-tested against "concatenate, sort, compare".
+//! The k-way merge: sorted inputs of encoded records (checked blocks, borrowed, never
+//! copied record by record) into one stream of *stretches*, each a run of consecutive
+//! records of one input that all lie below every other input's head.
+//!
+//! Producers stamp in batches, so the runs of a real merge interleave in chunks of about
+//! a batch of consecutive IDs: a stretch is then hundreds of records that the writer
+//! copies in one piece, and the tournament is replayed once per stretch, not once per
+//! record. The inputs are a loser tree of their heads ([`Tree`]); the smallest head wins,
+//! and the smallest of the losers on its path is the bound its stretch stays below.
+//!
+//! Every record is still checked: its shard is one of its input's, its ID above the one
+//! before it in the input (so, within a stretch, above every ID before it in the merged
+//! stream too), and not equal to another input's head (a duplicate is never yielded, even
+//! once). [`merge`] is the same merge over iterators of owned [`Record`]s (sublists, tests).
 
-use std::cmp::Ordering;
-use std::collections::binary_heap::PeekMut;
-use std::collections::{BinaryHeap, VecDeque};
-
-use sublist::Record;
+use bytes::Bytes;
+use sublist::run::record_at;
+use sublist::{Record, RecordRef};
 
 use crate::MergeError;
 
-/// Records read ahead from a source in one go: reading a run from one source at a time
-/// keeps that source's iterator (for RocksDB: block, index, file state) warm in the CPU
-/// caches, instead of switching sources on nearly every record when IDs interleave.
+/// Records encoded into one block by [`merge`]'s adapter (a record iterator's
+/// read-ahead): reading a run of records from one source at a time keeps that source's
+/// iterator (for RocksDB: block, index, file state) warm in the CPU caches.
 pub const READ_AHEAD_RECORDS: usize = 128;
 /// Stop reading ahead once this many bytes are buffered for one source, so memory stays
 /// bounded by sources x this even with big payloads.
 pub const READ_AHEAD_BYTES: usize = 64 << 10;
 
-/// One sorted input of the merge: a name for error messages (e.g. the shard's path), the
-/// shard numbers its records may carry, and the records in strictly increasing ID order.
+/// What the merge reads an input as: blocks of whole encoded records (list.bin's record
+/// encoding, one after another), each checked ([`sublist::run::check_block`]) and
+/// ascending by ID within itself, in the input's order. An empty block is skipped.
+pub trait Blocks {
+    /// The next block, `Ok(None)` at the end.
+    ///
+    /// # Errors
+    /// Whatever reading the input met, naming where.
+    fn next_block(&mut self) -> Result<Option<Bytes>, MergeError>;
+}
+
+/// One input of the merge: a name for error messages (the run's or sublist's path), the
+/// shard numbers its records may carry, and its blocks.
+pub struct Input<'a> {
+    /// Names the input in errors.
+    pub name: String,
+    /// The shard numbers a record of this input may carry, ascending.
+    pub shards: Vec<u32>,
+    /// Its records.
+    pub blocks: Box<dyn Blocks + 'a>,
+}
+
+impl<'a> Input<'a> {
+    /// An input holding records of `shards` (any order).
+    pub fn new(
+        name: impl Into<String>,
+        mut shards: Vec<u32>,
+        blocks: Box<dyn Blocks + 'a>,
+    ) -> Input<'a> {
+        shards.sort_unstable();
+        Input {
+            name: name.into(),
+            shards,
+            blocks,
+        }
+    }
+}
+
+/// A run of consecutive records of one input, all below every other input's head:
+/// `bytes` holds `records` whole encoded records.
+pub struct Stretch<'m> {
+    /// The records' bytes, as encoded in the input.
+    pub bytes: &'m [u8],
+    /// How many records.
+    pub records: u64,
+    /// The input they come from.
+    pub input: usize,
+}
+
+impl<'m> Stretch<'m> {
+    /// The stretch's records, borrowed.
+    pub fn iter(&self) -> impl Iterator<Item = RecordRef<'m>> {
+        sublist::run::BlockRecords::new(self.bytes)
+    }
+}
+
+/// One input's place in the merge: its current block and the record at the head.
+struct Cursor<'a> {
+    input: Input<'a>,
+    block: Bytes,
+    /// Where the head record starts in `block` (== `block.len()`: a new block is needed).
+    pos: usize,
+    /// The head's ID (valid while `!done`).
+    id: u64,
+    last_id: Option<u64>,
+    done: bool,
+    /// A stretch was taken: the head at `pos` is not read yet.
+    stale: bool,
+}
+
+impl Cursor<'_> {
+    /// Makes the record at `pos` the head (loading blocks as needed) and checks it
+    /// against the input's promises; `done` at the end.
+    fn settle(&mut self) -> Result<(), MergeError> {
+        while self.pos >= self.block.len() {
+            match self.input.blocks.next_block()? {
+                Some(b) => {
+                    self.block = b;
+                    self.pos = 0;
+                }
+                None => {
+                    self.done = true;
+                    self.stale = false;
+                    self.block = Bytes::new();
+                    self.pos = 0;
+                    return Ok(());
+                }
+            }
+        }
+        let (r, _) = self.record_here()?;
+        self.check(&r)?;
+        self.id = r.id;
+        self.stale = false;
+        Ok(())
+    }
+
+    fn record_here(&self) -> Result<(RecordRef<'_>, usize), MergeError> {
+        record_at(&self.block, self.pos).map_err(|what| MergeError::Source {
+            source_name: self.input.name.clone(),
+            error: what.into(),
+        })
+    }
+
+    /// The checks every record gets: its shard is the input's, its ID above the last.
+    fn check(&self, r: &RecordRef<'_>) -> Result<(), MergeError> {
+        let listed = match self.input.shards.as_slice() {
+            [one] => *one == r.shard,
+            many => many.binary_search(&r.shard).is_ok(),
+        };
+        if !listed {
+            return Err(MergeError::WrongShard {
+                source_name: self.input.name.clone(),
+                expected: self.input.shards.clone(),
+                found: r.shard,
+                id: r.id,
+            });
+        }
+        if let Some(prev) = self.last_id.filter(|&p| r.id <= p) {
+            return Err(MergeError::OutOfOrder {
+                source_name: self.input.name.clone(),
+                prev,
+                id: r.id,
+            });
+        }
+        Ok(())
+    }
+
+    /// The records from the head on that lie below `bound` (all, for `None`), within the
+    /// current block: `(start, end, count)` of `block`. The head moves past them, and is
+    /// read by the next [`Cursor::settle`] (which loads the next block if needed).
+    fn take_below(&mut self, bound: Option<u64>) -> Result<(usize, usize, u64), MergeError> {
+        let start = self.pos;
+        let mut pos = self.pos;
+        let mut count = 0u64;
+        let block = self.block.clone();
+        while pos < block.len() {
+            let (r, end) = record_at(&block, pos).map_err(|what| MergeError::Source {
+                source_name: self.input.name.clone(),
+                error: what.into(),
+            })?;
+            if bound.is_some_and(|b| r.id >= b) {
+                break;
+            }
+            if pos != start {
+                self.check(&r)?;
+            }
+            self.last_id = Some(r.id);
+            count += 1;
+            pos = end;
+        }
+        self.pos = pos;
+        self.stale = true;
+        Ok((start, pos, count))
+    }
+}
+
+/// A loser tree over the inputs' heads: `losers[0]` is the winner (the smallest head),
+/// `losers[p]` for `p` in `1..n` the loser of the match at internal node `p`; leaves are
+/// `n + i` for input `i`, padded with inputs that are always done.
+struct Tree {
+    n: usize,
+    losers: Vec<usize>,
+    /// The key of each leaf: `(id << 32) | input`, `u128::MAX` once done (padding too),
+    /// so ties between equal IDs break by input number and every key is distinct.
+    keys: Vec<u128>,
+}
+
+impl Tree {
+    fn new(inputs: usize) -> Tree {
+        let n = inputs.max(1).next_power_of_two();
+        Tree {
+            n,
+            losers: vec![0; n],
+            keys: vec![u128::MAX; n],
+        }
+    }
+
+    fn key_of(c: &Cursor<'_>, i: usize) -> u128 {
+        if c.done {
+            u128::MAX
+        } else {
+            (u128::from(c.id) << 32) | i as u128
+        }
+    }
+
+    fn build(&mut self) {
+        let n = self.n;
+        let mut winners = vec![0usize; 2 * n];
+        for (i, w) in winners[n..].iter_mut().enumerate() {
+            *w = i;
+        }
+        for p in (1..n).rev() {
+            let (a, b) = (winners[2 * p], winners[2 * p + 1]);
+            let (w, l) = if self.keys[a] <= self.keys[b] {
+                (a, b)
+            } else {
+                (b, a)
+            };
+            winners[p] = w;
+            self.losers[p] = l;
+        }
+        self.losers[0] = if n == 1 { 0 } else { winners[1] };
+    }
+
+    /// Input `i`'s key changed (it was the winner): replays its path to the root.
+    fn replay(&mut self, i: usize, key: u128) {
+        self.keys[i] = key;
+        let mut w = i;
+        let mut p = (self.n + i) / 2;
+        while p >= 1 {
+            if self.keys[self.losers[p]] < self.keys[w] {
+                std::mem::swap(&mut self.losers[p], &mut w);
+            }
+            p /= 2;
+        }
+        self.losers[0] = w;
+    }
+
+    fn winner(&self) -> usize {
+        self.losers[0]
+    }
+
+    /// The smallest key but the winner's: the least loser on the winner's path.
+    fn runner_up(&self) -> u128 {
+        let mut p = (self.n + self.winner()) / 2;
+        let mut best = u128::MAX;
+        while p >= 1 {
+            best = best.min(self.keys[self.losers[p]]);
+            p /= 2;
+        }
+        best
+    }
+}
+
+/// The merged stream of [`Merger::new`]: [`Merger::next_stretch`] until `None`.
+pub struct Merger<'a> {
+    cursors: Vec<Cursor<'a>>,
+    tree: Tree,
+    started: bool,
+    failed: bool,
+}
+
+impl<'a> Merger<'a> {
+    /// Merges `inputs` into one stream in strictly increasing ID order.
+    ///
+    /// Holds each input's current block (and whatever read-ahead its [`Blocks`] keeps), so
+    /// memory is bounded by the number of inputs, not the number of records. Fails, then
+    /// ends, when:
+    /// - two inputs hold the same ID ([`MergeError::Duplicate`], naming both, the one
+    ///   listed first as `first`; the duplicated record is not yielded even once),
+    /// - an input's IDs do not strictly increase ([`MergeError::OutOfOrder`]),
+    /// - a record's shard is not its input's ([`MergeError::WrongShard`]),
+    /// - an input fails to read ([`MergeError::Source`], or the input's own error).
+    ///
+    /// These are safety violations of the whole pipeline: the caller must discard the output.
+    pub fn new(inputs: Vec<Input<'a>>) -> Merger<'a> {
+        let tree = Tree::new(inputs.len());
+        let cursors = inputs
+            .into_iter()
+            .map(|input| Cursor {
+                input,
+                block: Bytes::new(),
+                pos: 0,
+                id: 0,
+                last_id: None,
+                done: false,
+                stale: false,
+            })
+            .collect();
+        Merger {
+            cursors,
+            tree,
+            started: false,
+            failed: false,
+        }
+    }
+
+    /// The name of input `i`.
+    pub fn input_name(&self, i: usize) -> &str {
+        &self.cursors[i].input.name
+    }
+
+    fn start(&mut self) -> Result<(), MergeError> {
+        for (i, c) in self.cursors.iter_mut().enumerate() {
+            c.settle()?;
+            self.tree.keys[i] = Tree::key_of(c, i);
+        }
+        self.tree.build();
+        Ok(())
+    }
+
+    /// The next stretch, `Ok(None)` at the end. After an error it returns `Ok(None)`.
+    ///
+    /// # Errors
+    /// As [`Merger::new`] says.
+    pub fn next_stretch(&mut self) -> Result<Option<Stretch<'_>>, MergeError> {
+        if self.failed {
+            return Ok(None);
+        }
+        match self.step() {
+            Ok(Some((input, start, end, records))) => Ok(Some(Stretch {
+                bytes: &self.cursors[input].block[start..end],
+                records,
+                input,
+            })),
+            Ok(None) => Ok(None),
+            Err(e) => {
+                self.failed = true;
+                Err(e)
+            }
+        }
+    }
+
+    fn step(&mut self) -> Result<Option<(usize, usize, usize, u64)>, MergeError> {
+        if !self.started {
+            self.started = true;
+            self.start()?;
+        }
+        if self.cursors.is_empty() {
+            return Ok(None);
+        }
+        loop {
+            let w = self.tree.winner();
+            let c = &mut self.cursors[w];
+            // The winner's last stretch moved its head: read the new one and replay.
+            if c.stale {
+                c.settle()?;
+                let key = Tree::key_of(c, w);
+                self.tree.replay(w, key);
+                continue;
+            }
+            if c.done {
+                return Ok(None);
+            }
+            let runner_up = self.tree.runner_up();
+            let taken = if runner_up == u128::MAX {
+                c.take_below(None)?
+            } else {
+                let bound = (runner_up >> 32) as u64;
+                if c.id == bound {
+                    let other = (runner_up & u128::from(u32::MAX)) as usize;
+                    let (first, second) = (w.min(other), w.max(other));
+                    return Err(MergeError::Duplicate {
+                        id: bound,
+                        first: self.cursors[first].input.name.clone(),
+                        second: self.cursors[second].input.name.clone(),
+                    });
+                }
+                c.take_below(Some(bound))?
+            };
+            return Ok(Some((w, taken.0, taken.1, taken.2)));
+        }
+    }
+}
+
+/// One sorted input of [`merge`]: a name for error messages, the shard numbers its
+/// records may carry, and the records in strictly increasing ID order.
 pub struct Source<I> {
     /// Names the source in errors.
     pub name: String,
@@ -46,232 +411,114 @@ impl<I> Source<I> {
     }
 }
 
-struct State<I> {
+/// A record iterator as [`Blocks`]: up to [`READ_AHEAD_RECORDS`] records (or about
+/// [`READ_AHEAD_BYTES`]) encoded into each block; an error after the records before it.
+pub struct RecordBlocks<I> {
     name: String,
-    shards: Vec<u32>,
     records: I,
-    last_id: Option<u64>,
-    /// Checked records read ahead, in order.
-    ahead: VecDeque<Record>,
-    /// An error met while reading ahead: reported after the records before it.
     pending: Option<MergeError>,
     exhausted: bool,
 }
 
-/// A source's current head. Ordered so that `BinaryHeap` (a max-heap) pops the smallest
-/// ID first; ties (duplicates) break by source index so errors are deterministic.
-struct Head {
-    record: Record,
-    source: usize,
-}
-
-impl Head {
-    fn key(&self) -> (u64, usize) {
-        (self.record.id, self.source)
+impl<I> RecordBlocks<I> {
+    /// The blocks of `records`; `name` names the source in its errors.
+    pub fn new(name: impl Into<String>, records: I) -> RecordBlocks<I> {
+        RecordBlocks {
+            name: name.into(),
+            records,
+            pending: None,
+            exhausted: false,
+        }
     }
 }
 
-impl PartialEq for Head {
-    fn eq(&self, other: &Self) -> bool {
-        self.key() == other.key()
-    }
-}
-impl Eq for Head {}
-impl PartialOrd for Head {
-    fn partial_cmp(&self, other: &Self) -> Option<Ordering> {
-        Some(self.cmp(other))
-    }
-}
-impl Ord for Head {
-    fn cmp(&self, other: &Self) -> Ordering {
-        other.key().cmp(&self.key())
-    }
-}
-
-/// The merged stream returned by [`merge`].
-pub struct Merge<I> {
-    sources: Vec<State<I>>,
-    heap: BinaryHeap<Head>,
-    started: bool,
-    failed: bool,
-}
-
-/// Merges sorted sources into one stream in strictly increasing ID order.
-///
-/// Holds a heap of one head per source plus a small read-ahead buffer per source
-/// ([`READ_AHEAD_RECORDS`], at most about [`READ_AHEAD_BYTES`]), so memory is bounded by the
-/// number of sources, not the number of records. Yields an error, then ends, when:
-/// - two sources hold the same ID ([`MergeError::Duplicate`], naming both; the duplicated
-///   record is not yielded even once),
-/// - a source's IDs do not strictly increase ([`MergeError::OutOfOrder`]),
-/// - a record's shard is not its source's shard ([`MergeError::WrongShard`]),
-/// - a source yields an error ([`MergeError::Source`]).
-///
-/// These are safety violations of the whole pipeline: the caller must discard the output.
-pub fn merge<I, E>(sources: Vec<Source<I>>) -> Merge<I>
+impl<I, E> Blocks for RecordBlocks<I>
 where
     I: Iterator<Item = Result<Record, E>>,
     E: Into<Box<dyn std::error::Error + Send + Sync>>,
 {
-    let heap = BinaryHeap::with_capacity(sources.len());
-    let sources = sources
+    fn next_block(&mut self) -> Result<Option<Bytes>, MergeError> {
+        let mut block = Vec::new();
+        let mut n = 0;
+        while !self.exhausted
+            && self.pending.is_none()
+            && n < READ_AHEAD_RECORDS
+            && block.len() < READ_AHEAD_BYTES
+        {
+            match self.records.next() {
+                None => self.exhausted = true,
+                Some(Ok(r)) => {
+                    sublist::listbin::encode_record(&r, &mut block);
+                    n += 1;
+                }
+                Some(Err(e)) => {
+                    // A source that already says where (a run names its object and offset).
+                    let error: Box<dyn std::error::Error + Send + Sync> = e.into();
+                    self.pending = Some(match error.downcast::<MergeError>() {
+                        Ok(e) => *e,
+                        Err(error) => MergeError::Source {
+                            source_name: self.name.clone(),
+                            error,
+                        },
+                    });
+                }
+            }
+        }
+        if n > 0 {
+            return Ok(Some(Bytes::from(block)));
+        }
+        match self.pending.take() {
+            Some(e) => Err(e),
+            None => Ok(None),
+        }
+    }
+}
+
+/// The merged stream returned by [`merge`]: owned records, in order.
+pub struct Merge<'a> {
+    merger: Merger<'a>,
+    out: std::collections::VecDeque<Record>,
+    failed: bool,
+}
+
+/// Merges sorted record iterators into one stream in strictly increasing ID order: the
+/// merge of [`Merger`] over [`RecordBlocks`], its records copied out (for tests, tools
+/// and sublists read record by record). Errors as [`Merger::new`] says.
+pub fn merge<'a, I, E>(sources: Vec<Source<I>>) -> Merge<'a>
+where
+    I: Iterator<Item = Result<Record, E>> + 'a,
+    E: Into<Box<dyn std::error::Error + Send + Sync>> + 'a,
+{
+    let inputs = sources
         .into_iter()
-        .map(|s| State {
-            name: s.name,
-            shards: s.shards,
-            records: s.records,
-            last_id: None,
-            ahead: VecDeque::new(),
-            pending: None,
-            exhausted: false,
+        .map(|s| {
+            let blocks = RecordBlocks::new(s.name.clone(), s.records);
+            Input::new(s.name, s.shards, Box::new(blocks))
         })
         .collect();
     Merge {
-        sources,
-        heap,
-        started: false,
+        merger: Merger::new(inputs),
+        out: std::collections::VecDeque::new(),
         failed: false,
     }
 }
 
-/// The next record of a source, from its read-ahead buffer (refilled when empty).
-fn pull<I, E>(src: &mut State<I>) -> Result<Option<Record>, MergeError>
-where
-    I: Iterator<Item = Result<Record, E>>,
-    E: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
-    if src.ahead.is_empty() && src.pending.is_none() && !src.exhausted {
-        let mut bytes = 0;
-        while src.ahead.len() < READ_AHEAD_RECORDS && bytes < READ_AHEAD_BYTES {
-            match read_checked(src) {
-                Ok(Some(r)) => {
-                    bytes += r.payload.len() + sublist::listbin::RECORD_HEAD_LEN;
-                    src.ahead.push_back(r);
-                }
-                Ok(None) => {
-                    src.exhausted = true;
-                    break;
-                }
-                Err(e) => {
-                    src.pending = Some(e);
-                    break;
-                }
-            }
-        }
-    }
-    match src.ahead.pop_front() {
-        Some(r) => Ok(Some(r)),
-        None => src.pending.take().map_or(Ok(None), Err),
-    }
-}
-
-/// Reads the next record of a source, checking it against the source's promises.
-fn read_checked<I, E>(src: &mut State<I>) -> Result<Option<Record>, MergeError>
-where
-    I: Iterator<Item = Result<Record, E>>,
-    E: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
-    let record = match src.records.next() {
-        None => return Ok(None),
-        Some(Err(e)) => {
-            // A source that already says where (a run names its object and offset).
-            let error: Box<dyn std::error::Error + Send + Sync> = e.into();
-            return Err(match error.downcast::<MergeError>() {
-                Ok(e) => *e,
-                Err(error) => MergeError::Source {
-                    source_name: src.name.clone(),
-                    error,
-                },
-            });
-        }
-        Some(Ok(r)) => r,
-    };
-    let listed = match src.shards.as_slice() {
-        [one] => *one == record.shard,
-        many => many.binary_search(&record.shard).is_ok(),
-    };
-    if !listed {
-        return Err(MergeError::WrongShard {
-            source_name: src.name.clone(),
-            expected: src.shards.clone(),
-            found: record.shard,
-            id: record.id,
-        });
-    }
-    if let Some(prev) = src.last_id {
-        if record.id <= prev {
-            return Err(MergeError::OutOfOrder {
-                source_name: src.name.clone(),
-                prev,
-                id: record.id,
-            });
-        }
-    }
-    src.last_id = Some(record.id);
-    Ok(Some(record))
-}
-
-impl<I, E> Merge<I>
-where
-    I: Iterator<Item = Result<Record, E>>,
-    E: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
-    fn start(&mut self) -> Result<(), MergeError> {
-        for (i, src) in self.sources.iter_mut().enumerate() {
-            if let Some(record) = pull(src)? {
-                self.heap.push(Head { record, source: i });
-            }
-        }
-        Ok(())
-    }
-
-    fn step(&mut self) -> Result<Option<Record>, MergeError> {
-        if !self.started {
-            self.started = true;
-            self.start()?;
-        }
-        let Some(mut top) = self.heap.peek_mut() else {
-            return Ok(None);
-        };
-        let source = top.source;
-        let id = top.record.id;
-        // Replace the head in place (one sift-down) rather than pop + push (two).
-        let record = match pull(&mut self.sources[source])? {
-            Some(next) => {
-                let record = std::mem::replace(&mut top.record, next);
-                drop(top); // sifts the new head down
-                record
-            }
-            None => PeekMut::pop(top).record,
-        };
-        // The source's own next ID is above `id` (checked by `pull`), so an equal new top
-        // comes from another source: a duplicate.
-        if let Some(next) = self.heap.peek() {
-            if next.record.id == id {
-                return Err(MergeError::Duplicate {
-                    id,
-                    first: self.sources[source].name.clone(),
-                    second: self.sources[next.source].name.clone(),
-                });
-            }
-        }
-        Ok(Some(record))
-    }
-}
-
-impl<I, E> Iterator for Merge<I>
-where
-    I: Iterator<Item = Result<Record, E>>,
-    E: Into<Box<dyn std::error::Error + Send + Sync>>,
-{
+impl Iterator for Merge<'_> {
     type Item = Result<Record, MergeError>;
 
     fn next(&mut self) -> Option<Self::Item> {
+        if let Some(r) = self.out.pop_front() {
+            return Some(Ok(r));
+        }
         if self.failed {
             return None;
         }
-        match self.step() {
-            Ok(r) => r.map(Ok),
+        match self.merger.next_stretch() {
+            Ok(Some(s)) => {
+                self.out.extend(s.iter().map(|r| r.to_record()));
+                self.out.pop_front().map(Ok)
+            }
+            Ok(None) => None,
             Err(e) => {
                 self.failed = true;
                 Some(Err(e))
@@ -279,7 +526,6 @@ where
         }
     }
 }
-
 #[cfg(test)]
 mod tests {
     use super::*;

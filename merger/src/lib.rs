@@ -13,8 +13,8 @@
 
 pub mod convert;
 mod inputs;
-mod jobs;
-mod kway;
+pub mod jobs;
+pub mod kway;
 pub mod parquet_list;
 pub mod runs;
 pub mod sink;
@@ -28,7 +28,10 @@ use std::path::{Path, PathBuf};
 
 pub use inputs::{merge_inputs, open_inputs, InputSpec, Inputs};
 pub use jobs::merge_jobs;
-pub use kway::{merge, Merge, Source, READ_AHEAD_BYTES, READ_AHEAD_RECORDS};
+pub use kway::{
+    merge, Blocks, Input, Merge, Merger, RecordBlocks, Source, Stretch, READ_AHEAD_BYTES,
+    READ_AHEAD_RECORDS,
+};
 use qstore::StoreError;
 use sublist::listbin::{ListError, ListWriter, Summary};
 use sublist::run::{Part, RunError};

@@ -29,9 +29,11 @@ use parquet::file::metadata::{KeyValue, SortingColumn};
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::file::writer::SerializedFileWriter;
 use parquet::schema::types::{ColumnPath, Type};
-use sublist::run::{decode_block, RunError, RunMeta, ShardEntry, ShardSpec, WriteCheck};
-use sublist::run::{Part, HEADER_LEN};
-use sublist::Record;
+use sublist::run::Part;
+use sublist::run::{
+    check_block, BlockRecords, RangeWritten, RunError, ShardEntry, ShardSpec, WriteCheck,
+};
+use sublist::RecordRef;
 
 use crate::sink::ListSink;
 use crate::MergeError;
@@ -300,9 +302,12 @@ impl<W: Write + Send> ParquetWriter<W> {
     }
 }
 
-impl<W: Write + Send> ListSink for ParquetWriter<W> {
-    fn write(&mut self, r: &Record) -> Result<(), MergeError> {
-        let checked = self.check.record(r);
+impl<W: Write + Send> ParquetWriter<W> {
+    /// Appends one record as a row, checked.
+    fn write_ref(&mut self, r: &RecordRef<'_>) -> Result<(), MergeError> {
+        let checked = self
+            .check
+            .record_fields(r.id, r.shard, r.seq, r.payload.len());
         checked.map_err(|error| MergeError::Run {
             name: self.name.clone(),
             error,
@@ -311,24 +316,43 @@ impl<W: Write + Send> ListSink for ParquetWriter<W> {
         self.ids.push(r.id as i64);
         self.shards.push(r.shard as i32);
         self.seqs.push(r.seq as i64);
-        self.payloads.extend_from_slice(&r.payload);
+        self.payloads.extend_from_slice(r.payload);
         self.ends.push(self.payloads.len());
         if self.ids.len() >= self.row_group_rows || self.payloads.len() >= ROW_GROUP_BYTES {
             self.flush_row_group()?;
         }
         Ok(())
     }
+}
 
-    /// The run's records, block by block, each checked again and written as rows.
-    fn append_run(&mut self, meta: &RunMeta, blocks: &mut dyn Read) -> Result<(), MergeError> {
+impl<W: Write + Send> ListSink for ParquetWriter<W> {
+    fn write_encoded(&mut self, records: &[u8]) -> Result<(), MergeError> {
+        for r in BlockRecords::new(records) {
+            self.write_ref(&r)?;
+        }
+        Ok(())
+    }
+
+    /// The range's records, block by block from `bytes`, each checked again and written
+    /// as rows.
+    fn join_range(
+        &mut self,
+        range: &RangeWritten,
+        bytes: Option<&mut dyn Read>,
+    ) -> Result<(), MergeError> {
         let name = format!("{} (a range merged by another thread)", self.name);
         let run_err = |error: RunError| MergeError::Run {
             name: name.clone(),
             error,
         };
+        let Some(bytes) = bytes else {
+            return Err(run_err(RunError::Io(std::io::Error::other(
+                "a Parquet list takes a range's blocks as bytes, not in place",
+            ))));
+        };
         let mut buf = Vec::new();
-        let mut at = HEADER_LEN;
-        for (i, entry) in meta.blocks.iter().enumerate() {
+        let mut at = range.start.offset;
+        for (i, entry) in range.blocks.iter().enumerate() {
             if entry.offset != at {
                 return Err(run_err(RunError::Io(std::io::Error::other(format!(
                     "block {i} starts at {} but the previous ended at {at}",
@@ -336,13 +360,12 @@ impl<W: Write + Send> ListSink for ParquetWriter<W> {
                 )))));
             }
             buf.resize(entry.len as usize, 0);
-            blocks
+            bytes
                 .read_exact(&mut buf)
                 .map_err(|e| run_err(RunError::Io(e)))?;
             at += u64::from(entry.len);
-            for r in decode_block(&buf, entry, i as u64).map_err(run_err)? {
-                self.write(&r)?;
-            }
+            let body = check_block(&buf, entry, i as u64).map_err(run_err)?;
+            self.write_encoded(body)?;
         }
         Ok(())
     }

@@ -4,8 +4,9 @@
 use std::collections::VecDeque;
 use std::ops::Range;
 
+use bytes::Bytes;
 use qstore::{Location, Object, Store};
-use sublist::run::{decode_block, BlockEntry, Footer, RunError, RunMeta, TAIL_GUESS};
+use sublist::run::{check_block, BlockEntry, BlockRecords, Footer, RunError, RunMeta, TAIL_GUESS};
 use sublist::Record;
 
 use crate::MergeError;
@@ -23,6 +24,13 @@ pub const READ_BUDGET_S3: usize = 256 << 20;
 pub const MIN_READ_CHUNK: usize = 256 << 10;
 /// The smallest ranged GET from an object store.
 pub const MIN_READ_CHUNK_S3: usize = 1 << 20;
+/// Ranged GETs a merge from an object store keeps in flight across all its inputs (each
+/// input at least the store's own `in_flight`, at most [`MAX_IN_FLIGHT_S3`]): one GET
+/// waits on a round trip and the server's disk, so a few inputs need many each to keep
+/// the server busy (BENCHMARKS.md, "Runs").
+pub const IN_FLIGHT_S3: usize = 32;
+/// The most ranged GETs one input keeps in flight.
+pub const MAX_IN_FLIGHT_S3: usize = 4;
 
 /// `base` with its read size cut so that `inputs` runs read by `jobs` threads, each with
 /// `base.in_flight` reads outstanding, stay within [`READ_BUDGET`] ([`READ_BUDGET_S3`]
@@ -38,10 +46,16 @@ pub fn read_options(
     } else {
         (READ_BUDGET, MIN_READ_CHUNK)
     };
-    let readers = inputs.max(1) * jobs.max(1) * base.in_flight.max(1);
-    let chunk = (budget / readers).clamp(min, base.read_chunk.max(min));
+    let streams = inputs.max(1) * jobs.max(1);
+    let in_flight = if s3 {
+        (IN_FLIGHT_S3 / streams).clamp(base.in_flight.max(1), MAX_IN_FLIGHT_S3.max(base.in_flight))
+    } else {
+        base.in_flight.max(1)
+    };
+    let chunk = (budget / (streams * in_flight)).clamp(min, base.read_chunk.max(min));
     qstore::StoreOptions {
         read_chunk: chunk,
+        in_flight,
         ..base
     }
 }
@@ -110,23 +124,43 @@ pub fn open_run(store: &Store, location: &Location) -> Result<RunInput, MergeErr
 }
 
 impl RunInput {
-    /// The records of IDs `first..=last`, streamed: only the blocks that may hold them are
-    /// read, in groups of up to the store's read size, with its bounded read-ahead.
-    pub fn records(&self, first: u64, last: u64) -> RunRecords {
+    /// The blocks holding IDs `first..=last`, streamed as the merge reads them
+    /// ([`crate::kway::Blocks`]): only the blocks that may hold them are read, in groups
+    /// of up to the store's read size, with its bounded read-ahead; each block is checked
+    /// ([`check_block`]) and cut to the records in the range.
+    pub fn blocks(&self, first: u64, last: u64) -> RunBlocks {
         let blocks = self.meta.blocks_in(first, last);
         let base = blocks.first().map_or(0, |b| {
             self.meta.blocks.partition_point(|x| x.offset < b.offset)
         });
         let ranges = group_ranges(blocks, self.group_bytes);
-        RunRecords {
+        RunBlocks {
             name: self.location.to_string(),
             blocks: blocks.iter().copied().collect(),
             base: base as u64,
             reader: Box::new(self.object.read_ranges(ranges)),
-            buf: Vec::new(),
-            out: VecDeque::new(),
+            piece: Bytes::new(),
+            used: 0,
+            carry: Vec::new(),
             first,
             last,
+        }
+    }
+
+    /// One block's bytes, CRC included (not checked).
+    ///
+    /// # Errors
+    /// Reading it failed.
+    pub fn read_block(&self, b: &BlockEntry) -> Result<Bytes, MergeError> {
+        Ok(self.object.read_range(b.range())?)
+    }
+
+    /// The records of IDs `first..=last`, copied out of [`RunInput::blocks`] (for tools:
+    /// `merger verify`, `merger cat`).
+    pub fn records(&self, first: u64, last: u64) -> RunRecords {
+        RunRecords {
+            blocks: self.blocks(first, last),
+            out: VecDeque::new(),
             failed: false,
         }
     }
@@ -147,85 +181,64 @@ fn group_ranges(blocks: &[BlockEntry], limit: u64) -> Vec<Range<u64>> {
     ranges
 }
 
-type Pieces = Box<dyn Iterator<Item = Result<(u64, bytes::Bytes), qstore::StoreError>> + Send>;
+type Pieces = Box<dyn Iterator<Item = Result<(u64, Bytes), qstore::StoreError>> + Send>;
 
-/// The records of one run in an ID range ([`RunInput::records`]), each block checked
-/// ([`decode_block`]) before any of its records is yielded.
-pub struct RunRecords {
+/// The blocks of one run in an ID range ([`RunInput::blocks`]), each checked before it is
+/// handed out, cut to the range's records, and borrowed from the read that fetched it
+/// (a block split across two reads is copied together).
+pub struct RunBlocks {
     name: String,
-    /// The blocks still to decode, in order.
+    /// The blocks still to hand out, in order.
     blocks: VecDeque<BlockEntry>,
-    /// Index number of the first block of the range (for error messages).
+    /// Index number of `blocks[0]` (for error messages).
     base: u64,
     reader: Pieces,
-    /// Bytes read that do not yet make a whole block, starting at `blocks[0].offset`.
-    buf: Vec<u8>,
-    out: VecDeque<Record>,
+    /// The last read, and how much of it is handed out.
+    piece: Bytes,
+    used: usize,
+    /// The start of a block that the last read ended inside.
+    carry: Vec<u8>,
     first: u64,
     last: u64,
-    failed: bool,
 }
 
-impl RunRecords {
-    /// Decodes the next block(s) into `out`; `Ok(false)` at the end.
-    fn fill(&mut self) -> Result<bool, MergeError> {
-        while self.out.is_empty() {
-            let Some(&next) = self.blocks.front() else {
-                return Ok(false);
-            };
+impl RunBlocks {
+    /// The bytes of the next block (`next`), from the reads.
+    fn block_bytes(&mut self, next: BlockEntry) -> Result<Bytes, MergeError> {
+        let len = next.len as usize;
+        loop {
+            let have = self.piece.len() - self.used;
+            if self.carry.is_empty() && have >= len {
+                let b = self.piece.slice(self.used..self.used + len);
+                self.used += len;
+                return Ok(b);
+            }
+            if !self.carry.is_empty() || have > 0 {
+                let want = len - self.carry.len();
+                let take = want.min(have);
+                self.carry
+                    .extend_from_slice(&self.piece[self.used..self.used + take]);
+                self.used += take;
+                if self.carry.len() == len {
+                    return Ok(Bytes::from(std::mem::take(&mut self.carry)));
+                }
+            }
             let (offset, piece) = match self.reader.next() {
                 Some(p) => p?,
                 None => {
                     return Err(self.bad(next, "the object ended before this block".into()));
                 }
             };
-            let expected = next.offset + self.buf.len() as u64;
+            let expected = next.offset + self.carry.len() as u64;
             if offset != expected {
                 return Err(self.bad(
                     next,
                     format!("a read returned byte {offset}, {expected} expected"),
                 ));
             }
-            if self.buf.is_empty() {
-                let used = self.decode_whole_blocks(&piece)?;
-                self.buf.extend_from_slice(&piece[used..]);
-            } else {
-                self.buf.extend_from_slice(&piece);
-                let buf = std::mem::take(&mut self.buf);
-                let used = self.decode_whole_blocks(&buf)?;
-                self.buf = buf[used..].to_vec();
-            }
+            self.piece = piece;
+            self.used = 0;
         }
-        Ok(true)
-    }
-
-    /// Decodes every whole block at the start of `bytes` (which start at the next
-    /// block's offset); returns the bytes used.
-    fn decode_whole_blocks(&mut self, bytes: &[u8]) -> Result<usize, MergeError> {
-        let mut used = 0usize;
-        while let Some(&b) = self.blocks.front() {
-            let len = b.len as usize;
-            if bytes.len() - used < len {
-                break;
-            }
-            let no = self.base;
-            let records = decode_block(&bytes[used..used + len], &b, no).map_err(|error| {
-                MergeError::Run {
-                    name: self.name.clone(),
-                    error,
-                }
-            })?;
-            let (first, last) = (self.first, self.last);
-            self.out.extend(
-                records
-                    .into_iter()
-                    .filter(|r| first <= r.id && r.id <= last),
-            );
-            self.blocks.pop_front();
-            self.base += 1;
-            used += len;
-        }
-        Ok(used)
     }
 
     fn bad(&self, b: BlockEntry, what: String) -> MergeError {
@@ -240,21 +253,66 @@ impl RunRecords {
     }
 }
 
+impl crate::kway::Blocks for RunBlocks {
+    fn next_block(&mut self) -> Result<Option<Bytes>, MergeError> {
+        let Some(next) = self.blocks.front().copied() else {
+            return Ok(None);
+        };
+        let bytes = self.block_bytes(next)?;
+        let body_len = check_block(&bytes, &next, self.base)
+            .map_err(|error| MergeError::Run {
+                name: self.name.clone(),
+                error,
+            })?
+            .len();
+        self.blocks.pop_front();
+        self.base += 1;
+        let mut body = bytes.slice(..body_len);
+        // Only the blocks at the ends of the range hold records outside it.
+        if next.first_id < self.first || next.last_id > self.last {
+            let (mut start, mut end) = (None, 0);
+            let mut pos = 0;
+            for r in BlockRecords::new(&body) {
+                if r.id >= self.first && start.is_none() {
+                    start = Some(pos);
+                }
+                pos += r.encoded.len();
+                if r.id <= self.last {
+                    end = pos;
+                }
+            }
+            let start = start.unwrap_or(end).min(end);
+            body = body.slice(start..end);
+        }
+        Ok(Some(body))
+    }
+}
+
+/// The records of one run in an ID range ([`RunInput::records`]), copied out.
+pub struct RunRecords {
+    blocks: RunBlocks,
+    out: VecDeque<Record>,
+    failed: bool,
+}
+
 impl Iterator for RunRecords {
     type Item = Result<Record, MergeError>;
 
     fn next(&mut self) -> Option<Self::Item> {
-        if self.failed {
-            return None;
-        }
-        match self.fill() {
-            Ok(true) => self.out.pop_front().map(Ok),
-            Ok(false) => None,
-            Err(e) => {
-                self.failed = true;
-                Some(Err(e))
+        use crate::kway::Blocks;
+        while self.out.is_empty() && !self.failed {
+            match self.blocks.next_block() {
+                Ok(Some(b)) => self
+                    .out
+                    .extend(BlockRecords::new(&b).map(|r| r.to_record())),
+                Ok(None) => return None,
+                Err(e) => {
+                    self.failed = true;
+                    return Some(Err(e));
+                }
             }
         }
+        self.out.pop_front().map(Ok)
     }
 }
 

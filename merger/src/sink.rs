@@ -5,25 +5,30 @@
 
 use std::io::{Read, Write};
 
-use sublist::run::{RunError, RunMeta, RunWriter};
-use sublist::Record;
+use sublist::run::{RangeWritten, RunError, RunWriter};
 
 use crate::MergeError;
 
 /// A list being written.
 pub trait ListSink {
-    /// Appends one record (IDs strictly increasing, in the part's range, seqs following on).
+    /// Appends whole encoded records, one after another (a merge's stretch; IDs strictly
+    /// increasing, in the part's range, seqs following on), each checked.
     ///
     /// # Errors
     /// [`MergeError::Run`] for a record that breaks the rules, or a write error.
-    fn write(&mut self, r: &Record) -> Result<(), MergeError>;
+    fn write_encoded(&mut self, records: &[u8]) -> Result<(), MergeError>;
 
-    /// Appends a run merged elsewhere (`--jobs`): `meta` its metadata, `blocks` the bytes
-    /// of its blocks, from the first to the index.
+    /// Takes the next range of the list, merged by another thread (`--jobs`): its blocks
+    /// are `bytes` (read from the range's start), or, for `None`, already in place in the
+    /// file after this list's (a run written into its own file).
     ///
     /// # Errors
-    /// As [`ListSink::write`].
-    fn append_run(&mut self, meta: &RunMeta, blocks: &mut dyn Read) -> Result<(), MergeError>;
+    /// As [`ListSink::write_encoded`]; a sink that needs the bytes and gets none.
+    fn join_range(
+        &mut self,
+        range: &RangeWritten,
+        bytes: Option<&mut dyn Read>,
+    ) -> Result<(), MergeError>;
 
     /// Records written so far.
     fn records(&self) -> u64;
@@ -50,13 +55,17 @@ impl<W: Write> RunSink<W> {
 }
 
 impl<W: Write> ListSink for RunSink<W> {
-    fn write(&mut self, r: &Record) -> Result<(), MergeError> {
-        let result = self.writer.write(r);
+    fn write_encoded(&mut self, records: &[u8]) -> Result<(), MergeError> {
+        let result = self.writer.write_encoded(records);
         result.map_err(self.err())
     }
 
-    fn append_run(&mut self, meta: &RunMeta, mut blocks: &mut dyn Read) -> Result<(), MergeError> {
-        let result = self.writer.append_run(meta, &mut blocks);
+    fn join_range(
+        &mut self,
+        range: &RangeWritten,
+        bytes: Option<&mut dyn Read>,
+    ) -> Result<(), MergeError> {
+        let result = self.writer.join_range(range, bytes);
         result.map_err(self.err())
     }
 

@@ -368,11 +368,17 @@ fn jobs_write_the_list_one_merge_writes() {
     let whole = tmp.path().join("whole.bin");
     ok(&merge_runs(&whole, &runs, &[]));
     let expected = cat(&[&whole]);
+    let whole_bytes = std::fs::read(&whole).expect("read");
     for j in 1..=4 {
         let out = tmp.path().join(format!("jobs-{j}.bin"));
         ok(&merge_runs(&out, &runs, &["--jobs", &j.to_string()]));
         assert_eq!(cat(&[&out]), expected, "--jobs {j}");
         ok(&merger(&["verify", s(&out)]));
+        // Not only the same records: the same bytes, blocks and index included.
+        assert!(
+            std::fs::read(&out).expect("read") == whole_bytes,
+            "--jobs {j} wrote other bytes than one merge"
+        );
     }
     // No temporary file of the jobs is left (they are anonymous).
     let left: Vec<String> = names(tmp.path())
@@ -380,6 +386,35 @@ fn jobs_write_the_list_one_merge_writes() {
         .filter(|n| n.starts_with('.'))
         .collect();
     assert!(left.is_empty(), "{left:?}");
+}
+
+/// Records longer than a block cannot be placed in advance: `--jobs` merges them with one
+/// thread, says so, and still writes the bytes one merge writes.
+#[test]
+fn jobs_with_records_longer_than_a_block_fall_back_to_one_thread() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let data = tmp.path().join("data");
+    let big = |id: u64| vec![b'a' + (id % 26) as u8; 300_000 + (id % 7) as usize * 1000];
+    let subs: Vec<PathBuf> = (0..2u32)
+        .map(|s| {
+            let ids: Vec<u64> = (1..=40u64).filter(|i| i % 2 == u64::from(s)).collect();
+            make_shard_with(&data, s, &ids, big, true)
+        })
+        .collect();
+    let runs = tmp.path().join("runs");
+    seal_all(&subs, &runs);
+    let whole = tmp.path().join("whole.bin");
+    ok(&merge_runs(&whole, &runs, &[]));
+    let out = tmp.path().join("jobs.bin");
+    let done = Command::new(MERGER)
+        .args(["--out", s(&out), "--runs", s(&runs), "--jobs", "3"])
+        .env("RUST_LOG", "warn")
+        .output()
+        .expect("run merger");
+    ok(&done);
+    let stderr = String::from_utf8_lossy(&done.stderr);
+    assert!(stderr.contains("merging with one thread"), "{stderr}");
+    assert!(std::fs::read(&out).expect("read") == std::fs::read(&whole).expect("read"));
 }
 
 /// kill -9 of a part process leaves no part file; running it again completes the list.

@@ -104,6 +104,17 @@ fn runs_in_s3_merge_like_runs_in_a_directory() {
     );
     let v = ok(&merger_s3(&s3, &["verify", &out_url]));
     assert!(v.contains("OK: 30000 records"), "{v}");
+    // --jobs into S3: the ranges after the first go through a temporary file, and the
+    // object holds the bytes one merge writes.
+    let jobs_url = s3.url("out/jobs.bin");
+    ok(&merger_s3(
+        &s3,
+        &["--runs", &s3.url("runs"), "--jobs", "3", "--out", &jobs_url],
+    ));
+    assert_eq!(
+        s3.get("out/jobs.bin"),
+        Some(std::fs::read(&local).expect("read"))
+    );
     let from_s3 = tmp.path().join("from-s3.bin");
     ok(&merger_s3(
         &s3,
@@ -230,8 +241,8 @@ fn bad_objects_are_named() {
 fn an_object_replaced_mid_merge_fails_the_merge() {
     let s3 = TestS3::start("swap");
     let tmp = tempfile::tempdir().expect("tempdir");
-    // Runs of ~20 MB each: more than the reads a merge keeps in flight.
-    runs_in_both(&s3, tmp.path(), 2, 300_000);
+    // Runs of ~40 MB each: more than the reads a merge keeps in flight (4 x 4 MiB a run).
+    runs_in_both(&s3, tmp.path(), 2, 600_000);
     let out = s3.url("out/list.bin");
     let mut child = stalled_merger(&s3, &["--runs", &s3.url("runs"), "--out", &out], 5000, 1500);
     let replacement = s3.get("runs/shard-0.bin").expect("run");

@@ -84,6 +84,34 @@ impl Upload {
         }
     }
 
+    /// A local file upload's temporary file, for writes at offsets beyond what was written
+    /// through [`Write`] (`merger --jobs` writes its ranges into their places): another
+    /// handle to the same open file. `None` for S3.
+    ///
+    /// # Errors
+    /// Duplicating the handle failed.
+    pub fn local_file(&self) -> Result<Option<std::fs::File>, StoreError> {
+        match &self.inner {
+            Inner::File(f) => f.file_handle().map(Some),
+            Inner::S3(_) => Ok(None),
+        }
+    }
+
+    /// Moves a local file upload's write position to `offset`, past bytes written there
+    /// through [`Upload::local_file`]: what [`Write`] writes next goes there, and
+    /// [`Upload::finish`] counts the file as `offset` bytes plus what follows.
+    ///
+    /// # Errors
+    /// Flushing or seeking failed; an S3 upload, which has no positions.
+    pub fn skip_to(&mut self, offset: u64) -> io::Result<()> {
+        match &mut self.inner {
+            Inner::File(f) => f.skip_to(offset),
+            Inner::S3(_) => Err(io::Error::other(
+                "an S3 upload is written in order: it cannot skip to an offset",
+            )),
+        }
+    }
+
     /// Gives up: removes the temporary file or aborts the multipart upload (best effort,
     /// failures logged). Dropping an unfinished upload does the same.
     pub fn abort(self) {

@@ -11,7 +11,7 @@ mod record;
 pub mod run;
 pub mod shard;
 
-pub use record::{Record, MAX_PAYLOAD};
+pub use record::{Record, RecordRef, MAX_PAYLOAD};
 
 /// An error reading a local list.bin of either version ([`read_list`]).
 #[derive(Debug, thiserror::Error)]

@@ -27,3 +27,29 @@ pub(crate) fn rec(id: u64, shard: u32, seq: u64, payload: &[u8]) -> Record {
         payload: payload.to_vec(),
     }
 }
+
+/// One item borrowed from the bytes it was decoded from (a run's block): what a merge
+/// hands its writer without copying the payload. `encoded` is the whole record as
+/// list.bin stores it (fixed fields, then the payload), so a writer of the same encoding
+/// copies it in one piece.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RecordRef<'a> {
+    pub id: u64,
+    pub shard: u32,
+    pub seq: u64,
+    pub payload: &'a [u8],
+    /// The record's encoded bytes: the 28-byte head, then `payload`.
+    pub encoded: &'a [u8],
+}
+
+impl RecordRef<'_> {
+    /// An owned copy.
+    pub fn to_record(&self) -> Record {
+        Record {
+            id: self.id,
+            shard: self.shard,
+            seq: self.seq,
+            payload: self.payload.to_vec(),
+        }
+    }
+}

@@ -15,6 +15,7 @@ use std::time::{Duration, Instant};
 
 use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
+use merger::jobs::RangeFile;
 use merger::parquet_list::{Codec, ParquetOptions, ParquetWriter, DEFAULT_ROW_GROUP_ROWS};
 use merger::sink::{ListSink, RunSink};
 use merger::{InputSpec, MergeError};
@@ -471,23 +472,29 @@ fn open_and_merge(
         cfg.format,
         inputs.shard_specs(),
         part,
-        &mut |writer| {
+        &mut |writer, own_file| {
             if cfg.jobs > 1 {
-                let tmp = match &cfg.out {
-                    Location::Dir(p) => p
-                        .parent()
-                        .filter(|d| !d.as_os_str().is_empty())
-                        .map_or_else(|| PathBuf::from("."), PathBuf::from),
-                    Location::S3 { .. } => std::env::temp_dir(),
+                let files = match (own_file, &cfg.out) {
+                    (Some(file), _) => RangeFile::InPlace(file),
+                    (None, Location::Dir(p)) => RangeFile::Apart(
+                        p.parent()
+                            .filter(|d| !d.as_os_str().is_empty())
+                            .map_or_else(|| PathBuf::from("."), PathBuf::from),
+                    ),
+                    (None, Location::S3 { .. }) => RangeFile::Apart(std::env::temp_dir()),
                 };
                 let out = cfg.out.to_string();
-                merger::merge_jobs(&inputs, cfg.jobs, &tmp, writer, &out, &mut report)
+                merger::merge_jobs(&inputs, cfg.jobs, files, writer, &out, &mut report)
             } else {
                 merger::merge_inputs(&inputs, part, writer, &mut report)
             }
         },
     )
 }
+
+/// Fills a list: the sink, and for a run written into a local file, another handle to
+/// that file (`--jobs` writes its ranges into their places through it).
+type Fill<'a> = dyn FnMut(&mut dyn ListSink, Option<std::fs::File>) -> Result<(), MergeError> + 'a;
 
 /// Writes a list of `specs`' shards and `part` into an atomic upload of `out`, in
 /// `format`, the records coming from `fill`: complete, or nothing under that name.
@@ -497,7 +504,7 @@ fn write_list(
     format: Format,
     specs: Vec<ShardSpec>,
     part: Part,
-    fill: &mut dyn FnMut(&mut dyn ListSink) -> Result<(), MergeError>,
+    fill: &mut Fill<'_>,
 ) -> Result<Written, MergeError> {
     let name = out.to_string();
     let output = |error| MergeError::Output {
@@ -511,12 +518,21 @@ fn write_list(
                 name: name.clone(),
                 error,
             };
+            let own_file = upload.local_file().map_err(output)?;
             let writer = RunWriter::new(upload, specs, part).map_err(run_err)?;
             let mut sink = RunSink {
                 writer,
                 name: name.clone(),
             };
-            fill(&mut sink)?;
+            let in_place = own_file.is_some();
+            fill(&mut sink, own_file)?;
+            if in_place {
+                // Past the blocks written into place (a no-op when none were), where the
+                // open block and then the index go.
+                let end = sink.writer.block_offset();
+                let moved = sink.writer.get_mut().skip_to(end);
+                moved.map_err(|e| run_err(e.into()))?;
+            }
             let (upload, meta) = sink.writer.finish().map_err(run_err)?;
             let written = Written {
                 records: meta.records(),
@@ -529,7 +545,7 @@ fn write_list(
         }
         Format::Parquet(opts) => {
             let mut writer = ParquetWriter::new(upload, specs, part, &opts, &name)?;
-            fill(&mut writer)?;
+            fill(&mut writer, None)?;
             let (upload, summary) = writer.finish()?;
             let written = Written {
                 records: summary.records,
@@ -584,7 +600,7 @@ fn run_convert(files: &[String], out: &str, opts: ParquetOptions) -> anyhow::Res
             Format::Parquet(opts),
             specs,
             part,
-            &mut |writer| merger::convert::convert(&runs, writer, &mut report),
+            &mut |writer, _| merger::convert::convert(&runs, writer, &mut report),
         )
     })();
     progress.finish();

@@ -161,31 +161,44 @@ impl WriteCheck {
     /// # Errors
     /// [`RunError::Write`] saying which rule it breaks.
     pub fn record(&mut self, r: &Record) -> Result<(), RunError> {
+        self.record_fields(r.id, r.shard, r.seq, r.payload.len())
+    }
+
+    /// [`WriteCheck::record`] of a record's fields (its payload's length only).
+    ///
+    /// # Errors
+    /// As [`WriteCheck::record`].
+    pub fn record_fields(
+        &mut self,
+        id: u64,
+        shard: u32,
+        seq: u64,
+        payload_len: usize,
+    ) -> Result<(), RunError> {
         let refuse = |what: String| RunError::Write {
-            id: r.id,
-            shard: r.shard,
-            seq: r.seq,
+            id,
+            shard,
+            seq,
             what,
         };
-        if let Some(prev) = self.last_id.filter(|&p| r.id <= p) {
+        if let Some(prev) = self.last_id.filter(|&p| id <= p) {
             return Err(refuse(format!(
                 "ids must strictly increase; the previous was {prev}"
             )));
         }
-        if !self.part.contains(r.id) {
+        if !self.part.contains(id) {
             return Err(refuse(format!(
                 "outside {}'s range {}..={}",
                 self.part, self.part.first_id, self.part.last_id
             )));
         }
-        if r.payload.len() > MAX_PAYLOAD {
+        if payload_len > MAX_PAYLOAD {
             return Err(refuse(format!(
-                "a {}-byte payload is above the limit",
-                r.payload.len()
+                "a {payload_len}-byte payload is above the limit"
             )));
         }
-        self.seqs.see(r.shard, r.seq).map_err(refuse)?;
-        self.last_id = Some(r.id);
+        self.seqs.see(shard, seq).map_err(refuse)?;
+        self.last_id = Some(id);
         self.records += 1;
         Ok(())
     }
@@ -200,29 +213,50 @@ impl WriteCheck {
         let (Some(first), Some(last)) = (meta.blocks.first(), meta.blocks.last()) else {
             return Ok(());
         };
+        self.span(first.first_id, last.last_id, &meta.shards, meta.records())
+    }
+
+    /// Accepts `records` records with IDs `first_id..=last_id` checked elsewhere (a run,
+    /// or a range of this list written apart) holding `shards`: as [`WriteCheck::run`].
+    ///
+    /// # Errors
+    /// [`RunError::Write`] saying which rule it breaks.
+    pub fn span(
+        &mut self,
+        first_id: u64,
+        last_id: u64,
+        shards: &[ShardEntry],
+        records: u64,
+    ) -> Result<(), RunError> {
         let refuse = |what: String| RunError::Write {
-            id: first.first_id,
+            id: first_id,
             shard: 0,
             seq: 0,
             what,
         };
-        if self.last_id.is_some_and(|p| first.first_id <= p)
-            || !self.part.contains(first.first_id)
-            || !self.part.contains(last.last_id)
+        if self.last_id.is_some_and(|p| first_id <= p)
+            || !self.part.contains(first_id)
+            || !self.part.contains(last_id)
         {
             return Err(refuse(format!(
-                "an appended run's ids {}..={} must lie above {:?} and in {}",
-                first.first_id, last.last_id, self.last_id, self.part
+                "an appended run's ids {first_id}..={last_id} must lie above {:?} and in {}",
+                self.last_id, self.part
             )));
         }
-        for s in &meta.shards {
+        for s in shards {
             self.seqs
                 .see_span(s.shard, s.first_seq, s.count)
                 .map_err(refuse)?;
         }
-        self.last_id = Some(last.last_id);
-        self.records += meta.records();
+        self.last_id = Some(last_id);
+        self.records += records;
         Ok(())
+    }
+
+    /// What was accepted of each expected shard, in shard order (no completeness check:
+    /// [`WriteCheck::finish`] makes that).
+    pub fn table(&self) -> Vec<ShardEntry> {
+        self.seqs.table()
     }
 
     /// The shard table of what was accepted, every expected shard in shard order.

@@ -22,7 +22,7 @@
 use std::io::{self, Write};
 
 use crate::listbin::{decode_record_head, encode_record_head, RECORD_HEAD_LEN};
-use crate::record::{Record, MAX_PAYLOAD};
+use crate::record::{Record, RecordRef, MAX_PAYLOAD};
 
 /// The 8 bytes a run starts and ends with.
 pub const MAGIC: [u8; 8] = *b"QLIST002";
@@ -510,20 +510,36 @@ impl RunMeta {
 }
 
 /// Decodes and checks one block: `bytes` are exactly the block (`entry.len` bytes, its
-/// CRC last), `block` its number in the index. Checks the CRC first, then that the records
-/// fill the block exactly, match the entry's count and IDs, strictly increase, and carry
-/// payloads no longer than [`MAX_PAYLOAD`].
+/// CRC last), `block` its number in the index. The checks of [`check_block`], then each
+/// record copied out.
 ///
 /// # Errors
 /// [`RunError::BlockChecksum`], [`RunError::BadBlock`], naming the byte offset.
 pub fn decode_block(bytes: &[u8], entry: &BlockEntry, block: u64) -> Result<Vec<Record>, RunError> {
+    let body = check_block(bytes, entry, block)?;
+    Ok(BlockRecords::new(body).map(|r| r.to_record()).collect())
+}
+
+/// Checks one block without copying a record: `bytes` are exactly the block
+/// (`entry.len` bytes, its CRC last), `block` its number in the index. Checks the CRC
+/// first, then that the records fill the block exactly, match the entry's count and IDs,
+/// strictly increase, and carry payloads no longer than [`MAX_PAYLOAD`]. Returns the
+/// records' bytes (the block without its CRC), which [`BlockRecords`] walks.
+///
+/// # Errors
+/// [`RunError::BlockChecksum`], [`RunError::BadBlock`], naming the byte offset.
+pub fn check_block<'b>(
+    bytes: &'b [u8],
+    entry: &BlockEntry,
+    block: u64,
+) -> Result<&'b [u8], RunError> {
     let body = checked_block_body(bytes, entry, block)?;
-    let mut out: Vec<Record> = Vec::with_capacity(entry.records as usize);
-    let mut pos = 0usize;
+    let (mut pos, mut count) = (0usize, 0u64);
+    let (mut first, mut last): (Option<u64>, Option<u64>) = (None, None);
     while pos < body.len() {
         let at = entry.offset + pos as u64;
-        let (record, end) = decode_record(body, pos).map_err(|what| bad_block(at, block, what))?;
-        if let Some(prev) = out.last().map(|r| r.id).filter(|&p| record.id <= p) {
+        let (record, end) = record_at(body, pos).map_err(|what| bad_block(at, block, what))?;
+        if let Some(prev) = last.filter(|&p| record.id <= p) {
             return Err(bad_block(
                 at,
                 block,
@@ -533,11 +549,49 @@ pub fn decode_block(bytes: &[u8], entry: &BlockEntry, block: u64) -> Result<Vec<
                 ),
             ));
         }
-        out.push(record);
+        first = first.or(Some(record.id));
+        last = Some(record.id);
+        count += 1;
         pos = end;
     }
-    matches_index(&out, entry, block)?;
-    Ok(out)
+    if count != u64::from(entry.records)
+        || first != Some(entry.first_id)
+        || last != Some(entry.last_id)
+    {
+        return Err(bad_block(
+            entry.offset,
+            block,
+            format!(
+                "holds {count} records with ids {first:?}..={last:?}; the index says {} records {}..={}",
+                entry.records, entry.first_id, entry.last_id
+            ),
+        ));
+    }
+    Ok(body)
+}
+
+/// The records of a checked block body ([`check_block`]) in order, borrowed. On bytes
+/// that were not checked it stops at the first malformed record.
+pub struct BlockRecords<'b> {
+    body: &'b [u8],
+    pos: usize,
+}
+
+impl<'b> BlockRecords<'b> {
+    /// Walks `body`, records' bytes as [`check_block`] returns them.
+    pub fn new(body: &'b [u8]) -> BlockRecords<'b> {
+        BlockRecords { body, pos: 0 }
+    }
+}
+
+impl<'b> Iterator for BlockRecords<'b> {
+    type Item = RecordRef<'b>;
+
+    fn next(&mut self) -> Option<RecordRef<'b>> {
+        let (record, end) = record_at(self.body, self.pos).ok()?;
+        self.pos = end;
+        Some(record)
+    }
 }
 
 /// A [`RunError::BadBlock`]: `what` is wrong at byte `offset`, in block `block`.
@@ -577,10 +631,13 @@ fn checked_block_body<'b>(
     Ok(body)
 }
 
-/// The record at `pos` of a block's `body`, and where the next one starts; or what is
-/// wrong with it: fixed fields or a payload running past the body's end, or a payload
-/// longer than [`MAX_PAYLOAD`].
-fn decode_record(body: &[u8], pos: usize) -> Result<(Record, usize), String> {
+/// The record at `pos` of a block's `body`, borrowed, and where the next one starts; or
+/// what is wrong with it: fixed fields or a payload running past the body's end, or a
+/// payload longer than [`MAX_PAYLOAD`].
+///
+/// # Errors
+/// A message saying what is wrong (the caller adds where).
+pub fn record_at(body: &[u8], pos: usize) -> Result<(RecordRef<'_>, usize), String> {
     let Some(head) = body.get(pos..pos + RECORD_HEAD_LEN) else {
         return Err("a record's fixed fields run past the block's end".into());
     };
@@ -594,43 +651,20 @@ fn decode_record(body: &[u8], pos: usize) -> Result<(Record, usize), String> {
         .ok_or_else(|| {
             format!("record id {id} claims a {len}-byte payload, past the block's end")
         })?;
-    let record = Record {
+    let record = RecordRef {
         id,
         shard,
         seq,
-        payload: body[start..end].to_vec(),
+        payload: &body[start..end],
+        encoded: &body[pos..end],
     };
     Ok((record, end))
-}
-
-/// Checks that a block's decoded records are the ones its index entry announces: as
-/// many, from its first ID to its last.
-fn matches_index(records: &[Record], entry: &BlockEntry, block: u64) -> Result<(), RunError> {
-    let first = records.first().map(|r| r.id);
-    let last = records.last().map(|r| r.id);
-    if records.len() as u64 != u64::from(entry.records)
-        || first != Some(entry.first_id)
-        || last != Some(entry.last_id)
-    {
-        return Err(bad_block(
-            entry.offset,
-            block,
-            format!(
-                "holds {} records with ids {first:?}..={last:?}; the index says {} records {}..={}",
-                records.len(),
-                entry.records,
-                entry.first_id,
-                entry.last_id
-            ),
-        ));
-    }
-    Ok(())
 }
 
 mod check;
 mod writer;
 pub use check::{holds_all, SeqCheck, ShardSpec, WriteCheck};
-pub use writer::{RunFile, RunWriter};
+pub use writer::{next_boundary, RangeStart, RangeWritten, RunFile, RunWriter};
 
 #[cfg(test)]
 mod tests;

@@ -277,3 +277,138 @@ fn seq_check_across_runs() {
     assert_eq!(t.iter().map(|s| s.shard).collect::<Vec<_>>(), vec![1, 3]);
     assert_eq!((t[1].first_seq, t[1].count), (0, 2));
 }
+
+/// Blocks end where the list's record bytes reach a multiple of the target: so a range
+/// written apart from its boundary on, and joined, gives the bytes of the whole list.
+#[test]
+fn a_range_written_apart_joins_into_the_same_bytes() {
+    let n = 20_000;
+    // Payloads of mixed sizes, so no block holds a round number of records.
+    let records: Vec<Record> = (0..n)
+        .map(|i| {
+            let len = 50 + (i * 7919 % 300) as usize;
+            rec(10 + i * 3, (i % 3) as u32, i / 3, &vec![i as u8; len])
+        })
+        .collect();
+    let whole = write_run(&records, sample_specs(n), Part::WHOLE);
+    let (meta, _) = read_run(&whole).expect("read");
+    assert!(meta.blocks.len() > 10, "{} blocks", meta.blocks.len());
+    let target = BLOCK_TARGET as u64;
+    let mut position = 0u64;
+    for b in &meta.blocks {
+        let body = u64::from(b.len) - BLOCK_CRC_LEN;
+        position += body;
+        if b.offset + u64::from(b.len) < meta.footer.index_offset {
+            // Every block but the last ends at the first record that reaches a multiple.
+            assert!(position / target > (position - body) / target, "{b:?}");
+        }
+    }
+    // Cut after block 4: the second range starts at its boundary.
+    let cut = &meta.blocks[5];
+    let start = RangeStart {
+        offset: cut.offset,
+        position: meta.blocks[..5]
+            .iter()
+            .map(|b| u64::from(b.len) - BLOCK_CRC_LEN)
+            .sum(),
+    };
+    assert_eq!(
+        start.offset,
+        HEADER_LEN + start.position + BLOCK_CRC_LEN * (start.position / target),
+        "a boundary's offset follows from its position alone"
+    );
+    let split = records
+        .iter()
+        .position(|r| r.id == cut.first_id)
+        .expect("cut");
+    let range = Part {
+        index: 1,
+        count: 2,
+        first_id: cut.first_id,
+        last_id: u64::MAX,
+    };
+    let mut tail = RunWriter::range(Vec::new(), sample_specs(n), range, start);
+    for r in &records[split..] {
+        tail.write(r).expect("write");
+    }
+    let (tail_bytes, written) = tail.finish_range(start).expect("finish range");
+    let mut head = RunWriter::new(Vec::new(), sample_specs(n), Part::WHOLE).expect("new");
+    for r in &records[..split] {
+        head.write(r).expect("write");
+    }
+    head.join_range(&written, Some(&mut &tail_bytes[..]))
+        .expect("join");
+    let (joined, _) = head.finish().expect("finish");
+    assert!(joined == whole, "a joined range changed the bytes");
+    // A range that does not start where the list before it ends is refused.
+    let mut early = RunWriter::new(Vec::new(), sample_specs(n), Part::WHOLE).expect("new");
+    for r in &records[..split - 1] {
+        early.write(r).expect("write");
+    }
+    let err = early
+        .join_range(&written, Some(&mut &tail_bytes[..]))
+        .expect_err("misplaced range");
+    assert!(err.to_string().contains("starts at"), "{err}");
+}
+
+/// Records written as encoded stretches, through borrowed records, or one by one: the
+/// same bytes, and the same refusals.
+#[test]
+fn stretches_and_borrowed_records_write_what_records_write() {
+    let n = 5_000;
+    let records = sample(n, 90);
+    let whole = write_run(&records, sample_specs(n), Part::WHOLE);
+    let mut encoded = Vec::new();
+    for r in &records {
+        crate::listbin::encode_record(r, &mut encoded);
+    }
+    let mut w = RunWriter::new(Vec::new(), sample_specs(n), Part::WHOLE).expect("new");
+    // Uneven stretches, crossing block boundaries.
+    let mut rest = &encoded[..];
+    let mut k = 1;
+    while !rest.is_empty() {
+        let len: usize = BlockRecords::new(rest)
+            .take(k)
+            .map(|r| r.encoded.len())
+            .sum();
+        w.write_encoded(&rest[..len]).expect("stretch");
+        rest = &rest[len..];
+        k = k * 3 % 997 + 1;
+    }
+    assert!(w.finish().expect("finish").0 == whole);
+    let mut w = RunWriter::new(Vec::new(), sample_specs(n), Part::WHOLE).expect("new");
+    for r in BlockRecords::new(&encoded) {
+        w.write_ref(&r).expect("write_ref");
+    }
+    assert!(w.finish().expect("finish").0 == whole);
+    // A seq gap inside a stretch is refused, naming the record.
+    let mut gap = Vec::new();
+    for r in [rec(1, 0, 0, b"a"), rec(2, 0, 2, b"b")] {
+        crate::listbin::encode_record(&r, &mut gap);
+    }
+    let mut w = RunWriter::new(Vec::new(), vec![spec(0, 3)], Part::WHOLE).expect("new");
+    let err = w.write_encoded(&gap).expect_err("gap");
+    assert!(err.to_string().contains("seq 2 follows seq 0"), "{err}");
+}
+
+/// `check_block` finds what `decode_block` finds, without copying a record.
+#[test]
+fn check_block_refuses_what_decode_block_refuses() {
+    let records = sample(20_000, 40);
+    let bytes = write_run(&records, sample_specs(20_000), Part::WHOLE);
+    let (meta, _) = read_run(&bytes).expect("read");
+    let b = meta.blocks[1];
+    let r = b.range();
+    let mut block = bytes[r.start as usize..r.end as usize].to_vec();
+    let body = check_block(&block, &b, 1).expect("good block");
+    assert_eq!(
+        BlockRecords::new(body).count() as u32,
+        b.records,
+        "the body walks to every record"
+    );
+    block[30] ^= 1;
+    let a = check_block(&block, &b, 1).expect_err("flip").to_string();
+    let d = decode_block(&block, &b, 1).expect_err("flip").to_string();
+    assert_eq!(a, d);
+    assert!(a.contains("checksum mismatch"), "{a}");
+}

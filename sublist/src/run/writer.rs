@@ -7,6 +7,13 @@ use super::*;
 /// footer on [`RunWriter::finish`]. Deterministic: the same records, specs and part give
 /// the same bytes. Where the bytes go, and making them appear atomically, is the caller's
 /// (a temporary file renamed into place, or an S3 multipart upload).
+///
+/// Where blocks end depends only on the records' bytes from the start of the list (the
+/// *position*, CRCs not counted): a block closes after the record that reaches or passes
+/// the next multiple of [`BLOCK_TARGET`]. So a range of the list written on its own
+/// ([`RunWriter::range`], started at such a boundary with its position) has the blocks
+/// the whole list has there, byte for byte: how `merger --jobs` writes its ranges in
+/// parallel into their places and joins them ([`RunWriter::join_range`]).
 pub struct RunWriter<W: Write> {
     out: W,
     check: WriteCheck,
@@ -14,7 +21,41 @@ pub struct RunWriter<W: Write> {
     block_records: u32,
     block_first: u64,
     offset: u64,
+    /// Record bytes of the list up to the open block's end (see the type's doc).
+    position: u64,
+    /// The position at which the open block closes.
+    boundary: u64,
     index: Vec<BlockEntry>,
+}
+
+/// Where a range of a list starts ([`RunWriter::range`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct RangeStart {
+    /// File offset of its first block.
+    pub offset: u64,
+    /// Record bytes (CRCs not counted) of the whole list before it: a block boundary.
+    pub position: u64,
+}
+
+/// What [`RunWriter::finish_range`] wrote: a range's blocks, for [`RunWriter::join_range`].
+#[derive(Debug, Clone)]
+pub struct RangeWritten {
+    /// Where it started.
+    pub start: RangeStart,
+    /// Where it ended: the file offset and position after its last block.
+    pub end: RangeStart,
+    /// Its blocks, at their offsets in the file.
+    pub blocks: Vec<BlockEntry>,
+    /// What it holds of each shard (every expected shard, maybe none of its items).
+    pub shards: Vec<ShardEntry>,
+    /// Records in it.
+    pub records: u64,
+}
+
+/// The position at which a block open at `position` closes: the next multiple of
+/// [`BLOCK_TARGET`] above it.
+pub fn next_boundary(position: u64) -> u64 {
+    (position / BLOCK_TARGET as u64 + 1) * BLOCK_TARGET as u64
 }
 
 impl<W: Write> RunWriter<W> {
@@ -24,20 +65,48 @@ impl<W: Write> RunWriter<W> {
     /// Writing the header.
     pub fn new(mut out: W, specs: Vec<ShardSpec>, part: Part) -> Result<RunWriter<W>, RunError> {
         out.write_all(&MAGIC)?;
-        Ok(RunWriter {
+        Ok(RunWriter::range(
             out,
-            check: WriteCheck::new(specs, part),
+            specs,
+            part,
+            RangeStart {
+                offset: HEADER_LEN,
+                position: 0,
+            },
+        ))
+    }
+
+    /// A writer of one range of a list: blocks only, the first at `start`, records in
+    /// `range` (a part of the list: its IDs). No header is written; end it with
+    /// [`RunWriter::finish_range`].
+    pub fn range(out: W, specs: Vec<ShardSpec>, range: Part, start: RangeStart) -> RunWriter<W> {
+        RunWriter {
+            out,
+            check: WriteCheck::new(specs, range),
             block: Vec::with_capacity(BLOCK_TARGET + RECORD_HEAD_LEN + 4096),
             block_records: 0,
             block_first: 0,
-            offset: HEADER_LEN,
+            offset: start.offset,
+            position: start.position,
+            boundary: next_boundary(start.position),
             index: Vec::new(),
-        })
+        }
     }
 
     /// Records written so far.
     pub fn records(&self) -> u64 {
         self.check.records()
+    }
+
+    /// The sink (to move a file's write position past bytes written into it elsewhere,
+    /// [`RunWriter::join_range`]).
+    pub fn get_mut(&mut self) -> &mut W {
+        &mut self.out
+    }
+
+    /// Where the open block starts in the file: the bytes of the blocks closed so far.
+    pub fn block_offset(&self) -> u64 {
+        self.offset
     }
 
     /// Bytes written so far (what is buffered in the open block included).
@@ -51,14 +120,65 @@ impl<W: Write> RunWriter<W> {
     /// # Errors
     /// [`RunError::Write`] for a record that breaks those rules, [`RunError::Io`].
     pub fn write(&mut self, r: &Record) -> Result<(), RunError> {
-        self.check.record(r)?;
-        if self.block_records == 0 {
-            self.block_first = r.id;
+        let head = encode_record_head(r);
+        self.check
+            .record_fields(r.id, r.shard, r.seq, r.payload.len())?;
+        self.push(r.id, &head, &r.payload)
+    }
+
+    /// [`RunWriter::write`] of a borrowed record, copied as it is encoded.
+    ///
+    /// # Errors
+    /// As [`RunWriter::write`].
+    pub fn write_ref(&mut self, r: &RecordRef<'_>) -> Result<(), RunError> {
+        self.check
+            .record_fields(r.id, r.shard, r.seq, r.payload.len())?;
+        self.push(r.id, r.encoded, &[])
+    }
+
+    /// Appends records already encoded one after another (a stretch of a checked block,
+    /// [`check_block`]): each is checked as [`RunWriter::write`] checks it, and the bytes
+    /// between block boundaries are copied in one piece.
+    ///
+    /// # Errors
+    /// As [`RunWriter::write`]; the records before the one refused are written.
+    pub fn write_encoded(&mut self, bytes: &[u8]) -> Result<(), RunError> {
+        let (mut copied, mut pos) = (0usize, 0usize);
+        for r in BlockRecords::new(bytes) {
+            pos += r.encoded.len();
+            if let Err(e) = self
+                .check
+                .record_fields(r.id, r.shard, r.seq, r.payload.len())
+            {
+                self.block
+                    .extend_from_slice(&bytes[copied..pos - r.encoded.len()]);
+                return Err(e);
+            }
+            if self.block_records == 0 {
+                self.block_first = r.id;
+            }
+            self.block_records += 1;
+            self.position += r.encoded.len() as u64;
+            if self.position >= self.boundary {
+                self.block.extend_from_slice(&bytes[copied..pos]);
+                copied = pos;
+                self.flush_block()?;
+            }
         }
-        self.block.extend_from_slice(&encode_record_head(r));
-        self.block.extend_from_slice(&r.payload);
+        self.block.extend_from_slice(&bytes[copied..pos]);
+        Ok(())
+    }
+
+    /// Adds one checked record's bytes (`head` then `payload`) to the open block.
+    fn push(&mut self, id: u64, head: &[u8], payload: &[u8]) -> Result<(), RunError> {
+        if self.block_records == 0 {
+            self.block_first = id;
+        }
+        self.block.extend_from_slice(head);
+        self.block.extend_from_slice(payload);
         self.block_records += 1;
-        if self.block.len() >= BLOCK_TARGET {
+        self.position += (head.len() + payload.len()) as u64;
+        if self.position >= self.boundary {
             self.flush_block()?;
         }
         Ok(())
@@ -83,6 +203,7 @@ impl<W: Write> RunWriter<W> {
             len,
         });
         self.offset += u64::from(len);
+        self.boundary = next_boundary(self.position);
         self.block.clear();
         self.block_records = 0;
         Ok(())
@@ -91,7 +212,7 @@ impl<W: Write> RunWriter<W> {
     /// Appends the blocks of another run, `meta` its metadata and `blocks` the bytes of its
     /// blocks (`HEADER_LEN..meta.footer.index_offset` of its file), as they are: its records
     /// must all lie above this run's and in its part's range, its shards among this run's
-    /// and its seqs follow on. How `merger --jobs` joins the ranges it merged in parallel.
+    /// and its seqs follow on.
     ///
     /// # Errors
     /// [`RunError::Write`] if the appended run breaks those rules, [`RunError::Io`].
@@ -107,19 +228,75 @@ impl<W: Write> RunWriter<W> {
         self.flush_block()?;
         self.check.run(meta)?;
         let len = meta.footer.index_offset - HEADER_LEN;
-        let copied = io::copy(&mut io::Read::take(&mut *blocks, len), &mut self.out)?;
-        if copied != len {
-            return Err(RunError::Io(io::Error::new(
-                io::ErrorKind::UnexpectedEof,
-                format!("an appended run's blocks ended after {copied} of {len} bytes"),
-            )));
-        }
+        copy_exactly(blocks, &mut self.out, len)?;
         let shift = self.offset - HEADER_LEN;
         self.index.extend(meta.blocks.iter().map(|b| BlockEntry {
             offset: b.offset + shift,
             ..*b
         }));
         self.offset += len;
+        self.position += len - meta.blocks.len() as u64 * BLOCK_CRC_LEN;
+        self.boundary = next_boundary(self.position);
+        Ok(())
+    }
+
+    /// Closes a range's last block ([`RunWriter::range`], begun at `start`); returns the
+    /// sink and what the range holds.
+    ///
+    /// # Errors
+    /// [`RunError::Io`].
+    pub fn finish_range(mut self, start: RangeStart) -> Result<(W, RangeWritten), RunError> {
+        self.flush_block()?;
+        self.out.flush()?;
+        let written = RangeWritten {
+            start,
+            end: RangeStart {
+                offset: self.offset,
+                position: self.position,
+            },
+            blocks: self.index,
+            shards: self.check.table(),
+            records: self.check.records(),
+        };
+        Ok((self.out, written))
+    }
+
+    /// Takes a range written by another writer ([`RunWriter::range`]) as the next part
+    /// of this run. Its blocks must already be in place right after this writer's, unless
+    /// `bytes` gives them, which are then copied in (`range.end.offset -
+    /// range.start.offset` of them). Its records must lie above this run's, its shards'
+    /// seqs follow on, and it must start exactly where this run ends (offset and position).
+    ///
+    /// # Errors
+    /// [`RunError::Write`] if the range breaks those rules, [`RunError::Io`].
+    pub fn join_range(
+        &mut self,
+        range: &RangeWritten,
+        bytes: Option<&mut dyn io::Read>,
+    ) -> Result<(), RunError> {
+        self.flush_block()?;
+        let here = RangeStart {
+            offset: self.offset,
+            position: self.position,
+        };
+        if range.start != here {
+            return Err(RunError::Io(io::Error::other(format!(
+                "a range written apart starts at {:?}, but the list before it ends at {here:?}",
+                range.start
+            ))));
+        }
+        let (Some(first), Some(last)) = (range.blocks.first(), range.blocks.last()) else {
+            return Ok(());
+        };
+        self.check
+            .span(first.first_id, last.last_id, &range.shards, range.records)?;
+        if let Some(bytes) = bytes {
+            copy_exactly(bytes, &mut self.out, range.end.offset - range.start.offset)?;
+        }
+        self.index.extend_from_slice(&range.blocks);
+        self.offset = range.end.offset;
+        self.position = range.end.position;
+        self.boundary = next_boundary(self.position);
         Ok(())
     }
 
@@ -176,6 +353,22 @@ impl<W: Write> RunWriter<W> {
             },
         ))
     }
+}
+
+/// Copies exactly `len` bytes from `from` to `to`.
+fn copy_exactly<R: io::Read + ?Sized>(
+    from: &mut R,
+    to: &mut impl Write,
+    len: u64,
+) -> Result<(), RunError> {
+    let copied = io::copy(&mut io::Read::take(&mut *from, len), to)?;
+    if copied != len {
+        return Err(RunError::Io(io::Error::new(
+            io::ErrorKind::UnexpectedEof,
+            format!("an appended run's blocks ended after {copied} of {len} bytes"),
+        )));
+    }
+    Ok(())
 }
 
 /// A run in a local file, read from start to end with every check: its metadata from
