@@ -532,7 +532,7 @@ impl Ctx<'_> {
         self.s.net.insert(at, e);
     }
 
-    fn to_nodes(&mut self, b: u8, msg: Msg) {
+    fn send_nodes(&mut self, b: u8, msg: Msg) {
         for n in 0..self.cfg.nodes {
             self.send(Addr::Broker(b), Addr::Node(n), msg);
         }
@@ -750,7 +750,7 @@ impl Ctx<'_> {
                 return self.confirmed(b, stale);
             }
         }
-        self.to_nodes(b, Msg::ReadMax { tag });
+        self.send_nodes(b, Msg::ReadMax { tag });
     }
 
     /// The batch's confirmation read found `max`.
@@ -817,7 +817,7 @@ impl Ctx<'_> {
             ok: 0,
             rejected_max: 0,
         };
-        self.to_nodes(b, Msg::Write { tag, lo, hi });
+        self.send_nodes(b, Msg::Write { tag, lo, hi });
     }
 
     fn hand_out(&mut self, b: u8, lo: u64, from_window: bool) {
@@ -936,7 +936,7 @@ impl Ctx<'_> {
             ok: 0,
             kind,
         });
-        self.to_nodes(b, msg(tag));
+        self.send_nodes(b, msg(tag));
     }
 
     fn watch(&mut self, b: u8) {
@@ -975,7 +975,7 @@ impl Ctx<'_> {
             ok: 0,
             kind: ElectKind::Refresh { higher: None },
         });
-        self.to_nodes(b, Msg::Refresh { tag, hb });
+        self.send_nodes(b, Msg::Refresh { tag, hb });
     }
 
     /// Becomes a follower in `term` (the broker's `Machine::follow`).
