@@ -32,6 +32,7 @@ mod quorum;
 
 pub use quorum::{ElectionQuorum, QuorumElection};
 
+use crate::serve::rules::{Candidacy, LeadStep, RULES};
 use crate::serve::source::{Leadership, Role, Status};
 use idclient::Heartbeat;
 use rand::rngs::StdRng;
@@ -448,7 +449,7 @@ impl<E: ElectionQuorum> Machine<E> {
         }
         self.role = Role::Follower;
         self.term = self.term.max(term);
-        self.leader = leader;
+        self.leader = RULES.redirect_names(self.term, leader.map(|l| (term, l)));
         self.changed = Instant::now();
         self.timeout = self.draw_timeout();
         self.publish();
@@ -488,8 +489,8 @@ impl<E: ElectionQuorum> Machine<E> {
                 let newest = trusted.into_iter().max_by_key(Heartbeat::key);
                 // Only a leader of the highest term seen counts: one of an older term has
                 // been superseded (it steps down once it sees the newer term).
-                if let Some(hb) = newest.filter(|hb| hb.term >= self.term) {
-                    if self.newest.is_none_or(|n| hb.key() > n) {
+                if let Some(hb) = newest {
+                    if RULES.heartbeat_counts(hb.key(), self.term, self.newest) {
                         // The first heartbeat seen may be this broker's own from before a
                         // restart; one that changes is a live leader's.
                         let own = hb.addr == self.config.advertise && self.newest.is_some();
@@ -542,20 +543,23 @@ impl<E: ElectionQuorum> Machine<E> {
                 return self.follow(self.term, None, "no term");
             }
         };
-        if self.term > register {
+        if RULES.term_unclaimed(self.term, register) {
             self.forget_unclaimed_term(register);
         }
-        let highest = register.max(self.term);
-        if highest > self.term {
+        let term = match RULES.candidacy(self.term, register) {
             // A term we never saw a heartbeat of: its leader may be alive (we were cut
             // off while it was elected). Follow that term and give its heartbeat one
             // election timeout to show before claiming the next one.
-            return self.follow(highest, None, "a newer term exists");
-        }
-        let Some(term) = highest.checked_add(1) else {
-            self.note_exhausted(highest);
-            return self.follow(highest, None, "terms exhausted");
+            Candidacy::Follow(highest) => {
+                return self.follow(highest, None, "a newer term exists");
+            }
+            Candidacy::Exhausted(highest) => {
+                self.note_exhausted(highest);
+                return self.follow(highest, None, "terms exhausted");
+            }
+            Candidacy::Claim(term) => term,
         };
+        let highest = self.term;
         match self.quorum.claim_term(term, deadline).await {
             Ok(true) => {
                 tracing::info!(term, "won the election: leading");
@@ -633,21 +637,28 @@ impl<E: ElectionQuorum> Machine<E> {
         if let Some((forged, nodes)) = &refresh.forged {
             self.note_forged(forged, *nodes, true);
         }
-        if let Some(newer) = refresh.higher {
-            let why = format!("a node holds the heartbeat of term {}", newer.term);
-            self.newest = Some(newer.key());
-            return self.follow(newer.term, Some(newer.addr), &why);
-        }
-        if refresh.acked >= self.quorum.majority() {
-            self.refreshed = Instant::now();
-        } else if self.refreshed.elapsed() >= self.config.election_timeout {
-            let why = format!(
-                "no majority took the heartbeat for {:?} ({} of {} failed)",
-                self.config.election_timeout,
-                refresh.failures.len(),
-                refresh.acked + refresh.failures.len()
-            );
-            return self.follow(self.term, None, &why);
+        let overdue = self.refreshed.elapsed() >= self.config.election_timeout;
+        let higher = refresh.higher.as_ref().map(|hb| hb.term);
+        match RULES.after_refresh(higher, refresh.acked, self.quorum.majority(), overdue) {
+            LeadStep::StepDown(term) => {
+                let why = format!("a node holds the heartbeat of term {term}");
+                let addr = refresh.higher.map(|newer| {
+                    self.newest = Some(newer.key());
+                    newer.addr
+                });
+                return self.follow(term, addr, &why);
+            }
+            LeadStep::StepDownUnrefreshed => {
+                let why = format!(
+                    "no majority took the heartbeat for {:?} ({} of {} failed)",
+                    self.config.election_timeout,
+                    refresh.failures.len(),
+                    refresh.acked + refresh.failures.len()
+                );
+                return self.follow(self.term, None, &why);
+            }
+            LeadStep::Refreshed => self.refreshed = Instant::now(),
+            LeadStep::Keep => {}
         }
         // Biased: the simulation replays a seed exactly only if nothing here draws from
         // tokio's own (unseeded) RNG. A notification not taken now stays stored.
@@ -657,7 +668,7 @@ impl<E: ElectionQuorum> Machine<E> {
             () = self.window_died.notified() => {
                 let deadline = Instant::now() + self.config.election_timeout;
                 match self.quorum.read_term(deadline).await {
-                    Ok(t) if t > self.term => {
+                    Ok(t) if RULES.steps_down_after_dead_window(self.term, t) => {
                         self.follow(t, None, "the window died and the term register is higher");
                     }
                     Ok(_) => tracing::debug!("window died; still the leader of the highest term"),

@@ -3,6 +3,7 @@
 //! leader. Safety never depends on who leads: windows stay safe with two leaders.
 
 use crate::serve::election::{self, Election, ElectionConfig, ElectionQuorum};
+use crate::serve::rules::RULES;
 use crate::serve::source::{Admit, Leadership, Role, RoundSource};
 use crate::serve::window::{WindowQuorum, WindowSource};
 use futures::future::{BoxFuture, FutureExt};
@@ -149,7 +150,7 @@ impl<Q: WindowQuorum> RoundSource for LeaderSource<Q> {
 
     /// Not the leader: a redirect to the leader it knows (counted), nothing started.
     fn admit(&self) -> Admit {
-        if self.election.leading() {
+        if RULES.admits(self.election.leading()) {
             return Admit::Serve;
         }
         Admit::Redirect(self.election.redirect())

@@ -7,6 +7,8 @@
 //! - [`batcher`]: group commit; one round (or a few pipelined ones) per batch of
 //!   queued requests, split in arrival order.
 //! - [`window`]: [`window::WindowSource`], batches served from confirmed windows.
+//! - [`rules`]: every decision of the election, the window and admission as a pure
+//!   function, shared with the model checker (`idmodel/`).
 //! - [`election`]: leader election among window-serving brokers; and
 //!   [`leader_source::LeaderSource`], which serves windows only while elected.
 //!
@@ -17,5 +19,6 @@ pub mod batcher;
 pub mod election;
 pub mod leader_source;
 pub(crate) mod queue;
+pub mod rules;
 pub mod source;
 pub mod window;

@@ -31,6 +31,7 @@
 //! demand: about [`ROUNDS_OF_DEMAND`] reservation times' worth of the IDs served per
 //! second, between [`MIN_WINDOW`] and [`MAX_WINDOW`].
 
+use crate::serve::rules::{Confirm, RULES};
 use crate::serve::source::RoundSource;
 use idclient::MAX_COUNT;
 use idclient::{IdError, IdRange, QuorumClient};
@@ -382,7 +383,7 @@ impl<Q: WindowQuorum> WindowSource<Q> {
     /// node lost acknowledged writes, and windows are switched off for good (loudly).
     /// Whether it did.
     fn switched_off_below_top(&self, w: &mut Window, max: u64, known_top: u64) -> bool {
-        if max >= known_top || self.mutated() {
+        if !RULES.lost_writes(max, known_top) || self.mutated() {
             return false;
         }
         let reason = format!(
@@ -414,8 +415,9 @@ impl<Q: WindowQuorum> WindowSource<Q> {
                 return Err(e);
             }
         }
-        let confirmed =
-            max <= taken.known_top || (w.generation == generation && w.alive && max <= w.top);
+        let live_top = (w.generation == generation && w.alive).then_some(w.top);
+        // A read below TOP reaches here only under a test-hooks mutant: served, as before.
+        let confirmed = RULES.confirm(max, taken.known_top, live_top) != Confirm::Dead;
         let keep = self.keeps_dead_windows();
         if confirmed || keep {
             return Ok(taken.range);
@@ -460,7 +462,7 @@ impl<Q: WindowQuorum> WindowSource<Q> {
             return Ok(());
         };
         match outcome {
-            Ok(Ok(true)) if w.alive && w.top.checked_add(1) == Some(p.lo) => {
+            Ok(Ok(true)) if RULES.reservation_extends(true, w.alive, w.top, p.lo) => {
                 self.counters.reservations.fetch_add(1, Relaxed);
                 let took = p.started.elapsed().as_nanos() as u64;
                 w.round_ns = idclient::MovingAverage::step(w.round_ns, took);

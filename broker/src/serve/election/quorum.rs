@@ -2,6 +2,7 @@
 //! ([`QuorumElection`]): the term register `<key>:term` and the heartbeat `<key>:leader`
 //! on the quorum's own nodes.
 
+use crate::serve::rules::Rules;
 use idclient::{
     ClientConfig, Combine, Heartbeat, HeartbeatAuth, HeartbeatNode, IdError, Node, QuorumClient,
     Refresh, Register, Token,
@@ -149,7 +150,7 @@ impl<N: HeartbeatNode + 'static> ElectionQuorum for QuorumElection<N> {
     }
 
     fn majority(&self) -> usize {
-        self.nodes().len() / 2 + 1
+        Rules::majority(self.nodes().len())
     }
 
     fn auth(&self) -> Option<&HeartbeatAuth> {

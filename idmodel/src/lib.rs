@@ -1,0 +1,19 @@
+//! An exhaustive model of qlist's broker protocol, checked with `stateright`
+//! (docs/model.md): brokers (election in terms, heartbeats, windows reserved, confirmed
+//! by a majority read, served, stepping down), Redis nodes (the conditional
+//! set-if-less-than write, the term register, the volatile heartbeat; crashes that keep
+//! durable state, restarts), clients (requests, redirects, retries whose outcome is
+//! unknown) and a network that delays, reorders, drops and duplicates every message.
+//! A process pause of any length needs no action of its own: a paused actor simply
+//! takes no step while the others take theirs, and BFS tries every such interleaving.
+//!
+//! Every decision a broker takes goes through [`broker::serve::rules::Rules`], the
+//! functions the broker itself calls; [`Config::rules`] may carry a
+//! [`Mutant`](broker::serve::rules::Mutant) (one guard removed) for the negative tests.
+//!
+//! The main types: [`Config`] (the bounds, and the [`stateright::Model`]), [`State`],
+//! [`Action`]. The properties are [`Config::properties`]'s, by the names in [`props`].
+
+mod model;
+
+pub use model::*;
