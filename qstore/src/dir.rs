@@ -9,9 +9,11 @@ use tempfile::NamedTempFile;
 use crate::location::is_run_name;
 use crate::{Location, StoreError};
 
-/// Large buffers: runs are written strictly sequentially, and the default 8 KiB would cost
-/// one syscall per few records.
-const WRITE_BUFFER: usize = 1 << 20;
+/// Writes smaller than this are gathered (the default 8 KiB would cost one syscall per
+/// few records); a run's blocks (~256 KiB) are larger and go to the file as they are,
+/// without a copy into the buffer first: with a 1 MiB buffer that copy was a sixth of a
+/// merge's user time (BENCHMARKS.md, "The merge at the machine's limit").
+const WRITE_BUFFER: usize = 128 << 10;
 /// Random characters in a temporary file's name (`.NAME.XXXXXX.tmp`).
 const TEMP_RANDOM_CHARS: usize = 6;
 /// Every this many bytes written, a background thread asks the kernel to write what is
