@@ -12,7 +12,7 @@
 //! [`Mutant`](broker::serve::rules::Mutant) (one guard removed) for the negative tests.
 //!
 //! The main types: [`Config`] (the bounds, and the [`stateright::Model`]), [`State`],
-//! [`Action`]. The properties are [`Config::properties`]'s, by the names in [`props`].
+//! [`Action`]. The properties are those `Config`'s `Model::properties` returns, by the names in [`props`].
 
 mod model;
 

@@ -5,7 +5,7 @@
 //! Producers stamp in batches, so the runs of a real merge interleave in chunks of about
 //! a batch of consecutive IDs: a stretch is then hundreds of records that the writer
 //! copies in one piece, and the tournament is replayed once per stretch, not once per
-//! record. The inputs are a loser tree of their heads ([`Tree`]); the smallest head wins,
+//! record. The inputs are a loser tree of their heads; the smallest head wins,
 //! and the smallest of the losers on its path is the bound its stretch stays below.
 //!
 //! Every record is still checked: its shard is one of its input's, its ID above the one
