@@ -124,7 +124,16 @@ impl Cursor<'_> {
     }
 
     fn record_here(&self) -> Result<(RecordRef<'_>, usize), MergeError> {
-        record_at(&self.block, self.pos).map_err(|what| MergeError::Source {
+        self.record_in(&self.block, self.pos)
+    }
+
+    /// The record at `pos` of `block` (one of this input's), or an error naming the input.
+    fn record_in<'b>(
+        &self,
+        block: &'b [u8],
+        pos: usize,
+    ) -> Result<(RecordRef<'b>, usize), MergeError> {
+        record_at(block, pos).map_err(|what| MergeError::Source {
             source_name: self.input.name.clone(),
             error: what.into(),
         })
@@ -163,10 +172,7 @@ impl Cursor<'_> {
         let mut count = 0u64;
         let block = self.block.clone();
         while pos < block.len() {
-            let (r, end) = record_at(&block, pos).map_err(|what| MergeError::Source {
-                source_name: self.input.name.clone(),
-                error: what.into(),
-            })?;
+            let (r, end) = self.record_in(&block, pos)?;
             if bound.is_some_and(|b| r.id >= b) {
                 break;
             }
@@ -302,11 +308,6 @@ impl<'a> Merger<'a> {
             started: false,
             failed: false,
         }
-    }
-
-    /// The name of input `i`.
-    pub fn input_name(&self, i: usize) -> &str {
-        &self.cursors[i].input.name
     }
 
     fn start(&mut self) -> Result<(), MergeError> {
