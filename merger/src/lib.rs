@@ -37,6 +37,18 @@ use sublist::listbin::{ListError, ListWriter, Summary};
 use sublist::run::{Part, RunError};
 use sublist::shard::{ShardError, ShardReader};
 
+/// What `--version` prints: the crate's version and, in a build with the `test-hooks`
+/// feature (`cargo test` turns it on for the crate's own tests), a warning that says so.
+/// `scripts/check-release.sh` reads it off the built binaries: a release must never say it.
+pub const VERSION: &str = if cfg!(feature = "test-hooks") {
+    concat!(
+        env!("CARGO_PKG_VERSION"),
+        " (built with test hooks: not for production)"
+    )
+} else {
+    env!("CARGO_PKG_VERSION")
+};
+
 /// Sublist databases are directories named `shard-<n>` under the data dir (DESIGN.md).
 pub const SHARD_PREFIX: &str = "shard-";
 /// The n of a directory named exactly `shard-<n>` (canonical decimal, as the producer

@@ -39,6 +39,18 @@ use std::time::{Duration, Instant};
 use sublist::shard::{Progress, ShardError, ShardWriter};
 use sublist::Record;
 
+/// What `--version` prints: the crate's version and, in a build with the `test-hooks`
+/// feature (`cargo test` turns it on for the crate's own tests), a warning that says so.
+/// `scripts/check-release.sh` reads it off the built binaries: a release must never say it.
+pub const VERSION: &str = if cfg!(feature = "test-hooks") {
+    concat!(
+        env!("CARGO_PKG_VERSION"),
+        " (built with test hooks: not for production)"
+    )
+} else {
+    env!("CARGO_PKG_VERSION")
+};
+
 /// Largest item (line or generated payload): 16 MiB. Lines of 10 MB are accepted; above
 /// this an input is refused with the line number, before anything is written (file input).
 /// Keeps one item, and the RocksDB value holding it, a sane size. It is the format's

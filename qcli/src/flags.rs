@@ -1,8 +1,8 @@
 //! The ID-source flags every binary that gets IDs shares: same names, same units, same
 //! help text. They are plain clap structs and need no ID client, so every binary knows
 //! them (the environment-variable rule of [`mod@crate::env`] names them `QLIST_*` and
-//! keeps other flags off their names); turning them into the client's configurations
-//! (`source.rs`) needs the `idclient` feature.
+//! keeps other flags off their names); the crate `idflags` turns them into the client's
+//! configurations.
 
 use crate::exit::usage;
 use clap::{ArgGroup, Args, ValueEnum};
@@ -11,7 +11,7 @@ use std::time::Duration;
 
 // The defaults the client has too (idclient's `ClientConfig::new`, `BACKOFF_CAP`,
 // `broker_client::DEFAULT_*`), written here so that showing them in `--help` does not
-// link the client; the tests of `crate::source` check that they agree.
+// link the client; idflags' tests check that they agree.
 
 /// `--deadline-ms`: the client's default deadline, 5 s.
 pub(crate) const DEFAULT_DEADLINE_MS: u64 = 5_000;

@@ -7,9 +7,7 @@
 //!   a user sets), [`BrokerArgs`] (brokers, connections, token, TLS: [`BrokerTlsArgs`]),
 //!   [`DeadlineArgs`] (`--deadline-ms`), and [`SourceArgs`], "either `--nodes` or
 //!   `--broker`";
-//! - with the `idclient` feature, those flags turned into the ID client's configurations
-//!   (`src/source.rs`): `QuorumArgs::client_config`, `BrokerArgs::client_config` and
-//!   `SourceArgs::source`, a `Source`;
+//!   (the crate `idflags` turns them into the ID client's configurations);
 //! - [`parse`]: clap parsing with per-binary defaults and the exit-code table in `--help`;
 //! - [`mod@env`]: every flag of every binary from an environment variable too
 //!   (`QLIST_NODES`, `IDBROKER_LISTEN`, ...), named by one rule;
@@ -19,17 +17,15 @@
 //!   4 output, 5 ID generator unavailable or unsafe.
 //!
 //! Libraries do not depend on clap; this crate is for binaries only. It needs neither
-//! Redis nor RocksDB, and without the `idclient` feature not the ID client either: the
-//! exit codes know ID errors from `idproto`, so `merger`, which gets no IDs, links none
-//! of the client (Redis, the rendezvous, the broker client).
+//! Redis nor RocksDB nor the ID client: the exit codes know ID errors from `idproto`, so
+//! `merger`, which gets no IDs, links none of the client (Redis, the rendezvous, the
+//! broker client).
 
 pub mod env;
 mod exit;
 mod flags;
 mod logging;
 mod parse;
-#[cfg(feature = "idclient")]
-mod source;
 
 pub use exit::{cause_of, exit, fail, id_error_cause, usage, Cause, Failure, EXIT_CODES_HELP};
 pub use flags::{
@@ -38,5 +34,3 @@ pub use flags::{
 };
 pub use logging::{init_logging, LogFormat};
 pub use parse::parse;
-#[cfg(feature = "idclient")]
-pub use source::Source;

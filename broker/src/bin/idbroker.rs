@@ -24,7 +24,7 @@ use std::time::Duration;
 #[derive(Debug, Parser)]
 #[command(
     name = "idbroker",
-    version,
+    version = broker::VERSION,
     about = "Serve quorum IDs to many clients with group commit"
 )]
 struct Flags {
@@ -154,7 +154,7 @@ impl Config {
     /// A usage error (exit code 2) for flags that make no sense.
     fn from_flags(f: Flags) -> anyhow::Result<Config> {
         let default_deadline = f.deadline.deadline()?;
-        let quorum = f.quorum.client_config(default_deadline)?;
+        let quorum = idflags::quorum_config(&f.quorum, default_deadline)?;
         let broker = BrokerConfig {
             default_deadline,
             max_deadline: Duration::from_millis(f.max_deadline_ms),

@@ -179,7 +179,7 @@ fn run(cli: Cli) -> Result<()> {
             nodes.urls()?,
             timeouts.connect()?,
             timeouts.reply()?,
-            tls.config(),
+            idflags::tls_config(&tls),
         )),
         Command::Chart {
             input,
@@ -193,7 +193,7 @@ fn run(cli: Cli) -> Result<()> {
             tls,
         } => {
             let token = broker_token(broker_token_file)?;
-            let tls = tls.tls()?;
+            let tls = idflags::broker_tls(&tls)?;
             runtime()?.block_on(broker_stats(addr, token, tls))
         }
         Command::Failover {
@@ -216,7 +216,7 @@ fn run(cli: Cli) -> Result<()> {
             broker_args: broker_arg,
         }),
         Command::Next { source, count } => {
-            let source = source.source()?;
+            let source = idflags::source(&source)?;
             runtime()?.block_on(next(source, count))
         }
         Command::Bench {
@@ -227,7 +227,7 @@ fn run(cli: Cli) -> Result<()> {
             history,
         } => {
             let config = bench_config(clients, seconds, count)?;
-            bench_ids(source.source()?, &config, history)
+            bench_ids(idflags::source(&source)?, &config, history)
         }
     }
 }
@@ -334,11 +334,15 @@ fn failover(mut config: idtools::failover::FailoverConfig) -> Result<()> {
 
 /// `idctl bench`: `config.clients` callers for a fixed time, direct clients (one each)
 /// or one shared broker client; the history to `history` if given.
-fn bench_ids(source: qcli::Source, config: &BenchConfig, history: Option<PathBuf>) -> Result<()> {
+fn bench_ids(
+    source: idflags::IdsFrom,
+    config: &BenchConfig,
+    history: Option<PathBuf>,
+) -> Result<()> {
     let clients = config.clients;
     let (report, counters) = runtime()?.block_on(async {
         match source {
-            qcli::Source::Nodes(client_config) => {
+            idflags::IdsFrom::Nodes(client_config) => {
                 let mut sources = Vec::with_capacity(clients);
                 for _ in 0..clients {
                     sources.push(std::sync::Arc::new(
@@ -348,7 +352,7 @@ fn bench_ids(source: qcli::Source, config: &BenchConfig, history: Option<PathBuf
                 let report = bench::run(config, &sources).await;
                 Ok::<_, anyhow::Error>((report, Some(sum_counters(&sources))))
             }
-            qcli::Source::Brokers {
+            idflags::IdsFrom::Brokers {
                 addrs,
                 config: broker_config,
             } => {
@@ -418,10 +422,12 @@ fn runtime() -> Result<tokio::runtime::Runtime> {
 }
 
 /// `idctl next`: one request, printed as "LO HI".
-async fn next(source: qcli::Source, count: u64) -> Result<()> {
+async fn next(source: idflags::IdsFrom, count: u64) -> Result<()> {
     let range = match source {
-        qcli::Source::Nodes(config) => QuorumClient::connect(config).await?.next_ids(count).await?,
-        qcli::Source::Brokers { addrs, config } => {
+        idflags::IdsFrom::Nodes(config) => {
+            QuorumClient::connect(config).await?.next_ids(count).await?
+        }
+        idflags::IdsFrom::Brokers { addrs, config } => {
             broker_client(addrs, config).await?.next_ids(count).await?
         }
     };

@@ -52,6 +52,7 @@ const LOG_EVERY: Duration = Duration::from_secs(5);
 #[derive(Parser)]
 #[command(
     name = "merger",
+    version = merger::VERSION,
     about = "Merge qlist sublists and runs into one list ordered by ID; verify or print a list",
     long_about = "Merge qlist sublists and runs into one list ordered by ID; verify or print a list.\n\n\
         Inputs are any mix of RocksDB sublists (a producer's DIR/shard-<n>), runs (sealed \

@@ -5,11 +5,12 @@ use anyhow::Context;
 use clap::{ArgGroup, Args, Parser, Subcommand};
 use idclient::broker_client::{BrokerClient, BrokerClientConfig};
 use idclient::{IdError, QuorumClient};
+use idflags::IdsFrom;
 use producer::{
     Config, Display, InputSpec, Producer, ProducerError, SealError, DEFAULT_BATCH,
     DEFAULT_PAYLOAD_SIZE,
 };
-use qcli::{Cause, Source, SourceArgs};
+use qcli::{Cause, SourceArgs};
 use qstore::{Location, Store, StoreError, StoreOptions};
 use std::io::IsTerminal;
 use std::path::PathBuf;
@@ -30,7 +31,7 @@ use std::time::{Duration, Instant};
 #[derive(Parser, Debug)]
 #[command(
     name = "producer",
-    version,
+    version = producer::VERSION,
     args_conflicts_with_subcommands = true,
     subcommand_negates_reqs = true
 )]
@@ -151,7 +152,7 @@ fn target(flags: &Flags) -> anyhow::Result<(u32, PathBuf)> {
     }
 }
 
-fn config(flags: &Flags) -> anyhow::Result<(Config, Source)> {
+fn config(flags: &Flags) -> anyhow::Result<(Config, IdsFrom)> {
     let input = match (&flags.input, flags.generate) {
         (Some(f), None) if f == "-" => InputSpec::Stdin,
         (Some(f), None) => InputSpec::File(PathBuf::from(f)),
@@ -170,12 +171,12 @@ fn config(flags: &Flags) -> anyhow::Result<(Config, Source)> {
     } else {
         Display::Log(seconds("log-every", flags.log_every)?)
     };
-    let mut ids = flags.ids.source()?;
+    let mut ids = idflags::source(&flags.ids)?;
     if let Some(secs) = flags.deadline {
         let deadline = seconds("deadline", secs)?;
         match &mut ids {
-            Source::Nodes(c) => c.deadline = deadline,
-            Source::Brokers { config, .. } => config.deadline = deadline,
+            IdsFrom::Nodes(c) => c.deadline = deadline,
+            IdsFrom::Brokers { config, .. } => config.deadline = deadline,
         }
     }
     let (shard, data_dir) = target(flags)?;
@@ -220,13 +221,13 @@ async fn run(flags: &Flags) -> anyhow::Result<()> {
         p.run(&NoIds).await?
     } else {
         match ids {
-            Source::Nodes(c) => {
+            IdsFrom::Nodes(c) => {
                 let client = QuorumClient::connect(c)
                     .await
                     .map_err(ProducerError::Connect)?;
                 p.run(&client).await?
             }
-            Source::Brokers { addrs, config } => run_with_broker(p, addrs, config).await?,
+            IdsFrom::Brokers { addrs, config } => run_with_broker(p, addrs, config).await?,
         }
     };
     println!("{summary}");

@@ -1,157 +1,150 @@
-//! The ID-source flags (`flags.rs`) turned into what the ID client takes: a
-//! [`ClientConfig`] for the quorum, a [`BrokerClientConfig`] for brokers, and the
-//! [`Source`] that is one or the other. Only with the `idclient` feature: binaries that get
-//! no IDs (merger) do not link the client.
+//! idflags: qcli's ID-source flags turned into what the ID client takes, for the binaries
+//! that get IDs (`idctl`, `idbroker`, `producer`): a [`ClientConfig`] for the quorum
+//! ([`quorum_config`]), a [`BrokerClientConfig`] for brokers ([`broker_config`]), and the
+//! [`IdsFrom`] that is one or the other ([`source`]).
+//!
+//! Its own crate, so that qcli does not depend on the ID client: `merger`, which gets no
+//! IDs, depends on qcli and links none of the client (Redis, the rendezvous, the broker
+//! client), in any build, including a `--workspace` one that unifies features
+//! (`scripts/check-release.sh` checks the built file).
 
-use crate::exit::usage;
-use crate::flags::{BrokerArgs, BrokerTlsArgs, CombineArg, QuorumArgs, SourceArgs, TlsArgs};
 use idclient::broker_client::BrokerClientConfig;
 use idclient::{BrokerTls, ClientCert, ClientConfig, Combine, IdError, Protocol, TlsConfig};
+use qcli::{usage, BrokerArgs, BrokerTlsArgs, CombineArg, QuorumArgs, SourceArgs, TlsArgs};
 use std::time::Duration;
 
-impl TlsArgs {
-    /// The TLS settings these flags describe (files are read when the client connects).
-    pub fn config(&self) -> TlsConfig {
-        TlsConfig {
-            ca_file: self.tls_ca.clone(),
-            client_cert: match (&self.tls_cert, &self.tls_key) {
-                (Some(cert_file), Some(key_file)) => Some(ClientCert {
-                    cert_file: cert_file.clone(),
-                    key_file: key_file.clone(),
-                }),
-                _ => None,
-            },
-        }
-    }
-}
-
-impl From<CombineArg> for Combine {
-    fn from(c: CombineArg) -> Combine {
-        match c {
-            CombineArg::Auto => Combine::Auto,
-            CombineArg::Always => Combine::Always,
-            CombineArg::Never => Combine::Never,
-        }
-    }
-}
-
-impl QuorumArgs {
-    /// The client configuration these flags describe, with `deadline` per request.
-    ///
-    /// # Errors
-    /// a usage error ([`crate::usage`]) for no node or a zero timeout.
-    pub fn client_config(&self, deadline: Duration) -> anyhow::Result<ClientConfig> {
-        let mut config = ClientConfig::new(self.nodes.urls()?);
-        config.key = self.key.clone();
-        config.protocol = if self.classic {
-            Protocol::Classic
-        } else {
-            Protocol::Fast
-        };
-        config.deadline = deadline;
-        config.connect_timeout = self.timeouts.connect()?;
-        config.reply_timeout = self.timeouts.reply()?;
-        config.unsafe_skip_durability_check = self.unsafe_skip_durability_check;
-        config.backoff_cap = Duration::from_millis(self.backoff_cap_ms);
-        config.combine = self.combine.into();
-        config.tls = self.tls.config();
-        Ok(config)
-    }
-}
-
-impl BrokerTlsArgs {
-    /// The TLS settings these flags describe, files read and checked now (`None`: plain
-    /// TCP).
-    ///
-    /// # Errors
-    /// a usage error ([`crate::usage`]) naming a file that cannot be read or holds no
-    /// usable certificate or key (never a key's content), or a bad server name.
-    pub fn tls(&self) -> anyhow::Result<Option<BrokerTls>> {
-        let Some(ca) = &self.broker_tls_ca else {
-            return Ok(None);
-        };
-        let client_cert = match (&self.broker_tls_cert, &self.broker_tls_key) {
+/// The TLS settings of `--tls-*` (files are read when the client connects).
+pub fn tls_config(args: &TlsArgs) -> TlsConfig {
+    TlsConfig {
+        ca_file: args.tls_ca.clone(),
+        client_cert: match (&args.tls_cert, &args.tls_key) {
             (Some(cert_file), Some(key_file)) => Some(ClientCert {
                 cert_file: cert_file.clone(),
                 key_file: key_file.clone(),
             }),
             _ => None,
-        };
-        BrokerTls::new(ca, self.broker_tls_server_name.clone(), client_cert)
-            .map(Some)
-            .map_err(|e| match e {
-                IdError::Config(m) => usage(format!("broker TLS: {m}")),
-                e => usage(format!("broker TLS: {e}")),
-            })
+        },
     }
 }
 
-impl BrokerArgs {
-    /// The broker client's configuration.
-    ///
-    /// # Errors
-    /// a usage error ([`crate::usage`]) for `--connections 0` or an unreadable or empty
-    /// `--broker-token-file` (naming the file, never its content).
-    pub fn client_config(
-        &self,
-        deadline: Duration,
-        connect_timeout: Duration,
-    ) -> anyhow::Result<BrokerClientConfig> {
-        if self.connections == 0 {
-            return Err(usage("--connections must be at least 1"));
-        }
-        let token = match &self.broker_token_file {
-            Some(path) => Some(
-                idclient::Token::from_file(path)
-                    .map_err(|e| usage(format!("--broker-token-file: {e}")))?,
-            ),
-            None => None,
-        };
-        Ok(BrokerClientConfig {
-            deadline,
-            connect_timeout,
-            connections: self.connections,
-            in_flight: self.in_flight,
-            token,
-            tls: self.tls.tls()?,
-            closed_list: self.broker_closed_list,
-            ..BrokerClientConfig::default()
-        })
+/// `--combine`'s value as the client's setting.
+pub fn combine(c: CombineArg) -> Combine {
+    match c {
+        CombineArg::Auto => Combine::Auto,
+        CombineArg::Always => Combine::Always,
+        CombineArg::Never => Combine::Never,
     }
+}
+
+/// The quorum client's configuration the quorum flags describe, with `deadline` per
+/// request.
+///
+/// # Errors
+/// a usage error ([`qcli::usage`]) for no node or a zero timeout.
+pub fn quorum_config(args: &QuorumArgs, deadline: Duration) -> anyhow::Result<ClientConfig> {
+    let mut config = ClientConfig::new(args.nodes.urls()?);
+    config.key = args.key.clone();
+    config.protocol = if args.classic {
+        Protocol::Classic
+    } else {
+        Protocol::Fast
+    };
+    config.deadline = deadline;
+    config.connect_timeout = args.timeouts.connect()?;
+    config.reply_timeout = args.timeouts.reply()?;
+    config.unsafe_skip_durability_check = args.unsafe_skip_durability_check;
+    config.backoff_cap = Duration::from_millis(args.backoff_cap_ms);
+    config.combine = combine(args.combine);
+    config.tls = tls_config(&args.tls);
+    Ok(config)
+}
+
+/// The TLS settings of `--broker-tls-*`, files read and checked now (`None`: plain TCP).
+///
+/// # Errors
+/// a usage error ([`qcli::usage`]) naming a file that cannot be read or holds no usable
+/// certificate or key (never a key's content), or a bad server name.
+pub fn broker_tls(args: &BrokerTlsArgs) -> anyhow::Result<Option<BrokerTls>> {
+    let Some(ca) = &args.broker_tls_ca else {
+        return Ok(None);
+    };
+    let client_cert = match (&args.broker_tls_cert, &args.broker_tls_key) {
+        (Some(cert_file), Some(key_file)) => Some(ClientCert {
+            cert_file: cert_file.clone(),
+            key_file: key_file.clone(),
+        }),
+        _ => None,
+    };
+    BrokerTls::new(ca, args.broker_tls_server_name.clone(), client_cert)
+        .map(Some)
+        .map_err(|e| match e {
+            IdError::Config(m) => usage(format!("broker TLS: {m}")),
+            e => usage(format!("broker TLS: {e}")),
+        })
+}
+
+/// The broker client's configuration the broker flags describe.
+///
+/// # Errors
+/// a usage error ([`qcli::usage`]) for `--connections 0` or an unreadable or empty
+/// `--broker-token-file` (naming the file, never its content).
+pub fn broker_config(
+    args: &BrokerArgs,
+    deadline: Duration,
+    connect_timeout: Duration,
+) -> anyhow::Result<BrokerClientConfig> {
+    if args.connections == 0 {
+        return Err(usage("--connections must be at least 1"));
+    }
+    let token = match &args.broker_token_file {
+        Some(path) => Some(
+            idclient::Token::from_file(path)
+                .map_err(|e| usage(format!("--broker-token-file: {e}")))?,
+        ),
+        None => None,
+    };
+    Ok(BrokerClientConfig {
+        deadline,
+        connect_timeout,
+        connections: args.connections,
+        in_flight: args.in_flight,
+        token,
+        tls: broker_tls(&args.tls)?,
+        closed_list: args.broker_closed_list,
+        ..BrokerClientConfig::default()
+    })
 }
 
 /// Where IDs come from: straight from the quorum, or through brokers.
 #[derive(Debug, Clone)]
-pub enum Source {
+pub enum IdsFrom {
     /// Direct mode (`--nodes`).
     Nodes(ClientConfig),
     /// Broker mode (`--broker`).
     Brokers {
+        /// The broker addresses, tried in order.
         addrs: Vec<String>,
+        /// The broker client's configuration.
         config: BrokerClientConfig,
     },
 }
 
-impl SourceArgs {
-    /// The ID source these flags describe.
-    ///
-    /// # Errors
-    /// a usage error ([`crate::usage`]) for an empty list, a zero timeout or deadline,
-    /// or `--connections 0`.
-    pub fn source(&self) -> anyhow::Result<Source> {
-        let deadline = self.deadline.deadline()?;
-        let addrs = self.brokers.addrs();
-        if self.brokers.broker.is_empty() {
-            return Ok(Source::Nodes(self.quorum.client_config(deadline)?));
-        }
-        if addrs.is_empty() {
-            return Err(usage("--broker: no broker address given"));
-        }
-        let config = self
-            .brokers
-            .client_config(deadline, self.quorum.timeouts.connect()?)?;
-        Ok(Source::Brokers { addrs, config })
+/// The ID source the ID-source flags describe.
+///
+/// # Errors
+/// a usage error ([`qcli::usage`]) for an empty list, a zero timeout or deadline, or
+/// `--connections 0`.
+pub fn source(args: &SourceArgs) -> anyhow::Result<IdsFrom> {
+    let deadline = args.deadline.deadline()?;
+    let addrs = args.brokers.addrs();
+    if args.brokers.broker.is_empty() {
+        return Ok(IdsFrom::Nodes(quorum_config(&args.quorum, deadline)?));
     }
+    if addrs.is_empty() {
+        return Err(usage("--broker: no broker address given"));
+    }
+    let config = broker_config(&args.brokers, deadline, args.quorum.timeouts.connect()?)?;
+    Ok(IdsFrom::Brokers { addrs, config })
 }
 
 #[cfg(test)]
@@ -189,7 +182,7 @@ mod tests {
             "9",
         ])
         .expect("parses");
-        let Source::Nodes(c) = f.source.source().expect("valid") else {
+        let IdsFrom::Nodes(c) = source(&f.source).expect("valid") else {
             panic!("direct mode expected")
         };
         assert_eq!(c.nodes, ["redis://a:1", "redis://b:2", "redis://c:3"]);
@@ -217,7 +210,7 @@ mod tests {
             "me.key",
         ])
         .expect("parses");
-        let Source::Nodes(c) = f.source.source().expect("valid") else {
+        let IdsFrom::Nodes(c) = source(&f.source).expect("valid") else {
             panic!("direct mode expected")
         };
         assert_eq!(
@@ -241,12 +234,12 @@ mod tests {
     #[test]
     fn broker_tls_flags_are_checked_and_name_the_file() {
         let f = flags(&["--broker", "b:1"]).expect("parses");
-        let Source::Brokers { config, .. } = f.source.source().expect("valid") else {
+        let IdsFrom::Brokers { config, .. } = source(&f.source).expect("valid") else {
             panic!("broker mode expected")
         };
         assert!(config.tls.is_none(), "plain TCP by default");
         let f = flags(&["--broker", "b:1", "--broker-tls-ca", "/no/such/ca.pem"]).expect("parses");
-        let e = f.source.source().expect_err("an unreadable CA file");
+        let e = source(&f.source).expect_err("an unreadable CA file");
         assert!(e.to_string().contains("/no/such/ca.pem"), "{e}");
         for lone in [
             &["--broker-tls-server-name", "b"][..],
@@ -263,7 +256,7 @@ mod tests {
     #[test]
     fn defaults_are_the_client_defaults() {
         let f = flags(&["--nodes", "redis://a:1"]).expect("parses");
-        let Source::Nodes(c) = f.source.source().expect("valid") else {
+        let IdsFrom::Nodes(c) = source(&f.source).expect("valid") else {
             panic!("direct mode expected")
         };
         let d = ClientConfig::new(vec!["redis://a:1".into()]);
@@ -296,7 +289,7 @@ mod tests {
     #[test]
     fn broker_defaults_are_the_client_defaults() {
         let f = flags(&["--broker", "h:1"]).expect("parses");
-        let Source::Brokers { config, .. } = f.source.source().expect("valid") else {
+        let IdsFrom::Brokers { config, .. } = source(&f.source).expect("valid") else {
             panic!("broker mode expected")
         };
         let d = BrokerClientConfig::default();
@@ -309,7 +302,7 @@ mod tests {
     #[test]
     fn the_old_timeout_flag_sets_both_and_conflicts_with_the_new_ones() {
         let f = flags(&["--nodes", "redis://a:1", "--timeout-ms", "300"]).expect("parses");
-        let Source::Nodes(c) = f.source.source().expect("valid") else {
+        let IdsFrom::Nodes(c) = source(&f.source).expect("valid") else {
             panic!("direct mode expected")
         };
         assert_eq!(c.connect_timeout, Duration::from_millis(300));
@@ -339,7 +332,7 @@ mod tests {
             "40",
         ])
         .expect("parses");
-        let Source::Brokers { addrs, config } = f.source.source().expect("valid") else {
+        let IdsFrom::Brokers { addrs, config } = source(&f.source).expect("valid") else {
             panic!("broker mode expected")
         };
         assert_eq!(addrs, ["h:1", "h:2"]);
@@ -369,14 +362,10 @@ mod tests {
             &["--nodes", "redis://a:1", "--reply-timeout-ms", "0"][..],
             &["--broker", "h:1", "--connections", "0"][..],
         ] {
-            let e = flags(args)
-                .expect("parses")
-                .source
-                .source()
-                .expect_err("refused");
+            let e = source(&flags(args).expect("parses").source).expect_err("refused");
             assert_eq!(
-                crate::exit::cause_of(&e, |_| None),
-                crate::Cause::Usage,
+                qcli::cause_of(&e, |_| None),
+                qcli::Cause::Usage,
                 "{args:?}: {e:#}"
             );
         }
