@@ -20,16 +20,27 @@ test-deps:
 	bash scripts/test-deps.sh
 
 # A cold target dir compiles RocksDB from source first: say so, or it looks like a hang.
+# `cargo test` leaves binaries with the test hooks in target/release; `cargo build` puts
+# the release ones back (the test builds keep their own files in deps/), and
+# check-release.sh proves it on the files: no test hooks, no ID client in merger.
 build: deps
 	@ls $$CARGO_TARGET_DIR/release/build/librocksdb-sys-*/out/librocksdb.a >/dev/null 2>&1 || echo "qlist: first build: compiling RocksDB from source into $$CARGO_TARGET_DIR (about 13 minutes on 2 cores; later builds reuse it)" >&2
 	cargo build --release --workspace --bins
+	bash scripts/check-release.sh
 
-# deps.sh's detection on fake trees (no build needed, so it runs first), the whole test
+# deps.sh's detection on fake trees (no build needed, so it runs first), no import circle
+# in any crate (scripts/check_imports.py), the whole test
 # suite (real redis-server processes, real RocksDB), a compile check of the benchmarks,
-# and a small run of the demo (the README's first command).
+# the release check (first on the test builds, which must have the hooks: the check can
+# see them; then on the release build, which must not), and a small run of the demo (the
+# README's first command) on the release binaries.
 test: deps-all test-deps build
+	python3 scripts/check_imports.py
 	cargo test --release --workspace --no-fail-fast
 	cargo bench --workspace --no-run
+	bash scripts/check-release.sh --hooked
+	cargo build --release --workspace --bins
+	bash scripts/check-release.sh
 	d=$$(mktemp -d) && QLIST_DEMO_DIR=$$d/demo QLIST_DEMO_ITEMS=20000 bash scripts/demo.sh && rm -rf $$d
 
 # Formatting, lints and docs, on the release profile the tests built (cargo doc --release

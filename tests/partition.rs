@@ -9,9 +9,9 @@ mod common;
 
 use common::{Mode, Proxy};
 use idclient::{ClientConfig, IdError, IdRange, IdSource, Protocol, QuorumClient};
+use idtools::announced::{Announced, START_TIMEOUT};
 use idtools::cluster::LocalQuorum;
 use idtools::history::{check, monotonic_ns, Event};
-use idtools::proc::{Announced, START_TIMEOUT};
 use std::net::SocketAddr;
 use std::time::Duration;
 

@@ -1,7 +1,7 @@
 //! The broker's limits and timeouts: [`BrokerConfig`], whose defaults are the named
 //! constants here, each with the reason for its value.
 
-use crate::net::ListenTls;
+use crate::listen_tls::ListenTls;
 use std::time::Duration;
 
 /// Default cap on open connections. Each costs ~100 KiB of buffers at most; clients

@@ -36,6 +36,7 @@
 //! (buffers + in-flight), and no connection holds its slot without doing something.
 
 mod config;
+mod listen_tls;
 pub mod metrics;
 mod net;
 pub mod serve;
@@ -43,8 +44,8 @@ pub mod stats;
 
 pub use config::*;
 pub use idproto::wire::BrokerStats;
+pub use listen_tls::ListenTls;
 pub use net::resp::MAX_REQUEST_LEN as MAX_RESP_REQUEST_LEN;
-pub use net::ListenTls;
 pub use serve::election::{ElectionConfig, ElectionQuorum, QuorumElection};
 pub use serve::leader_source::LeaderSource;
 pub use serve::source::{Admit, Leadership, RoundSource};
@@ -107,7 +108,8 @@ pub async fn run_with<S: RoundSource>(
 ) -> Result<BrokerStats, BrokerError> {
     config.validate()?;
     let config = Arc::new(config);
-    stats.set_source(source.clone());
+    let described = source.clone();
+    stats.set_describe(move |s| described.describe(s));
     let name = listener
         .local_addr()
         .map_or_else(|_| "idbroker".to_string(), |a| a.to_string());

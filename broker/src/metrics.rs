@@ -674,7 +674,8 @@ mod tests {
 
     fn described(role: &'static str, leader: Option<&'static str>, term: u64) -> Arc<Stats> {
         let stats = Arc::new(Stats::default());
-        stats.set_source(Arc::new(Described(role, leader, term)));
+        let source = Described(role, leader, term);
+        stats.set_describe(move |s| source.describe(s));
         stats
     }
 

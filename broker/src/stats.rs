@@ -1,13 +1,12 @@
 //! The broker's counters: lock-free atomics updated by the batcher and the connections,
 //! snapshotted into [`BrokerStats`] for the wire and the periodic log line.
 
-use crate::serve::source::RoundSource;
 use idproto::wire::{BrokerStats, BATCH_BUCKETS};
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
-use std::sync::{Arc, OnceLock};
+use std::sync::OnceLock;
 use std::time::{Duration, Instant};
 
-/// The source's part of a snapshot ([`RoundSource::describe`]).
+/// The source's part of a snapshot (the serving source's `RoundSource::describe`).
 type Describe = Box<dyn Fn(&mut BrokerStats) + Send + Sync>;
 
 /// Live counters. Relaxed ordering: each counter is read on its own, for humans.
@@ -111,12 +110,10 @@ impl Stats {
         s
     }
 
-    /// Makes every later snapshot include `source`'s role and counters. Only the first
-    /// call counts (one broker, one source).
-    pub(crate) fn set_source<S: RoundSource>(&self, source: Arc<S>) {
-        let _ = self
-            .describe
-            .set(Box::new(move |stats| source.describe(stats)));
+    /// Makes every later snapshot include what `describe` adds (the serving source's role
+    /// and counters). Only the first call counts (one broker, one source).
+    pub(crate) fn set_describe(&self, describe: impl Fn(&mut BrokerStats) + Send + Sync + 'static) {
+        let _ = self.describe.set(Box::new(describe));
     }
 }
 

@@ -7,8 +7,9 @@ use idclient::broker_client::{fetch_stats_with_token, BrokerClient, BrokerClient
 use idclient::{IdSource, Token};
 use idproto::framed::FrameReader;
 use idproto::wire::{self, ServerMsg};
+use idtools::announced::{Announced, START_TIMEOUT};
 use idtools::cluster::{test_quorum, LocalQuorum};
-use idtools::proc::{self, Announced, TestBroker, START_TIMEOUT};
+use idtools::proc::{self, TestBroker};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;

@@ -6,8 +6,8 @@
 
 use idclient::broker_client::{BrokerClient, BrokerClientConfig};
 use idclient::IdSource;
+use idtools::announced::{Announced, START_TIMEOUT};
 use idtools::cluster::{free_port, test_quorum};
-use idtools::proc::{Announced, START_TIMEOUT};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;

@@ -6,9 +6,10 @@
 
 use idclient::broker_client::{fetch_stats_with, BrokerClient, BrokerClientConfig};
 use idclient::{BrokerTls, ClientCert, IdError, IdSource, Token};
+use idtools::announced::{Announced, START_TIMEOUT};
 use idtools::cluster::{test_quorum, LocalQuorum};
 use idtools::pki::Pki;
-use idtools::proc::{self, Announced, TestBroker, START_TIMEOUT};
+use idtools::proc::{self, TestBroker};
 use idtools::resp::python;
 use std::ffi::OsStr;
 use std::path::Path;

@@ -8,8 +8,8 @@
 //! (it can serve nothing after that) to the return of the first successful request
 //! invoked after it: only a live broker can have served that request.
 
+use crate::announced::Announced;
 use crate::history::{self, monotonic_ns, Event, Violation};
-use crate::proc::Announced;
 use idclient::broker_client::{
     fetch_stats, fetch_stats_with_token, BrokerClient, BrokerClientConfig,
 };

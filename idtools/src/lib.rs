@@ -11,8 +11,9 @@
 //! - [`mod@bench`]: the closed-loop load driver behind `idctl bench` and the fault tests.
 //! - [`failover`]: leader failover under load, measured (`idctl failover`).
 //! - [`chart`]: the benchmark sweep as an SVG picture (`idctl chart`, BENCHMARKS.md).
-//! - [`proc`]: child processes that announce their addresses (`idbroker`), killed by pid
-//!   on drop: for `idctl failover` and the real-process tests.
+//! - [`announced`]: child processes that announce their addresses (`idbroker`), killed by
+//!   pid on drop: for `idctl failover` and the real-process tests.
+//! - [`proc`]: test brokers on free ports ([`proc::TestBroker`]), on top of `announced`.
 //! - [`pki`]: throwaway certificates for the TLS tests.
 //! - [`resp`]: `redis-cli` runs and `QLIST.NEXT` replies, for the broker's RESP tests.
 //! - [`raw`]: hand-driven connections to a broker's binary listener (Hello, one message,
@@ -20,6 +21,7 @@
 //!
 //! The binary `idctl` (src/bin/idctl.rs) is the command-line face of them all.
 
+pub mod announced;
 pub mod bench;
 pub mod chart;
 pub mod cluster;

@@ -10,7 +10,7 @@
 
 mod common;
 use common::{idbroker_bin, idctl, text};
-use idtools::proc::{Announced, START_TIMEOUT};
+use idtools::announced::{Announced, START_TIMEOUT};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};

@@ -4,8 +4,8 @@
 
 mod common;
 use common::{idbroker_bin, text};
+use idtools::announced::{Announced, START_TIMEOUT};
 use idtools::cluster::{test_quorum, LocalQuorum};
-use idtools::proc::{Announced, START_TIMEOUT};
 use std::path::Path;
 use std::process::{Command, Output, Stdio};
 

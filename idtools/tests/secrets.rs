@@ -7,8 +7,8 @@
 
 mod common;
 use common::{idbroker_bin, idctl, text};
+use idtools::announced::{Announced, START_TIMEOUT};
 use idtools::cluster::{node_command, test_quorum, LocalQuorum};
-use idtools::proc::{Announced, START_TIMEOUT};
 use std::process::{Command, Stdio};
 
 const PASSWORD: &str = "Pw-7f3a9c-do-not-print";

@@ -21,8 +21,10 @@ mod dir;
 mod error;
 mod location;
 mod object;
+mod options;
 mod s3;
 mod store;
+mod tasks;
 mod upload;
 
 #[cfg(feature = "testing")]
@@ -31,11 +33,12 @@ pub mod testing;
 pub use error::StoreError;
 pub use location::Location;
 pub use object::{Object, RangeReader};
-pub use s3::S3Config;
-pub use store::{
-    Store, StoreOptions, DEFAULT_DEADLINE, DEFAULT_IN_FLIGHT, DEFAULT_PART_SIZE,
-    DEFAULT_READ_CHUNK, S3_MAX_PART_SIZE, S3_MIN_PART_SIZE,
+pub use options::{
+    StoreOptions, DEFAULT_DEADLINE, DEFAULT_IN_FLIGHT, DEFAULT_PART_SIZE, DEFAULT_READ_CHUNK,
+    S3_MAX_PART_SIZE, S3_MIN_PART_SIZE,
 };
+pub use s3::S3Config;
+pub use store::Store;
 pub use upload::Upload;
 
 #[cfg(all(test, feature = "testing"))]

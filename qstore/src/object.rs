@@ -10,9 +10,10 @@ use std::sync::Arc;
 use bytes::Bytes;
 use tokio::task::JoinHandle;
 
+use crate::options::StoreOptions;
 use crate::s3::S3Target;
-use crate::store::wait;
-use crate::{Location, Store, StoreError};
+use crate::tasks::{wait, Tasks};
+use crate::{Location, StoreError};
 
 /// One run opened for reading: a local file or an S3 object, of a size fixed at
 /// [`Store::open`]. Cheap to clone; `Send + Sync`.
@@ -24,7 +25,7 @@ pub struct Object {
 struct Inner {
     loc: Location,
     len: u64,
-    store: Store,
+    tasks: Tasks,
     opts_read_chunk: u64,
     opts_in_flight: usize,
     source: Source,
@@ -51,7 +52,8 @@ impl std::fmt::Debug for Object {
 
 impl Object {
     pub(crate) fn open_file(
-        store: &Store,
+        tasks: &Tasks,
+        opts: StoreOptions,
         loc: &Location,
         path: &Path,
     ) -> Result<Object, StoreError> {
@@ -66,27 +68,39 @@ impl Object {
                 std::io::Error::other("is a directory, not a run"),
             ));
         }
-        Ok(Object::build(store, loc, meta.len(), Source::File(file)))
+        Ok(Object::build(
+            tasks,
+            opts,
+            loc,
+            meta.len(),
+            Source::File(file),
+        ))
     }
 
     pub(crate) fn from_s3(
-        store: &Store,
+        tasks: &Tasks,
+        opts: StoreOptions,
         loc: &Location,
         target: S3Target,
         len: u64,
         etag: Option<String>,
     ) -> Object {
         let etag = etag.map(Arc::from);
-        Object::build(store, loc, len, Source::S3 { target, etag })
+        Object::build(tasks, opts, loc, len, Source::S3 { target, etag })
     }
 
-    fn build(store: &Store, loc: &Location, len: u64, source: Source) -> Object {
-        let opts = store.options();
+    fn build(
+        tasks: &Tasks,
+        opts: StoreOptions,
+        loc: &Location,
+        len: u64,
+        source: Source,
+    ) -> Object {
         Object {
             inner: Arc::new(Inner {
                 loc: loc.clone(),
                 len,
-                store: store.clone(),
+                tasks: tasks.clone(),
                 opts_read_chunk: opts.read_chunk as u64,
                 opts_in_flight: opts.in_flight,
                 source,
@@ -189,7 +203,7 @@ impl Object {
         };
         let (target, etag) = (target.clone(), etag.clone());
         self.inner
-            .store
+            .tasks
             .spawn(async move { target.get_range(etag.as_deref(), range).await })
     }
 }

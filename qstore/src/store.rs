@@ -1,73 +1,16 @@
-//! [`Store`]: the entry point, one per process; [`StoreOptions`].
+//! [`Store`]: the entry point, one per process.
 
 use std::collections::HashMap;
-use std::future::Future;
-use std::sync::{Arc, Mutex, OnceLock};
-use std::time::Duration;
+use std::sync::{Arc, Mutex};
 
 use object_store::aws::AmazonS3;
 use object_store::path::Path;
-use tokio::runtime::{Handle, Runtime};
-use tokio::task::JoinHandle;
 
 use crate::location::is_run_name;
+use crate::options::StoreOptions;
 use crate::s3::{S3Config, S3Target};
+use crate::tasks::Tasks;
 use crate::{dir, Location, Object, StoreError, Upload};
-
-/// How long one operation (a read, a part, a listing) may take, retries included: long
-/// enough to ride out an S3 server restart or a throttling burst, short enough that a dead
-/// endpoint is reported within a minute.
-pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(60);
-/// Bytes per ranged GET: large enough that per-request latency (~10-50 ms on S3) is a
-/// small part of the transfer time, small enough to keep per-run read-ahead memory low.
-pub const DEFAULT_READ_CHUNK: usize = 4 << 20;
-/// Ranged GETs in flight per reader: one being consumed while the next arrives.
-pub const DEFAULT_IN_FLIGHT: usize = 2;
-/// Multipart part size: S3 allows at most 10,000 parts, so 8 MiB parts allow 78 GiB runs.
-pub const DEFAULT_PART_SIZE: usize = 8 << 20;
-/// S3 rejects parts smaller than 5 MiB (except the last) when the upload is completed.
-pub const S3_MIN_PART_SIZE: usize = 5 << 20;
-/// S3's largest part.
-pub const S3_MAX_PART_SIZE: usize = 5 << 30;
-/// The runtime for S3 requests: they wait on the network, not the CPU, and the machine
-/// running the merge also merges; two workers keep the TLS and hashing work off the caller.
-const RUNTIME_WORKERS: usize = 2;
-
-/// Limits and timeouts of a [`Store`].
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct StoreOptions {
-    /// Total time for one operation, retries with backoff included.
-    pub deadline: Duration,
-    /// Bytes per ranged GET in [`Object::read_ranges`] (and per local read).
-    pub read_chunk: usize,
-    /// Ranged GETs in flight per [`crate::RangeReader`].
-    pub in_flight: usize,
-    /// Multipart part size of S3 uploads (kept within S3's 5 MiB..5 GiB).
-    pub part_size: usize,
-}
-
-impl Default for StoreOptions {
-    fn default() -> Self {
-        StoreOptions {
-            deadline: DEFAULT_DEADLINE,
-            read_chunk: DEFAULT_READ_CHUNK,
-            in_flight: DEFAULT_IN_FLIGHT,
-            part_size: DEFAULT_PART_SIZE,
-        }
-    }
-}
-
-impl StoreOptions {
-    /// The same with every value within what works: no zero sizes, parts S3 accepts.
-    fn sane(self) -> StoreOptions {
-        StoreOptions {
-            deadline: self.deadline.max(Duration::from_millis(1)),
-            read_chunk: self.read_chunk.max(1),
-            in_flight: self.in_flight.max(1),
-            part_size: self.part_size.clamp(S3_MIN_PART_SIZE, S3_MAX_PART_SIZE),
-        }
-    }
-}
 
 /// Reads and writes runs at [`Location`]s. Cheap to clone (one `Arc`); one per process.
 ///
@@ -85,19 +28,7 @@ struct Inner {
     s3_config: Mutex<Option<S3Config>>,
     /// One client per bucket: each keeps its own connection pool.
     clients: Mutex<HashMap<String, Arc<AmazonS3>>>,
-    runtime: OnceLock<Result<RuntimeGuard, String>>,
-}
-
-/// Shuts the runtime down without waiting, so that a [`Store`] dropped inside another
-/// runtime does not panic (a plain `Runtime` drop blocks, which tokio forbids there).
-struct RuntimeGuard(Option<Runtime>);
-
-impl Drop for RuntimeGuard {
-    fn drop(&mut self) {
-        if let Some(rt) = self.0.take() {
-            rt.shutdown_background();
-        }
-    }
+    tasks: Tasks,
 }
 
 impl std::fmt::Debug for Store {
@@ -126,7 +57,7 @@ impl Store {
                 opts: opts.sane(),
                 s3_config: Mutex::new(config),
                 clients: Mutex::new(HashMap::new()),
-                runtime: OnceLock::new(),
+                tasks: Tasks::default(),
             }),
         }
     }
@@ -147,7 +78,7 @@ impl Store {
             Location::Dir(path) => dir::list_runs(path)?,
             Location::S3 { .. } => {
                 let target = self.s3_target(loc)?;
-                let metas = self.run(async move { target.list().await })?;
+                let metas = self.inner.tasks.run(async move { target.list().await })?;
                 metas
                     .iter()
                     .filter_map(|m| m.location.filename())
@@ -167,15 +98,22 @@ impl Store {
     /// [`StoreError::NotFound`] if it does not exist; I/O, S3 and configuration errors.
     pub fn open(&self, loc: &Location) -> Result<Object, StoreError> {
         match loc {
-            Location::Dir(path) => Object::open_file(self, loc, path),
+            Location::Dir(path) => Object::open_file(&self.inner.tasks, self.inner.opts, loc, path),
             Location::S3 { .. } => {
                 let target = self.s3_object(loc)?;
                 let t = target.clone();
-                let meta = self.run(async move { t.head().await })?;
+                let meta = self.inner.tasks.run(async move { t.head().await })?;
                 let meta = meta.ok_or_else(|| StoreError::NotFound {
                     object: loc.to_string(),
                 })?;
-                Ok(Object::from_s3(self, loc, target, meta.size, meta.e_tag))
+                Ok(Object::from_s3(
+                    &self.inner.tasks,
+                    self.inner.opts,
+                    loc,
+                    target,
+                    meta.size,
+                    meta.e_tag,
+                ))
             }
         }
     }
@@ -189,7 +127,11 @@ impl Store {
     pub fn create(&self, loc: &Location) -> Result<Upload, StoreError> {
         match loc {
             Location::Dir(path) => Upload::create_file(path),
-            Location::S3 { .. } => Ok(Upload::create_s3(self, self.s3_object(loc)?)),
+            Location::S3 { .. } => Ok(Upload::create_s3(
+                &self.inner.tasks,
+                self.inner.opts.part_size,
+                self.s3_object(loc)?,
+            )),
         }
     }
 
@@ -206,7 +148,11 @@ impl Store {
             },
             Location::S3 { .. } => {
                 let target = self.s3_object(loc)?;
-                Ok(self.run(async move { target.head().await })?.is_some())
+                Ok(self
+                    .inner
+                    .tasks
+                    .run(async move { target.head().await })?
+                    .is_some())
             }
         }
     }
@@ -261,53 +207,4 @@ impl Store {
         clients.insert(bucket.to_string(), Arc::clone(&client));
         Ok(client)
     }
-
-    /// The S3 runtime, started on first use.
-    fn runtime(&self) -> Result<&Handle, StoreError> {
-        let rt = self.inner.runtime.get_or_init(|| {
-            tokio::runtime::Builder::new_multi_thread()
-                .worker_threads(RUNTIME_WORKERS)
-                .thread_name("qstore-s3")
-                .enable_all()
-                .build()
-                .map(|rt| RuntimeGuard(Some(rt)))
-                .map_err(|e| e.to_string())
-        });
-        match rt {
-            Ok(RuntimeGuard(Some(rt))) => Ok(rt.handle()),
-            Ok(RuntimeGuard(None)) => unreachable!("the runtime is taken only on drop"),
-            Err(e) => Err(StoreError::Config {
-                message: format!("cannot start the S3 runtime: {e}"),
-            }),
-        }
-    }
-
-    /// Starts `fut` on the S3 runtime.
-    pub(crate) fn spawn<T, F>(
-        &self,
-        fut: F,
-    ) -> Result<JoinHandle<Result<T, StoreError>>, StoreError>
-    where
-        T: Send + 'static,
-        F: Future<Output = Result<T, StoreError>> + Send + 'static,
-    {
-        Ok(self.runtime()?.spawn(fut))
-    }
-
-    /// Runs `fut` on the S3 runtime and waits for it: never `Runtime::block_on`, so any
-    /// thread may call it.
-    pub(crate) fn run<T, F>(&self, fut: F) -> Result<T, StoreError>
-    where
-        T: Send + 'static,
-        F: Future<Output = Result<T, StoreError>> + Send + 'static,
-    {
-        wait(self.spawn(fut)?)
-    }
-}
-
-/// Waits for a task started with [`Store::spawn`], from any thread.
-pub(crate) fn wait<T>(handle: JoinHandle<Result<T, StoreError>>) -> Result<T, StoreError> {
-    futures::executor::block_on(handle).map_err(|e| StoreError::Config {
-        message: format!("an S3 task ended abnormally: {e}"),
-    })?
 }

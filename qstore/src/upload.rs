@@ -12,8 +12,8 @@ use tracing::{debug, warn};
 
 use crate::dir::DirUpload;
 use crate::s3::S3Target;
-use crate::store::wait;
-use crate::{Store, StoreError};
+use crate::tasks::{wait, Tasks};
+use crate::StoreError;
 
 /// Parts uploading at once: one on the wire while the next is filled (S3 throughput per
 /// connection is ~50-100 MB/s), and memory stays within (2 + 1) x part_size.
@@ -52,12 +52,12 @@ impl Upload {
         })
     }
 
-    pub(crate) fn create_s3(store: &Store, target: S3Target) -> Upload {
+    pub(crate) fn create_s3(tasks: &Tasks, part_size: usize, target: S3Target) -> Upload {
         Upload {
             inner: Inner::S3(S3Upload {
-                store: store.clone(),
+                tasks: tasks.clone(),
                 target,
-                part_size: store.options().part_size,
+                part_size,
                 buf: Vec::new(),
                 multipart: None,
                 bytes: 0,
@@ -140,7 +140,7 @@ impl Write for Upload {
 /// An S3 upload: buffered into parts; the multipart upload starts with the first full
 /// part, so a small object is one PUT.
 struct S3Upload {
-    store: Store,
+    tasks: Tasks,
     target: S3Target,
     part_size: usize,
     /// The part being filled.
@@ -192,7 +192,7 @@ impl S3Upload {
         let data = Bytes::from(std::mem::take(&mut self.buf));
         if self.multipart.is_none() {
             let t = self.target.clone();
-            let id = self.store.run(async move { t.create_multipart().await })?;
+            let id = self.tasks.run(async move { t.create_multipart().await })?;
             debug!(object = %self.target.name, "multipart upload started");
             self.multipart = Some(Multipart {
                 id,
@@ -210,7 +210,7 @@ impl S3Upload {
         mp.next += 1;
         let payload = PutPayload::from(data);
         let handle = self
-            .store
+            .tasks
             .spawn(async move { t.put_part(&id, idx, payload).await })?;
         mp.pending.push_back(handle);
         Ok(())
@@ -229,7 +229,7 @@ impl S3Upload {
                 self.target.clone(),
                 Bytes::from(std::mem::take(&mut self.buf)),
             );
-            self.store
+            self.tasks
                 .run(async move { t.put(PutPayload::from(data)).await })?;
         } else {
             if !self.buf.is_empty() {
@@ -240,7 +240,7 @@ impl S3Upload {
                 mp.parts.push(wait(handle)?);
             }
             let (t, id, parts) = (self.target.clone(), mp.id.clone(), mp.parts.clone());
-            self.store
+            self.tasks
                 .run(async move { t.complete(&id, parts).await })?;
         }
         self.completed = true;
@@ -261,7 +261,7 @@ impl Drop for S3Upload {
         }
         let (t, id) = (self.target.clone(), mp.id);
         let res = self
-            .store
+            .tasks
             .run(async move { t.abort(&id).await })
             .map(|()| debug!(object = %self.target.name, "multipart upload aborted"));
         if let Err(e) = res {

@@ -137,8 +137,12 @@ impl Acceptor {
 
     /// Tells a connection over the cap that it is refused, in its protocol.
     fn refuse(&self, stream: TcpStream, peer: SocketAddr, protocol: Protocol) {
-        let (refusing, config, stats) = (&self.refusing, &self.config, &self.stats);
-        refuse::at_cap(stream, peer, protocol, refusing, config, stats);
+        let cap = refuse::Cap {
+            max_connections: self.config.max_connections,
+            evict_min_idle: self.config.evict_min_idle,
+            tls: self.config.tls.is_some(),
+        };
+        refuse::at_cap(stream, peer, protocol, &self.refusing, cap, &self.stats);
     }
 
     /// Serves `stream` in its own task; the connection holds the slot `slot` until it

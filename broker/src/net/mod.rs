@@ -5,7 +5,7 @@
 //!   hold, the bounded wait for bytes, the path of a request into the batch queue.
 //! - `binary`: one binary-protocol connection (`docs/wire-protocol.md`).
 //! - `resp`: one RESP connection (any Redis client, `QLIST.NEXT`).
-//! - `tls`: TLS under both protocols ([`ListenTls`]).
+//! - `tls`: TLS under both protocols (the handshakes; the setting is [`ListenTls`](crate::ListenTls)).
 //! - `refuse`: refusals, in the client's protocol (at the cap, plain TCP on TLS).
 //! - `forward`: a follower's forwarding of RESP requests to the leader.
 //!
@@ -19,5 +19,3 @@ pub(crate) mod refuse;
 pub(crate) mod resp;
 pub(crate) mod session;
 pub(crate) mod tls;
-
-pub use tls::ListenTls;

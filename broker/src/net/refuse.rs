@@ -2,7 +2,6 @@
 //! on at once instead of guessing: a connection over the cap ([`at_cap`]), and a
 //! plain-TCP client on a TLS listener ([`plain_on_tls`]).
 
-use crate::config::BrokerConfig;
 use crate::stats::Stats;
 use idproto::wire::{self, ServerMsg};
 use std::net::SocketAddr;
@@ -26,6 +25,18 @@ pub(crate) enum Protocol {
     Resp,
 }
 
+/// What a refusal at the connection cap says and does, from the broker's configuration
+/// (taken apart by the acceptor, so that this module needs no configuration type).
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct Cap {
+    /// `--max-connections`.
+    pub(crate) max_connections: usize,
+    /// `--evict-min-idle-ms`.
+    pub(crate) evict_min_idle: Duration,
+    /// Whether the listener speaks TLS (then the connection is just closed).
+    pub(crate) tls: bool,
+}
+
 /// Tells a connection over the cap why it is closed, then closes it, in a task of its
 /// own: a binary client gets a `Refused` frame, a Redis client Redis's own words. At
 /// most `refusing`'s permits of these run at once; beyond that, and on a TLS listener
@@ -36,12 +47,12 @@ pub(crate) fn at_cap(
     peer: SocketAddr,
     protocol: Protocol,
     refusing: &Arc<Semaphore>,
-    config: &BrokerConfig,
+    cap: Cap,
     stats: &Stats,
 ) {
     stats.connections_total.fetch_add(1, Relaxed);
     stats.connections_dropped.fetch_add(1, Relaxed);
-    if config.tls.is_some() {
+    if cap.tls {
         tracing::info!(%peer, "TLS connection closed: connection cap reached");
         return;
     }
@@ -51,7 +62,7 @@ pub(crate) fn at_cap(
         Protocol::Binary => {
             let reason = format!(
                 "connection cap ({}) reached and no connection idle for {:?}: try another broker or later",
-                config.max_connections, config.evict_min_idle
+                cap.max_connections, cap.evict_min_idle
             );
             tracing::info!(%peer, "connection refused: {reason}");
             (refused_frame(reason), true)

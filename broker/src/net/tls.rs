@@ -11,15 +11,12 @@
 //! the broker client's too): tokio's owned TCP halves for plain connections, as before,
 //! `tokio::io::split` halves of the TLS stream otherwise.
 
+use crate::listen_tls::ListenTls;
 use crate::net::refuse::{self, Protocol};
-use idproto::tls::{self as socket, load_certs, load_key, ReadHalf, WriteHalf};
-use std::path::{Path, PathBuf};
-use std::sync::Arc;
+use idproto::tls::{self as socket, ReadHalf, WriteHalf};
 use std::time::Duration;
 use tokio::net::TcpStream;
 use tokio::time::{sleep, timeout_at, Instant};
-use tokio_rustls::rustls::server::WebPkiClientVerifier;
-use tokio_rustls::rustls::{RootCertStore, ServerConfig};
 use tokio_rustls::{TlsAcceptor, TlsStream};
 
 /// The first two bytes of every TLS connection: a handshake record (22), version 3.x.
@@ -29,70 +26,6 @@ const TLS_RECORD_START: [u8; 2] = [0x16, 0x03];
 
 /// Pause between two looks at a connection whose first byte came alone.
 const PEEK_PAUSE: Duration = Duration::from_millis(10);
-
-/// The listeners' certificate and key, and the CA client certificates must chain to
-/// (if any). Its `Debug` names the files, never their contents.
-#[derive(Clone)]
-pub struct ListenTls {
-    cert_file: PathBuf,
-    client_ca_file: Option<PathBuf>,
-    acceptor: TlsAcceptor,
-}
-
-impl std::fmt::Debug for ListenTls {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ListenTls")
-            .field("cert_file", &self.cert_file)
-            .field("client_ca_file", &self.client_ca_file)
-            .finish_non_exhaustive()
-    }
-}
-
-impl ListenTls {
-    /// Loads the certificate chain in `cert_file` (PEM, leaf first) and its private key
-    /// in `key_file`; with `client_ca_file`, clients must present a certificate that
-    /// chains to a CA in it.
-    ///
-    /// # Errors
-    /// A file that cannot be read or holds no usable certificate (or key), or a key that
-    /// does not match the certificate: named, without any of the key's content.
-    pub fn load(
-        cert_file: &Path,
-        key_file: &Path,
-        client_ca_file: Option<&Path>,
-    ) -> Result<ListenTls, String> {
-        socket::install_crypto_provider();
-        let chain = load_certs(cert_file, "TLS certificate")?;
-        let key = load_key(key_file, "TLS key")?;
-        let builder = match client_ca_file {
-            None => ServerConfig::builder().with_no_client_auth(),
-            Some(path) => {
-                let mut roots = RootCertStore::empty();
-                for cert in load_certs(path, "TLS client CA file")? {
-                    roots.add(cert).map_err(|e| {
-                        format!("TLS client CA file {}: unusable CA: {e}", path.display())
-                    })?;
-                }
-                let verifier = WebPkiClientVerifier::builder(Arc::new(roots))
-                    .build()
-                    .map_err(|e| format!("TLS client CA file {}: {e}", path.display()))?;
-                ServerConfig::builder().with_client_cert_verifier(verifier)
-            }
-        };
-        let config = builder.with_single_cert(chain, key).map_err(|e| {
-            format!(
-                "TLS certificate {} and key {}: {e}",
-                cert_file.display(),
-                key_file.display()
-            )
-        })?;
-        Ok(ListenTls {
-            cert_file: cert_file.to_path_buf(),
-            client_ca_file: client_ca_file.map(Path::to_path_buf),
-            acceptor: TlsAcceptor::from(Arc::new(config)),
-        })
-    }
-}
 
 /// Why a connection ended before its TLS handshake completed.
 #[derive(Debug, thiserror::Error)]
@@ -124,7 +57,7 @@ pub(crate) async fn accept(
     limit: Duration,
 ) -> Result<Option<(ReadHalf, WriteHalf)>, TlsError> {
     stream.set_nodelay(true)?;
-    match timeout_at(deadline, handshake(&tls.acceptor, stream, protocol)).await {
+    match timeout_at(deadline, handshake(tls.acceptor(), stream, protocol)).await {
         Ok(s) => Ok(s?.map(socket::split_tls)),
         Err(_) => Err(TlsError::Timeout(limit)),
     }
