@@ -6,7 +6,7 @@
 //! - `runs dir`: `merger --runs RUNSDIR --out list.bin` (goals: at least 1.0x sublists,
 //!   0.9x `scan`, 0.6x `cat`);
 //! - `runs s3`: `merger --runs s3://bucket/prefix --out list.bin`, the runs in a real
-//!   SeaweedFS (`qstore::testing::TestS3`) (goal: at least 0.8x `s3 read`);
+//!   SeaweedFS (`testkit::s3::TestS3`) (goal: at least 0.8x `s3 read`);
 //! - `s3 read`: the plain reader of the same objects on the same server, the limit the
 //!   S3 merge is measured against: every object fetched whole with ranged GETs of 4 MiB,
 //!   32 in flight across the objects, the bytes discarded (this binary as a child);
@@ -70,12 +70,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
-use qstore::testing::TestS3;
 use rand::{Rng, SeedableRng};
 use sublist::listbin::Crc32;
 use sublist::run::{Footer, FOOTER_LEN, HEADER_LEN, MAGIC};
 use sublist::shard::{Progress, ShardWriter};
 use sublist::Record;
+use testkit::s3::TestS3;
 
 const DEFAULT_ITEMS: u64 = 10_000_000;
 const PAYLOAD: usize = 100;
@@ -92,7 +92,7 @@ const FLAT_PART: u32 = 1;
 /// The small fixture holds 1/this of the items.
 const SMALL_DIVISOR: u64 = 10;
 const BUCKET: &str = "qlist-bench";
-/// `qstore::testing::TestS3` caps its server at 8 volumes of 64 MB (small and sparse for
+/// `testkit::s3::TestS3` caps its server at 8 volumes of 64 MB (small and sparse for
 /// tests): about 500 MB, less than one 10M-item fixture (1.3 GB). The bench starts the
 /// same server through a wrapper script that appends larger limits (`weed` takes the last
 /// value of a repeated flag): 64 volumes of 1 GB, sparse files on the temp dir's disk.
@@ -289,13 +289,13 @@ fn merger_path() -> PathBuf {
 }
 
 /// `$QLIST_WEED`, else `$QLIST_PY/bin/weed` (default /var/tmp/qlist-py), else `weed`:
-/// what `qstore::testing` would run.
+/// what `testkit::s3` would run.
 fn real_weed() -> PathBuf {
-    if let Some(w) = std::env::var_os(qstore::testing::WEED_ENV) {
+    if let Some(w) = std::env::var_os(testkit::s3::WEED_ENV) {
         return PathBuf::from(w);
     }
-    let venv = std::env::var_os(qstore::testing::VENV_ENV)
-        .map_or_else(|| PathBuf::from(qstore::testing::VENV), PathBuf::from);
+    let venv = std::env::var_os(testkit::s3::VENV_ENV)
+        .map_or_else(|| PathBuf::from(testkit::s3::VENV), PathBuf::from);
     let weed = venv.join("bin/weed");
     if weed.is_file() {
         weed
@@ -317,7 +317,7 @@ fn start_s3(root: &Path) -> TestS3 {
     std::fs::set_permissions(&wrapper, std::fs::Permissions::from_mode(0o755))
         .expect("chmod weed wrapper");
     // Single-threaded here: nothing else reads the environment concurrently.
-    std::env::set_var(qstore::testing::WEED_ENV, &wrapper);
+    std::env::set_var(testkit::s3::WEED_ENV, &wrapper);
     TestS3::start(BUCKET)
 }
 
@@ -912,8 +912,8 @@ c, count = timed("SELECT count(*) FROM read_parquet(?)")
 r, rng = timed("SELECT count(*), sum(octet_length(payload)) FROM read_parquet(?) WHERE id BETWEEN ? AND ?", lo, hi)
 print(json.dumps({"count_s": c, "count": count[0][0], "range_s": r, "range_rows": rng[0][0]}))
 "#;
-    let venv = std::env::var_os(qstore::testing::VENV_ENV)
-        .map_or_else(|| PathBuf::from(qstore::testing::VENV), PathBuf::from);
+    let venv = std::env::var_os(testkit::s3::VENV_ENV)
+        .map_or_else(|| PathBuf::from(testkit::s3::VENV), PathBuf::from);
     let lo = f.items / 2;
     let hi = lo + f.items / 1000;
     let mut out = Vec::new();

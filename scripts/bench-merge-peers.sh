@@ -1,6 +1,5 @@
 #!/usr/bin/env bash
-# The merge against the tools a user would otherwise reach for (issue 33, "A peer benchmark
-# in the project"), in one command and one run:
+# The merge against the tools a user would otherwise reach for, in one command and one run:
 #
 #   bash scripts/bench-merge-peers.sh | tee peers.txt      # 10M items, 4 and 64 shards, 3 reps
 #   QLIST_PEER_ITEMS=200000 QLIST_PEER_REPS=1 bash scripts/bench-merge-peers.sh   # a smoke run

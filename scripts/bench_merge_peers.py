@@ -631,7 +631,7 @@ def make_report(fixtures, results, shards_list, items, reps, threads, wrap_name,
     ]
     L.append("Ratios (throughput, from the medians of this run: > 1 means the first is faster):")
     L.append("")
-    L.append("| ratio | " + " | ".join(f"{S} shards" for S in shards_list) + " | goal (issue 33) |")
+    L.append("| ratio | " + " | ".join(f"{S} shards" for S in shards_list) + " | goal |")
     L.append("|---|" + "--:|" * len(shards_list) + "---|")
     for name, q, peer, goal, fn in specs:
         cells = []

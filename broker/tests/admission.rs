@@ -1,6 +1,6 @@
 //! Admission at the connection cap, the authentication deadline, AUTH guessing and the
 //! RESP decoder's cost, each attacked with raw TCP clients against a real idbroker
-//! process on a real Redis quorum (issue #23, findings 1-4).
+//! process on a real Redis quorum.
 
 use idclient::broker_client::{BrokerClient, BrokerClientConfig};
 use idclient::{IdSource, Token};

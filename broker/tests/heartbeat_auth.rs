@@ -1,7 +1,7 @@
 //! What a writer to the nodes, a careless `--advertise` and a SIGTERM can do to the
 //! election, end to end: real `idbroker` processes on a real redis quorum, keys written
 //! with the `redis` crate, a sink listener the test owns counting the connections that
-//! reach it, raw pipelining RESP clients (issue #23, findings 6, 7 and 8).
+//! reach it, raw pipelining RESP clients.
 //!
 //! - A forged heartbeat (a higher term naming the sink) on every node, while the brokers
 //!   share a token: nobody steps down, nothing reaches the sink, IDs keep being served.

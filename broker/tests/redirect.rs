@@ -1,5 +1,4 @@
-//! The broker client reaches the leader from any broker it is given (issue #23, findings
-//! 9 and 6): real `idbroker --serve window` processes on a real Redis quorum, the real
+//! The broker client reaches the leader from any broker it is given: real `idbroker --serve window` processes on a real Redis quorum, the real
 //! `BrokerClient`, and TCP proxies owned by the test standing where a load balancer, a
 //! misadvertised address or another host name would.
 //!

@@ -448,15 +448,6 @@ impl RoundSource for Gated {
     }
 }
 
-/// Polls `cond` every 10 ms for up to 10 s.
-async fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
-    let until = Instant::now() + Duration::from_secs(10);
-    while !cond() {
-        assert!(Instant::now() < until, "timed out waiting for {what}");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
-}
-
 /// A RESP request and a binary request queued during the same round are served together
 /// by the next round: one batch, one range split between them.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -489,7 +480,10 @@ async fn resp_and_binary_requests_share_a_round() {
         .write_all(next_cmd(1).as_bytes())
         .await
         .expect("write");
-    wait_for("round 1", || rounds().len() == 1).await;
+    testkit::wait_for_async("round 1", testkit::WAIT_LIMIT, || {
+        std::future::ready(rounds().len() == 1)
+    })
+    .await;
 
     // Meanwhile one RESP and one binary request are queued. Each connection then sends a
     // request with a bad count, answered at once but counted only after the request

@@ -14,7 +14,7 @@ use idtools::announced::{Announced, START_TIMEOUT};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 fn deploy_dir() -> PathBuf {
     Path::new(env!("CARGO_MANIFEST_DIR")).join("../examples/deploy")
@@ -134,17 +134,6 @@ impl Drop for Nodes {
     }
 }
 
-fn wait_for(what: &str, mut ready: impl FnMut() -> bool) {
-    let start = Instant::now();
-    while !ready() {
-        assert!(
-            start.elapsed() < Duration::from_secs(20),
-            "{what}: not ready"
-        );
-        std::thread::sleep(Duration::from_millis(50));
-    }
-}
-
 #[test]
 fn redis_units_and_confs_make_a_durable_quorum() {
     let unit = parse_unit("qlist-redis@.service");
@@ -205,7 +194,7 @@ fn redis_units_and_confs_make_a_durable_quorum() {
             .expect("start redis-server (Debian package redis-server)");
         nodes.0.push(child);
         let node = nodes.0.last_mut().expect("node");
-        wait_for(&name, || {
+        testkit::wait_for(&name, testkit::WAIT_LIMIT, || {
             if let Ok(Some(status)) = node.try_wait() {
                 panic!("{name}: redis-server exited {status}");
             }

@@ -5,11 +5,12 @@ mod common;
 
 use std::io::{BufRead, BufReader};
 use std::path::{Path, PathBuf};
-use std::process::{Command, Output, Stdio};
+use std::process::{Command, Stdio};
 
 use common::{make_shard_with, merger as run, s, INPUT, MERGER, USAGE};
 use sublist::listbin::{verify, ListWriter};
 use sublist::Record;
+use testkit::assert_exit;
 
 fn text_payload(id: u64) -> Vec<u8> {
     format!("item-{id}").into_bytes()
@@ -23,18 +24,6 @@ fn three_shards(dir: &Path) -> Vec<PathBuf> {
             make_shard_with(dir, s, &ids, text_payload, true)
         })
         .collect()
-}
-
-#[track_caller]
-fn assert_fails_with(out: &Output, code: i32, needle: &str) {
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(
-        !out.status.success(),
-        "expected failure, got success; stderr: {stderr}"
-    );
-    assert_eq!(out.status.code(), Some(code), "exit code; stderr: {stderr}");
-    assert!(stderr.contains(needle), "stderr lacks {needle:?}: {stderr}");
-    assert!(!stderr.contains("panicked"), "panic: {stderr}");
 }
 
 fn dir_names(dir: &Path) -> Vec<String> {
@@ -161,12 +150,12 @@ fn no_shards_found() {
     let tmp = tempfile::tempdir().expect("tempdir");
     std::fs::create_dir(tmp.path().join("unrelated")).expect("mkdir");
     let list = tmp.path().join("list.bin");
-    assert_fails_with(
+    assert_exit(
         &run(&["--out", s(&list), "--data-dir", s(tmp.path())]),
         INPUT,
         "no sublists found",
     );
-    assert_fails_with(
+    assert_exit(
         &run(&[
             "--out",
             s(&list),
@@ -187,15 +176,15 @@ fn shard_dir_that_is_not_rocksdb() {
     std::fs::write(bogus.join("notes.txt"), "hello").expect("write");
     let list = tmp.path().join("list.bin");
     let out = run(&["--out", s(&list), "--data-dir", s(tmp.path())]);
-    assert_fails_with(&out, INPUT, "not a sublist database");
-    assert_fails_with(&out, INPUT, "shard-0");
-    assert_fails_with(
+    assert_exit(&out, INPUT, "not a sublist database");
+    assert_exit(&out, INPUT, "shard-0");
+    assert_exit(
         &run(&["--out", s(&list), s(&tmp.path().join("nope"))]),
         INPUT,
         "no such sublist database",
     );
     std::fs::create_dir(tmp.path().join("shard-3.bak")).expect("mkdir");
-    assert_fails_with(
+    assert_exit(
         &run(&["--out", s(&list), "--data-dir", s(tmp.path())]),
         INPUT,
         "not shard-<number>",
@@ -209,7 +198,7 @@ fn out_in_missing_directory() {
     let data = tmp.path().join("data");
     three_shards(&data);
     let list = tmp.path().join("no/such/dir/list.bin");
-    assert_fails_with(
+    assert_exit(
         &run(&["--out", s(&list), "--data-dir", s(&data)]),
         USAGE,
         "does not exist",
@@ -236,9 +225,9 @@ fn duplicate_id_across_shards_leaves_no_list() {
     std::fs::create_dir(&out_dir).expect("mkdir");
     let list = out_dir.join("list.bin");
     let out = run(&["--out", s(&list), "--data-dir", s(&data)]);
-    assert_fails_with(&out, INPUT, "duplicate id 5");
-    assert_fails_with(&out, INPUT, "shard-0");
-    assert_fails_with(&out, INPUT, "shard-1");
+    assert_exit(&out, INPUT, "duplicate id 5");
+    assert_exit(&out, INPUT, "shard-0");
+    assert_exit(&out, INPUT, "shard-1");
     assert_eq!(
         dir_names(&out_dir),
         Vec::<String>::new(),
@@ -252,13 +241,13 @@ fn same_shard_twice_and_unfinished() {
     let a = make_shard_with(&tmp.path().join("a"), 0, &[1, 2], text_payload, true);
     let b = make_shard_with(&tmp.path().join("b"), 0, &[3], text_payload, true);
     let list = tmp.path().join("list.bin");
-    assert_fails_with(
+    assert_exit(
         &run(&["--out", s(&list), s(&a), s(&b)]),
         INPUT,
         "both hold shard 0",
     );
     let c = make_shard_with(&tmp.path().join("c"), 1, &[4, 7], text_payload, false);
-    assert_fails_with(
+    assert_exit(
         &run(&["--out", s(&list), s(&a), s(&c)]),
         INPUT,
         "is not finished",
@@ -349,7 +338,7 @@ fn verify_rejects_corrupt_files() {
             "{name}: cat"
         );
     }
-    assert_fails_with(
+    assert_exit(
         &run(&["verify", s(&tmp.path().join("absent.bin"))]),
         INPUT,
         "absent.bin",
@@ -488,7 +477,7 @@ fn kill_9_mid_merge_leaves_no_partial_list() {
     assert_eq!(records_in(&list, "verify"), 80_000);
 }
 
-/// Issue 8: `--out` inside an input sublist (or spelled to reach one through a symlink or
+/// `--out` inside an input sublist (or spelled to reach one through a symlink or
 /// `..`), or named like a sublist in the data dir, used to succeed and destroy the input.
 #[test]
 fn out_that_would_destroy_an_input_is_refused() {
@@ -520,8 +509,8 @@ fn out_that_would_destroy_an_input_is_refused() {
         let mut all = vec!["--out", s(&out)];
         all.extend(args);
         let res = run(&all);
-        assert_fails_with(&res, USAGE, needle);
-        assert_fails_with(&res, USAGE, "refusing --out");
+        assert_exit(&res, USAGE, needle);
+        assert_exit(&res, USAGE, "refusing --out");
     }
     assert_eq!(
         std::fs::read(data.join("shard-0/CURRENT")).expect("read CURRENT"),
@@ -554,7 +543,7 @@ fn out_that_would_destroy_an_input_is_refused() {
     assert_eq!(records_in(&list, "verify"), 30);
 }
 
-/// Issue 9: a producer killed while creating its sublist leaves only
+/// A producer killed while creating its sublist leaves only
 /// `.creating-shard-<n>`; merging the data dir without a word about shard n dropped it.
 #[test]
 fn a_sublist_that_was_never_created_is_refused() {
@@ -573,7 +562,7 @@ fn a_sublist_that_was_never_created_is_refused() {
         "run the producer of shard 1 again",
         "--allow-unfinished",
     ] {
-        assert_fails_with(&out, INPUT, needle);
+        assert_exit(&out, INPUT, needle);
     }
     assert!(!list.exists(), "list.bin written without shard 1");
 

@@ -468,7 +468,7 @@ fn a_failed_merge_or_conversion_leaves_no_file_and_says_why() {
 /// list.bin there; the objects, fetched, read as the same list.
 #[test]
 fn parquet_to_and_from_s3() {
-    let s3 = qstore::testing::TestS3::start("qlist-parquet");
+    let s3 = testkit::s3::TestS3::start("qlist-parquet");
     let dir = tempfile::tempdir().expect("tempdir");
     let sublists = make_shards(&dir.path().join("data"), 3, 5_000);
     let run_with = |args: &[&str]| {

@@ -1,5 +1,5 @@
 //! The `merger` binary with runs and outputs in a real S3 server (SeaweedFS, started by
-//! `qstore::testing::TestS3` on loopback and stopped on drop): the same lists as from a
+//! `testkit::s3::TestS3` on loopback and stopped on drop): the same lists as from a
 //! directory, parts, and the faults: a missing, truncated, bit-flipped or replaced object,
 //! wrong credentials, an empty prefix, a missing shard, and the server killed and
 //! restarted in the middle of a merge that reads from it and writes to it.
@@ -11,7 +11,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 
 use common::*;
-use qstore::testing::TestS3;
+use testkit::s3::TestS3;
 
 /// The merger with the server's credentials in its environment.
 fn merger_s3(s3: &TestS3, args: &[&str]) -> Output {

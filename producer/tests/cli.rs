@@ -663,7 +663,7 @@ fn join_lines(lines: &[Vec<u8>]) -> Vec<u8> {
     out
 }
 
-/// Issue 14: after the quorum is wiped (FLUSHALL), a resumed producer gets IDs below the
+/// After the quorum is wiped (FLUSHALL), a resumed producer gets IDs below the
 /// sublist's last ID. It must say that the IDs went backwards (the nodes lost
 /// acknowledged writes) and write nothing, not print an internal `IdRange { .. }`.
 #[test]
@@ -714,7 +714,7 @@ fn ids_going_backwards_after_a_wiped_quorum_are_refused_clearly() {
     assert_eq!(items(&data, 0), before, "the sublist changed");
 }
 
-/// Issue 13: `--input <(zcat f.gz)` gives a pipe as /dev/fd/N. It cannot be read twice
+/// `--input <(zcat f.gz)` gives a pipe as /dev/fd/N. It cannot be read twice
 /// (the first pass used to eat it: "0 were read"); it is read once, like stdin, said up
 /// front, and refused on a started sublist. A named FIFO likewise.
 #[test]
@@ -763,7 +763,7 @@ fn a_pipe_or_fifo_as_input_is_read_once_like_stdin() {
     check_sublist(&items(&data, 1), 1, &[b"f0".to_vec(), b"f1".to_vec()]);
 }
 
-/// Issue 15: an input edited in place (same size) while the producer reads it used to be
+/// An input edited in place (same size) while the producer reads it used to be
 /// stored edited, and a rerun with the original said "nothing to do". What was read is
 /// hashed and compared with the first pass; a resume compares the stored items with the
 /// input's first lines.

@@ -1,18 +1,18 @@
 //! Sealing, with real processes of the `producer` binary, a real Redis quorum, real
-//! RocksDB and a real S3 server (SeaweedFS, `qstore::testing::TestS3`): `--seal-to` and
+//! RocksDB and a real S3 server (SeaweedFS, `testkit::s3::TestS3`): `--seal-to` and
 //! `producer seal` into a directory and into S3, idempotence and determinism, every error's
 //! exit code, kill -9 mid-seal, wrong credentials and an S3 server down when the seal starts.
 
 mod common;
 
 use common::{assert_exit, producer_cmd, quorum, run, stderr_lines};
-use qstore::testing::TestS3;
 use std::path::Path;
 use std::process::{Child, Output};
 use std::time::Duration;
 use sublist::run::{decode_block, RunMeta};
 use sublist::shard::{shard_db_path, Progress, ShardReader, ShardWriter};
 use sublist::Record;
+use testkit::s3::TestS3;
 
 /// The seal's crash-test hook (see the binary): stall once this many items are in the run.
 const SEAL_STALL_ENV: &str = "QLIST_PRODUCER_TEST_SEAL_STALL_AFTER";

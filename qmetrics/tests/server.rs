@@ -302,7 +302,7 @@ impl Drop for Prometheus {
     }
 }
 
-/// Issue #23, finding 5: one peer holding 64 slowloris connections (a header byte every
+/// One peer holding 64 slowloris connections (a header byte every
 /// 0.5 s, reconnecting whenever closed) must not stall scrapes from another peer. Every
 /// one of 60 scrapes from 127.0.0.1, one every 0.2 s, is answered, and a real Prometheus
 /// server started during the attack scrapes with `up == 1` throughout.

@@ -27,9 +27,6 @@ mod store;
 mod tasks;
 mod upload;
 
-#[cfg(feature = "testing")]
-pub mod testing;
-
 pub use error::StoreError;
 pub use location::Location;
 pub use object::{Object, RangeReader};
@@ -41,7 +38,7 @@ pub use s3::S3Config;
 pub use store::Store;
 pub use upload::Upload;
 
-#[cfg(all(test, feature = "testing"))]
+#[cfg(test)]
 mod s3_tests;
 #[cfg(test)]
 mod tests;

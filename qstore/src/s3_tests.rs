@@ -1,12 +1,12 @@
-//! The S3 paths against a real SeaweedFS server (`qstore::testing`; needs `weed`, see
+//! The S3 paths against a real SeaweedFS server (`testkit::s3`; needs `weed`, see
 //! `scripts/deps.sh`).
 
 use std::collections::HashMap;
 use std::io::Write;
 use std::time::{Duration, Instant};
 
-use crate::testing::TestS3;
 use crate::{Location, S3Config, Store, StoreError, StoreOptions, S3_MIN_PART_SIZE};
+use testkit::s3::TestS3;
 
 fn pattern(n: usize, seed: u8) -> Vec<u8> {
     (0..n).map(|i| (i * 7 + i / 251) as u8 ^ seed).collect()
@@ -121,7 +121,7 @@ fn missing_and_refused() {
     );
 
     let secret = "SECRET-sentinel-123";
-    let config = S3Config::new(crate::testing::ACCESS_KEY, secret)
+    let config = S3Config::new(testkit::s3::ACCESS_KEY, secret)
         .with_endpoint(&s3.endpoint())
         .with_allow_http(true);
     let bad = Store::with_s3_config(small_opts(), config);

@@ -1,5 +1,5 @@
 //! Directory round trips, and S3 failures without a server (the happy S3 paths are tested
-//! against a real SeaweedFS through `qstore::testing`).
+//! against a real SeaweedFS through `testkit::s3`).
 
 use std::io::Write;
 use std::path::Path;

@@ -13,7 +13,7 @@ use tokio::time::Instant;
 /// Most redirects one request follows (each to the leader a broker named): enough for a
 /// stale follower, then the broker it named, to lead the way to a new leader. Beyond
 /// it the brokers disagree or one advertises a wrong address: more redirects would only
-/// open connections (issue #23, finding 6).
+/// open connections.
 pub const MAX_REDIRECTS: usize = 3;
 
 /// Most leader addresses outside the list a client remembers (the oldest is replaced):

@@ -577,18 +577,14 @@ fn queued(c: &BrokerClient) -> usize {
     COALESCE_QUEUE - q.room.available_permits()
 }
 
-/// Waits (polling) until `cond` holds; panics, naming `what`, after 10 s.
+/// Waits (polling) until `cond` holds: testkit's one wait, for a plain condition.
 #[track_caller]
 fn wait_for(what: &str, cond: impl Fn() -> bool) -> impl std::future::Future<Output = ()> {
-    let caller = std::panic::Location::caller();
-    let what = what.to_string();
-    async move {
-        let until = Instant::now() + Duration::from_secs(10);
-        while !cond() {
-            assert!(Instant::now() < until, "{caller}: never reached: {what}");
-            tokio::time::sleep(Duration::from_millis(1)).await;
-        }
-    }
+    testkit::wait_for_async(
+        what,
+        testkit::WAIT_LIMIT,
+        move || std::future::ready(cond()),
+    )
 }
 
 type Call = tokio::task::JoinHandle<Result<IdRange, IdError>>;

@@ -22,21 +22,7 @@ pub fn run(args: &[&str]) -> Output {
     producer_cmd(args).output().expect("spawn producer")
 }
 
-#[track_caller]
-pub fn assert_exit(out: &Output, code: i32, stderr_has: &str) {
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert_eq!(
-        out.status.code(),
-        Some(code),
-        "stdout: {}\nstderr: {stderr}",
-        String::from_utf8_lossy(&out.stdout)
-    );
-    assert!(
-        stderr.contains(stderr_has),
-        "stderr lacks {stderr_has:?}: {stderr}"
-    );
-    assert!(!stderr.contains("panicked"), "{stderr}");
-}
+pub use testkit::assert_exit;
 
 /// Reads the child's stderr on a thread and forwards every line, so a test can wait for
 /// one (a stall point) and still read the error at the end.

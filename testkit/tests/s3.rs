@@ -1,11 +1,11 @@
-//! The SeaweedFS harness itself (`qstore::testing`): a real `weed` process per test.
+//! The SeaweedFS harness itself (`testkit::s3`): a real `weed` process per test.
 
 use std::time::{Duration, Instant};
 
 use object_store::aws::{AmazonS3, AmazonS3Builder};
 use object_store::path::Path;
 use object_store::{ObjectStoreExt, PutPayload};
-use qstore::testing::{TestS3, ACCESS_KEY, REGION, SECRET_KEY};
+use testkit::s3::{TestS3, ACCESS_KEY, REGION, SECRET_KEY};
 
 /// A client of `s3`'s bucket with the given secret (the right one is [`SECRET_KEY`]).
 fn client(s3: &TestS3, secret: &str) -> AmazonS3 {

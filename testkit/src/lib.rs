@@ -1,0 +1,150 @@
+//! testkit: what qlist's tests share, and only its tests (every crate that uses it has it
+//! as a dev-dependency; no product crate ships a test server).
+//!
+//! - [`s3`]: a real S3 server (SeaweedFS) on free loopback ports, [`s3::TestS3`];
+//! - [`wait_for`] and [`wait_for_async`]: the one poll-until-true with a limit, which fails
+//!   the test naming what never happened and where it was waited for;
+//! - [`assert_exit`]: the one check of a finished command: its exit code, what its stderr
+//!   says, and no panic.
+//!
+//! It depends on no qlist crate, so any crate's own tests can use it. Test brokers and
+//! local quorums stay with the operator tools they are built on (`idtools::proc`,
+//! `idtools::cluster`).
+
+pub mod s3;
+
+use std::future::Future;
+use std::process::Output;
+use std::time::{Duration, Instant};
+
+/// How long [`wait_for`] waits when a test has no reason to pick another limit: far above
+/// anything a healthy run needs, so that only a real hang fails.
+pub const WAIT_LIMIT: Duration = Duration::from_secs(20);
+
+/// The pause between two looks: from 1 ms, doubling up to 50 ms.
+fn next_pause(pause: Duration) -> Duration {
+    (pause * 2).min(Duration::from_millis(50))
+}
+
+/// Polls `cond` until it holds; after `limit`, fails the test naming `what` and the caller.
+///
+/// # Panics
+/// When `cond` has not held within `limit`.
+#[track_caller]
+pub fn wait_for(what: &str, limit: Duration, mut cond: impl FnMut() -> bool) {
+    let caller = std::panic::Location::caller();
+    let until = Instant::now() + limit;
+    let mut pause = Duration::from_millis(1);
+    while !cond() {
+        assert!(
+            Instant::now() < until,
+            "{caller}: not within {limit:?}: {what}"
+        );
+        std::thread::sleep(pause);
+        pause = next_pause(pause);
+    }
+}
+
+/// [`wait_for`] for an async condition, sleeping on tokio's clock (real time, or the
+/// paused clock of a deterministic test).
+///
+/// # Panics
+/// When `cond` has not held within `limit` (measured on tokio's clock).
+#[track_caller]
+pub fn wait_for_async<F: Future<Output = bool>>(
+    what: &str,
+    limit: Duration,
+    mut cond: impl FnMut() -> F,
+) -> impl Future<Output = ()> {
+    let caller = std::panic::Location::caller();
+    let what = what.to_string();
+    async move {
+        let until = tokio::time::Instant::now() + limit;
+        let mut pause = Duration::from_millis(1);
+        while !cond().await {
+            assert!(
+                tokio::time::Instant::now() < until,
+                "{caller}: not within {limit:?}: {what}"
+            );
+            tokio::time::sleep(pause).await;
+            pause = next_pause(pause);
+        }
+    }
+}
+
+/// What a command printed, both streams, for failure messages.
+pub fn printed(out: &Output) -> String {
+    format!(
+        "exit {:?}\n--- stdout\n{}\n--- stderr\n{}",
+        out.status.code(),
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    )
+}
+
+/// Asserts that a finished command exited with `code`, that its stderr contains
+/// `stderr_has` (`""` for any), and that it did not panic.
+///
+/// # Panics
+/// When any of the three does not hold; the message has both streams.
+#[track_caller]
+pub fn assert_exit(out: &Output, code: i32, stderr_has: &str) {
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(code), "exit code: {}", printed(out));
+    assert!(
+        stderr.contains(stderr_has),
+        "stderr lacks {stderr_has:?}: {}",
+        printed(out)
+    );
+    assert!(!stderr.contains("panicked"), "a panic: {}", printed(out));
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::process::Command;
+
+    #[test]
+    fn wait_for_returns_once_the_condition_holds() {
+        let mut n = 0;
+        wait_for("three looks", WAIT_LIMIT, || {
+            n += 1;
+            n == 3
+        });
+        assert_eq!(n, 3);
+    }
+
+    #[test]
+    #[should_panic(expected = "not within")]
+    fn wait_for_fails_naming_what_never_happened() {
+        wait_for("never", Duration::from_millis(20), || false);
+    }
+
+    #[tokio::test(start_paused = true)]
+    #[should_panic(expected = "not within 5s: never")]
+    async fn wait_for_async_runs_on_tokio_clock() {
+        wait_for_async("never", Duration::from_secs(5), || async { false }).await;
+    }
+
+    #[test]
+    fn assert_exit_checks_code_stderr_and_panics() {
+        let out = Command::new("sh")
+            .args(["-c", "echo 'bad flag --x' >&2; exit 2"])
+            .output()
+            .expect("sh");
+        assert_exit(&out, 2, "--x");
+        for (code, has) in [(1, "--x"), (2, "--y")] {
+            let r = std::panic::catch_unwind(|| assert_exit(&out, code, has));
+            assert!(r.is_err(), "{code} {has:?} should fail");
+        }
+        let panicked = Command::new("sh")
+            .args([
+                "-c",
+                "echo \"thread 'main' panicked at src/x.rs\" >&2; exit 101",
+            ])
+            .output()
+            .expect("sh");
+        let r = std::panic::catch_unwind(|| assert_exit(&panicked, 101, ""));
+        assert!(r.is_err(), "a panic must fail the check");
+    }
+}
