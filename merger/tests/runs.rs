@@ -371,7 +371,11 @@ fn a_part_reads_only_its_range() {
             .any(|(path, at)| stderr.contains(s(path)) && stderr.contains(at.as_str()))
     };
     let whole = tmp.path().join("whole.bin");
-    let e = fails(&merge_runs(&whole, &runs, &[]), INPUT, &["checksum mismatch"]);
+    let e = fails(
+        &merge_runs(&whole, &runs, &[]),
+        INPUT,
+        &["checksum mismatch"],
+    );
     assert!(named(&e), "{e}");
     let last = tmp.path().join("part-3.bin");
     let e = fails(
@@ -380,7 +384,10 @@ fn a_part_reads_only_its_range() {
         &["checksum mismatch"],
     );
     assert!(named(&e), "{e}");
-    assert!(!whole.exists() && !last.exists(), "a failed merge left output");
+    assert!(
+        !whole.exists() && !last.exists(),
+        "a failed merge left output"
+    );
 }
 
 #[test]

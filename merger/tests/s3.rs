@@ -258,8 +258,12 @@ fn an_object_replaced_mid_merge_fails_the_merge() {
     // Runs of ~40 MB each: more than the reads a merge keeps in flight (4 x 4 MiB a run).
     runs_in_both(&s3, tmp.path(), 2, 600_000);
     let out = s3.url("out/list.bin");
-    let (mut child, stderr) =
-        stalled_merger(&s3, &["--runs", &s3.url("runs"), "--out", &out], 5000, Some(1500));
+    let (mut child, stderr) = stalled_merger(
+        &s3,
+        &["--runs", &s3.url("runs"), "--out", &out],
+        5000,
+        Some(1500),
+    );
     let replacement = s3.get("runs/shard-0.bin").expect("run");
     s3.put("runs/shard-0.bin", &replacement); // same bytes, a new version: a new ETag
     let status = child.wait().expect("wait");
@@ -364,21 +368,44 @@ fn the_server_killed_mid_multipart_output_then_the_rerun_completes() {
     let local = tmp.path().join("local.bin");
     ok(&merger(&["--out", s(&local), "--runs", s(&runs)]));
     let expected = std::fs::read(&local).expect("read");
-    assert!(expected.len() > 4 * qstore::DEFAULT_PART_SIZE, "{}", expected.len());
+    assert!(
+        expected.len() > 4 * qstore::DEFAULT_PART_SIZE,
+        "{}",
+        expected.len()
+    );
     let out = s3.url("out/list.bin");
-    let args = ["--runs", s(&runs), "--out", &out, "--store-deadline-secs", "60"];
+    let args = [
+        "--runs",
+        s(&runs),
+        "--out",
+        &out,
+        "--store-deadline-secs",
+        "60",
+    ];
     // Stalled for good after 250,000 records (~32 MB): three parts sent by then.
     let (mut child, _stderr) = stalled_merger(&s3, &args, 250_000, None);
     let parts = wait_for_parts(&s3, 2);
     println!("parts uploaded when the server was killed: {parts:?}");
     assert_eq!(s3.multipart_uploads(), ["out/list.bin"]);
-    assert!(s3.keys("").is_empty(), "visible mid-upload: {:?}", s3.keys(""));
+    assert!(
+        s3.keys("").is_empty(),
+        "visible mid-upload: {:?}",
+        s3.keys("")
+    );
     s3.kill();
     child.kill().expect("kill -9 the merger");
     child.wait().expect("wait");
     s3.restart();
-    assert!(s3.keys("").is_empty(), "visible after the kill: {:?}", s3.keys(""));
-    assert_eq!(s3.multipart_uploads(), ["out/list.bin"], "the upload left open");
+    assert!(
+        s3.keys("").is_empty(),
+        "visible after the kill: {:?}",
+        s3.keys("")
+    );
+    assert_eq!(
+        s3.multipart_uploads(),
+        ["out/list.bin"],
+        "the upload left open"
+    );
 
     ok(&merger_s3(&s3, &args));
     assert_eq!(s3.keys(""), ["out/list.bin"]);
