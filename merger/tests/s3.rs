@@ -382,7 +382,9 @@ fn the_server_killed_mid_multipart_output_then_the_rerun_completes() {
         "--store-deadline-secs",
         "60",
     ];
-    // Stalled for good after 250,000 records (~32 MB): three parts sent by then.
+    // Stalled for good after 250,000 records (~32 MB): three parts sent by then, and with
+    // at most two in flight (qstore's upload) the first one complete. The parts are then
+    // seen in the server's `.uploads/`, so the kill lands mid-upload without timing luck.
     let (mut child, _stderr) = stalled_merger(&s3, &args, 250_000, None);
     let parts = wait_for_parts(&s3, 2);
     println!("parts uploaded when the server was killed: {parts:?}");

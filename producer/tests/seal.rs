@@ -396,7 +396,9 @@ fn the_server_killed_mid_multipart_seal_then_sealing_again_completes() {
         local.len()
     );
 
-    // Stalled for good after 30,000 items (~31 MB): three parts sent by then.
+    // Stalled for good after 30,000 items (~31 MB): three parts sent by then, and with
+    // at most two in flight (qstore's upload) the first one complete. The parts are then
+    // seen in the server's `.uploads/`, so the kill lands mid-upload without timing luck.
     let url = s3.url("runs");
     let mut child = spawn_seal_stalled(&seal_args("5", &data, &url), &env, 30_000);
     let parts = wait_for_parts(&s3, 2);
