@@ -332,6 +332,17 @@ fn the_server_killed_and_restarted_mid_merge() {
     );
 }
 
+/// A child process that is killed (kill -9, by its pid) and reaped on drop: one stalled
+/// for good never outlives a test that fails.
+struct KilledOnDrop(Child);
+
+impl Drop for KilledOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// The parts SeaweedFS holds of in-progress multipart uploads (files under
 /// `.uploads/<upload id>/`), once there are at least `min`: polled, at most 120 s.
 ///
@@ -385,7 +396,8 @@ fn the_server_killed_mid_multipart_output_then_the_rerun_completes() {
     // Stalled for good after 250,000 records (~32 MB): three parts sent by then, and with
     // at most two in flight (qstore's upload) the first one complete. The parts are then
     // seen in the server's `.uploads/`, so the kill lands mid-upload without timing luck.
-    let (mut child, _stderr) = stalled_merger(&s3, &args, 250_000, None);
+    let (child, _stderr) = stalled_merger(&s3, &args, 250_000, None);
+    let mut child = KilledOnDrop(child);
     let parts = wait_for_parts(&s3, 2);
     println!("parts uploaded when the server was killed: {parts:?}");
     assert_eq!(s3.multipart_uploads(), ["out/list.bin"]);
@@ -395,8 +407,8 @@ fn the_server_killed_mid_multipart_output_then_the_rerun_completes() {
         s3.keys("")
     );
     s3.kill();
-    child.kill().expect("kill -9 the merger");
-    child.wait().expect("wait");
+    child.0.kill().expect("kill -9 the merger");
+    child.0.wait().expect("wait");
     s3.restart();
     assert!(
         s3.keys("").is_empty(),

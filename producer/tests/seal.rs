@@ -346,6 +346,17 @@ fn seal_to_s3_matches_the_directory_seal_and_never_shows_a_partial_object() {
     assert!(s3.get("later/shard-2.bin").expect("the object") == local);
 }
 
+/// A child process that is killed (kill -9, by its pid) and reaped on drop: one stalled
+/// for good never outlives a test that fails.
+struct KilledOnDrop(Child);
+
+impl Drop for KilledOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// The parts SeaweedFS holds of in-progress multipart uploads (files under
 /// `.uploads/<upload id>/`), once there are at least `min`: polled, at most 120 s.
 ///
@@ -400,7 +411,11 @@ fn the_server_killed_mid_multipart_seal_then_sealing_again_completes() {
     // at most two in flight (qstore's upload) the first one complete. The parts are then
     // seen in the server's `.uploads/`, so the kill lands mid-upload without timing luck.
     let url = s3.url("runs");
-    let mut child = spawn_seal_stalled(&seal_args("5", &data, &url), &env, 30_000);
+    let mut child = KilledOnDrop(spawn_seal_stalled(
+        &seal_args("5", &data, &url),
+        &env,
+        30_000,
+    ));
     let parts = wait_for_parts(&s3, 2);
     println!("parts uploaded when the server was killed: {parts:?}");
     assert_eq!(s3.multipart_uploads(), ["runs/shard-5.bin"]);
@@ -410,8 +425,8 @@ fn the_server_killed_mid_multipart_seal_then_sealing_again_completes() {
         s3.keys("")
     );
     s3.kill();
-    child.kill().expect("kill -9 the producer");
-    child.wait().expect("wait");
+    child.0.kill().expect("kill -9 the producer");
+    child.0.wait().expect("wait");
     s3.restart();
     assert!(
         s3.keys("").is_empty(),
