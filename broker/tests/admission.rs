@@ -1,8 +1,8 @@
-//! Admission at the connection cap, the authentication deadline, AUTH guessing and the
-//! RESP decoder's cost, each attacked with raw TCP clients against a real idbroker
-//! process on a real Redis quorum.
+//! Admission at the connection cap, the authentication deadline, AUTH guessing (and the
+//! pause before each wrong token's answer) and the RESP decoder's cost, each attacked
+//! with raw TCP clients against a real idbroker process on a real Redis quorum.
 
-use idclient::broker_client::{BrokerClient, BrokerClientConfig};
+use idclient::broker_client::{fetch_stats_with_token, BrokerClient, BrokerClientConfig};
 use idclient::{IdSource, Token};
 use idtools::cluster::{test_quorum, LocalQuorum};
 use idtools::proc::TestBroker;
@@ -290,10 +290,15 @@ async fn auth_guessing_is_cut_off_counted_and_logged_without_the_guess() {
 }
 
 /// Reads until the broker closes (10 s at most): what it sent, lossily as text.
-async fn read_until_closed<R: AsyncReadExt + Unpin>(mut rd: R) -> String {
+async fn read_until_closed<R: AsyncReadExt + Unpin>(rd: R) -> String {
+    read_until_closed_by(rd, Instant::now() + Duration::from_secs(10)).await
+}
+
+/// Reads until the broker closes, at the latest by `until` (else panics): what it sent,
+/// lossily as text.
+async fn read_until_closed_by<R: AsyncReadExt + Unpin>(mut rd: R, until: Instant) -> String {
     let mut all = Vec::new();
     let mut chunk = [0u8; 4096];
-    let until = Instant::now() + Duration::from_secs(10);
     loop {
         match tokio::time::timeout_at(until, rd.read(&mut chunk)).await {
             Err(_) => panic!(
@@ -376,4 +381,128 @@ async fn trickled_request_headers_cost_work_proportional_to_their_bytes() {
     // partial request at each line end); after: about 0.5, mostly the cost of one
     // read per 4-13 byte packet and of reconnecting, which no parser avoids.
     assert!(per_mib < 1.5, "{per_mib:.2} CPU-seconds per MiB received");
+}
+
+/// The RESP authentication deadline (`--handshake-timeout-ms`, from the connect): with a
+/// token configured, a client that sends nothing, and one that sends half an `AUTH` and
+/// goes silent, are told why and closed once it passes, not before, and well before
+/// the frame and idle timeouts (set far longer here) would close them.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resp_clients_must_authenticate_within_the_deadline() {
+    const AUTH_DEADLINE: Duration = Duration::from_millis(2000);
+    /// Slack for a loaded machine: the close comes within this after the deadline.
+    const SLACK: Duration = Duration::from_secs(10);
+    let q = test_quorum(3);
+    let ms = AUTH_DEADLINE.as_millis().to_string();
+    let b = broker(
+        &q,
+        Some(SECRET),
+        &[
+            "--handshake-timeout-ms",
+            &ms,
+            "--frame-timeout-ms",
+            "120000",
+            "--idle-timeout-ms",
+            "120000",
+        ],
+    );
+    let silent = async {
+        let started = Instant::now();
+        let mut s = TcpStream::connect(&b.resp).await.expect("connect");
+        let got = read_until_closed_by(&mut s, started + AUTH_DEADLINE + SLACK).await;
+        (started.elapsed(), got)
+    };
+    let half = async {
+        let started = Instant::now();
+        let mut s = TcpStream::connect(&b.resp).await.expect("connect");
+        // `AUTH <token>` cut in the middle of the token, then nothing.
+        s.write_all(b"*2\r\n$4\r\nAUTH\r\n$24\r\ntok-5be1")
+            .await
+            .expect("send half a request");
+        let got = read_until_closed_by(&mut s, started + AUTH_DEADLINE + SLACK).await;
+        (started.elapsed(), got)
+    };
+    let (silent, half) = tokio::join!(silent, half);
+    for (what, (took, got)) in [("silent", silent), ("half an AUTH", half)] {
+        assert!(
+            took >= AUTH_DEADLINE,
+            "{what}: closed after {took:?}, before the {AUTH_DEADLINE:?} deadline: {got:?}"
+        );
+        assert_eq!(
+            got, "-ERR not authenticated within 2s of connecting\r\n",
+            "{what}, closed after {took:?}"
+        );
+    }
+    // The right token in time: served.
+    assert!(resp_next_within(&b.resp, Some(SECRET), DEADLINE)
+        .await
+        .is_ok());
+}
+
+/// The pause before a wrong token is answered (`broker::AUTH_FAILURE_PAUSE`), on RESP
+/// (`AUTH`) and binary (`Hello`) connections: the refusal comes no sooner. The right
+/// token is not paused: many right tokens take less time than a few paused ones would.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn wrong_tokens_are_answered_after_the_pause_and_right_ones_at_once() {
+    const PAUSE: Duration = broker::AUTH_FAILURE_PAUSE;
+    /// Right tokens sent: paused, they would take `RIGHT * PAUSE`.
+    const RIGHT: u32 = 40;
+    let q = test_quorum(3);
+    let b = broker(&q, Some(SECRET), &[]);
+
+    // RESP: each wrong AUTH is answered no sooner than PAUSE after it was sent.
+    let s = TcpStream::connect(&b.resp).await.expect("connect");
+    let (rd, mut wr) = s.into_split();
+    let mut rd = BufReader::new(rd);
+    for form in [&["AUTH", "wrong"][..], &["AUTH", "default", "wrong"]] {
+        let sent = Instant::now();
+        wr.write_all(&cmd(form)).await.expect("send AUTH");
+        let reply = read_reply(&mut rd).await.expect("a reply");
+        let took = sent.elapsed();
+        assert!(reply.starts_with("-WRONGPASS"), "{form:?}: {reply:?}");
+        assert!(
+            took >= PAUSE,
+            "{form:?}: answered after {took:?}, before the {PAUSE:?} pause"
+        );
+    }
+    // The right token on the same connection, RIGHT times pipelined: all answered in
+    // less than half the time the pauses alone would take.
+    let sent = Instant::now();
+    let rights: Vec<u8> = (0..RIGHT).flat_map(|_| cmd(&["AUTH", SECRET])).collect();
+    wr.write_all(&rights).await.expect("send AUTHs");
+    for i in 0..RIGHT {
+        let reply = read_reply(&mut rd).await.expect("a reply");
+        assert_eq!(reply, "+OK\r\n", "right token {i}");
+    }
+    let took = sent.elapsed();
+    assert!(
+        took < PAUSE * RIGHT / 2,
+        "{RIGHT} right tokens took {took:?}: paused ({PAUSE:?} each)?"
+    );
+    drop((rd, wr));
+
+    // Binary: a Hello with a wrong token is refused no sooner than PAUSE after connecting
+    // (one connection, no retry: see auth.rs).
+    let started = Instant::now();
+    let refused = binary_next_within(&b.addr, Some("wrong"), DEADLINE).await;
+    let took = started.elapsed();
+    let e = refused.expect_err("served with a wrong token");
+    assert!(e.contains("refused the token"), "{e}");
+    assert!(
+        took >= PAUSE,
+        "binary: refused after {took:?}, before the {PAUSE:?} pause"
+    );
+    // RIGHT Hellos with the right token, each on a new connection (stats requests).
+    let token = Token::new(SECRET).expect("token");
+    let started = Instant::now();
+    for _ in 0..RIGHT {
+        fetch_stats_with_token(&b.addr, Some(&token))
+            .await
+            .expect("stats with the right token");
+    }
+    let took = started.elapsed();
+    assert!(
+        took < PAUSE * RIGHT / 2,
+        "{RIGHT} binary Hellos with the right token took {took:?}: paused ({PAUSE:?} each)?"
+    );
 }

@@ -317,6 +317,79 @@ fn parts_are_the_list_in_order() {
     }
 }
 
+/// A part reads only its range of each run: with the last blocks of two runs corrupt
+/// (blocks whose IDs are all beyond part 0 of 4), part 0 still succeeds and gives the
+/// same bytes as before, while the whole merge and the last part, which read those
+/// blocks, fail on their checksums. A part that read whole runs would fail too.
+#[test]
+fn a_part_reads_only_its_range() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (_, runs) = sealed_shards(tmp.path(), 3, 60_000);
+    let clean = tmp.path().join("clean-part-0.bin");
+    ok(&merge_runs(&clean, &runs, &["--part", "0/4"]));
+    let part0 = cat(&[&clean]);
+    assert!(!part0.is_empty(), "part 0 of 4 holds records");
+    let last_id = |line: &str| -> u64 {
+        let v: serde_json::Value = serde_json::from_str(line).expect("a JSON record");
+        v["id"].as_u64().expect("id")
+    };
+    let part0_last = last_id(part0.last().expect("a record"));
+    let mut crc_errors = Vec::new();
+    for shard in [0, 2] {
+        let path = runs.join(format!("shard-{shard}.bin"));
+        let mut bytes = std::fs::read(&path).expect("read run");
+        let meta = sublist::run::RunMeta::decode(bytes.len() as u64, &bytes).expect("meta");
+        assert!(meta.blocks.len() >= 4, "want several blocks per run");
+        let n = meta.blocks.len() - 1;
+        let b = meta.blocks[n];
+        assert!(
+            b.first_id > part0_last,
+            "block {n} of shard {shard} (IDs {}..={}) is outside part 0 (IDs up to {part0_last})",
+            b.first_id,
+            b.last_id
+        );
+        bytes[b.offset as usize + 30] ^= 0x40;
+        std::fs::write(&path, &bytes).expect("corrupt run");
+        crc_errors.push((
+            path,
+            format!(
+                "byte {}: block {n} checksum mismatch",
+                b.offset + u64::from(b.len) - 4
+            ),
+        ));
+    }
+    let part = tmp.path().join("part-0.bin");
+    ok(&merge_runs(&part, &runs, &["--part", "0/4"]));
+    assert!(
+        std::fs::read(&part).expect("part 0") == std::fs::read(&clean).expect("clean part 0"),
+        "part 0 changed with blocks outside its range corrupt"
+    );
+    // Whichever corrupt block it reaches first: it names that run and that block.
+    let named = |stderr: &str| {
+        crc_errors
+            .iter()
+            .any(|(path, at)| stderr.contains(s(path)) && stderr.contains(at.as_str()))
+    };
+    let whole = tmp.path().join("whole.bin");
+    let e = fails(
+        &merge_runs(&whole, &runs, &[]),
+        INPUT,
+        &["checksum mismatch"],
+    );
+    assert!(named(&e), "{e}");
+    let last = tmp.path().join("part-3.bin");
+    let e = fails(
+        &merge_runs(&last, &runs, &["--part", "3/4"]),
+        INPUT,
+        &["checksum mismatch"],
+    );
+    assert!(named(&e), "{e}");
+    assert!(
+        !whole.exists() && !last.exists(),
+        "a failed merge left output"
+    );
+}
+
 #[test]
 fn a_part_may_be_empty_and_parts_need_runs() {
     let tmp = tempfile::tempdir().expect("tempdir");

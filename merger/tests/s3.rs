@@ -42,13 +42,23 @@ fn runs_in_both(s3: &TestS3, tmp: &Path, shards: u32, n: u64) -> PathBuf {
     runs
 }
 
-/// A merger run in the background, stalled (for `ms`) after `after` records.
-fn stalled_merger(s3: &TestS3, args: &[&str], after: u64, ms: u64) -> Child {
-    let mut child = Command::new(MERGER)
+/// A merger run in the background, stalled after `after` records (for `ms`, or, with
+/// `None`, until killed); and what it writes on stderr after the stall announcement (all
+/// of it once it exits; each line is also printed).
+fn stalled_merger(
+    s3: &TestS3,
+    args: &[&str],
+    after: u64,
+    ms: Option<u64>,
+) -> (Child, std::thread::JoinHandle<String>) {
+    let mut cmd = Command::new(MERGER);
+    if let Some(ms) = ms {
+        cmd.env("QLIST_MERGER_TEST_STALL_MS", ms.to_string());
+    }
+    let mut child = cmd
         .args(args)
         .envs(s3.env())
         .env("QLIST_MERGER_TEST_STALL_AFTER", after.to_string())
-        .env("QLIST_MERGER_TEST_STALL_MS", ms.to_string())
         .env("RUST_LOG", "warn")
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -59,15 +69,19 @@ fn stalled_merger(s3: &TestS3, args: &[&str], after: u64, ms: u64) -> Child {
     let stalled = lines
         .by_ref()
         .map_while(Result::ok)
-        .any(|l| l.contains("stalling for"));
+        .any(|l| l.contains("stalling for") || l.contains("stalling until killed"));
     assert!(stalled, "the merger exited before its stall point");
     // Keep draining stderr so the child never blocks on a full pipe.
-    std::thread::spawn(move || {
-        lines
-            .map_while(Result::ok)
-            .for_each(|l| eprintln!("merger: {l}"))
+    let rest = std::thread::spawn(move || {
+        let mut all = String::new();
+        for l in lines.map_while(Result::ok) {
+            eprintln!("merger: {l}");
+            all.push_str(&l);
+            all.push('\n');
+        }
+        all
     });
-    child
+    (child, rest)
 }
 
 #[test]
@@ -244,11 +258,24 @@ fn an_object_replaced_mid_merge_fails_the_merge() {
     // Runs of ~40 MB each: more than the reads a merge keeps in flight (4 x 4 MiB a run).
     runs_in_both(&s3, tmp.path(), 2, 600_000);
     let out = s3.url("out/list.bin");
-    let mut child = stalled_merger(&s3, &["--runs", &s3.url("runs"), "--out", &out], 5000, 1500);
+    let (mut child, stderr) = stalled_merger(
+        &s3,
+        &["--runs", &s3.url("runs"), "--out", &out],
+        5000,
+        Some(1500),
+    );
     let replacement = s3.get("runs/shard-0.bin").expect("run");
     s3.put("runs/shard-0.bin", &replacement); // same bytes, a new version: a new ETag
     let status = child.wait().expect("wait");
-    assert_eq!(status.code(), Some(INPUT), "the merge must fail");
+    let stderr = stderr.join().expect("stderr reader");
+    assert_eq!(status.code(), Some(INPUT), "the merge must fail: {stderr}");
+    // The error names the object and says that it changed.
+    assert!(
+        stderr.contains("error: ")
+            && stderr.contains("s3://swap/runs/shard-0.bin changed while it was being read"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains("panicked"), "{stderr}");
     assert_eq!(
         s3.get("out/list.bin"),
         None,
@@ -272,7 +299,7 @@ fn the_server_killed_and_restarted_mid_merge() {
     let local = tmp.path().join("local.bin");
     ok(&merger(&["--out", s(&local), "--runs", s(&runs)]));
     let out = s3.url("out/list.bin");
-    let child = stalled_merger(
+    let (child, _stderr) = stalled_merger(
         &s3,
         &[
             "--runs",
@@ -283,7 +310,7 @@ fn the_server_killed_and_restarted_mid_merge() {
             "60",
         ],
         50_000,
-        500,
+        Some(500),
     );
     s3.kill();
     std::thread::sleep(std::time::Duration::from_millis(1500));
@@ -302,6 +329,103 @@ fn the_server_killed_and_restarted_mid_merge() {
     assert_eq!(
         s3.get("out/list.bin"),
         Some(std::fs::read(&local).expect("read"))
+    );
+}
+
+/// A child process that is killed (kill -9, by its pid) and reaped on drop: one stalled
+/// for good never outlives a test that fails.
+struct KilledOnDrop(Child);
+
+impl Drop for KilledOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The parts SeaweedFS holds of in-progress multipart uploads (files under
+/// `.uploads/<upload id>/`), once there are at least `min`: polled, at most 120 s.
+///
+/// # Panics
+/// If there are fewer by then, with what there is.
+fn wait_for_parts(s3: &TestS3, min: usize) -> Vec<String> {
+    let until = std::time::Instant::now() + std::time::Duration::from_secs(120);
+    loop {
+        let parts = s3.keys(".uploads/");
+        if parts.len() >= min {
+            return parts;
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "fewer than {min} parts uploaded after 120 s: {parts:?}, uploads {:?}",
+            s3.multipart_uploads()
+        );
+        std::thread::sleep(std::time::Duration::from_millis(100));
+    }
+}
+
+/// The server killed while a merge's output is a multipart upload with parts uploaded
+/// (and more in flight), the merger killed too, the server restarted: nothing is
+/// visible (no object at the output's key, none anywhere), only the incomplete upload,
+/// which is no object; the rerun completes the list, byte for byte.
+#[test]
+fn the_server_killed_mid_multipart_output_then_the_rerun_completes() {
+    let mut s3 = TestS3::start("mpout");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    // ~39 MB of list from local runs: five 8 MiB parts (the default part size).
+    let subs = make_shards(&tmp.path().join("data"), 3, 300_000);
+    let runs = tmp.path().join("runs");
+    seal_all(&subs, &runs);
+    let local = tmp.path().join("local.bin");
+    ok(&merger(&["--out", s(&local), "--runs", s(&runs)]));
+    let expected = std::fs::read(&local).expect("read");
+    assert!(
+        expected.len() > 4 * qstore::DEFAULT_PART_SIZE,
+        "{}",
+        expected.len()
+    );
+    let out = s3.url("out/list.bin");
+    let args = [
+        "--runs",
+        s(&runs),
+        "--out",
+        &out,
+        "--store-deadline-secs",
+        "60",
+    ];
+    // Stalled for good after 250,000 records (~32 MB): three parts sent by then, and with
+    // at most two in flight (qstore's upload) the first one complete. The parts are then
+    // seen in the server's `.uploads/`, so the kill lands mid-upload without timing luck.
+    let (child, _stderr) = stalled_merger(&s3, &args, 250_000, None);
+    let mut child = KilledOnDrop(child);
+    let parts = wait_for_parts(&s3, 2);
+    println!("parts uploaded when the server was killed: {parts:?}");
+    assert_eq!(s3.multipart_uploads(), ["out/list.bin"]);
+    assert!(
+        s3.keys("").is_empty(),
+        "visible mid-upload: {:?}",
+        s3.keys("")
+    );
+    s3.kill();
+    child.0.kill().expect("kill -9 the merger");
+    child.0.wait().expect("wait");
+    s3.restart();
+    assert!(
+        s3.keys("").is_empty(),
+        "visible after the kill: {:?}",
+        s3.keys("")
+    );
+    assert_eq!(
+        s3.multipart_uploads(),
+        ["out/list.bin"],
+        "the upload left open"
+    );
+
+    ok(&merger_s3(&s3, &args));
+    assert_eq!(s3.keys(""), ["out/list.bin"]);
+    assert!(
+        s3.get("out/list.bin") == Some(expected),
+        "the rerun's list differs from the local merge"
     );
 }
 

@@ -1,7 +1,8 @@
 //! Sealing, with real processes of the `producer` binary, a real Redis quorum, real
 //! RocksDB and a real S3 server (SeaweedFS, `testkit::s3::TestS3`): `--seal-to` and
 //! `producer seal` into a directory and into S3, idempotence and determinism, every error's
-//! exit code, kill -9 mid-seal, wrong credentials and an S3 server down when the seal starts.
+//! exit code, kill -9 mid-seal, wrong credentials, an S3 server down when the seal starts,
+//! and one killed while a multipart seal has parts uploaded.
 
 mod common;
 
@@ -343,4 +344,106 @@ fn seal_to_s3_matches_the_directory_seal_and_never_shows_a_partial_object() {
         String::from_utf8_lossy(&out.stdout)
     );
     assert!(s3.get("later/shard-2.bin").expect("the object") == local);
+}
+
+/// A child process that is killed (kill -9, by its pid) and reaped on drop: one stalled
+/// for good never outlives a test that fails.
+struct KilledOnDrop(Child);
+
+impl Drop for KilledOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
+/// The parts SeaweedFS holds of in-progress multipart uploads (files under
+/// `.uploads/<upload id>/`), once there are at least `min`: polled, at most 120 s.
+///
+/// # Panics
+/// If there are fewer by then, with what there is.
+fn wait_for_parts(s3: &TestS3, min: usize) -> Vec<String> {
+    let until = std::time::Instant::now() + Duration::from_secs(120);
+    loop {
+        let parts = s3.keys(".uploads/");
+        if parts.len() >= min {
+            return parts;
+        }
+        assert!(
+            std::time::Instant::now() < until,
+            "fewer than {min} parts uploaded after 120 s: {parts:?}, uploads {:?}",
+            s3.multipart_uploads()
+        );
+        std::thread::sleep(Duration::from_millis(100));
+    }
+}
+
+/// The server killed while a seal is a multipart upload with parts uploaded (and more in
+/// flight), the producer killed too, the server restarted: no object anywhere, only the
+/// incomplete upload, which is no object; sealing again completes the run, byte for byte
+/// the directory seal's.
+#[test]
+fn the_server_killed_mid_multipart_seal_then_sealing_again_completes() {
+    let q = quorum(3);
+    let mut s3 = TestS3::start("mpseal");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (data, runs) = (tmp.path().join("data"), tmp.path().join("runs"));
+    std::fs::create_dir_all(&runs).expect("mkdir runs");
+    let env = s3.env();
+    // 40,000 items of 1000 bytes: a ~41 MB run, five 8 MiB parts (the default size).
+    let mut args = produce_args(5, &data, &q.urls_arg(), 40_000, &[]);
+    let at = args
+        .iter()
+        .position(|a| a == "--payload-size")
+        .expect("flag")
+        + 1;
+    args[at] = "1000".to_string();
+    assert_exit(&run(&strs(&args)), 0, "");
+    assert_exit(&run(&seal_args("5", &data, arg(&runs))), 0, "");
+    let local = std::fs::read(runs.join("shard-5.bin")).expect("the dir run");
+    assert!(
+        local.len() > 4 * qstore::DEFAULT_PART_SIZE,
+        "{}",
+        local.len()
+    );
+
+    // Stalled for good after 30,000 items (~31 MB): three parts sent by then, and with
+    // at most two in flight (qstore's upload) the first one complete. The parts are then
+    // seen in the server's `.uploads/`, so the kill lands mid-upload without timing luck.
+    let url = s3.url("runs");
+    let mut child = KilledOnDrop(spawn_seal_stalled(
+        &seal_args("5", &data, &url),
+        &env,
+        30_000,
+    ));
+    let parts = wait_for_parts(&s3, 2);
+    println!("parts uploaded when the server was killed: {parts:?}");
+    assert_eq!(s3.multipart_uploads(), ["runs/shard-5.bin"]);
+    assert!(
+        s3.keys("").is_empty(),
+        "visible mid-seal: {:?}",
+        s3.keys("")
+    );
+    s3.kill();
+    child.0.kill().expect("kill -9 the producer");
+    child.0.wait().expect("wait");
+    s3.restart();
+    assert!(
+        s3.keys("").is_empty(),
+        "visible after the kill: {:?}",
+        s3.keys("")
+    );
+    assert_eq!(
+        s3.multipart_uploads(),
+        ["runs/shard-5.bin"],
+        "the upload left open"
+    );
+
+    let out = run_env(&seal_args("5", &data, &url), &env);
+    assert_exit(&out, 0, "");
+    assert_stdout_has(&out, "sealed shard 5: 40000 items");
+    assert_eq!(s3.keys(""), ["runs/shard-5.bin"]);
+    let object = s3.get("runs/shard-5.bin").expect("the object");
+    assert!(object == local, "the S3 run differs from the directory run");
+    check_run(&object, 5, &items(&data, 5));
 }
