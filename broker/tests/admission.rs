@@ -42,19 +42,9 @@ async fn metric(b: &TestBroker, name: &str) -> f64 {
         .unwrap_or_else(|| panic!("no metric {name} in {body}"))
 }
 
-/// CPU time the broker process has used so far (user + system), from /proc.
+/// CPU time the broker process has used so far (user + system).
 fn cpu_time(b: &TestBroker) -> Duration {
-    let stat = std::fs::read_to_string(format!("/proc/{}/stat", b.proc.pid()))
-        .expect("read /proc/PID/stat");
-    // Fields after the command name (which may hold spaces), in parentheses.
-    let (_, rest) = stat.rsplit_once(')').expect("/proc/PID/stat format");
-    let fields: Vec<&str> = rest.split_whitespace().collect();
-    let ticks: u64 =
-        fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
-    // SAFETY: sysconf has no preconditions.
-    let per_sec = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
-    let per_sec = u64::try_from(per_sec).expect("clock ticks per second");
-    Duration::from_secs_f64(ticks as f64 / per_sec as f64)
+    testkit::cpu_time(b.proc.pid())
 }
 
 /// A RESP request: an array of bulk strings.

@@ -5,7 +5,9 @@
 //! - [`wait_for`] and [`wait_for_async`]: the one poll-until-true with a limit, which fails
 //!   the test naming what never happened and where it was waited for;
 //! - [`assert_exit`]: the one check of a finished command: its exit code, what its stderr
-//!   says, and no panic.
+//!   says, and no panic;
+//! - [`cpu_time`]: the CPU time a process has used, from /proc (the tests that show an
+//!   attack costs the server nothing measure it).
 //!
 //! It depends on no qlist crate, so any crate's own tests can use it. Test brokers and
 //! local quorums stay with the operator tools they are built on (`idtools::proc`,
@@ -99,10 +101,41 @@ pub fn assert_exit(out: &Output, code: i32, stderr_has: &str) {
     assert!(!stderr.contains("panicked"), "a panic: {}", printed(out));
 }
 
+/// CPU time the process `pid` has used so far (user + system), from `/proc/PID/stat`.
+///
+/// # Panics
+/// If the process is gone or the file is not as Linux writes it.
+pub fn cpu_time(pid: u32) -> Duration {
+    let stat = std::fs::read_to_string(format!("/proc/{pid}/stat")).expect("read /proc/PID/stat");
+    // Fields after the command name (which may hold spaces), in parentheses.
+    let (_, rest) = stat.rsplit_once(')').expect("/proc/PID/stat format");
+    let fields: Vec<&str> = rest.split_whitespace().collect();
+    let ticks: u64 =
+        fields[11].parse::<u64>().expect("utime") + fields[12].parse::<u64>().expect("stime");
+    // SAFETY: sysconf has no preconditions.
+    let per_sec = unsafe { libc::sysconf(libc::_SC_CLK_TCK) };
+    let per_sec = u64::try_from(per_sec).expect("clock ticks per second");
+    Duration::from_secs_f64(ticks as f64 / per_sec as f64)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::process::Command;
+
+    #[test]
+    fn cpu_time_grows_while_a_process_computes() {
+        let me = std::process::id();
+        let before = cpu_time(me);
+        let mut x = 0u64;
+        wait_for("some CPU time used", WAIT_LIMIT, || {
+            for i in 0..1_000_000u64 {
+                x = x.wrapping_mul(31).wrapping_add(i);
+            }
+            std::hint::black_box(x);
+            cpu_time(me) > before
+        });
+    }
 
     #[test]
     fn wait_for_returns_once_the_condition_holds() {
