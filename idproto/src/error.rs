@@ -67,27 +67,45 @@ pub enum IdError {
     /// read asks only a majority), or not waited for once the outcome was certain.
     #[error("{}", no_quorum(*.needed, *.reachable, *.accepted, *.total, .failures))]
     NoQuorum {
+        /// Nodes a round needs: a majority, N / 2 + 1 of the N configured.
         needed: usize,
+        /// Nodes that answered (an accept, a reject or a value).
         reachable: usize,
+        /// Nodes that accepted the write round's reservation; `None` for a read.
         accepted: Option<usize>,
+        /// Nodes configured (N).
         total: usize,
+        /// The nodes that failed, and why; nodes not asked or not waited for are absent.
         failures: Vec<NodeFailure>,
     },
 
     /// The deadline passed: every round was lost to contention (a majority answered but
     /// another client won), or (`rounds` = 0) the request waited out its deadline at a broker.
     #[error("deadline of {deadline:?} exceeded after {rounds} lost round(s)")]
-    Deadline { deadline: Duration, rounds: u64 },
+    Deadline {
+        /// The request's whole deadline, from its start (not per round).
+        deadline: Duration,
+        /// Rounds lost to contention before it passed; 0 when it expired at a broker.
+        rounds: u64,
+    },
 
     /// A node does not persist every write before replying; using it could repeat IDs.
     #[error("node {addr} is unsafe: {reason} (a node must run with appendonly yes, appendfsync always, no-appendfsync-on-rewrite no, maxmemory-policy noeviction; --unsafe-skip-durability-check overrides at your own risk)")]
-    UnsafeNode { addr: String, reason: String },
+    UnsafeNode {
+        /// The node's address, never with its password.
+        addr: String,
+        /// The setting that is wrong, as the node reported it (e.g. `appendfsync everysec`).
+        reason: String,
+    },
 
     /// A node's register holds something that is not a canonical decimal u64.
     #[error("node {addr}: key `{key}` holds {value:?}, which is not a canonical decimal u64 (refusing to guess: fix or delete the key by hand)")]
     BadValue {
+        /// The node's address, never with its password.
         addr: String,
+        /// The register's key (`current` unless `--key` changed it).
         key: String,
+        /// What the key holds, verbatim.
         value: String,
     },
 
@@ -96,26 +114,43 @@ pub enum IdError {
         "node {addr}: the register is exhausted (cannot reserve {count} more IDs above {current})"
     )]
     Exhausted {
+        /// The node's address, never with its password.
         addr: String,
+        /// The register's value on that node: the last ID reserved there.
         current: u64,
+        /// IDs the request asked for, which would pass u64::MAX.
         count: u64,
     },
 
     /// The configuration is unusable (bad URL, even node count, ...).
     #[error("invalid configuration: {0}")]
-    Config(String),
+    Config(
+        /// What is wrong, for a person to read.
+        String,
+    ),
 
     /// The request itself is invalid (count 0 or above the limit).
     #[error("invalid request: {0}")]
-    BadRequest(String),
+    BadRequest(
+        /// What is wrong, for a person to read.
+        String,
+    ),
 
     /// Every broker failed (connection refused, broken, timed out) before the deadline.
     #[error("no broker reachable (failed: {})", list(.failures))]
-    BrokersUnavailable { failures: Vec<NodeFailure> },
+    BrokersUnavailable {
+        /// Every broker tried, with why it failed (`addr` is the broker's host:port).
+        failures: Vec<NodeFailure>,
+    },
 
     /// A broker broke the wire protocol (bad frame, wrong version, unexpected reply).
     #[error("broker {addr}: protocol error: {reason}")]
-    Protocol { addr: String, reason: String },
+    Protocol {
+        /// The broker's address (host:port).
+        addr: String,
+        /// What was wrong with what it sent.
+        reason: String,
+    },
 }
 
 #[cfg(test)]

@@ -28,7 +28,9 @@ use std::future::Future;
     Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord, serde::Serialize, serde::Deserialize,
 )]
 pub struct IdRange {
+    /// First ID of the range, inclusive.
     pub lo: u64,
+    /// Last ID of the range, inclusive (`hi >= lo`).
     pub hi: u64,
 }
 

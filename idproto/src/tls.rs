@@ -103,14 +103,18 @@ pub fn describe(e: &io::Error) -> String {
 /// The reading half of a connection, plain or TLS.
 #[derive(Debug)]
 pub enum ReadHalf {
+    /// A plain TCP connection's.
     Plain(OwnedReadHalf),
+    /// A TLS connection's (client or server side).
     Tls(tokio::io::ReadHalf<TlsStream<TcpStream>>),
 }
 
 /// The writing half of a connection, plain or TLS.
 #[derive(Debug)]
 pub enum WriteHalf {
+    /// A plain TCP connection's.
     Plain(OwnedWriteHalf),
+    /// A TLS connection's (client or server side).
     Tls(tokio::io::WriteHalf<TlsStream<TcpStream>>),
 }
 

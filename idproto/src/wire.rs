@@ -49,19 +49,28 @@ pub enum ClientMsg {
     /// secret (`idbroker --auth-token-file`), required when the broker has one and
     /// ignored otherwise.
     Hello {
+        /// Always [`MAGIC`] (`"QIDB"`); anything else is refused.
         magic: [u8; 4],
+        /// The protocol version the client speaks; the broker refuses any but [`VERSION`].
         version: u32,
+        /// The broker's shared secret, trimmed file content; `None` if the client has none.
         token: Option<String>,
     },
     /// Reserve `count` consecutive IDs. `deadline_ms` is how long the caller is still
     /// willing to wait (0 = the broker's default); the broker answers no later than that.
     NextIds {
+        /// Client-chosen request id, echoed in the reply; not reused while unanswered.
         id: u64,
+        /// How many consecutive IDs to reserve: 1 ..= the `max_count` of `Welcome`.
         count: u64,
+        /// Milliseconds the caller still waits; 0 = the broker's default (5 s), capped at 60 s.
         deadline_ms: u64,
     },
     /// Ask for the broker's counters.
-    Stats { id: u64 },
+    Stats {
+        /// Client-chosen request id, echoed in the reply.
+        id: u64,
+    },
 }
 
 /// A message from the broker to a client.
@@ -71,24 +80,52 @@ pub enum ServerMsg {
     /// `max_in_flight` how many requests a connection may have unanswered before the
     /// broker stops reading from it.
     Welcome {
+        /// The protocol version the broker speaks (always [`VERSION`]).
         version: u32,
+        /// Largest `count` one `NextIds` may ask for.
         max_count: u64,
+        /// Unanswered requests per connection before the broker stops reading (default 4096).
         max_in_flight: u32,
     },
     /// Handshake refused or protocol violated; the broker closes the connection after it.
-    Refused { reason: String },
+    Refused {
+        /// Why, for a person to read (e.g. [`AUTH_FAILED`], an idle timeout).
+        reason: String,
+    },
     /// The IDs `lo..=hi` for request `id`.
-    Ids { id: u64, lo: u64, hi: u64 },
+    Ids {
+        /// The id of the `NextIds` request this answers.
+        id: u64,
+        /// First ID of the range, inclusive.
+        lo: u64,
+        /// Last ID of the range, inclusive; `hi - lo + 1` is the `count` asked for.
+        hi: u64,
+    },
     /// Request `id` failed. No ID is handed out for it (its IDs, if any were reserved,
     /// are burned). [`IdError::BrokersUnavailable`] here means the request was never
     /// started (broker shutting down): it is safe to send it to another broker.
-    Failed { id: u64, error: IdError },
+    Failed {
+        /// The id of the request this answers.
+        id: u64,
+        /// Why it failed; final for the request unless `BrokersUnavailable`.
+        error: IdError,
+    },
     /// The counters, for request `id` (boxed: rare, and keeps every other message small).
-    Stats { id: u64, stats: Box<BrokerStats> },
+    Stats {
+        /// The id of the `Stats` request this answers.
+        id: u64,
+        /// The broker's counters since it started.
+        stats: Box<BrokerStats>,
+    },
     /// This broker is not the leader and did not start request `id` (no ID was reserved
     /// for it): send it to `leader` (`host:port`), or, when `None` (no leader known
     /// now, an election is under way), to any broker again after a short wait.
-    Redirect { id: u64, leader: Option<String> },
+    Redirect {
+        /// The id of the request this answers; it was not started.
+        id: u64,
+        /// The leader's advertised address (`host:port`); `None` during an election.
+        leader: Option<String>,
+    },
 }
 
 impl ServerMsg {
@@ -120,8 +157,11 @@ pub const BATCH_BUCKETS: usize = 16;
 /// The broker's counters since it started, as sent over the wire.
 #[derive(Debug, Clone, Default, PartialEq, Eq, Serialize, Deserialize)]
 pub struct BrokerStats {
+    /// Milliseconds since the broker started.
     pub uptime_ms: u64,
+    /// Client connections open now (binary protocol).
     pub connections_open: u64,
+    /// Client connections accepted since start, closed ones included.
     pub connections_total: u64,
     /// Connections closed by the broker: a protocol violation, a handshake, frame, idle
     /// or write timeout, eviction at the connection cap, or refusal at the cap.
@@ -136,14 +176,17 @@ pub struct BrokerStats {
     pub ids: u64,
     /// Quorum rounds run, successful or not.
     pub rounds: u64,
+    /// Quorum rounds that failed (no quorum, contention until the deadline, ...).
     pub rounds_failed: u64,
     /// Largest number of requests served by one round.
     pub batch_max: u64,
     /// Requests served by rounds (sum of batch sizes); `/ rounds` is the mean batch size.
     pub batch_total: u64,
+    /// Rounds by batch size, [`BATCH_BUCKETS`] power-of-two buckets (see that constant).
     pub batch_histogram: Vec<u64>,
     /// Sum and maximum of round durations, microseconds.
     pub round_us_total: u64,
+    /// Longest round, microseconds.
     pub round_us_max: u64,
     /// `"leader"`, `"follower"`, `"candidate"`, or `"rounds"` for a `--serve rounds`
     /// broker, which takes no part in elections.
@@ -161,10 +204,15 @@ pub struct BrokerStats {
     /// that confirmed a batch and that found another writer, contiguous reservations won
     /// and lost, and IDs of dead windows never served (holes).
     pub window_size: u64,
+    /// Majority reads that confirmed the window still held, so a batch was served.
     pub confirmations: u64,
+    /// Majority reads that found another writer had moved the register.
     pub confirmations_failed: u64,
+    /// Contiguous window reservations won.
     pub reservations: u64,
+    /// Contiguous window reservations lost to another writer.
     pub reservations_lost: u64,
+    /// IDs of dead windows that were never served.
     pub holes: u64,
 }
 
@@ -194,18 +242,28 @@ impl BrokerStats {
 /// printed with `{:#}` shows the cause once).
 #[derive(Debug, thiserror::Error)]
 pub enum WireError {
+    /// Reading or writing the socket failed.
     #[error("i/o: {0}")]
     Io(std::io::Error),
+    /// A frame header announced a payload above [`MAX_FRAME_LEN`].
     #[error("frame length {len} exceeds the maximum of {MAX_FRAME_LEN} bytes")]
-    TooLarge { len: u64 },
+    TooLarge {
+        /// The payload length in bytes (header's, or `MAX_FRAME_LEN + 1` when encoding).
+        len: u64,
+    },
+    /// The peer closed the connection after part of a frame.
     #[error("connection closed in the middle of a frame")]
     Truncated,
+    /// The payload is no valid message; the text is bincode's.
     #[error("undecodable payload: {0}")]
     Decode(String),
+    /// Serde could not encode the message; the text is bincode's.
     #[error("unencodable message: {0}")]
     Encode(String),
+    /// A started frame was not complete within this time of its first byte.
     #[error("frame not completed within {0:?} of its first byte")]
     FrameTimeout(Duration),
+    /// The peer did not take our bytes within this time (it does not read).
     #[error("peer did not take our bytes within {0:?}")]
     WriteTimeout(Duration),
 }
