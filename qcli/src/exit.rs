@@ -59,7 +59,9 @@ changed input; 4 output refused or not writable; 5 ID generator unavailable or u
 /// sense ([`usage`]), nodes that `idctl check` found unusable, ...
 #[derive(Debug)]
 pub struct Failure {
+    /// Why it failed, which decides the exit code.
     pub cause: Cause,
+    /// The whole error text the binary prints (its `Display`).
     pub message: String,
 }
 

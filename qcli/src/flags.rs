@@ -135,13 +135,16 @@ pub enum CombineArg {
 /// The quorum flags: everything of the quorum client's configuration a user sets.
 #[derive(Debug, Clone, Args)]
 pub struct QuorumArgs {
+    /// `--nodes`: the quorum's Redis nodes.
     #[command(flatten)]
     pub nodes: NodeList,
     /// The register key on every node.
     #[arg(long, default_value = "current")]
     pub key: String,
+    /// `--connect-timeout-ms`, `--reply-timeout-ms`: per-node timeouts.
     #[command(flatten)]
     pub timeouts: NodeTimeouts,
+    /// `--tls-ca`, `--tls-cert`, `--tls-key`: TLS to `rediss://` nodes.
     #[command(flatten)]
     pub tls: TlsArgs,
     /// Use the classic protocol (read a majority, then write max+1) instead of the fast one.
@@ -211,6 +214,7 @@ pub struct BrokerArgs {
     /// with the same token and TLS settings).
     #[arg(long)]
     pub broker_closed_list: bool,
+    /// `--broker-tls-*`: TLS to brokers that listen with it.
     #[command(flatten)]
     pub tls: BrokerTlsArgs,
 }
@@ -248,10 +252,13 @@ impl BrokerArgs {
 #[derive(Debug, Clone, Args)]
 #[command(group(ArgGroup::new("ids").required(true).multiple(false).args(["nodes", "broker"])))]
 pub struct SourceArgs {
+    /// The quorum flags; `nodes` is set when IDs come straight from the quorum.
     #[command(flatten)]
     pub quorum: QuorumArgs,
+    /// The broker flags; `broker` is set when IDs come through brokers.
     #[command(flatten)]
     pub brokers: BrokerArgs,
+    /// `--deadline-ms`, for either source.
     #[command(flatten)]
     pub deadline: DeadlineArgs,
 }
