@@ -10,10 +10,14 @@ use tokio::net::TcpStream;
 /// Why a [`get`] failed.
 #[derive(Debug, thiserror::Error)]
 pub enum GetError {
+    /// The GET did not complete: no connection, a broken exchange, or the timeout.
     #[error("GET http://{addr}{path}: {what}")]
     Failed {
+        /// The server's `host:port`, as given to [`get`].
         addr: String,
+        /// The request path with its query string, as given to [`get`].
         path: String,
+        /// What failed (connect, request, body, timeout), for a person to read.
         what: String,
     },
 }

@@ -30,9 +30,12 @@ pub use server::{
 /// What can stop the endpoint from starting.
 #[derive(Debug, thiserror::Error)]
 pub enum MetricsError {
+    /// The listening socket could not be bound (address in use, no permission, ...).
     #[error("--metrics-listen {addr}: cannot bind: {source}")]
     Bind {
+        /// The `--metrics-listen` address, as given.
         addr: String,
+        /// The operating system's error.
         source: std::io::Error,
     },
 }

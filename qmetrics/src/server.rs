@@ -44,10 +44,15 @@ pub const READY_TIMEOUT: Duration = Duration::from_secs(2);
 /// The endpoint's bounds.
 #[derive(Debug, Clone)]
 pub struct Limits {
+    /// Time from connect (or the previous response) to the end of a request's headers.
     pub header_read_timeout: Duration,
+    /// Open connections at most; one more is closed at once.
     pub max_connections: usize,
+    /// Open connections at most from one IPv4 address or one IPv6 /64.
     pub max_connections_per_peer: usize,
+    /// Longest life of one connection, then it is closed, even mid-response.
     pub connection_lifetime: Duration,
+    /// Time `/readyz` gives the readiness check before answering 503.
     pub ready_timeout: Duration,
 }
 
