@@ -37,14 +37,19 @@ pub enum WriteReply {
     /// The register was below LO and now holds HI.
     Accepted,
     /// The register was not below LO; it holds `current`.
-    Rejected { current: u64 },
+    Rejected {
+        /// The register's value on that node, at least LO.
+        current: u64,
+    },
 }
 
 /// A conditional write's reply, and whether the node is the rendezvous of a combined
 /// batch in flight (see [`Rendezvous`]): then the writer is not alone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Written {
+    /// Whether the write was accepted, or the node's value if not.
     pub reply: WriteReply,
+    /// The node holds a combined batch in flight (its in-flight key has a lease left).
     pub combining: bool,
 }
 

@@ -17,7 +17,9 @@ use std::time::Duration;
 /// When a lease runs out the members stop waiting and join again.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Leases {
+    /// How long a batch in flight holds the rendezvous: its leader's time for the round.
     pub round: Duration,
+    /// How long an open batch holds it, the wait for the batch in flight included.
     pub batch: Duration,
 }
 
@@ -26,15 +28,24 @@ pub struct Leases {
 pub enum Join {
     /// Joined the open batch `batch` at `offset`; its leader's lease ends in `wait`.
     Follow {
+        /// The open batch joined; its result is published under this name.
         batch: Nonce,
+        /// IDs of the members that joined before: the caller's IDs start this far into
+        /// the batch's range.
         offset: u64,
+        /// What is left of the leader's lease: how long to wait for the result.
         wait: Duration,
     },
     /// Nothing open, nothing in flight: the caller's batch (its request alone) is in
     /// flight now; run it.
     Solo,
     /// The caller opened a batch and leads it; `busy` is in flight for up to `wait`.
-    Lead { busy: Nonce, wait: Duration },
+    Lead {
+        /// The batch in flight, which the caller's batch waits for before it closes.
+        busy: Nonce,
+        /// What is left of that batch's lease.
+        wait: Duration,
+    },
     /// The open batch is full: run an ordinary round.
     Full,
 }
@@ -43,9 +54,17 @@ pub enum Join {
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Close {
     /// Closed and now in flight: reserve `ids` IDs for it.
-    Closed { ids: u64 },
+    Closed {
+        /// IDs the batch's members asked for in all: the count of its quorum round.
+        ids: u64,
+    },
     /// Batch `busy` is still in flight, for up to `wait`.
-    Busy { busy: Nonce, wait: Duration },
+    Busy {
+        /// The batch still in flight.
+        busy: Nonce,
+        /// What is left of its lease.
+        wait: Duration,
+    },
     /// The batch is gone (expired, or the node restarted): its members will join again.
     Gone,
 }
@@ -54,11 +73,14 @@ pub enum Close {
 /// `"<batch> failed"`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct BatchResult {
+    /// The batch this is the outcome of.
     pub batch: Nonce,
+    /// The IDs reserved for the whole batch; `None` when its round failed.
     pub range: Option<IdRange>,
 }
 
 impl BatchResult {
+    /// The text published on the results channel, which [`BatchResult::parse`] reads.
     pub fn message(&self) -> String {
         match self.range {
             Some(r) => format!("{} {} {}", self.batch, r.lo, r.hi),
@@ -102,6 +124,7 @@ pub fn member_range(batch: IdRange, offset: u64, n: u64) -> Option<IdRange> {
 pub struct Nonce(pub u128);
 
 impl Nonce {
+    /// A fresh name: 128 random bits from the thread's CSPRNG.
     pub fn random() -> Nonce {
         Nonce(rand::random())
     }

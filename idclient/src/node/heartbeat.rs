@@ -89,9 +89,13 @@ fn heartbeat_sha() -> &'static str {
 /// `mac` (64 hex digits) when the leader signed it ([`HeartbeatAuth::sign`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Heartbeat {
+    /// The election term whose leader wrote it (from 1; a higher term deposes a lower).
     pub term: u64,
+    /// Refresh counter of this leader in this term: it grows on every refresh.
     pub seq: u64,
+    /// The leader's advertised client address (`host:port`), where followers redirect.
     pub addr: String,
+    /// HMAC-SHA256 over key, term, seq and address, 64 lowercase hex digits; `None` unsigned.
     pub mac: Option<String>,
 }
 

@@ -89,10 +89,14 @@ pub struct ClientConfig {
     pub nodes: Vec<String>,
     /// The register key on every node.
     pub key: String,
+    /// Fast (write with a guess first) or classic (read a majority, then write).
     pub protocol: Protocol,
     /// Total time one `next_ids` call may take, all retries included.
     pub deadline: Duration,
+    /// Time to connect to one node and complete its checks (default 500 ms).
     pub connect_timeout: Duration,
+    /// Time one node may take to answer one command before it counts as failed for
+    /// that round (default 500 ms).
     pub reply_timeout: Duration,
     /// Accept nodes that do not fsync every write. Can repeat IDs after a crash.
     pub unsafe_skip_durability_check: bool,
