@@ -83,22 +83,37 @@ pub const DEFAULT_PIPELINE: usize = 4;
 /// The broker's limits and timeouts.
 #[derive(Debug, Clone)]
 pub struct BrokerConfig {
+    /// Open client connections at most (`--max-connections`, [`MAX_CONNECTIONS`]).
     pub max_connections: usize,
+    /// Unanswered requests per connection before the broker stops reading it
+    /// (`--max-in-flight`, sent in `Welcome`; must fit in u32).
     pub max_in_flight_per_conn: usize,
+    /// Largest `count` of one request (`--max-count`, sent in `Welcome`).
     pub max_count: u64,
+    /// Requests served by one round at most ([`MAX_BATCH`]).
     pub max_batch: usize,
+    /// IDs reserved by one round at most, at least `max_count`; a larger batch is split.
     pub max_round_ids: u64,
     /// Batches whose rounds run at once (`--pipeline`): 1 for `--serve rounds`, more
     /// to pipeline window confirmations.
     pub pipeline: usize,
+    /// Deadline of a request that sends `deadline_ms` 0 (`--deadline-ms`, 5 s).
     pub default_deadline: Duration,
+    /// Longest deadline a client gets; longer ones are capped (`--max-deadline-ms`, 60 s).
     pub max_deadline: Duration,
+    /// How long a reply write may block before the client is dropped (`--write-timeout-ms`).
     pub write_timeout: Duration,
+    /// Time from connect to a complete `Hello` (`--handshake-timeout-ms`, 5 s).
     pub handshake_timeout: Duration,
+    /// Time from a frame's first byte to its last (`--frame-timeout-ms`).
     pub frame_timeout: Duration,
+    /// A connection with nothing in flight is closed after this (`--idle-timeout-ms`, 60 s).
     pub idle_timeout: Duration,
+    /// Least idle time of a connection evicted at the cap (`--evict-min-idle-ms`, 1 s).
     pub evict_min_idle: Duration,
+    /// How often the counters are logged at info level (`--stats-interval-secs`, 60 s).
     pub stats_interval: Duration,
+    /// Requests queued in front of the batcher at most; then connections wait.
     pub queue_capacity: usize,
     /// The shared secret clients must present (`--auth-token-file`): in the binary
     /// Hello, and with `AUTH` on RESP. `None`: no authentication.
@@ -139,8 +154,10 @@ impl Default for BrokerConfig {
 /// What can stop the broker from starting.
 #[derive(Debug, thiserror::Error)]
 pub enum BrokerError {
+    /// A limit is unusable (zero, above its bound, ...); the text names the field.
     #[error("invalid broker configuration: {0}")]
     Config(String),
+    /// A listener could not be bound or accept.
     #[error("listener: {0}")]
     Io(#[from] std::io::Error),
 }

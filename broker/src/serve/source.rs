@@ -69,8 +69,11 @@ pub enum Admit {
 /// A broker's part in the election.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Role {
+    /// Follows a live leader's heartbeat; redirects binary clients, forwards RESP ones.
     Follower,
+    /// Saw no leader's heartbeat change for the election timeout; claims the next term.
     Candidate,
+    /// Won its term: refreshes the heartbeat and serves every request itself.
     Leader,
 }
 
@@ -88,6 +91,7 @@ impl Role {
 /// Where the election stands, as this broker sees it.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Status {
+    /// This broker's part in the election now.
     pub role: Role,
     /// The highest term seen (0: none yet).
     pub term: u64,
