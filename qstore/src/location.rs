@@ -17,7 +17,12 @@ pub enum Location {
     /// A local (or mounted) path.
     Dir(PathBuf),
     /// An S3 bucket and a key or key prefix, without leading or trailing '/' (may be empty).
-    S3 { bucket: String, prefix: String },
+    S3 {
+        /// The bucket's name.
+        bucket: String,
+        /// The key or key prefix within it; empty for the whole bucket.
+        prefix: String,
+    },
 }
 
 impl Location {
