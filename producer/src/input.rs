@@ -19,7 +19,12 @@ pub enum InputSpec {
     /// One item per line of stdin. Not resumable: there is no way to check it is the same.
     Stdin,
     /// `count` synthetic items of `payload_size` bytes, see [`generate_payload`].
-    Generate { count: u64, payload_size: usize },
+    Generate {
+        /// Items to generate, all of them (`--generate`).
+        count: u64,
+        /// Bytes of each item (`--payload-size`), at most [`crate::MAX_ITEM_BYTES`].
+        payload_size: usize,
+    },
 }
 
 impl InputSpec {
@@ -80,7 +85,9 @@ pub fn is_stream(path: &Path) -> Result<bool, ProducerError> {
 /// Summary of an input file, computed in one pass before anything is written.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct FileScan {
+    /// The file's size in bytes.
     pub bytes: u64,
+    /// Lines in the file: one item each.
     pub items: u64,
     /// Identifies the content (not the name): a moved file still resumes.
     pub fingerprint: String,

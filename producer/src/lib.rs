@@ -79,27 +79,40 @@ pub enum ProducerError {
     /// The input cannot be read.
     #[error("input {input}: {error}")]
     Input {
+        /// The input as named in messages ([`InputSpec::describe`]: a path, `stdin`, ...).
         input: String,
+        /// The operating system's error.
         error: std::io::Error,
     },
 
     /// A line is longer than [`MAX_ITEM_BYTES`].
     #[error("input {input}: line {line} is longer than the limit of {limit} bytes per item")]
     LineTooLong {
+        /// The input as named in messages ([`InputSpec::describe`]: a path, `stdin`, ...).
         input: String,
+        /// The offending line's number, counted from 1.
         line: u64,
+        /// The limit in bytes, [`MAX_ITEM_BYTES`].
         limit: usize,
     },
 
     /// The input no longer matches what the sublist was written from (found while reading).
     #[error("input {input} changed since the sublist was started: {reason}")]
-    InputChanged { input: String, reason: String },
+    InputChanged {
+        /// The input as named in messages ([`InputSpec::describe`]: a path, `stdin`, ...).
+        input: String,
+        /// What differs (item count, content), for a person to read.
+        reason: String,
+    },
 
     /// The sublist exists and was written from another input.
     #[error("sublist {path} was written from different input (stored: {stored}; given: {given}); refusing to mix inputs: use another --data-dir or delete {path}")]
     DifferentInput {
+        /// The sublist's database directory, `DATA_DIR/shard-<n>`.
         path: PathBuf,
+        /// The fingerprint of the input the sublist was started from (its progress marker).
         stored: String,
+        /// The fingerprint of the input given now.
         given: String,
     },
 
@@ -108,9 +121,13 @@ pub enum ProducerError {
     /// already holds).
     #[error("sublist {path} {} {items} items; input from {input} cannot be resumed: stdin, a pipe or a FIFO can be read only once, so it cannot be checked to be the same input: use --input with a regular file, or delete {path} to write it again", if *finished { "is finished with" } else { "already holds" })]
     StreamNotResumable {
+        /// The sublist's database directory, `DATA_DIR/shard-<n>`.
         path: PathBuf,
+        /// The input as named in messages ([`InputSpec::describe`]: a path, `stdin`, ...).
         input: String,
+        /// Items already durably in the sublist.
         items: u64,
+        /// The sublist is finished (its whole input was written).
         finished: bool,
     },
 
@@ -124,19 +141,33 @@ pub enum ProducerError {
 
     /// Getting IDs failed (no quorum past the deadline, ...). Everything before is durable.
     #[error("getting IDs for items {next_seq}.. failed: {error} ({next_seq} items are durably in the sublist; run again to resume)")]
-    Ids { next_seq: u64, error: IdError },
+    Ids {
+        /// Items durably in the sublist: the sequence number of the first unwritten one.
+        next_seq: u64,
+        /// Why the ID source failed.
+        error: IdError,
+    },
 
     /// The ID source returned a range of the wrong size: a bug in the source.
     #[error("ID source returned {got:?} for a request of {wanted} IDs")]
-    BadRange { wanted: u64, got: IdRange },
+    BadRange {
+        /// IDs asked for: the batch's item count.
+        wanted: u64,
+        /// The range the source returned, whose length is not `wanted`.
+        got: IdRange,
+    },
 
     /// The ID generator handed out IDs at or below an ID this sublist already holds: its
     /// nodes lost acknowledged writes (a quorum wiped by FLUSHALL, a deleted data dir...).
     #[error("the ID generator returned IDs {}..={}, not above {last_id}, the last ID already in sublist {}: IDs went backwards, so the ID generator's nodes lost acknowledged writes (FLUSHALL, a wiped or restored data dir, fsync off) and could repeat IDs given out before; nothing was written ({next_seq} items stay durable in the sublist). Do not use these nodes until their registers are back above every ID handed out", got.lo, got.hi, path.display())]
     IdsWentBackwards {
+        /// The sublist's database directory, `DATA_DIR/shard-<n>`.
         path: PathBuf,
+        /// The highest ID already in the sublist.
         last_id: u64,
+        /// Items durably in the sublist; nothing of the batch was written.
         next_seq: u64,
+        /// The range the ID generator returned, whose `lo` is not above `last_id`.
         got: IdRange,
     },
 
@@ -182,11 +213,15 @@ pub enum Display {
 /// What a producer does; built by the binary from its flags, or by tests.
 #[derive(Debug, Clone)]
 pub struct Config {
+    /// The shard number `n` (`--shard`): which sublist, `data_dir/shard-<n>`, is written.
     pub shard: u32,
+    /// The directory holding the sublists (`--data-dir`).
     pub data_dir: PathBuf,
+    /// Where the items come from (`--input`, stdin or `--generate`).
     pub input: InputSpec,
     /// Items per batch: one ID range and one synced WriteBatch each.
     pub batch: u64,
+    /// How progress is shown while running.
     pub display: Display,
 }
 
@@ -223,7 +258,9 @@ impl Config {
 /// What one run did.
 #[derive(Debug, Clone, PartialEq)]
 pub struct Summary {
+    /// The shard number `n` written.
     pub shard: u32,
+    /// The sublist's database directory, `DATA_DIR/shard-<n>`.
     pub path: PathBuf,
     /// The sublist was already finished: nothing was done.
     pub already_finished: bool,
@@ -235,6 +272,7 @@ pub struct Summary {
     pub batches: u64,
     /// IDs of this run's first and last item.
     pub id_span: Option<(u64, u64)>,
+    /// Wall-clock time of [`Producer::run`], from its start to its end.
     pub elapsed: Duration,
 }
 
