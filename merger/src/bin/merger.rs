@@ -20,9 +20,10 @@ use merger::parquet_list::{Codec, ParquetOptions, ParquetWriter, DEFAULT_ROW_GRO
 use merger::sink::{ListSink, RunSink};
 use merger::{InputSpec, MergeError};
 use qcli::Cause;
+use qformat::listbin::{verify, ListError, ListReader};
+use qformat::names::has_run_suffix;
+use qformat::run::{Part, RunError, RunWriter, ShardSpec};
 use qstore::{Location, Store, StoreError, StoreOptions};
-use sublist::listbin::{verify, ListError, ListReader};
-use sublist::run::{Part, RunError, RunWriter, ShardSpec};
 
 #[cfg(feature = "test-hooks")]
 use merger::test_hooks::Stall;
@@ -276,7 +277,7 @@ fn config(args: MergeArgs) -> anyhow::Result<MergeConfig> {
         "auto" if out.ends_with(".parquet") => Format::Parquet(args.parquet.options()),
         _ => Format::Bin,
     };
-    if matches!(format, Format::Parquet(_)) && out.ends_with(".bin") {
+    if matches!(format, Format::Parquet(_)) && has_run_suffix(&out) {
         return Err(qcli::usage(format!(
             "--out {out} with --format parquet: a Parquet file named *.bin would be taken for a run by the next --runs merge of its directory (name it .parquet)"
         )));
@@ -342,7 +343,7 @@ fn check_out(cfg: &MergeConfig, specs: &[InputSpec]) -> anyhow::Result<()> {
         reason,
     };
     for src in &cfg.runs {
-        if cfg.out.to_string().ends_with(".bin") && same_place(&cfg.out, src) {
+        if has_run_suffix(&cfg.out.to_string()) && same_place(&cfg.out, src) {
             return Err(bad(format!("it lands among the runs of --runs {src}: the next merge of {src} would read it as an input (write it elsewhere)")).into());
         }
     }
@@ -578,7 +579,7 @@ fn run_convert(files: &[String], out: &str, opts: ParquetOptions) -> anyhow::Res
         }
         locations.push(loc);
     }
-    if out.to_string().ends_with(".bin") {
+    if has_run_suffix(&out.to_string()) {
         return Err(qcli::usage(format!(
             "--out {out}: convert writes Parquet, and a Parquet file named *.bin would be taken for a run by the next --runs merge of its directory (name it .parquet)"
         )));
@@ -750,7 +751,7 @@ fn is_version_one(file: &str) -> anyhow::Result<bool> {
     let n = std::fs::File::open(file)
         .and_then(|mut f| std::io::Read::read(&mut f, &mut magic))
         .unwrap_or(0);
-    Ok(n == 8 && magic == sublist::listbin::MAGIC)
+    Ok(n == 8 && magic == qformat::listbin::MAGIC)
 }
 
 fn verify_v1(file: &std::path::Path) -> anyhow::Result<()> {
@@ -770,7 +771,7 @@ fn verify_v1(file: &std::path::Path) -> anyhow::Result<()> {
     Ok(())
 }
 
-type BoxedRecords = Box<dyn Iterator<Item = anyhow::Result<sublist::Record>>>;
+type BoxedRecords = Box<dyn Iterator<Item = anyhow::Result<qformat::Record>>>;
 
 /// The records of the files in order: a version 1 list.bin, or runs (parts in order).
 fn records_of(files: &[String]) -> anyhow::Result<BoxedRecords> {
@@ -792,7 +793,7 @@ fn records_of(files: &[String]) -> anyhow::Result<BoxedRecords> {
     let records = runs
         .into_iter()
         .flat_map(|run| {
-            let name = run.location.to_string();
+            let name = run.name.clone();
             run.records(0, u64::MAX).map(move |r| (name.clone(), r))
         })
         .map(move |(name, r)| {

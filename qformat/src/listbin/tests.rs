@@ -1,5 +1,5 @@
 use super::*;
-use crate::record::rec;
+use crate::record::{encode_record, rec};
 use std::io::Cursor;
 
 fn write_file(dir: &Path, records: &[Record]) -> PathBuf {

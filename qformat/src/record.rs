@@ -53,3 +53,42 @@ impl RecordRef<'_> {
         }
     }
 }
+
+// The record codec: list.bin's record encoding (both versions store records this way).
+
+/// Fixed part of a record before its payload: id u64, shard u32, seq u64, length u64.
+pub const RECORD_HEAD_LEN: usize = 8 + 4 + 8 + 8;
+
+/// Encodes the fixed part of a record (everything but the payload bytes): the same bytes
+/// `bincode::serialize` produces for the first four fields, written by hand for speed.
+pub fn encode_record_head(record: &Record) -> [u8; RECORD_HEAD_LEN] {
+    let mut head = [0u8; RECORD_HEAD_LEN];
+    head[0..8].copy_from_slice(&record.id.to_le_bytes());
+    head[8..12].copy_from_slice(&record.shard.to_le_bytes());
+    head[12..20].copy_from_slice(&record.seq.to_le_bytes());
+    head[20..28].copy_from_slice(&(record.payload.len() as u64).to_le_bytes());
+    head
+}
+
+/// Appends one full encoded record to `out` (used by tools that build list.bin bytes
+/// themselves, e.g. benchmarks and tests).
+pub fn encode_record(record: &Record, out: &mut Vec<u8>) {
+    out.extend_from_slice(&encode_record_head(record));
+    out.extend_from_slice(&record.payload);
+}
+
+/// The fixed fields of an encoded record head: id, shard, seq, payload length.
+pub fn decode_record_head(head: &[u8; RECORD_HEAD_LEN]) -> (u64, u32, u64, u64) {
+    (
+        u64::from_le_bytes(le8(&head[0..8])),
+        u32::from_le_bytes([head[8], head[9], head[10], head[11]]),
+        u64::from_le_bytes(le8(&head[12..20])),
+        u64::from_le_bytes(le8(&head[20..28])),
+    )
+}
+
+fn le8(b: &[u8]) -> [u8; 8] {
+    let mut a = [0u8; 8];
+    a.copy_from_slice(b);
+    a
+}
