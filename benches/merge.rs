@@ -791,7 +791,7 @@ fn bench_kway(c: &mut Criterion) {
                         .iter()
                         .cloned()
                         .map(Ok::<_, std::convert::Infallible>);
-                    merger::Source::new(format!("shard-{s}"), s as u32, records)
+                    merger::Source::new(format!("source {s}"), s as u32, records)
                 })
                 .collect()
         };

@@ -200,8 +200,8 @@ fn build(env: &Env, shards: u32, items: u64) -> Fixture {
     let t = Instant::now();
     let mut run_files = Vec::new();
     for s in 0..shards {
-        let run = runs.join(format!("shard-{s}.bin"));
-        let sublist = data.join(format!("shard-{s}"));
+        let run = runs.join(qformat::names::run_name(s));
+        let sublist = qformat::names::shard_db_path(&data, s);
         fixture_step(env, &["--out".into(), run.clone().into(), sublist.into()]);
         run_files.push(run);
     }
@@ -213,7 +213,7 @@ fn build(env: &Env, shards: u32, items: u64) -> Fixture {
     let t = Instant::now();
     let s3_runs = env.s3.url(&format!("{shards}-shards-{items}/runs"));
     for (s, run) in run_files.iter().enumerate() {
-        let object = format!("{s3_runs}/shard-{s}.bin");
+        let object = format!("{s3_runs}/{}", qformat::names::run_name(s as u32));
         fixture_step(env, &["--out".into(), object.into(), run.clone().into()]);
     }
     eprintln!(

@@ -92,3 +92,25 @@ fn le8(b: &[u8]) -> [u8; 8] {
     a.copy_from_slice(b);
     a
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn record_encoding_is_bincode_legacy_fixint() {
+        let r = rec(0x1122_3344_5566_7788, 0xAABB_CCDD, 42, b"hi\x00\xff");
+        let mut ours = Vec::new();
+        encode_record(&r, &mut ours);
+        assert_eq!(ours, bincode::serialize(&r).expect("bincode"));
+        let expected: Vec<u8> = [
+            &[0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11][..],
+            &[0xDD, 0xCC, 0xBB, 0xAA],
+            &[42, 0, 0, 0, 0, 0, 0, 0],
+            &[4, 0, 0, 0, 0, 0, 0, 0],
+            b"hi\x00\xff",
+        ]
+        .concat();
+        assert_eq!(ours, expected);
+    }
+}

@@ -1,5 +1,5 @@
 use super::*;
-use crate::record::{encode_record, rec};
+use crate::record::rec;
 use std::io::Cursor;
 
 fn write_file(dir: &Path, records: &[Record]) -> PathBuf {
@@ -68,23 +68,6 @@ fn a_failed_directory_fsync_says_the_list_is_there() {
             && msg.contains("EIO"),
         "{msg}"
     );
-}
-
-#[test]
-fn record_encoding_is_bincode_legacy_fixint() {
-    let r = rec(0x1122_3344_5566_7788, 0xAABB_CCDD, 42, b"hi\x00\xff");
-    let mut ours = Vec::new();
-    encode_record(&r, &mut ours);
-    assert_eq!(ours, bincode::serialize(&r).expect("bincode"));
-    let expected: Vec<u8> = [
-        &[0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11][..],
-        &[0xDD, 0xCC, 0xBB, 0xAA],
-        &[42, 0, 0, 0, 0, 0, 0, 0],
-        &[4, 0, 0, 0, 0, 0, 0, 0],
-        b"hi\x00\xff",
-    ]
-    .concat();
-    assert_eq!(ours, expected);
 }
 
 #[test]
