@@ -797,7 +797,7 @@ fn records_of(files: &[String]) -> anyhow::Result<BoxedRecords> {
             run.records(0, u64::MAX).map(move |r| (name.clone(), r))
         })
         .map(move |(name, r)| {
-            let r = r?;
+            let r = r.map_err(MergeError::from)?;
             if let Some(prev) = last.filter(|&p| r.id <= p) {
                 let what = format!("record id {} is not above the previous file's id {prev}: the files are not the parts of one list in order (merger verify names the misplaced one)", r.id);
                 return Err(MergeError::ListCheck { name, what }.into());
