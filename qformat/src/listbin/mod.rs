@@ -569,6 +569,16 @@ fn le8(b: &[u8]) -> [u8; 8] {
     a
 }
 
+/// Whether the local file at `path` starts with version 1's magic (an old list.bin);
+/// `false` when it cannot be read (whoever opens it next says why).
+pub fn is_version_one(path: &Path) -> bool {
+    let mut magic = [0u8; 8];
+    let n = File::open(path)
+        .and_then(|mut f| f.read(&mut magic))
+        .unwrap_or(0);
+    n == 8 && magic == MAGIC
+}
+
 /// Checks a whole list.bin: magic, framing of every record, strict ID order, the header
 /// count and the checksum.
 ///

@@ -378,3 +378,16 @@ fn every_single_bit_flip_is_detected() {
     }
     assert_eq!(checked, 864, "the file is {} bytes", good.len());
 }
+
+#[test]
+fn version_one_is_told_by_its_magic() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let v1 = write_file(dir.path(), &[rec(5, 1, 0, b"ab")]);
+    assert!(is_version_one(&v1));
+    let other = dir.path().join("run.bin");
+    std::fs::write(&other, b"QLIST002 and more").expect("write");
+    assert!(!is_version_one(&other));
+    std::fs::write(&other, b"QLIST00").expect("write");
+    assert!(!is_version_one(&other), "shorter than the magic");
+    assert!(!is_version_one(&dir.path().join("missing.bin")));
+}
