@@ -16,7 +16,7 @@ use crate::tasks::{wait, Tasks};
 use crate::{Location, StoreError};
 
 /// One run opened for reading: a local file or an S3 object, of a size fixed at
-/// [`Store::open`]. Cheap to clone; `Send + Sync`.
+/// [`Store::open`](crate::Store::open). Cheap to clone; `Send + Sync`.
 #[derive(Clone)]
 pub struct Object {
     inner: Arc<Inner>,

@@ -19,12 +19,12 @@ pub const S3_MIN_PART_SIZE: usize = 5 << 20;
 /// S3's largest part.
 pub const S3_MAX_PART_SIZE: usize = 5 << 30;
 
-/// Limits and timeouts of a [`Store`].
+/// Limits and timeouts of a [`Store`](crate::Store).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct StoreOptions {
     /// Total time for one operation, retries with backoff included.
     pub deadline: Duration,
-    /// Bytes per ranged GET in [`Object::read_ranges`] (and per local read).
+    /// Bytes per ranged GET in [`Object::read_ranges`](crate::Object::read_ranges) (and per local read).
     pub read_chunk: usize,
     /// Ranged GETs in flight per [`crate::RangeReader`].
     pub in_flight: usize,
