@@ -15,6 +15,7 @@ mod inputs;
 pub mod jobs;
 pub mod kway;
 pub mod parquet_list;
+pub mod read;
 pub mod runs;
 pub mod sink;
 pub mod split;

@@ -8,19 +8,18 @@
 //! merger cat FILE... [--json]
 //! ```
 
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use merger::jobs::RangeFile;
 use merger::parquet_list::{Codec, ParquetOptions, ParquetWriter, DEFAULT_ROW_GROUP_ROWS};
 use merger::sink::{ListSink, RunSink};
 use merger::{InputSpec, MergeError};
 use qcli::Cause;
-use qformat::listbin::{verify, ListError, ListReader};
+use qformat::listbin::ListError;
 use qformat::names::has_run_suffix;
 use qformat::run::{Part, RunError, RunWriter, ShardSpec};
 use qstore::{Location, Store, StoreError, StoreOptions};
@@ -711,144 +710,12 @@ impl Progress {
 }
 
 fn run_verify(files: &[String]) -> anyhow::Result<()> {
-    let first = files.first().map(String::as_str).unwrap_or_default();
-    if files.len() == 1 && is_version_one(first)? {
-        return verify_v1(std::path::Path::new(first));
-    }
-    let store = Store::new(StoreOptions::default());
-    let locations = files
-        .iter()
-        .map(|f| Location::parse(f))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(MergeError::Store)?;
-    let s = merger::verify::verify_lists(&store, &locations)
-        .with_context(|| format!("{} is not a valid list.bin", files.join(" ")))?;
-    let ids = match s.ids {
-        Some((a, b)) => format!("ids {a}..={b}"),
-        None => "no ids".to_string(),
-    };
-    let parts = if s.files > 1 {
-        format!(" in {} parts", s.files)
-    } else {
-        String::new()
-    };
-    println!(
-        "{}: OK: {} records{parts}, {} bytes, {ids}, strictly increasing, {} shards complete, every block checksum verified",
-        files.join(" "),
-        s.records,
-        s.bytes,
-        s.shards,
-    );
+    println!("{}", merger::read::verify_files(files)?);
     Ok(())
-}
-
-/// A local file that starts with version 1's magic (an old list.bin).
-fn is_version_one(file: &str) -> anyhow::Result<bool> {
-    if file.starts_with("s3://") {
-        return Ok(false);
-    }
-    let mut magic = [0u8; 8];
-    let n = std::fs::File::open(file)
-        .and_then(|mut f| std::io::Read::read(&mut f, &mut magic))
-        .unwrap_or(0);
-    Ok(n == 8 && magic == qformat::listbin::MAGIC)
-}
-
-fn verify_v1(file: &std::path::Path) -> anyhow::Result<()> {
-    let s = verify(file).with_context(|| format!("{} is not a valid list.bin", file.display()))?;
-    let ids = match (s.first_id, s.last_id) {
-        (Some(a), Some(b)) => format!("ids {a}..={b}"),
-        _ => "no ids".to_string(),
-    };
-    println!(
-        "{}: OK: {} records, {} bytes, {}, strictly increasing, crc32 {:#010x} (version 1)",
-        file.display(),
-        s.records,
-        s.file_bytes,
-        ids,
-        s.checksum
-    );
-    Ok(())
-}
-
-type BoxedRecords = Box<dyn Iterator<Item = anyhow::Result<qformat::Record>>>;
-
-/// The records of the files in order: a version 1 list.bin, or runs (parts in order).
-fn records_of(files: &[String]) -> anyhow::Result<BoxedRecords> {
-    let first = files.first().map(String::as_str).unwrap_or_default();
-    if files.len() == 1 && is_version_one(first)? {
-        let reader = ListReader::open(std::path::Path::new(first))?;
-        return Ok(Box::new(reader.map(|r| r.map_err(anyhow::Error::from))));
-    }
-    let store = Store::new(StoreOptions::default());
-    let mut runs = Vec::new();
-    for f in files {
-        let loc = Location::parse(f).map_err(MergeError::Store)?;
-        runs.push(merger::runs::open_run(&store, &loc)?);
-    }
-    // Each run is read only when the one before it is done (its ranged reads are
-    // bounded, so memory does not grow with the list). Within a run the blocks and the
-    // index vouch for the order; across files it is checked here.
-    let mut last: Option<u64> = None;
-    let records = runs
-        .into_iter()
-        .flat_map(|run| {
-            let name = run.name.clone();
-            run.records(0, u64::MAX).map(move |r| (name.clone(), r))
-        })
-        .map(move |(name, r)| {
-            let r = r.map_err(MergeError::from)?;
-            if let Some(prev) = last.filter(|&p| r.id <= p) {
-                let what = format!("record id {} is not above the previous file's id {prev}: the files are not the parts of one list in order (merger verify names the misplaced one)", r.id);
-                return Err(MergeError::ListCheck { name, what }.into());
-            }
-            last = Some(r.id);
-            Ok(r)
-        });
-    Ok(Box::new(records))
 }
 
 fn run_cat(files: &[String], json: bool) -> anyhow::Result<()> {
-    let reader = records_of(files)?;
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
-    for item in reader {
-        let r = item.with_context(|| {
-            format!(
-                "{} is not a valid list.bin (records above were printed)",
-                files.join(" ")
-            )
-        })?;
-        let line = if json {
-            let mut obj = serde_json::json!({ "id": r.id, "shard": r.shard, "seq": r.seq });
-            match std::str::from_utf8(&r.payload) {
-                Ok(s) => obj["payload"] = serde_json::Value::from(s),
-                Err(_) => obj["payload_hex"] = serde_json::Value::from(hex(&r.payload)),
-            }
-            obj.to_string()
-        } else {
-            format!(
-                "{}\t{}\t{}\t{}",
-                r.id,
-                r.shard,
-                r.seq,
-                r.payload.escape_ascii()
-            )
-        };
-        if let Err(e) = writeln!(out, "{line}") {
-            // `merger cat | head` closes the pipe early: that is the reader's choice, not an error.
-            if e.kind() == std::io::ErrorKind::BrokenPipe {
-                return Ok(());
-            }
-            return Err(e).context("writing to stdout");
-        }
-    }
-    match out.flush() {
-        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e).context("writing to stdout"),
-        _ => Ok(()),
-    }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    merger::read::cat(files, json, &mut out)
 }
