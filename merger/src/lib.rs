@@ -11,6 +11,7 @@
 //! The `merger` binary wraps these (`merger --out`, `merger verify`, `merger cat`).
 
 pub mod convert;
+pub mod discover;
 mod inputs;
 pub mod jobs;
 pub mod kway;

@@ -309,88 +309,14 @@ fn config(args: MergeArgs) -> anyhow::Result<MergeConfig> {
     })
 }
 
-/// Every input the command line names: the data dir's sublists, the runs under each
-/// `--runs`, and the positional inputs.
-fn input_specs(cfg: &MergeConfig, store: &Store) -> anyhow::Result<Vec<InputSpec>> {
-    let mut specs = Vec::new();
-    if let Some(dir) = &cfg.data_dir {
-        let shards = merger::find_shards_to_merge(dir, cfg.allow_unfinished)?;
-        specs.extend(shards.into_iter().map(InputSpec::Sublist));
-    }
-    for src in &cfg.runs {
-        let found = store.list_runs(src).map_err(MergeError::Store)?;
-        if found.is_empty() {
-            return Err(MergeError::NoRuns {
-                src: src.to_string(),
-            }
-            .into());
-        }
-        specs.extend(found.into_iter().map(InputSpec::Run));
-    }
-    for arg in &cfg.inputs {
-        specs.push(InputSpec::classify(arg)?);
-    }
-    Ok(specs)
-}
-
-/// Refuses an output that would destroy or shadow an input: a local output is checked
-/// as before (sublists, run files, the data dir); any output that lands among the runs
-/// of a `--runs` source would be read as an input by the next merge of that source.
-fn check_out(cfg: &MergeConfig, specs: &[InputSpec]) -> anyhow::Result<()> {
-    let bad = |reason: String| MergeError::BadOut {
-        out: PathBuf::from(cfg.out.to_string()),
-        reason,
-    };
-    for src in &cfg.runs {
-        if has_run_suffix(&cfg.out.to_string()) && same_place(&cfg.out, src) {
-            return Err(bad(format!("it lands among the runs of --runs {src}: the next merge of {src} would read it as an input (write it elsewhere)")).into());
-        }
-    }
-    if let Some(run) = specs
-        .iter()
-        .find(|s| matches!(s, InputSpec::Run(l) if l.is_s3() && *l == cfg.out))
-    {
-        return Err(bad(format!("it is the input {run:?}")).into());
-    }
-    let Location::Dir(out) = &cfg.out else {
-        return Ok(());
-    };
-    check_out_dir(out)?;
-    let paths: Vec<PathBuf> = specs
-        .iter()
-        .filter_map(|s| match s {
-            InputSpec::Sublist(p) | InputSpec::Run(Location::Dir(p)) => Some(p.clone()),
-            InputSpec::Run(_) => None,
-        })
-        .collect();
-    merger::check_out_path(out, cfg.data_dir.as_deref(), &paths)?;
-    Ok(())
-}
-
-/// Whether `out` is an object directly inside `src` (the same directory or prefix).
-fn same_place(out: &Location, src: &Location) -> bool {
-    match (out, src) {
-        (Location::Dir(o), Location::Dir(s)) => {
-            let parent = match o.parent() {
-                Some(d) if !d.as_os_str().is_empty() => d,
-                _ => std::path::Path::new("."),
-            };
-            match (std::fs::canonicalize(parent), std::fs::canonicalize(s)) {
-                (Ok(a), Ok(b)) => a == b,
-                _ => false,
-            }
-        }
-        (Location::S3 { .. }, Location::S3 { .. }) => {
-            let o = out.to_string();
-            let parent = o.rsplit_once('/').map_or("", |(p, _)| p);
-            parent == src.to_string().trim_end_matches('/')
-        }
-        _ => false,
-    }
-}
-
 fn run_merge(cfg: &MergeConfig) -> anyhow::Result<()> {
-    let specs = input_specs(cfg, &Store::new(cfg.store))?;
+    let specs = merger::discover::input_specs(
+        &Store::new(cfg.store),
+        cfg.data_dir.as_deref(),
+        &cfg.runs,
+        &cfg.inputs,
+        cfg.allow_unfinished,
+    )?;
     let jobs = usize::try_from(cfg.jobs).unwrap_or(1);
     let s3 = cfg.out.is_s3()
         || specs
@@ -398,7 +324,10 @@ fn run_merge(cfg: &MergeConfig) -> anyhow::Result<()> {
             .any(|s| matches!(s, InputSpec::Run(l) if l.is_s3()));
     let store = Store::new(merger::runs::read_options(cfg.store, specs.len(), jobs, s3));
     // Fail on a bad --out before spending time opening inputs.
-    check_out(cfg, &specs)?;
+    if let Location::Dir(out) = &cfg.out {
+        check_out_dir(out)?;
+    }
+    merger::discover::check_out(&cfg.out, cfg.data_dir.as_deref(), &cfg.runs, &specs)?;
     let mut progress = Progress::new(0, cfg.stall);
     let result = open_and_merge(cfg, &store, &specs, &mut progress);
     progress.finish();
