@@ -1,7 +1,9 @@
-//! Merge throughput: `merger::merge_to_file` over real RocksDB sublists (4 and 64 shards,
-//! `QLIST_BENCH_ITEMS` items in total, default 10 million, 100-byte payloads) against
-//! a library version of the same merge and two references, measured in the same run on the
-//! same data:
+//! Merge throughput: merger's own merge (`merger::merge_inputs`, the `merger --out` path)
+//! of real RocksDB sublists (4 and 64 shards, `QLIST_BENCH_ITEMS` items in total, default
+//! 10 million, 100-byte payloads) into a run (list.bin version 2), against a library
+//! version of the merge and two references, measured in the same run on the same data.
+//! The references write version 1's simpler bytes (one CRC at the end, no index) through
+//! `qformat::listbin::ListWriter` or by hand: a floor the run's blocks and index add to.
 //!
 //! - `kmerge`: the merge written with `itertools::kmerge_by` (module `kmerge` below), to
 //!   check that merger's hand-written heap earns its place (BENCHMARKS.md).
@@ -17,7 +19,7 @@
 //! at 10% and 100% mean memory does not grow with the item count.
 //!
 //! Group `kway` times the heap against `kmerge_by` alone, in memory. Group `listbin` times list.bin's record encoding and decoding by hand (what
-//! `sublist::listbin` does) against bincode, with the payload as a plain `Vec<u8>` and
+//! `qformat::listbin` does) against bincode, with the payload as a plain `Vec<u8>` and
 //! through `serde_bytes`, in memory (docs/list-format.md); rows `v2_*` do the same in
 //! version 2's shape (records appended to 256 KiB blocks, one CRC per block).
 //!
@@ -34,14 +36,13 @@ use std::process::Command;
 use std::time::{Duration, Instant};
 
 use criterion::{Criterion, SamplingMode, Throughput};
+use qformat::listbin::{Crc32, ListReader, ListWriter, FOOTER_LEN, HEADER_LEN, MAGIC};
+use qformat::record::{encode_record, encode_record_head, RECORD_HEAD_LEN};
+use qformat::run::{decode_block, BlockEntry, Part, RunWriter, BLOCK_TARGET};
+use qformat::shard::Progress;
+use qformat::Record;
 use rand::{Rng, SeedableRng};
-use sublist::listbin::{
-    encode_record, encode_record_head, Crc32, ListReader, ListWriter, FOOTER_LEN, HEADER_LEN,
-    MAGIC, RECORD_HEAD_LEN,
-};
-use sublist::run::{decode_block, BlockEntry, BLOCK_TARGET};
-use sublist::shard::{Progress, ShardReader, ShardWriter};
-use sublist::Record;
+use sublist::shard::{ShardReader, ShardWriter};
 
 const DEFAULT_ITEMS: u64 = 10_000_000;
 const PAYLOAD: usize = 100;
@@ -113,7 +114,7 @@ fn build(root: &Path, shards: u32, items: u64) -> Fixture {
             payload: payload(id),
         };
         seq[s] += 1;
-        list_bytes += (sublist::listbin::RECORD_HEAD_LEN + r.payload.len()) as u64;
+        list_bytes += (qformat::record::RECORD_HEAD_LEN + r.payload.len()) as u64;
         writeln!(
             text_out[s],
             "{:020}\t{}\t{}\t{}",
@@ -178,11 +179,26 @@ fn scan_to_file(out: &Path, paths: &[PathBuf]) -> u64 {
     count
 }
 
+/// What `merger --out list.bin SHARD_DB...` does: the sublists opened and checked, merged
+/// by the library's one merge loop into a run, fsynced and renamed into place.
 fn merge_once(out: &Path, paths: &[PathBuf], progress: &mut dyn FnMut(u64, u64)) -> u64 {
-    let shards = merger::open_shards(paths, false).expect("open shards");
-    merger::merge_to_file(out, &shards, progress)
-        .expect("merge")
-        .records
+    let store = qstore::Store::new(qstore::StoreOptions::default());
+    let specs: Vec<merger::InputSpec> = paths
+        .iter()
+        .map(|p| merger::InputSpec::Sublist(p.clone()))
+        .collect();
+    let inputs = merger::open_inputs(&store, &specs, false).expect("open shards");
+    let location = qstore::Location::Dir(out.to_path_buf());
+    let upload = store.create(&location).expect("create the run");
+    let writer = RunWriter::new(upload, inputs.shard_specs(), Part::WHOLE).expect("run writer");
+    let mut sink = merger::sink::RunSink {
+        writer,
+        name: out.display().to_string(),
+    };
+    merger::merge_inputs(&inputs, Part::WHOLE, &mut sink, progress).expect("merge");
+    let (upload, meta) = sink.writer.finish().expect("finish the run");
+    upload.finish().expect("commit the run");
+    meta.records()
 }
 
 /// The k-way merge written the library way, to measure against `merger::merge` (the
@@ -196,8 +212,8 @@ fn merge_once(out: &Path, paths: &[PathBuf], progress: &mut dyn FnMut(u64, u64))
 /// (BENCHMARKS.md has the figures).
 mod kmerge {
     use merger::{MergeError, Source, READ_AHEAD_BYTES, READ_AHEAD_RECORDS};
-    use sublist::listbin::RECORD_HEAD_LEN;
-    use sublist::Record;
+    use qformat::record::RECORD_HEAD_LEN;
+    use qformat::Record;
 
     /// The k-way merge written the library way: `itertools::kmerge_by` over one checked,
     /// read-ahead adapter per source, plus a one-item lookahead for cross-source duplicates.
@@ -371,7 +387,7 @@ mod kmerge {
     }
 }
 
-/// [`merge_once`] with the library k-way merge: the same steps as `merger::merge_to_file`.
+/// The library k-way merge over the sublists, written as version 1 bytes (`ListWriter`).
 fn kmerge_once(out: &Path, paths: &[PathBuf]) -> u64 {
     let shards = merger::open_shards(paths, false).expect("open shards");
     let sources = shards
@@ -584,7 +600,7 @@ fn v2_blocks(records: &[Record]) -> (Vec<u8>, Vec<BlockEntry>) {
     (bytes, index)
 }
 
-/// Version 2's decoder, `sublist::run::decode_block` (CRC, framing, lengths, order,
+/// Version 2's decoder, `qformat::run::decode_block` (CRC, framing, lengths, order,
 /// count, first and last ID of each block), over every block, plus order across blocks.
 fn decode_v2_hand(bytes: &[u8], index: &[BlockEntry]) -> u64 {
     let (mut sum, mut last) = (0u64, None);
@@ -606,7 +622,7 @@ fn decode_v2_serde_bytes(bytes: &[u8], index: &[BlockEntry]) -> u64 {
     let options = bincode::DefaultOptions::new()
         .with_fixint_encoding()
         .allow_trailing_bytes()
-        .with_limit((RECORD_HEAD_LEN + sublist::MAX_PAYLOAD) as u64);
+        .with_limit((RECORD_HEAD_LEN + qformat::MAX_PAYLOAD) as u64);
     let (mut sum, mut last) = (0u64, None);
     for e in index {
         let block = &bytes[e.offset as usize..(e.offset + u64::from(e.len)) as usize];
@@ -661,7 +677,7 @@ fn decode_bincode_as<T: serde::de::DeserializeOwned>(list: &[u8], id: fn(&T) -> 
     let options = bincode::DefaultOptions::new()
         .with_fixint_encoding()
         .allow_trailing_bytes()
-        .with_limit((RECORD_HEAD_LEN + sublist::MAX_PAYLOAD) as u64);
+        .with_limit((RECORD_HEAD_LEN + qformat::MAX_PAYLOAD) as u64);
     let records = &list[HEADER_LEN as usize..records_end];
     let mut input = std::io::BufReader::with_capacity(1 << 20, records);
     let (mut sum, mut last) = (0u64, None);
@@ -679,7 +695,7 @@ fn decode_bincode_as<T: serde::de::DeserializeOwned>(list: &[u8], id: fn(&T) -> 
     sum
 }
 
-/// list.bin's record encoding by hand (what `sublist::listbin` does) against bincode 1.3
+/// list.bin's record encoding by hand (what `qformat::listbin` does) against bincode 1.3
 /// (whose legacy layout it matches byte for byte), encoding and decoding, in memory.
 fn bench_codec(c: &mut Criterion) {
     let records: Vec<Record> = (1..=CODEC_RECORDS)
@@ -775,7 +791,7 @@ fn bench_kway(c: &mut Criterion) {
                         .iter()
                         .cloned()
                         .map(Ok::<_, std::convert::Infallible>);
-                    merger::Source::new(format!("shard-{s}"), s as u32, records)
+                    merger::Source::new(format!("source {s}"), s as u32, records)
                 })
                 .collect()
         };

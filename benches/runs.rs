@@ -70,11 +70,12 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use qformat::listbin::Crc32;
+use qformat::run::{Footer, FOOTER_LEN, HEADER_LEN, MAGIC};
+use qformat::shard::Progress;
+use qformat::Record;
 use rand::{Rng, SeedableRng};
-use sublist::listbin::Crc32;
-use sublist::run::{Footer, FOOTER_LEN, HEADER_LEN, MAGIC};
-use sublist::shard::{Progress, ShardWriter};
-use sublist::Record;
+use sublist::shard::ShardWriter;
 use testkit::s3::TestS3;
 
 const DEFAULT_ITEMS: u64 = 10_000_000;
@@ -199,8 +200,8 @@ fn build(env: &Env, shards: u32, items: u64) -> Fixture {
     let t = Instant::now();
     let mut run_files = Vec::new();
     for s in 0..shards {
-        let run = runs.join(format!("shard-{s}.bin"));
-        let sublist = data.join(format!("shard-{s}"));
+        let run = runs.join(qformat::names::run_name(s));
+        let sublist = qformat::names::shard_db_path(&data, s);
         fixture_step(env, &["--out".into(), run.clone().into(), sublist.into()]);
         run_files.push(run);
     }
@@ -212,7 +213,7 @@ fn build(env: &Env, shards: u32, items: u64) -> Fixture {
     let t = Instant::now();
     let s3_runs = env.s3.url(&format!("{shards}-shards-{items}/runs"));
     for (s, run) in run_files.iter().enumerate() {
-        let object = format!("{s3_runs}/shard-{s}.bin");
+        let object = format!("{s3_runs}/{}", qformat::names::run_name(s as u32));
         fixture_step(env, &["--out".into(), object.into(), run.clone().into()]);
     }
     eprintln!(
@@ -992,7 +993,6 @@ fn bench_shards(env: &Env, shards: u32, items: u64, keep: bool) -> ShardResult {
 /// output is. The records are in shard order, not ID order, so
 /// the file is not a valid run; what is timed is the same work per byte, minus merging.
 fn scan_child(out: &Path, runs: &[PathBuf]) -> u64 {
-    use merger::Blocks;
     let store = qstore::Store::new(merger::runs::read_options(
         qstore::StoreOptions::default(),
         runs.len(),
@@ -1036,7 +1036,7 @@ impl BlockSink {
     /// as `RunWriter`, counted from this output's start), no other check.
     fn push_encoded(&mut self, records: &[u8], w: &mut impl Write) {
         let (mut copied, mut pos) = (0, 0);
-        for r in sublist::run::BlockRecords::new(records) {
+        for r in qformat::run::BlockRecords::new(records) {
             if self.block.is_empty() && copied == pos {
                 self.first = r.id;
             }
@@ -1045,7 +1045,7 @@ impl BlockSink {
             self.block_records += 1;
             self.records += 1;
             self.position += r.encoded.len() as u64;
-            if self.position >= sublist::run::next_boundary(self.position - r.encoded.len() as u64)
+            if self.position >= qformat::run::next_boundary(self.position - r.encoded.len() as u64)
             {
                 self.block.extend_from_slice(&records[copied..pos]);
                 copied = pos;

@@ -16,7 +16,7 @@ fn main() -> Result<()> {
     );
     let mut per_shard = std::collections::BTreeMap::<u32, u64>::new();
     let mut last = None;
-    for record in sublist::read_list(&path)? {
+    for record in qformat::read_list(&path)? {
         let record = record.with_context(|| format!("reading {}", path.display()))?;
         *per_shard.entry(record.shard).or_default() += 1;
         last = Some(record.id);

@@ -446,7 +446,7 @@ fn chaos_pipeline() {
 
     let mut seen: BTreeMap<u32, Vec<u64>> = BTreeMap::new();
     let mut list_ids = Vec::new();
-    for r in sublist::read_list(&list).expect("open list.bin") {
+    for r in qformat::read_list(&list).expect("open list.bin") {
         let r = r.unwrap_or_else(|e| panic!("seed {seed}: bad record in list.bin: {e}"));
         assert!(
             r.shard < 4,

@@ -189,7 +189,7 @@ fn producer_on_a_full_disk_exits_with_a_clear_error_then_resumes() {
         .expect("run merger verify");
     check_output(&out, "merger verify");
     let mut seqs = Vec::new();
-    for r in sublist::read_list(&list).expect("open list.bin") {
+    for r in qformat::read_list(&list).expect("open list.bin") {
         let r = r.expect("valid record");
         assert_eq!(
             r.payload,

@@ -10,9 +10,9 @@ mod common;
 
 use common::{bin, check_output};
 use idtools::cluster::LocalQuorum;
+use qformat::Record;
 use std::collections::BTreeMap;
 use std::process::Command;
-use sublist::Record;
 
 const PAYLOAD_SIZE: usize = 64;
 /// Items per generating producer: enough for many batches and interleaved IDs, small
@@ -97,7 +97,7 @@ fn four_producers_then_merge() {
     check_output(&out, "merger verify");
 
     // Strict ID order, framing and checksum are checked by the reader itself.
-    let records: Vec<Record> = sublist::read_list(&list)
+    let records: Vec<Record> = qformat::read_list(&list)
         .expect("open list.bin")
         .collect::<Result<_, _>>()
         .expect("valid list.bin");

@@ -1,11 +1,10 @@
 //! `merger convert`: a list already merged (a run: a merged list, a sealed sublist, one
 //! part of a split, or all K parts in order) written again in another format, Parquet.
-//! Every record passes the writer's [`sublist::run::WriteCheck`] as in a merge, and every
+//! Every record passes the writer's [`qformat::run::WriteCheck`] as in a merge, and every
 //! block's checksum is checked as it is read.
 
-use sublist::run::{Part, ShardSpec};
+use qformat::run::{Part, ShardSpec};
 
-use crate::kway::Blocks;
 use crate::runs::RunInput;
 use crate::sink::ListSink;
 use crate::{MergeError, PROGRESS_EVERY};

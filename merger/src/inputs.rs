@@ -5,8 +5,9 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
+use qformat::names::has_run_suffix;
+use qformat::run::{Part, RunMeta, ShardSpec};
 use qstore::{Location, Store};
-use sublist::run::{Part, RunMeta, ShardSpec};
 
 use crate::kway::{Input, Merger, RecordBlocks};
 use crate::runs::{open_run, RunInput};
@@ -32,7 +33,7 @@ impl InputSpec {
         let location = Location::parse(arg)?;
         Ok(match location {
             Location::Dir(path) if path.is_dir() => InputSpec::Sublist(path),
-            Location::Dir(path) if !path.exists() && !arg.ends_with(".bin") => {
+            Location::Dir(path) if !path.exists() && !has_run_suffix(arg) => {
                 InputSpec::Sublist(path)
             }
             run => InputSpec::Run(run),
@@ -87,14 +88,14 @@ impl Inputs {
             let part = run.meta.part();
             if !part.is_whole() {
                 return Err(MergeError::PartInput {
-                    name: run.location.to_string(),
+                    name: run.name.clone(),
                     part,
                 });
             }
             if let Some(s) = run.meta.shards.iter().find(|s| !s.finished) {
                 if !allow_unfinished {
                     return Err(MergeError::Unfinished {
-                        path: PathBuf::from(format!("{} (shard {})", run.location, s.shard)),
+                        path: PathBuf::from(format!("{} (shard {})", run.name, s.shard)),
                         written: s.total,
                     });
                 }
@@ -112,7 +113,7 @@ impl Inputs {
             .collect();
         for run in &self.runs {
             for s in &run.meta.shards {
-                owners.push((s.shard, run.location.to_string()));
+                owners.push((s.shard, run.name.clone()));
             }
         }
         owners
@@ -166,7 +167,7 @@ impl Inputs {
         }
         for run in &self.runs {
             for s in &run.meta.shards {
-                found.insert(s.shard, (s.complete(), run.location.to_string()));
+                found.insert(s.shard, (s.complete(), run.name.clone()));
             }
         }
         let missing: Vec<u32> = (0..n).filter(|s| !found.contains_key(s)).collect();
@@ -226,7 +227,7 @@ pub(crate) fn run_inputs(runs: &[RunInput], part: Part) -> Vec<Input<'_>> {
         .map(|run| {
             let shards = run.meta.shards.iter().map(|s| s.shard).collect();
             let blocks = run.blocks(part.first_id, part.last_id);
-            Input::new(run.location.to_string(), shards, Box::new(blocks))
+            Input::new(run.name.clone(), shards, Box::new(blocks))
         })
         .collect()
 }

@@ -3,7 +3,7 @@
 //! The ID space is cut into J ranges near the split points of [`crate::split::split`],
 //! each cut moved forward to where the whole list's block boundary falls (a run's blocks
 //! end where the list's record bytes reach a multiple of the block target, counted from
-//! the list's start: [`sublist::run::RunWriter`]). So each range's blocks are exactly the
+//! the list's start: [`qformat::run::RunWriter`]). So each range's blocks are exactly the
 //! whole list's blocks there, and where each range starts in the file is known before
 //! anything is merged: its record bytes before it, plus one CRC per block before it.
 //! Range 0 is merged by the calling thread straight into the output, the others at the
@@ -21,8 +21,8 @@ use std::io::{BufReader, Seek, SeekFrom, Write};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
-use sublist::listbin::RECORD_HEAD_LEN;
-use sublist::run::{
+use qformat::record::RECORD_HEAD_LEN;
+use qformat::run::{
     check_block, next_boundary, BlockRecords, Part, RangeStart, RangeWritten, RunError, RunWriter,
     ShardSpec, BLOCK_CRC_LEN, BLOCK_TARGET, HEADER_LEN,
 };
@@ -139,7 +139,7 @@ fn bytes_below(run: &RunInput, x: u64) -> Result<u64, MergeError> {
     if let Some(b) = blocks.get(whole).filter(|b| b.first_id < x) {
         let read = run.read_block(b)?;
         let body = check_block(&read, b, whole as u64).map_err(|error| MergeError::Run {
-            name: run.location.to_string(),
+            name: run.name.clone(),
             error,
         })?;
         bytes += BlockRecords::new(body)

@@ -14,8 +14,8 @@
 //! once). [`merge`] is the same merge over iterators of owned [`Record`]s (sublists, tests).
 
 use bytes::Bytes;
-use sublist::run::record_at;
-use sublist::{Record, RecordRef};
+use qformat::run::record_at;
+use qformat::{Record, RecordRef};
 
 use crate::MergeError;
 
@@ -28,7 +28,7 @@ pub const READ_AHEAD_RECORDS: usize = 128;
 pub const READ_AHEAD_BYTES: usize = 64 << 10;
 
 /// What the merge reads an input as: blocks of whole encoded records (list.bin's record
-/// encoding, one after another), each checked ([`sublist::run::check_block`]) and
+/// encoding, one after another), each checked ([`qformat::run::check_block`]) and
 /// ascending by ID within itself, in the input's order. An empty block is skipped.
 pub trait Blocks {
     /// The next block, `Ok(None)` at the end.
@@ -79,7 +79,7 @@ pub struct Stretch<'m> {
 impl<'m> Stretch<'m> {
     /// The stretch's records, borrowed.
     pub fn iter(&self) -> impl Iterator<Item = RecordRef<'m>> {
-        sublist::run::BlockRecords::new(self.bytes)
+        qformat::run::BlockRecords::new(self.bytes)
     }
 }
 
@@ -449,7 +449,7 @@ where
             match self.records.next() {
                 None => self.exhausted = true,
                 Some(Ok(r)) => {
-                    sublist::listbin::encode_record(&r, &mut block);
+                    qformat::record::encode_record(&r, &mut block);
                     n += 1;
                 }
                 Some(Err(e)) => {
@@ -700,7 +700,7 @@ mod tests {
                     )
                 })
                 .collect();
-            let per_record = payload + sublist::listbin::RECORD_HEAD_LEN;
+            let per_record = payload + qformat::record::RECORD_HEAD_LEN;
             // Records buffered at most: the cap in records, or the byte cap plus the one
             // record that crossed it, whichever comes first.
             let cap = READ_AHEAD_RECORDS.min(READ_AHEAD_BYTES.div_ceil(per_record).max(1));

@@ -1,21 +1,22 @@
 //! merger: combines the producers' sublists into one list.bin, in ID order.
 //!
 //! - [`merge`]: the k-way merge as a pure function over sorted iterators of
-//!   [`sublist::Record`] (a heap of one head per source; memory bounded by the number of
+//!   [`qformat::Record`] (a heap of one head per source; memory bounded by the number of
 //!   sources). It stops with an error on a duplicate ID across sources, a source out of
 //!   order, or a record carrying the wrong shard number.
-//! - [`find_shards`], [`open_shards`], [`merge_to_file`]: the same merge over RocksDB
-//!   sublists (opened read-only through [`sublist::shard::ShardReader`]) into a list.bin
-//!   written atomically by [`sublist::listbin::ListWriter`]: on any error, no list.bin is
-//!   left under the final name.
+//! - [`find_shards`], [`open_shards`]: finding and opening RocksDB sublists (read-only,
+//!   through [`sublist::shard::ShardReader`]); [`merge_inputs`] merges them and runs into a
+//!   run ([`kway::Merger`], the one merge loop). Names and formats are `qformat`'s.
 //!
 //! The `merger` binary wraps these (`merger --out`, `merger verify`, `merger cat`).
 
 pub mod convert;
+pub mod discover;
 mod inputs;
 pub mod jobs;
 pub mod kway;
 pub mod parquet_list;
+pub mod read;
 pub mod runs;
 pub mod sink;
 pub mod split;
@@ -32,9 +33,10 @@ pub use kway::{
     merge, Blocks, Input, Merge, Merger, RecordBlocks, Source, Stretch, READ_AHEAD_BYTES,
     READ_AHEAD_RECORDS,
 };
+use qformat::listbin::ListError;
+use qformat::names::{data_dir_entry, is_sublist_name, shard_number, DataDirEntry};
+use qformat::run::{Part, RunError};
 use qstore::StoreError;
-use sublist::listbin::{ListError, ListWriter, Summary};
-use sublist::run::{Part, RunError};
 use sublist::shard::{ShardError, ShardReader};
 
 /// What `--version` prints: the crate's version and, in a build with the `test-hooks`
@@ -49,29 +51,7 @@ pub const VERSION: &str = if cfg!(feature = "test-hooks") {
     env!("CARGO_PKG_VERSION")
 };
 
-/// Sublist databases are directories named `shard-<n>` under the data dir (DESIGN.md).
-pub const SHARD_PREFIX: &str = "shard-";
-/// The n of a directory named exactly `shard-<n>` (canonical decimal, as the producer
-/// names it: not `shard-07`, not `shard-3.bak`).
-pub fn shard_number(name: &str) -> Option<u32> {
-    let digits = name.strip_prefix(SHARD_PREFIX)?;
-    digits
-        .parse::<u32>()
-        .ok()
-        .filter(|n| n.to_string() == digits)
-}
-
-/// A producer builds a new sublist under `.creating-shard-<n>` and renames it to
-/// `shard-<n>` (see `sublist::shard`): a leftover without its `shard-<n>` means that
-/// producer was killed while creating the sublist, before it wrote any item.
-pub const CREATING_PREFIX: &str = ".creating-";
-
-/// The n of a leftover `.creating-shard-<n>` directory.
-fn creating_shard_number(name: &str) -> Option<u32> {
-    shard_number(name.strip_prefix(CREATING_PREFIX)?)
-}
-
-/// How often (in records) [`merge_to_file`] reports progress: often enough for a smooth
+/// How often (in records) a merge reports progress: often enough for a smooth
 /// progress bar, rare enough that the callback costs nothing next to the merge.
 pub const PROGRESS_EVERY: u64 = 4096;
 
@@ -303,18 +283,16 @@ fn scan_data_dir(data_dir: &Path) -> Result<DataDirScan, MergeError> {
         let Some(name) = name.to_str() else {
             continue;
         };
-        if let Some(shard) = creating_shard_number(name) {
-            creating.push((shard, entry.path()));
-            continue;
+        match data_dir_entry(name) {
+            Some(DataDirEntry::Creating(shard)) => creating.push((shard, entry.path())),
+            Some(DataDirEntry::Shard(shard)) => {
+                found.insert(shard, entry.path());
+            }
+            Some(DataDirEntry::BadShardName) => {
+                return Err(MergeError::BadShardName { path: entry.path() });
+            }
+            None => {}
         }
-        if !name.starts_with(SHARD_PREFIX) {
-            continue;
-        }
-        // "shard-07" or "shard-3.bak" would be a second copy of some shard.
-        let Some(shard) = shard_number(name) else {
-            return Err(MergeError::BadShardName { path: entry.path() });
-        };
-        found.insert(shard, entry.path());
     }
     creating.sort();
     Ok((found, creating))
@@ -378,7 +356,7 @@ pub fn check_out_path(
         }
     }
     let name = name.to_string_lossy();
-    if name.starts_with(SHARD_PREFIX) || name.starts_with(CREATING_PREFIX) {
+    if is_sublist_name(&name) {
         if let Some(d) = guarded_dirs.iter().find(|d| **d == dir) {
             return Err(bad(format!(
                 "{name} is a sublist's name in the data dir {}; a file there would break every later merge of it (choose another name or directory)",
@@ -458,40 +436,6 @@ pub fn open_shards(
     Ok(shards)
 }
 
-/// Merges opened sublists into `out` (a new list.bin, replacing any old one atomically).
-/// `progress(records, bytes)` is called every [`PROGRESS_EVERY`] records.
-///
-/// # Errors
-/// Any [`MergeError`] from the merge (duplicate, order, shard number, read errors) or from
-/// writing; the temporary file is removed and `out` is left as it was.
-pub fn merge_to_file(
-    out: &Path,
-    shards: &[OpenShard],
-    progress: &mut dyn FnMut(u64, u64),
-) -> Result<Summary, MergeError> {
-    let mut writer = ListWriter::create(out)?;
-    let sources = shards
-        .iter()
-        .map(|s| {
-            Source::new(
-                s.reader.path().display().to_string(),
-                s.reader.shard(),
-                s.reader.iter(),
-            )
-        })
-        .collect();
-    for record in merge(sources) {
-        writer.write(&record?)?;
-        if writer.records() % PROGRESS_EVERY == 0 {
-            progress(writer.records(), writer.bytes());
-        }
-    }
-    let summary = writer.finish()?;
-    progress(summary.records, summary.file_bytes);
-    tracing::debug!(out = %out.display(), records = summary.records, "list.bin written");
-    Ok(summary)
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -529,25 +473,6 @@ mod tests {
         for e in errors {
             let printed = printed_chain(&e);
             assert_eq!(printed.matches(enospc).count(), 1, "{printed}");
-        }
-    }
-
-    #[test]
-    fn only_canonical_shard_names_have_a_number() {
-        assert_eq!(shard_number("shard-0"), Some(0));
-        assert_eq!(shard_number("shard-4294967295"), Some(u32::MAX));
-        for bad in [
-            "shard-",
-            "shard-07",
-            "shard-3.bak",
-            "shard--1",
-            "shard-+1",
-            "shard-4294967296",
-            "shard-a",
-            "xshard-1",
-            "shard-1 ",
-        ] {
-            assert_eq!(shard_number(bad), None, "{bad}");
         }
     }
 }

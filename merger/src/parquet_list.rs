@@ -29,11 +29,11 @@ use parquet::file::metadata::{KeyValue, SortingColumn};
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::file::writer::SerializedFileWriter;
 use parquet::schema::types::{ColumnPath, Type};
-use sublist::run::Part;
-use sublist::run::{
+use qformat::run::Part;
+use qformat::run::{
     check_block, BlockRecords, RangeWritten, RunError, ShardEntry, ShardSpec, WriteCheck,
 };
-use sublist::RecordRef;
+use qformat::RecordRef;
 
 use crate::sink::ListSink;
 use crate::MergeError;

@@ -1,11 +1,11 @@
 //! Where a merge writes: a run (list.bin version 2) or a Parquet file
 //! ([`crate::parquet_list`]), behind one trait, so the merge, `--part` and `--jobs` are one
 //! piece of code for both formats and every record passes the same
-//! [`sublist::run::WriteCheck`].
+//! [`qformat::run::WriteCheck`].
 
 use std::io::{Read, Write};
 
-use sublist::run::{RangeWritten, RunError, RunWriter};
+use qformat::run::{RangeWritten, RunError, RunWriter};
 
 use crate::MergeError;
 

@@ -11,7 +11,7 @@
 //! up to about `B / K` bytes, give or take one block per input (a block that straddles a
 //! boundary is read by both parts, each keeping its own IDs).
 
-use sublist::run::{Part, RunMeta};
+use qformat::run::{Part, RunMeta};
 
 /// The `count` parts of the inputs with these indexes, in order.
 ///
@@ -63,8 +63,8 @@ pub fn split(metas: &[&RunMeta], count: u32) -> Vec<Part> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use sublist::run::{RunWriter, ShardSpec};
-    use sublist::Record;
+    use qformat::run::{RunWriter, ShardSpec};
+    use qformat::Record;
 
     fn run(ids: &[u64], shard: u32, payload: usize) -> RunMeta {
         let spec = ShardSpec {
@@ -116,7 +116,7 @@ mod tests {
                     .flat_map(|m| m.blocks_in(p.first_id, p.last_id))
                     .map(|b| u64::from(b.len))
                     .sum();
-                let slack = 2 * 2 * sublist::run::BLOCK_TARGET as u64 + 8192;
+                let slack = 2 * 2 * qformat::run::BLOCK_TARGET as u64 + 8192;
                 assert!(
                     bytes.abs_diff(total / u64::from(k)) <= slack,
                     "k={k} {p:?}: {bytes} of {total}"

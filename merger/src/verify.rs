@@ -5,8 +5,8 @@
 
 use std::collections::BTreeMap;
 
+use qformat::run::{holds_all, SeqCheck, ShardSpec};
 use qstore::{Location, Store};
-use sublist::run::{holds_all, SeqCheck, ShardSpec};
 
 use crate::runs::{open_run, RunInput};
 use crate::MergeError;
@@ -28,7 +28,7 @@ pub struct ListSummary {
 
 fn bad(run: &RunInput, what: String) -> MergeError {
     MergeError::ListCheck {
-        name: run.location.to_string(),
+        name: run.name.clone(),
         what,
     }
 }
@@ -62,7 +62,7 @@ pub fn verify_lists(store: &Store, files: &[Location]) -> Result<ListSummary, Me
     if let Some(last) = runs.last() {
         for s in &last.meta.shards {
             let held = next_seq.get(&s.shard).copied().unwrap_or(0);
-            let whole = sublist::run::ShardEntry {
+            let whole = qformat::run::ShardEntry {
                 first_seq: 0,
                 count: held,
                 ..*s
@@ -98,7 +98,7 @@ pub(crate) fn check_parts(runs: &[RunInput]) -> Result<(), MergeError> {
             if prev.last_id.wrapping_add(1) != part.first_id {
                 return Err(bad(run, format!("starts at id {}, but the part before ends at {}: not parts of the same split", part.first_id, prev.last_id)));
             }
-            let same = |a: &sublist::run::ShardEntry, b: &sublist::run::ShardEntry| {
+            let same = |a: &qformat::run::ShardEntry, b: &qformat::run::ShardEntry| {
                 (a.shard, a.finished, a.total) == (b.shard, b.finished, b.total)
             };
             let tables_match = run.meta.shards.len() == first.meta.shards.len()

@@ -8,8 +8,8 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 
 use common::{make_shard_with, merger as run, s, INPUT, MERGER, USAGE};
-use sublist::listbin::{verify, ListWriter};
-use sublist::Record;
+use qformat::listbin::{verify, ListWriter};
+use qformat::Record;
 use testkit::assert_exit;
 
 fn text_payload(id: u64) -> Vec<u8> {
@@ -58,7 +58,7 @@ fn merge_data_dir_then_verify_and_cat() {
         "temporary file left behind"
     );
 
-    let records: Vec<Record> = sublist::read_list(&list)
+    let records: Vec<Record> = qformat::read_list(&list)
         .expect("open")
         .collect::<Result<_, _>>()
         .expect("read");
@@ -350,7 +350,7 @@ fn verify_rejects_corrupt_files() {
 #[track_caller]
 fn records_in(list: &Path, what: &str) -> u64 {
     let mut n = 0;
-    for r in sublist::read_list(list).unwrap_or_else(|e| panic!("{what}: {e}")) {
+    for r in qformat::read_list(list).unwrap_or_else(|e| panic!("{what}: {e}")) {
         r.unwrap_or_else(|e| panic!("{what}: {e}"));
         n += 1;
     }

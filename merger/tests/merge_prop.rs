@@ -4,7 +4,7 @@ use std::convert::Infallible;
 
 use merger::{merge, MergeError, Source};
 use proptest::prelude::*;
-use sublist::Record;
+use qformat::Record;
 
 type Src = Source<std::vec::IntoIter<Result<Record, Infallible>>>;
 

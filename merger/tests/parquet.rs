@@ -231,7 +231,7 @@ fn an_empty_list_ids_near_the_top_and_empty_and_largest_payloads() {
     // one of the largest size a payload may have.
     let data = dir.path().join("data");
     let top = [1, 2, u64::MAX - 3, u64::MAX - 1];
-    let largest = sublist::MAX_PAYLOAD;
+    let largest = qformat::MAX_PAYLOAD;
     make_shard_with(
         &data,
         0,

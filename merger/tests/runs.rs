@@ -86,7 +86,7 @@ fn runs_merge_to_the_same_list_as_sublists_and_merges_compose() {
     assert!(v.contains("OK: 20000 records"), "{v}");
     // The library's own reader agrees, record for record.
     let mut n = 0;
-    for r in sublist::read_list(&both).expect("open") {
+    for r in qformat::read_list(&both).expect("open") {
         r.expect("record");
         n += 1;
     }
@@ -167,7 +167,7 @@ fn inputs_are_checked_across_each_other() {
     assert!(!out.exists(), "a failed merge left {}", out.display());
     // A version 1 list.bin is no input.
     let v1 = tmp.path().join("v1.bin");
-    let w = sublist::listbin::ListWriter::create(&v1).expect("v1");
+    let w = qformat::listbin::ListWriter::create(&v1).expect("v1");
     w.finish().expect("finish v1");
     fails(
         &merger(&["--out", s(&out), s(&v1)]),
@@ -197,7 +197,7 @@ fn a_corrupt_run_is_named_with_the_offset() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let (_, runs) = sealed_shards(tmp.path(), 2, 5000);
     let good = std::fs::read(runs.join("shard-1.bin")).expect("read");
-    let meta = sublist::run::RunMeta::decode(good.len() as u64, &good).expect("meta");
+    let meta = qformat::run::RunMeta::decode(good.len() as u64, &good).expect("meta");
     assert!(meta.blocks.len() >= 2, "want several blocks");
     let block1 = meta.blocks[1];
     let out = tmp.path().join("out.bin");

@@ -203,7 +203,7 @@ fn bad_objects_are_named() {
     );
     // Truncated and bit-flipped objects: the error names the object and the offset.
     let good = s3.get("runs/shard-1.bin").expect("run");
-    let meta = sublist::run::RunMeta::decode(good.len() as u64, &good).expect("meta");
+    let meta = qformat::run::RunMeta::decode(good.len() as u64, &good).expect("meta");
     let b = meta.blocks[0];
     let mut flipped = good.clone();
     flipped[b.offset as usize + 30] ^= 0x40;

@@ -91,8 +91,8 @@ fn plain(batch: u64, iters: u64) -> Duration {
             for s in seq..end {
                 let payload = generate_payload(SHARD, s, PAYLOAD);
                 b.put(
-                    sublist::shard::encode_key(s),
-                    sublist::shard::encode_value(SHARD, s, &payload),
+                    qformat::shard::encode_key(s),
+                    qformat::shard::encode_value(SHARD, s, &payload),
                 );
             }
             db.write_opt(b, &wo).expect("write");

@@ -32,12 +32,13 @@ pub use test_hooks::STALL_ANNOUNCE;
 
 use idclient::{IdError, IdRange, IdSource};
 use indicatif::{ProgressBar, ProgressStyle};
+use qformat::shard::Progress;
+use qformat::Record;
 use std::fmt;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
-use sublist::shard::{Progress, ShardError, ShardWriter};
-use sublist::Record;
+use sublist::shard::{ShardError, ShardWriter};
 
 /// What `--version` prints: the crate's version and, in a build with the `test-hooks`
 /// feature (`cargo test` turns it on for the crate's own tests), a warning that says so.
@@ -54,8 +55,8 @@ pub const VERSION: &str = if cfg!(feature = "test-hooks") {
 /// Largest item (line or generated payload): 16 MiB. Lines of 10 MB are accepted; above
 /// this an input is refused with the line number, before anything is written (file input).
 /// Keeps one item, and the RocksDB value holding it, a sane size. It is the format's
-/// limit, [`sublist::MAX_PAYLOAD`], which list.bin readers enforce too.
-pub const MAX_ITEM_BYTES: usize = sublist::MAX_PAYLOAD;
+/// limit, [`qformat::MAX_PAYLOAD`], which list.bin readers enforce too.
+pub const MAX_ITEM_BYTES: usize = qformat::MAX_PAYLOAD;
 /// A batch is closed early once it holds this many payload bytes, so a batch of 10,000
 /// huge lines cannot exhaust memory (two batches are in flight at a time).
 pub const MAX_BATCH_BYTES: usize = 32 << 20;

@@ -1,5 +1,5 @@
 //! Sealing: a finished sublist leaves its machine as a *run* (list.bin version 2,
-//! [`sublist::run`]), `DEST/shard-<n>.bin` in a directory or under an S3 prefix.
+//! [`qformat::run`]), `DEST/shard-<n>.bin` in a directory or under an S3 prefix.
 //!
 //! [`seal`] reads the sublist read-only ([`ShardReader`], the way the merger reads it),
 //! streams its items in ID order into a [`RunWriter`] over a [`qstore::Upload`], and
@@ -15,9 +15,10 @@ use std::fmt;
 use std::path::{Path, PathBuf};
 use std::time::{Duration, Instant};
 
+use qformat::names::{run_name, shard_db_path};
+use qformat::run::{Part, RunError, RunWriter, ShardSpec};
 use qstore::{Location, Store, StoreError, Upload};
-use sublist::run::{Part, RunError, RunWriter, ShardSpec};
-use sublist::shard::{shard_db_path, ShardError, ShardReader};
+use sublist::shard::{ShardError, ShardReader};
 
 /// Everything that can stop a seal. Each message names the sublist or the destination it
 /// is about; [`SealError::exit_code`] maps it to the binaries' exit codes.
@@ -108,11 +109,6 @@ impl fmt::Display for SealSummary {
             self.elapsed.as_secs_f64()
         )
     }
-}
-
-/// The name of shard `shard`'s run in a destination: `shard-<n>.bin`.
-pub fn run_name(shard: u32) -> String {
-    format!("shard-{shard}.bin")
 }
 
 /// Seals the finished sublist `data_dir/shard-<shard>` into `dest/shard-<shard>.bin`.

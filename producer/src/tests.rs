@@ -30,7 +30,7 @@ impl IdSource for Failing {
 }
 
 fn read_all(dir: &std::path::Path, shard: u32) -> Vec<Record> {
-    let r = sublist::shard::ShardReader::open(&sublist::shard::shard_db_path(dir, shard))
+    let r = sublist::shard::ShardReader::open(&qformat::names::shard_db_path(dir, shard))
         .expect("reader");
     r.iter().collect::<Result<_, _>>().expect("items")
 }

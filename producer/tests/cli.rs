@@ -7,14 +7,15 @@ mod common;
 use common::{assert_exit, producer_cmd, quorum, run, stderr_lines};
 use idtools::cluster::LocalQuorum;
 use producer::generate_payload;
+use qformat::names::shard_db_path;
+use qformat::Record;
 use rand::{Rng, SeedableRng};
 use std::collections::{BTreeMap, HashSet};
 use std::fmt::Display;
 use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Output, Stdio};
 use std::time::Duration;
-use sublist::shard::{shard_db_path, ShardReader, ShardWriter};
-use sublist::Record;
+use sublist::shard::{ShardReader, ShardWriter};
 
 fn items(dir: &Path, shard: u32) -> Vec<Record> {
     let r = ShardReader::open(&shard_db_path(dir, shard)).expect("open sublist");

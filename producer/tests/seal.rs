@@ -7,12 +7,14 @@
 mod common;
 
 use common::{assert_exit, producer_cmd, quorum, run, stderr_lines};
+use qformat::names::shard_db_path;
+use qformat::run::{decode_block, RunMeta};
+use qformat::shard::Progress;
+use qformat::Record;
 use std::path::Path;
 use std::process::{Child, Output};
 use std::time::Duration;
-use sublist::run::{decode_block, RunMeta};
-use sublist::shard::{shard_db_path, Progress, ShardReader, ShardWriter};
-use sublist::Record;
+use sublist::shard::{ShardReader, ShardWriter};
 use testkit::s3::TestS3;
 
 /// The seal's crash-test hook (see the binary): stall once this many items are in the run.

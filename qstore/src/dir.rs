@@ -6,8 +6,8 @@ use std::path::{Path, PathBuf};
 
 use tempfile::NamedTempFile;
 
-use crate::location::is_run_name;
 use crate::{Location, StoreError};
+use qformat::names::is_run_name;
 
 /// Writes smaller than this are gathered (the default 8 KiB would cost one syscall per
 /// few records); a run's blocks (~256 KiB) are larger and go to the file as they are,

@@ -159,11 +159,6 @@ fn looks_like_a_mistyped_url(s: &str) -> bool {
     }
 }
 
-/// A run's name: `*.bin`, not hidden.
-pub(crate) fn is_run_name(name: &str) -> bool {
-    name.ends_with(".bin") && !name.starts_with('.') && name.len() > ".bin".len()
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;

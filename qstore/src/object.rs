@@ -297,3 +297,22 @@ impl Drop for RangeReader {
         self.cancel();
     }
 }
+
+/// The run reader's view of an object (`qformat::run::RangedRun`): its length and
+/// ranged reads, with this object's ETag check and read-ahead.
+impl qformat::run::RangeRead for Object {
+    type Error = StoreError;
+    type Ranges = RangeReader;
+
+    fn len(&self) -> u64 {
+        Object::len(self)
+    }
+
+    fn read_range(&self, range: Range<u64>) -> Result<Bytes, StoreError> {
+        Object::read_range(self, range)
+    }
+
+    fn read_ranges(&self, ranges: Vec<Range<u64>>) -> RangeReader {
+        Object::read_ranges(self, ranges)
+    }
+}

@@ -6,11 +6,11 @@ use std::sync::{Arc, Mutex};
 use object_store::aws::AmazonS3;
 use object_store::path::Path;
 
-use crate::location::is_run_name;
 use crate::options::StoreOptions;
 use crate::s3::{S3Config, S3Target};
 use crate::tasks::Tasks;
 use crate::{dir, Location, Object, StoreError, Upload};
+use qformat::names::is_run_name;
 
 /// Reads and writes runs at [`Location`]s. Cheap to clone (one `Arc`); one per process.
 ///

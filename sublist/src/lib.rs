@@ -1,52 +1,6 @@
-//! sublist: the on-disk formats of qlist, one owner per format.
-//!
-//! - [`shard`]: a producer's sublist, one RocksDB database `DIR/shard-<n>` (written by the
-//!   producer, read by the merger).
-//! - [`listbin`]: `list.bin` version 1 (`QLIST001`): writer, streaming reader, verifier.
-//! - [`run`]: `list.bin` version 2 (`QLIST002`), a *run*: a sealed sublist, a merged list or
-//!   one part of a split merge; checksummed blocks, an index, a shard table, a footer.
+//! sublist: a producer's sublist, one RocksDB database `DIR/shard-<n>` ([`shard`]),
+//! written durably and resumably by the producer and read by the merger. Its names and
+//! its schema are `qformat`'s ([`qformat::names`], [`qformat::shard`]); this crate is the
+//! only one that links RocksDB for them.
 
-pub mod listbin;
-mod record;
-pub mod run;
 pub mod shard;
-
-pub use record::{Record, RecordRef, MAX_PAYLOAD};
-
-/// An error reading a local list.bin of either version ([`read_list`]).
-#[derive(Debug, thiserror::Error)]
-pub enum ReadListError {
-    /// A version 1 list.bin is wrong.
-    #[error(transparent)]
-    V1(#[from] listbin::ListError),
-    /// A run (version 2) is wrong.
-    #[error(transparent)]
-    V2(#[from] run::RunError),
-}
-
-/// A list.bin's records, streamed ([`read_list`]).
-pub type ListRecords = Box<dyn Iterator<Item = Result<Record, ReadListError>>>;
-
-/// The records of a local list.bin of either version, in order, every check made as they
-/// stream (version 1: framing, order, count, CRC; version 2: metadata and each block).
-///
-/// # Errors
-/// The file cannot be opened, or its first bytes or (version 2) metadata are bad; later
-/// problems come as the iterator's items.
-pub fn read_list(path: &std::path::Path) -> Result<ListRecords, ReadListError> {
-    use std::io::Read;
-    let mut magic = [0u8; 8];
-    let n = std::fs::File::open(path)
-        .and_then(|mut f| f.read(&mut magic))
-        .map_err(|error| run::RunError::File {
-            path: path.to_path_buf(),
-            op: "open",
-            error,
-        })?;
-    if n == 8 && magic == listbin::MAGIC {
-        let reader = listbin::ListReader::open(path)?;
-        return Ok(Box::new(reader.map(|r| r.map_err(Into::into))));
-    }
-    let run = run::RunFile::open(path)?;
-    Ok(Box::new(run.map(|r| r.map_err(Into::into))))
-}

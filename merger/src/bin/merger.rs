@@ -8,21 +8,21 @@
 //! merger cat FILE... [--json]
 //! ```
 
-use std::io::{IsTerminal, Write};
+use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
-use anyhow::Context;
 use clap::{Args, Parser, Subcommand};
 use merger::jobs::RangeFile;
 use merger::parquet_list::{Codec, ParquetOptions, ParquetWriter, DEFAULT_ROW_GROUP_ROWS};
 use merger::sink::{ListSink, RunSink};
 use merger::{InputSpec, MergeError};
 use qcli::Cause;
+use qformat::listbin::ListError;
+use qformat::names::has_run_suffix;
+use qformat::run::{Part, RunError, RunWriter, ShardSpec};
 use qstore::{Location, Store, StoreError, StoreOptions};
-use sublist::listbin::{verify, ListError, ListReader};
-use sublist::run::{Part, RunError, RunWriter, ShardSpec};
 
 #[cfg(feature = "test-hooks")]
 use merger::test_hooks::Stall;
@@ -276,7 +276,7 @@ fn config(args: MergeArgs) -> anyhow::Result<MergeConfig> {
         "auto" if out.ends_with(".parquet") => Format::Parquet(args.parquet.options()),
         _ => Format::Bin,
     };
-    if matches!(format, Format::Parquet(_)) && out.ends_with(".bin") {
+    if matches!(format, Format::Parquet(_)) && has_run_suffix(&out) {
         return Err(qcli::usage(format!(
             "--out {out} with --format parquet: a Parquet file named *.bin would be taken for a run by the next --runs merge of its directory (name it .parquet)"
         )));
@@ -309,88 +309,14 @@ fn config(args: MergeArgs) -> anyhow::Result<MergeConfig> {
     })
 }
 
-/// Every input the command line names: the data dir's sublists, the runs under each
-/// `--runs`, and the positional inputs.
-fn input_specs(cfg: &MergeConfig, store: &Store) -> anyhow::Result<Vec<InputSpec>> {
-    let mut specs = Vec::new();
-    if let Some(dir) = &cfg.data_dir {
-        let shards = merger::find_shards_to_merge(dir, cfg.allow_unfinished)?;
-        specs.extend(shards.into_iter().map(InputSpec::Sublist));
-    }
-    for src in &cfg.runs {
-        let found = store.list_runs(src).map_err(MergeError::Store)?;
-        if found.is_empty() {
-            return Err(MergeError::NoRuns {
-                src: src.to_string(),
-            }
-            .into());
-        }
-        specs.extend(found.into_iter().map(InputSpec::Run));
-    }
-    for arg in &cfg.inputs {
-        specs.push(InputSpec::classify(arg)?);
-    }
-    Ok(specs)
-}
-
-/// Refuses an output that would destroy or shadow an input: a local output is checked
-/// as before (sublists, run files, the data dir); any output that lands among the runs
-/// of a `--runs` source would be read as an input by the next merge of that source.
-fn check_out(cfg: &MergeConfig, specs: &[InputSpec]) -> anyhow::Result<()> {
-    let bad = |reason: String| MergeError::BadOut {
-        out: PathBuf::from(cfg.out.to_string()),
-        reason,
-    };
-    for src in &cfg.runs {
-        if cfg.out.to_string().ends_with(".bin") && same_place(&cfg.out, src) {
-            return Err(bad(format!("it lands among the runs of --runs {src}: the next merge of {src} would read it as an input (write it elsewhere)")).into());
-        }
-    }
-    if let Some(run) = specs
-        .iter()
-        .find(|s| matches!(s, InputSpec::Run(l) if l.is_s3() && *l == cfg.out))
-    {
-        return Err(bad(format!("it is the input {run:?}")).into());
-    }
-    let Location::Dir(out) = &cfg.out else {
-        return Ok(());
-    };
-    check_out_dir(out)?;
-    let paths: Vec<PathBuf> = specs
-        .iter()
-        .filter_map(|s| match s {
-            InputSpec::Sublist(p) | InputSpec::Run(Location::Dir(p)) => Some(p.clone()),
-            InputSpec::Run(_) => None,
-        })
-        .collect();
-    merger::check_out_path(out, cfg.data_dir.as_deref(), &paths)?;
-    Ok(())
-}
-
-/// Whether `out` is an object directly inside `src` (the same directory or prefix).
-fn same_place(out: &Location, src: &Location) -> bool {
-    match (out, src) {
-        (Location::Dir(o), Location::Dir(s)) => {
-            let parent = match o.parent() {
-                Some(d) if !d.as_os_str().is_empty() => d,
-                _ => std::path::Path::new("."),
-            };
-            match (std::fs::canonicalize(parent), std::fs::canonicalize(s)) {
-                (Ok(a), Ok(b)) => a == b,
-                _ => false,
-            }
-        }
-        (Location::S3 { .. }, Location::S3 { .. }) => {
-            let o = out.to_string();
-            let parent = o.rsplit_once('/').map_or("", |(p, _)| p);
-            parent == src.to_string().trim_end_matches('/')
-        }
-        _ => false,
-    }
-}
-
 fn run_merge(cfg: &MergeConfig) -> anyhow::Result<()> {
-    let specs = input_specs(cfg, &Store::new(cfg.store))?;
+    let specs = merger::discover::input_specs(
+        &Store::new(cfg.store),
+        cfg.data_dir.as_deref(),
+        &cfg.runs,
+        &cfg.inputs,
+        cfg.allow_unfinished,
+    )?;
     let jobs = usize::try_from(cfg.jobs).unwrap_or(1);
     let s3 = cfg.out.is_s3()
         || specs
@@ -398,7 +324,10 @@ fn run_merge(cfg: &MergeConfig) -> anyhow::Result<()> {
             .any(|s| matches!(s, InputSpec::Run(l) if l.is_s3()));
     let store = Store::new(merger::runs::read_options(cfg.store, specs.len(), jobs, s3));
     // Fail on a bad --out before spending time opening inputs.
-    check_out(cfg, &specs)?;
+    if let Location::Dir(out) = &cfg.out {
+        check_out_dir(out)?;
+    }
+    merger::discover::check_out(&cfg.out, cfg.data_dir.as_deref(), &cfg.runs, &specs)?;
     let mut progress = Progress::new(0, cfg.stall);
     let result = open_and_merge(cfg, &store, &specs, &mut progress);
     progress.finish();
@@ -578,7 +507,7 @@ fn run_convert(files: &[String], out: &str, opts: ParquetOptions) -> anyhow::Res
         }
         locations.push(loc);
     }
-    if out.to_string().ends_with(".bin") {
+    if has_run_suffix(&out.to_string()) {
         return Err(qcli::usage(format!(
             "--out {out}: convert writes Parquet, and a Parquet file named *.bin would be taken for a run by the next --runs merge of its directory (name it .parquet)"
         )));
@@ -710,144 +639,12 @@ impl Progress {
 }
 
 fn run_verify(files: &[String]) -> anyhow::Result<()> {
-    let first = files.first().map(String::as_str).unwrap_or_default();
-    if files.len() == 1 && is_version_one(first)? {
-        return verify_v1(std::path::Path::new(first));
-    }
-    let store = Store::new(StoreOptions::default());
-    let locations = files
-        .iter()
-        .map(|f| Location::parse(f))
-        .collect::<Result<Vec<_>, _>>()
-        .map_err(MergeError::Store)?;
-    let s = merger::verify::verify_lists(&store, &locations)
-        .with_context(|| format!("{} is not a valid list.bin", files.join(" ")))?;
-    let ids = match s.ids {
-        Some((a, b)) => format!("ids {a}..={b}"),
-        None => "no ids".to_string(),
-    };
-    let parts = if s.files > 1 {
-        format!(" in {} parts", s.files)
-    } else {
-        String::new()
-    };
-    println!(
-        "{}: OK: {} records{parts}, {} bytes, {ids}, strictly increasing, {} shards complete, every block checksum verified",
-        files.join(" "),
-        s.records,
-        s.bytes,
-        s.shards,
-    );
+    println!("{}", merger::read::verify_files(files)?);
     Ok(())
-}
-
-/// A local file that starts with version 1's magic (an old list.bin).
-fn is_version_one(file: &str) -> anyhow::Result<bool> {
-    if file.starts_with("s3://") {
-        return Ok(false);
-    }
-    let mut magic = [0u8; 8];
-    let n = std::fs::File::open(file)
-        .and_then(|mut f| std::io::Read::read(&mut f, &mut magic))
-        .unwrap_or(0);
-    Ok(n == 8 && magic == sublist::listbin::MAGIC)
-}
-
-fn verify_v1(file: &std::path::Path) -> anyhow::Result<()> {
-    let s = verify(file).with_context(|| format!("{} is not a valid list.bin", file.display()))?;
-    let ids = match (s.first_id, s.last_id) {
-        (Some(a), Some(b)) => format!("ids {a}..={b}"),
-        _ => "no ids".to_string(),
-    };
-    println!(
-        "{}: OK: {} records, {} bytes, {}, strictly increasing, crc32 {:#010x} (version 1)",
-        file.display(),
-        s.records,
-        s.file_bytes,
-        ids,
-        s.checksum
-    );
-    Ok(())
-}
-
-type BoxedRecords = Box<dyn Iterator<Item = anyhow::Result<sublist::Record>>>;
-
-/// The records of the files in order: a version 1 list.bin, or runs (parts in order).
-fn records_of(files: &[String]) -> anyhow::Result<BoxedRecords> {
-    let first = files.first().map(String::as_str).unwrap_or_default();
-    if files.len() == 1 && is_version_one(first)? {
-        let reader = ListReader::open(std::path::Path::new(first))?;
-        return Ok(Box::new(reader.map(|r| r.map_err(anyhow::Error::from))));
-    }
-    let store = Store::new(StoreOptions::default());
-    let mut runs = Vec::new();
-    for f in files {
-        let loc = Location::parse(f).map_err(MergeError::Store)?;
-        runs.push(merger::runs::open_run(&store, &loc)?);
-    }
-    // Each run is read only when the one before it is done (its ranged reads are
-    // bounded, so memory does not grow with the list). Within a run the blocks and the
-    // index vouch for the order; across files it is checked here.
-    let mut last: Option<u64> = None;
-    let records = runs
-        .into_iter()
-        .flat_map(|run| {
-            let name = run.location.to_string();
-            run.records(0, u64::MAX).map(move |r| (name.clone(), r))
-        })
-        .map(move |(name, r)| {
-            let r = r?;
-            if let Some(prev) = last.filter(|&p| r.id <= p) {
-                let what = format!("record id {} is not above the previous file's id {prev}: the files are not the parts of one list in order (merger verify names the misplaced one)", r.id);
-                return Err(MergeError::ListCheck { name, what }.into());
-            }
-            last = Some(r.id);
-            Ok(r)
-        });
-    Ok(Box::new(records))
 }
 
 fn run_cat(files: &[String], json: bool) -> anyhow::Result<()> {
-    let reader = records_of(files)?;
     let stdout = std::io::stdout();
     let mut out = std::io::BufWriter::new(stdout.lock());
-    for item in reader {
-        let r = item.with_context(|| {
-            format!(
-                "{} is not a valid list.bin (records above were printed)",
-                files.join(" ")
-            )
-        })?;
-        let line = if json {
-            let mut obj = serde_json::json!({ "id": r.id, "shard": r.shard, "seq": r.seq });
-            match std::str::from_utf8(&r.payload) {
-                Ok(s) => obj["payload"] = serde_json::Value::from(s),
-                Err(_) => obj["payload_hex"] = serde_json::Value::from(hex(&r.payload)),
-            }
-            obj.to_string()
-        } else {
-            format!(
-                "{}\t{}\t{}\t{}",
-                r.id,
-                r.shard,
-                r.seq,
-                r.payload.escape_ascii()
-            )
-        };
-        if let Err(e) = writeln!(out, "{line}") {
-            // `merger cat | head` closes the pipe early: that is the reader's choice, not an error.
-            if e.kind() == std::io::ErrorKind::BrokenPipe {
-                return Ok(());
-            }
-            return Err(e).context("writing to stdout");
-        }
-    }
-    match out.flush() {
-        Err(e) if e.kind() != std::io::ErrorKind::BrokenPipe => Err(e).context("writing to stdout"),
-        _ => Ok(()),
-    }
-}
-
-fn hex(bytes: &[u8]) -> String {
-    bytes.iter().map(|b| format!("{b:02x}")).collect()
+    merger::read::cat(files, json, &mut out)
 }

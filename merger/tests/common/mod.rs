@@ -5,8 +5,10 @@
 use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
-use sublist::shard::{shard_db_path, Progress, ShardWriter};
-use sublist::Record;
+use qformat::names::shard_db_path;
+use qformat::shard::Progress;
+use qformat::Record;
+use sublist::shard::ShardWriter;
 
 pub const MERGER: &str = env!("CARGO_BIN_EXE_merger");
 pub const USAGE: i32 = 2;

@@ -1,34 +1,7 @@
 //! A producer's sublist: one RocksDB database `DIR/shard-<n>` (written by the producer
-//! with [`ShardWriter`], read by the merger with [`ShardReader`]).
-//!
-//! # Schema (format version 1)
-//!
-//! Two column families. All integers are fixed width; IDs in keys are big-endian so that
-//! RocksDB's bytewise key order is ID order, everything else is little-endian.
-//!
-//! Column family `default`: the items, and nothing else.
-//!
-//! | key                  | value                                                     |
-//! |----------------------|-----------------------------------------------------------|
-//! | u64 ID, big-endian   | u32 shard (LE), u64 seq (LE), payload bytes (rest, may be empty) |
-//!
-//! Column family `meta`: what the database is and how far the producer got.
-//!
-//! | key        | value                                                                 |
-//! |------------|-----------------------------------------------------------------------|
-//! | `format`   | the 14 ASCII bytes `qlist-shard-v1`                                   |
-//! | `shard`    | u32 shard number (LE)                                                 |
-//! | `progress` | the progress marker, see below (absent until the first batch)         |
-//!
-//! The progress marker:
-//!
-//! ```text
-//! u64 next_seq   (LE)  items 0..next_seq are in the sublist, exactly once each
-//! u8  finished         1 once the producer reached the end of its input, else 0
-//! u64 last_id    (LE)  the highest ID in the sublist (0 while it is empty)
-//! u32 fp_len     (LE)  length of the input fingerprint
-//! fp_len bytes         the input fingerprint (opaque to this module, UTF-8 by convention)
-//! ```
+//! with [`ShardWriter`], read by the merger with [`ShardReader`]). Its names and its
+//! schema (keys, values, the progress marker) are `qformat`'s ([`qformat::names`],
+//! [`qformat::shard`]); this module is the RocksDB side of them.
 //!
 //! Every batch of items is written together with the new progress marker in one
 //! `WriteBatch` with `sync = true`, so after a crash the marker and the items agree: a
@@ -39,25 +12,17 @@
 //! creation never leaves a half-made `shard-<n>` (the next writer completes the leftover).
 //! Compression is off (no codec is built).
 
-use crate::record::Record;
+use qformat::names::{creating_db_path, shard_db_path};
+use qformat::shard::{
+    decode_item, encode_key, encode_value, Progress, FORMAT, KEY_FORMAT, KEY_PROGRESS, KEY_SHARD,
+    META_CF,
+};
+use qformat::Record;
 use rocksdb::{
     ColumnFamilyDescriptor, DBCompressionType, IteratorMode, Options, ReadOptions, WriteBatch,
     WriteOptions, DB,
 };
 use std::path::{Path, PathBuf};
-
-/// Name of the column family holding the metadata (never seen by item iteration).
-pub const META_CF: &str = "meta";
-/// Value of the `format` key: the schema version this module writes and reads.
-pub const FORMAT: &[u8] = b"qlist-shard-v1";
-
-const KEY_FORMAT: &[u8] = b"format";
-const KEY_SHARD: &[u8] = b"shard";
-const KEY_PROGRESS: &[u8] = b"progress";
-/// Bytes of an item value before the payload: u32 shard + u64 seq.
-const VALUE_HEADER: usize = 12;
-/// Bytes of the progress marker before the fingerprint.
-const PROGRESS_HEADER: usize = 8 + 1 + 8 + 4;
 
 /// Everything that can go wrong with a sublist database. Every variant names the path and
 /// carries the underlying error in its message (not as a `source`, so `{:#}` does not
@@ -108,105 +73,6 @@ pub enum ShardError {
         path: PathBuf,
         error: std::io::Error,
     },
-}
-
-/// How far a producer got: written in the same atomic batch as the items it describes.
-#[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Progress {
-    /// Items with seq `0..next_seq` are in the sublist, each exactly once.
-    pub next_seq: u64,
-    /// The producer reached the end of its input: nothing more will be written.
-    pub finished: bool,
-    /// The highest ID in the sublist (0 while it is empty).
-    pub last_id: u64,
-    /// Identifies the producer's input, so a restart with different input is refused.
-    pub fingerprint: Vec<u8>,
-}
-
-impl Progress {
-    /// The marker's stored bytes (see the module docs).
-    pub fn encode(&self) -> Vec<u8> {
-        let mut out = Vec::with_capacity(PROGRESS_HEADER + self.fingerprint.len());
-        out.extend_from_slice(&self.next_seq.to_le_bytes());
-        out.push(u8::from(self.finished));
-        out.extend_from_slice(&self.last_id.to_le_bytes());
-        // A fingerprint is a short description; anything above u32 is a caller bug.
-        let len = u32::try_from(self.fingerprint.len()).unwrap_or(u32::MAX);
-        out.extend_from_slice(&len.to_le_bytes());
-        out.extend_from_slice(&self.fingerprint[..len as usize]);
-        out
-    }
-
-    /// Parses the stored bytes; `Err` carries a reason.
-    pub fn decode(bytes: &[u8]) -> Result<Progress, String> {
-        if bytes.len() < PROGRESS_HEADER {
-            return Err(format!(
-                "progress marker has {} bytes, at least {PROGRESS_HEADER} expected",
-                bytes.len()
-            ));
-        }
-        let next_seq = u64::from_le_bytes(bytes[0..8].try_into().map_err(|_| "short")?);
-        let finished = match bytes[8] {
-            0 => false,
-            1 => true,
-            b => return Err(format!("progress marker: finished flag is {b}, not 0 or 1")),
-        };
-        let last_id = u64::from_le_bytes(bytes[9..17].try_into().map_err(|_| "short")?);
-        let len = u32::from_le_bytes(bytes[17..21].try_into().map_err(|_| "short")?) as usize;
-        if bytes.len() != PROGRESS_HEADER + len {
-            return Err(format!(
-                "progress marker has {} bytes, {} expected for a {len}-byte fingerprint",
-                bytes.len(),
-                PROGRESS_HEADER + len
-            ));
-        }
-        Ok(Progress {
-            next_seq,
-            finished,
-            last_id,
-            fingerprint: bytes[PROGRESS_HEADER..].to_vec(),
-        })
-    }
-}
-
-/// `DIR/shard-<n>`: where shard `n`'s sublist lives.
-pub fn shard_db_path(data_dir: &Path, shard: u32) -> PathBuf {
-    data_dir.join(format!("shard-{shard}"))
-}
-
-/// An item's key: its ID, big-endian.
-pub fn encode_key(id: u64) -> [u8; 8] {
-    id.to_be_bytes()
-}
-
-/// An item's value: u32 shard LE, u64 seq LE, payload.
-pub fn encode_value(shard: u32, seq: u64, payload: &[u8]) -> Vec<u8> {
-    let mut v = Vec::with_capacity(VALUE_HEADER + payload.len());
-    v.extend_from_slice(&shard.to_le_bytes());
-    v.extend_from_slice(&seq.to_le_bytes());
-    v.extend_from_slice(payload);
-    v
-}
-
-/// Parses one stored item; `Err` carries a reason.
-pub fn decode_item(key: &[u8], value: &[u8]) -> Result<Record, String> {
-    let id: [u8; 8] = key
-        .try_into()
-        .map_err(|_| format!("item key has {} bytes, 8 expected", key.len()))?;
-    if value.len() < VALUE_HEADER {
-        return Err(format!(
-            "item value has {} bytes, at least {VALUE_HEADER} expected",
-            value.len()
-        ));
-    }
-    let shard = u32::from_le_bytes(value[0..4].try_into().map_err(|_| "short")?);
-    let seq = u64::from_le_bytes(value[4..12].try_into().map_err(|_| "short")?);
-    Ok(Record {
-        id: u64::from_be_bytes(id),
-        shard,
-        seq,
-        payload: value[VALUE_HEADER..].to_vec(),
-    })
 }
 
 /// Options for both column families: only what we use, no compression.
@@ -350,7 +216,7 @@ fn open_error(path: &Path, error: rocksdb::Error) -> ShardError {
 /// name the merger ignores), completed with synced metadata, closed, renamed into place
 /// and the directory fsynced. A leftover from a killed creation is simply completed.
 fn create(data_dir: &Path, path: &Path, shard: u32) -> Result<(), ShardError> {
-    let tmp = data_dir.join(format!(".creating-shard-{shard}"));
+    let tmp = creating_db_path(data_dir, shard);
     {
         let mut opts = cf_options();
         opts.create_if_missing(true);

@@ -360,7 +360,7 @@ fn stretches_and_borrowed_records_write_what_records_write() {
     let whole = write_run(&records, sample_specs(n), Part::WHOLE);
     let mut encoded = Vec::new();
     for r in &records {
-        crate::listbin::encode_record(r, &mut encoded);
+        crate::record::encode_record(r, &mut encoded);
     }
     let mut w = RunWriter::new(Vec::new(), sample_specs(n), Part::WHOLE).expect("new");
     // Uneven stretches, crossing block boundaries.
@@ -384,7 +384,7 @@ fn stretches_and_borrowed_records_write_what_records_write() {
     // A seq gap inside a stretch is refused, naming the record.
     let mut gap = Vec::new();
     for r in [rec(1, 0, 0, b"a"), rec(2, 0, 2, b"b")] {
-        crate::listbin::encode_record(&r, &mut gap);
+        crate::record::encode_record(&r, &mut gap);
     }
     let mut w = RunWriter::new(Vec::new(), vec![spec(0, 3)], Part::WHOLE).expect("new");
     let err = w.write_encoded(&gap).expect_err("gap");

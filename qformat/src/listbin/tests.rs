@@ -71,23 +71,6 @@ fn a_failed_directory_fsync_says_the_list_is_there() {
 }
 
 #[test]
-fn record_encoding_is_bincode_legacy_fixint() {
-    let r = rec(0x1122_3344_5566_7788, 0xAABB_CCDD, 42, b"hi\x00\xff");
-    let mut ours = Vec::new();
-    encode_record(&r, &mut ours);
-    assert_eq!(ours, bincode::serialize(&r).expect("bincode"));
-    let expected: Vec<u8> = [
-        &[0x88, 0x77, 0x66, 0x55, 0x44, 0x33, 0x22, 0x11][..],
-        &[0xDD, 0xCC, 0xBB, 0xAA],
-        &[42, 0, 0, 0, 0, 0, 0, 0],
-        &[4, 0, 0, 0, 0, 0, 0, 0],
-        b"hi\x00\xff",
-    ]
-    .concat();
-    assert_eq!(ours, expected);
-}
-
-#[test]
 fn exact_file_bytes() {
     let dir = tempfile::tempdir().expect("tempdir");
     let path = write_file(dir.path(), &[rec(5, 1, 0, b"ab")]);
@@ -394,4 +377,17 @@ fn every_single_bit_flip_is_detected() {
         }
     }
     assert_eq!(checked, 864, "the file is {} bytes", good.len());
+}
+
+#[test]
+fn version_one_is_told_by_its_magic() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let v1 = write_file(dir.path(), &[rec(5, 1, 0, b"ab")]);
+    assert!(is_version_one(&v1));
+    let other = dir.path().join("run.bin");
+    std::fs::write(&other, b"QLIST002 and more").expect("write");
+    assert!(!is_version_one(&other));
+    std::fs::write(&other, b"QLIST00").expect("write");
+    assert!(!is_version_one(&other), "shorter than the magic");
+    assert!(!is_version_one(&dir.path().join("missing.bin")));
 }

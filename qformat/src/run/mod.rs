@@ -21,8 +21,9 @@
 
 use std::io::{self, Write};
 
-use crate::listbin::{decode_record_head, encode_record_head, RECORD_HEAD_LEN};
-use crate::record::{Record, RecordRef, MAX_PAYLOAD};
+use crate::record::{
+    decode_record_head, encode_record_head, Record, RecordRef, MAX_PAYLOAD, RECORD_HEAD_LEN,
+};
 
 /// The 8 bytes a run starts and ends with.
 pub const MAGIC: [u8; 8] = *b"QLIST002";
@@ -662,8 +663,10 @@ pub fn record_at(body: &[u8], pos: usize) -> Result<(RecordRef<'_>, usize), Stri
 }
 
 mod check;
+mod ranged;
 mod writer;
 pub use check::{holds_all, SeqCheck, ShardSpec, WriteCheck};
+pub use ranged::{RangeRead, RangedError, RangedRun, RunBlocks, RunRecords};
 pub use writer::{next_boundary, RangeStart, RangeWritten, RunFile, RunWriter};
 
 #[cfg(test)]

@@ -20,7 +20,7 @@ use std::fs::File;
 use std::io::{self, BufReader, BufWriter, Read, Seek, SeekFrom, Write};
 use std::path::{Path, PathBuf};
 
-use crate::record::{Record, MAX_PAYLOAD};
+use crate::record::{decode_record_head, encode_record_head, Record, MAX_PAYLOAD, RECORD_HEAD_LEN};
 
 /// The footer's checksum (CRC-32 IEEE), re-exported so tools that produce list.bin bytes
 /// themselves (benchmarks, tests) compute exactly the same one.
@@ -32,8 +32,6 @@ pub const MAGIC: [u8; 8] = *b"QLIST001";
 pub const HEADER_LEN: u64 = 16;
 /// The u32 CRC-32 after the last record.
 pub const FOOTER_LEN: u64 = 4;
-/// Fixed part of a record before its payload: id u64, shard u32, seq u64, length u64.
-pub const RECORD_HEAD_LEN: usize = 8 + 4 + 8 + 8;
 /// Byte offset of the record count inside the header (patched by the writer at the end).
 const COUNT_OFFSET: u64 = 8;
 /// Large buffers: list.bin is written and read strictly sequentially, and the default 8 KiB
@@ -133,24 +131,6 @@ pub struct Summary {
     pub last_id: Option<u64>,
     /// The CRC-32 stored in the footer.
     pub checksum: u32,
-}
-
-/// Encodes the fixed part of a record (everything but the payload bytes): the same bytes
-/// `bincode::serialize` produces for the first four fields, written by hand for speed.
-pub fn encode_record_head(record: &Record) -> [u8; RECORD_HEAD_LEN] {
-    let mut head = [0u8; RECORD_HEAD_LEN];
-    head[0..8].copy_from_slice(&record.id.to_le_bytes());
-    head[8..12].copy_from_slice(&record.shard.to_le_bytes());
-    head[12..20].copy_from_slice(&record.seq.to_le_bytes());
-    head[20..28].copy_from_slice(&(record.payload.len() as u64).to_le_bytes());
-    head
-}
-
-/// Appends one full encoded record to `out` (used by tools that build list.bin bytes
-/// themselves, e.g. benchmarks and tests).
-pub fn encode_record(record: &Record, out: &mut Vec<u8>) {
-    out.extend_from_slice(&encode_record_head(record));
-    out.extend_from_slice(&record.payload);
 }
 
 fn io_err<'a>(path: &'a Path, op: &'static str) -> impl FnOnce(io::Error) -> ListError + 'a {
@@ -583,20 +563,20 @@ impl<R: Read> Iterator for ListReader<R> {
     }
 }
 
-/// The fields of an encoded record head: id, shard, seq, payload length.
-pub(crate) fn decode_record_head(head: &[u8; RECORD_HEAD_LEN]) -> (u64, u32, u64, u64) {
-    (
-        u64::from_le_bytes(le8(&head[0..8])),
-        u32::from_le_bytes([head[8], head[9], head[10], head[11]]),
-        u64::from_le_bytes(le8(&head[12..20])),
-        u64::from_le_bytes(le8(&head[20..28])),
-    )
-}
-
 fn le8(b: &[u8]) -> [u8; 8] {
     let mut a = [0u8; 8];
     a.copy_from_slice(b);
     a
+}
+
+/// Whether the local file at `path` starts with version 1's magic (an old list.bin);
+/// `false` when it cannot be read (whoever opens it next says why).
+pub fn is_version_one(path: &Path) -> bool {
+    let mut magic = [0u8; 8];
+    let n = File::open(path)
+        .and_then(|mut f| f.read(&mut magic))
+        .unwrap_or(0);
+    n == 8 && magic == MAGIC
 }
 
 /// Checks a whole list.bin: magic, framing of every record, strict ID order, the header

@@ -1,0 +1,136 @@
+//! The names of qlist's files and directories: the only place that builds or parses them.
+//!
+//! - A producer's sublist is the directory `DIR/shard-<n>` (canonical decimal `n`), built
+//!   under `DIR/.creating-shard-<n>` and renamed into place ([`crate::shard`]).
+//! - A sealed run is `shard-<n>.bin` in its destination; any `*.bin` that is not hidden
+//!   is a run to a merge that lists a directory or a prefix.
+
+use std::path::{Path, PathBuf};
+
+/// Sublist databases are directories named `shard-<n>` under the data dir (DESIGN.md).
+pub const SHARD_PREFIX: &str = "shard-";
+/// A producer builds a new sublist under `.creating-shard-<n>` and renames it to
+/// `shard-<n>`: a leftover without its `shard-<n>` means that producer was killed while
+/// creating the sublist, before it wrote any item.
+pub const CREATING_PREFIX: &str = ".creating-";
+/// What a run's name ends with.
+pub const RUN_SUFFIX: &str = ".bin";
+
+/// `DIR/shard-<n>`: where shard `n`'s sublist lives.
+pub fn shard_db_path(data_dir: &Path, shard: u32) -> PathBuf {
+    data_dir.join(format!("{SHARD_PREFIX}{shard}"))
+}
+
+/// `DIR/.creating-shard-<n>`: where shard `n`'s sublist is built before it is renamed to
+/// [`shard_db_path`].
+pub fn creating_db_path(data_dir: &Path, shard: u32) -> PathBuf {
+    data_dir.join(format!("{CREATING_PREFIX}{SHARD_PREFIX}{shard}"))
+}
+
+/// The n of a directory named exactly `shard-<n>` (canonical decimal, as the producer
+/// names it: not `shard-07`, not `shard-3.bak`).
+pub fn shard_number(name: &str) -> Option<u32> {
+    let digits = name.strip_prefix(SHARD_PREFIX)?;
+    digits
+        .parse::<u32>()
+        .ok()
+        .filter(|n| n.to_string() == digits)
+}
+
+/// The n of a leftover `.creating-shard-<n>` directory.
+pub fn creating_shard_number(name: &str) -> Option<u32> {
+    shard_number(name.strip_prefix(CREATING_PREFIX)?)
+}
+
+/// What an entry of a data dir is, by its name ([`data_dir_entry`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DataDirEntry {
+    /// `shard-<n>`: shard n's sublist.
+    Shard(u32),
+    /// `.creating-shard-<n>`: what a producer killed while creating shard n's sublist left.
+    Creating(u32),
+    /// Named like a sublist (`shard-*`) but not `shard-<number>`: a copy or a mistake.
+    BadShardName,
+}
+
+/// What the entry `name` of a data dir is; `None` for anything that is no sublist's.
+pub fn data_dir_entry(name: &str) -> Option<DataDirEntry> {
+    if let Some(shard) = creating_shard_number(name) {
+        return Some(DataDirEntry::Creating(shard));
+    }
+    if !name.starts_with(SHARD_PREFIX) {
+        return None;
+    }
+    // "shard-07" or "shard-3.bak" would be a second copy of some shard.
+    Some(shard_number(name).map_or(DataDirEntry::BadShardName, DataDirEntry::Shard))
+}
+
+/// A name a file in a data dir must not take: a sublist's (`shard-*`) or a creation's
+/// (`.creating-*`), which would break every later merge of that directory.
+pub fn is_sublist_name(name: &str) -> bool {
+    name.starts_with(SHARD_PREFIX) || name.starts_with(CREATING_PREFIX)
+}
+
+/// The name of shard `shard`'s run in a destination: `shard-<n>.bin`.
+pub fn run_name(shard: u32) -> String {
+    format!("{SHARD_PREFIX}{shard}{RUN_SUFFIX}")
+}
+
+/// A run's name: `*.bin`, not hidden.
+pub fn is_run_name(name: &str) -> bool {
+    has_run_suffix(name) && !name.starts_with('.') && name.len() > RUN_SUFFIX.len()
+}
+
+/// `name` ends like a run (`*.bin`): a file, not a directory of sublists.
+pub fn has_run_suffix(name: &str) -> bool {
+    name.ends_with(RUN_SUFFIX)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_canonical_shard_names_have_a_number() {
+        assert_eq!(shard_number("shard-0"), Some(0));
+        assert_eq!(shard_number("shard-4294967295"), Some(u32::MAX));
+        for bad in [
+            "shard-",
+            "shard-07",
+            "shard-3.bak",
+            "shard--1",
+            "shard-+1",
+            "shard-4294967296",
+            "shard-a",
+            "xshard-1",
+            "shard-1 ",
+        ] {
+            assert_eq!(shard_number(bad), None, "{bad}");
+        }
+    }
+
+    #[test]
+    fn names_are_built_and_parsed_alike() {
+        let d = Path::new("/d");
+        assert_eq!(shard_db_path(d, 7), PathBuf::from("/d/shard-7"));
+        assert_eq!(
+            creating_db_path(d, 7),
+            PathBuf::from("/d/.creating-shard-7")
+        );
+        assert_eq!(run_name(3), "shard-3.bin");
+        assert_eq!(data_dir_entry("shard-7"), Some(DataDirEntry::Shard(7)));
+        assert_eq!(
+            data_dir_entry(".creating-shard-7"),
+            Some(DataDirEntry::Creating(7))
+        );
+        assert_eq!(data_dir_entry("shard-07"), Some(DataDirEntry::BadShardName));
+        assert_eq!(data_dir_entry("list.bin"), None);
+        assert_eq!(data_dir_entry(".creating-x"), None);
+        assert!(is_sublist_name("shard-x") && is_sublist_name(".creating-shard-1"));
+        assert!(!is_sublist_name("list.bin"));
+        assert!(is_run_name(&run_name(0)) && is_run_name("list.bin"));
+        for not_a_run in [".bin", ".shard-0.bin", "shard-0", "x.bin.tmp"] {
+            assert!(!is_run_name(not_a_run), "{not_a_run}");
+        }
+    }
+}
