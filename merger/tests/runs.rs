@@ -338,7 +338,7 @@ fn a_part_reads_only_its_range() {
     for shard in [0, 2] {
         let path = runs.join(format!("shard-{shard}.bin"));
         let mut bytes = std::fs::read(&path).expect("read run");
-        let meta = sublist::run::RunMeta::decode(bytes.len() as u64, &bytes).expect("meta");
+        let meta = qformat::run::RunMeta::decode(bytes.len() as u64, &bytes).expect("meta");
         assert!(meta.blocks.len() >= 4, "want several blocks per run");
         let n = meta.blocks.len() - 1;
         let b = meta.blocks[n];
