@@ -54,17 +54,9 @@ pub use serve::window::WindowMutant;
 pub use serve::window::{WindowQuorum, WindowSource, WindowStats};
 pub use stats::Stats;
 
-/// What `--version` prints: the crate's version and, in a build with the `test-hooks`
-/// feature (`cargo test` turns it on for the crate's own tests), a warning that says so.
-/// `scripts/check-release.sh` reads it off the built binaries: a release must never say it.
-pub const VERSION: &str = if cfg!(feature = "test-hooks") {
-    concat!(
-        env!("CARGO_PKG_VERSION"),
-        " (built with test hooks: not for production)"
-    )
-} else {
-    env!("CARGO_PKG_VERSION")
-};
+/// What `--version` prints: the crate's version, and a warning in a build with the
+/// `test-hooks` feature ([`qcli::version!`]).
+pub const VERSION: &str = qcli::version!();
 
 use net::accept::Acceptor;
 use std::future::Future;

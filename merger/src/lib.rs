@@ -39,17 +39,9 @@ use qformat::run::{Part, RunError};
 use qstore::StoreError;
 use sublist::shard::{ShardError, ShardReader};
 
-/// What `--version` prints: the crate's version and, in a build with the `test-hooks`
-/// feature (`cargo test` turns it on for the crate's own tests), a warning that says so.
-/// `scripts/check-release.sh` reads it off the built binaries: a release must never say it.
-pub const VERSION: &str = if cfg!(feature = "test-hooks") {
-    concat!(
-        env!("CARGO_PKG_VERSION"),
-        " (built with test hooks: not for production)"
-    )
-} else {
-    env!("CARGO_PKG_VERSION")
-};
+/// What `--version` prints: the crate's version, and a warning in a build with the
+/// `test-hooks` feature ([`qcli::version!`]).
+pub const VERSION: &str = qcli::version!();
 
 /// How often (in records) a merge reports progress: often enough for a smooth
 /// progress bar, rare enough that the callback costs nothing next to the merge.

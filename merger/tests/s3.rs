@@ -12,6 +12,7 @@ use std::process::{Child, Command, Output, Stdio};
 
 use common::*;
 use testkit::s3::TestS3;
+use testkit::KilledOnDrop;
 
 /// The merger with the server's credentials in its environment.
 fn merger_s3(s3: &TestS3, args: &[&str]) -> Output {
@@ -332,38 +333,6 @@ fn the_server_killed_and_restarted_mid_merge() {
     );
 }
 
-/// A child process that is killed (kill -9, by its pid) and reaped on drop: one stalled
-/// for good never outlives a test that fails.
-struct KilledOnDrop(Child);
-
-impl Drop for KilledOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// The parts SeaweedFS holds of in-progress multipart uploads (files under
-/// `.uploads/<upload id>/`), once there are at least `min`: polled, at most 120 s.
-///
-/// # Panics
-/// If there are fewer by then, with what there is.
-fn wait_for_parts(s3: &TestS3, min: usize) -> Vec<String> {
-    let until = std::time::Instant::now() + std::time::Duration::from_secs(120);
-    loop {
-        let parts = s3.keys(".uploads/");
-        if parts.len() >= min {
-            return parts;
-        }
-        assert!(
-            std::time::Instant::now() < until,
-            "fewer than {min} parts uploaded after 120 s: {parts:?}, uploads {:?}",
-            s3.multipart_uploads()
-        );
-        std::thread::sleep(std::time::Duration::from_millis(100));
-    }
-}
-
 /// The server killed while a merge's output is a multipart upload with parts uploaded
 /// (and more in flight), the merger killed too, the server restarted: nothing is
 /// visible (no object at the output's key, none anywhere), only the incomplete upload,
@@ -398,28 +367,8 @@ fn the_server_killed_mid_multipart_output_then_the_rerun_completes() {
     // seen in the server's `.uploads/`, so the kill lands mid-upload without timing luck.
     let (child, _stderr) = stalled_merger(&s3, &args, 250_000, None);
     let mut child = KilledOnDrop(child);
-    let parts = wait_for_parts(&s3, 2);
+    let parts = s3.kill_mid_upload("out/list.bin", &mut child.0, 2);
     println!("parts uploaded when the server was killed: {parts:?}");
-    assert_eq!(s3.multipart_uploads(), ["out/list.bin"]);
-    assert!(
-        s3.keys("").is_empty(),
-        "visible mid-upload: {:?}",
-        s3.keys("")
-    );
-    s3.kill();
-    child.0.kill().expect("kill -9 the merger");
-    child.0.wait().expect("wait");
-    s3.restart();
-    assert!(
-        s3.keys("").is_empty(),
-        "visible after the kill: {:?}",
-        s3.keys("")
-    );
-    assert_eq!(
-        s3.multipart_uploads(),
-        ["out/list.bin"],
-        "the upload left open"
-    );
 
     ok(&merger_s3(&s3, &args));
     assert_eq!(s3.keys(""), ["out/list.bin"]);

@@ -40,17 +40,9 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 use sublist::shard::{ShardError, ShardWriter};
 
-/// What `--version` prints: the crate's version and, in a build with the `test-hooks`
-/// feature (`cargo test` turns it on for the crate's own tests), a warning that says so.
-/// `scripts/check-release.sh` reads it off the built binaries: a release must never say it.
-pub const VERSION: &str = if cfg!(feature = "test-hooks") {
-    concat!(
-        env!("CARGO_PKG_VERSION"),
-        " (built with test hooks: not for production)"
-    )
-} else {
-    env!("CARGO_PKG_VERSION")
-};
+/// What `--version` prints: the crate's version, and a warning in a build with the
+/// `test-hooks` feature ([`qcli::version!`]).
+pub const VERSION: &str = qcli::version!();
 
 /// Largest item (line or generated payload): 16 MiB. Lines of 10 MB are accepted; above
 /// this an input is refused with the line number, before anything is written (file input).

@@ -16,6 +16,7 @@ use std::process::{Child, Output};
 use std::time::Duration;
 use sublist::shard::{ShardReader, ShardWriter};
 use testkit::s3::TestS3;
+use testkit::KilledOnDrop;
 
 /// The seal's crash-test hook (see the binary): stall once this many items are in the run.
 const SEAL_STALL_ENV: &str = "QLIST_PRODUCER_TEST_SEAL_STALL_AFTER";
@@ -348,38 +349,6 @@ fn seal_to_s3_matches_the_directory_seal_and_never_shows_a_partial_object() {
     assert!(s3.get("later/shard-2.bin").expect("the object") == local);
 }
 
-/// A child process that is killed (kill -9, by its pid) and reaped on drop: one stalled
-/// for good never outlives a test that fails.
-struct KilledOnDrop(Child);
-
-impl Drop for KilledOnDrop {
-    fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
-    }
-}
-
-/// The parts SeaweedFS holds of in-progress multipart uploads (files under
-/// `.uploads/<upload id>/`), once there are at least `min`: polled, at most 120 s.
-///
-/// # Panics
-/// If there are fewer by then, with what there is.
-fn wait_for_parts(s3: &TestS3, min: usize) -> Vec<String> {
-    let until = std::time::Instant::now() + Duration::from_secs(120);
-    loop {
-        let parts = s3.keys(".uploads/");
-        if parts.len() >= min {
-            return parts;
-        }
-        assert!(
-            std::time::Instant::now() < until,
-            "fewer than {min} parts uploaded after 120 s: {parts:?}, uploads {:?}",
-            s3.multipart_uploads()
-        );
-        std::thread::sleep(Duration::from_millis(100));
-    }
-}
-
 /// The server killed while a seal is a multipart upload with parts uploaded (and more in
 /// flight), the producer killed too, the server restarted: no object anywhere, only the
 /// incomplete upload, which is no object; sealing again completes the run, byte for byte
@@ -418,28 +387,8 @@ fn the_server_killed_mid_multipart_seal_then_sealing_again_completes() {
         &env,
         30_000,
     ));
-    let parts = wait_for_parts(&s3, 2);
+    let parts = s3.kill_mid_upload("runs/shard-5.bin", &mut child.0, 2);
     println!("parts uploaded when the server was killed: {parts:?}");
-    assert_eq!(s3.multipart_uploads(), ["runs/shard-5.bin"]);
-    assert!(
-        s3.keys("").is_empty(),
-        "visible mid-seal: {:?}",
-        s3.keys("")
-    );
-    s3.kill();
-    child.0.kill().expect("kill -9 the producer");
-    child.0.wait().expect("wait");
-    s3.restart();
-    assert!(
-        s3.keys("").is_empty(),
-        "visible after the kill: {:?}",
-        s3.keys("")
-    );
-    assert_eq!(
-        s3.multipart_uploads(),
-        ["runs/shard-5.bin"],
-        "the upload left open"
-    );
 
     let out = run_env(&seal_args("5", &data, &url), &env);
     assert_exit(&out, 0, "");

@@ -34,3 +34,22 @@ pub use flags::{
 };
 pub use logging::{init_logging, LogFormat};
 pub use parse::parse;
+
+/// The `--version` text of the crate it is written in: its version and, in a build with
+/// that crate's `test-hooks` feature (`cargo test` turns it on for the crate's own tests),
+/// a warning that says so. `scripts/check-release.sh` reads it off the built binaries: a
+/// release must never say it. A macro, so that the version and the feature are the
+/// calling crate's.
+#[macro_export]
+macro_rules! version {
+    () => {
+        if cfg!(feature = "test-hooks") {
+            concat!(
+                env!("CARGO_PKG_VERSION"),
+                " (built with test hooks: not for production)"
+            )
+        } else {
+            env!("CARGO_PKG_VERSION")
+        }
+    };
+}

@@ -101,6 +101,17 @@ pub fn assert_exit(out: &Output, code: i32, stderr_has: &str) {
     assert!(!stderr.contains("panicked"), "a panic: {}", printed(out));
 }
 
+/// A child process killed (SIGKILL, by its own pid) and reaped when dropped, so that a
+/// failing test leaves none behind.
+pub struct KilledOnDrop(pub std::process::Child);
+
+impl Drop for KilledOnDrop {
+    fn drop(&mut self) {
+        let _ = self.0.kill();
+        let _ = self.0.wait();
+    }
+}
+
 /// CPU time the process `pid` has used so far (user + system), from `/proc/PID/stat`.
 ///
 /// # Panics

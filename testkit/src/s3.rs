@@ -347,6 +347,60 @@ impl TestS3 {
         keys
     }
 
+    /// Kills the server and `writer` (the process uploading `key`, kill -9) while `key` is
+    /// a multipart upload with at least `min_parts` parts stored, then restarts the server:
+    /// the parts are waited for (polled, at most 120 s), and before the kill and after the
+    /// restart no object is visible while the upload stays open. The parts seen.
+    ///
+    /// # Panics
+    /// If fewer parts are stored in time, or any of those checks fails.
+    pub fn kill_mid_upload(
+        &mut self,
+        key: &str,
+        writer: &mut Child,
+        min_parts: usize,
+    ) -> Vec<String> {
+        let parts = self.wait_for_parts(min_parts);
+        assert_eq!(self.multipart_uploads(), [key]);
+        assert!(
+            self.keys("").is_empty(),
+            "visible mid-upload: {:?}",
+            self.keys("")
+        );
+        self.kill();
+        writer.kill().expect("kill -9 the writer");
+        writer.wait().expect("wait for the writer");
+        self.restart();
+        assert!(
+            self.keys("").is_empty(),
+            "visible after the kill: {:?}",
+            self.keys("")
+        );
+        assert_eq!(self.multipart_uploads(), [key], "the upload left open");
+        parts
+    }
+
+    /// The parts of in-progress multipart uploads (files under `.uploads/<upload id>/`),
+    /// once there are at least `min`: polled, at most 120 s.
+    ///
+    /// # Panics
+    /// If there are fewer by then, with what there is.
+    pub fn wait_for_parts(&self, min: usize) -> Vec<String> {
+        let until = Instant::now() + Duration::from_secs(120);
+        loop {
+            let parts = self.keys(".uploads/");
+            if parts.len() >= min {
+                return parts;
+            }
+            assert!(
+                Instant::now() < until,
+                "fewer than {min} parts uploaded after 120 s: {parts:?}, uploads {:?}",
+                self.multipart_uploads()
+            );
+            std::thread::sleep(Duration::from_millis(100));
+        }
+    }
+
     fn signal(&self, sig: libc::c_int) {
         let pid = self
             .pid()
