@@ -13,16 +13,20 @@ use crate::MergeError;
 /// holds about as much as one of 4, not 16 times as much. The OS reads ahead of a local
 /// file, so small reads cost little.
 pub const READ_BUDGET: usize = 64 << 20;
-/// The same for a merge that reads from an object store, where every read is a request:
-/// 512 KiB reads made a 64-run merge from SeaweedFS 8 times slower than from a
-/// directory (BENCHMARKS.md), so reads stay at 1 MiB or more and the budget is larger.
-pub const READ_BUDGET_S3: usize = 256 << 20;
+/// The same for a merge that reads from an object store, where every read is a request
+/// and the server's cost is mostly per request: 512 KiB reads made a 64-run merge from
+/// SeaweedFS 8 times slower than from a directory, and 2 MiB ones cost it 1.4 times the
+/// CPU of 4 MiB ones (BENCHMARKS.md, "The merge at the machine's limit"), so the budget is
+/// large enough for 4 MiB GETs, two per input, up to 64 inputs.
+pub const READ_BUDGET_S3: usize = 512 << 20;
 /// The smallest read from a local file (one block, so a group of blocks is never cut).
 pub const MIN_READ_CHUNK: usize = 256 << 10;
-/// The smallest ranged GET from an object store.
+/// The smallest ranged GET from an object store (the store aligns its GETs to the read
+/// size; 4 MiB, SeaweedFS's chunk, is best, and the budget gives that up to 64 inputs).
 pub const MIN_READ_CHUNK_S3: usize = 1 << 20;
 /// Ranged GETs a merge from an object store keeps in flight across all its inputs (each
-/// input at least the store's own `in_flight`, at most [`MAX_IN_FLIGHT_S3`]): one GET
+/// input at least two: the one being merged while the next arrives; at most
+/// [`MAX_IN_FLIGHT_S3`]): one GET
 /// waits on a round trip and the server's disk, so a few inputs need many each to keep
 /// the server busy (BENCHMARKS.md, "Runs").
 pub const IN_FLIGHT_S3: usize = 32;
@@ -45,7 +49,7 @@ pub fn read_options(
     };
     let streams = inputs.max(1) * jobs.max(1);
     let in_flight = if s3 {
-        (IN_FLIGHT_S3 / streams).clamp(base.in_flight.max(1), MAX_IN_FLIGHT_S3.max(base.in_flight))
+        (IN_FLIGHT_S3 / streams).clamp(2, MAX_IN_FLIGHT_S3)
     } else {
         base.in_flight.max(1)
     };
@@ -69,7 +73,15 @@ pub type RunInput = RangedRun<Object>;
 /// [`MergeError::ParquetInput`] for a Parquet file.
 pub fn open_run(store: &Store, location: &Location) -> Result<RunInput, MergeError> {
     let object = store.open(location)?;
-    let group_bytes = store.options().read_chunk as u64;
+    // A local file is read in groups of whole blocks (no block is ever split across two
+    // reads); an object is asked for all its blocks at once, and the store cuts that into
+    // GETs aligned to its read size, as the object is stored (BENCHMARKS.md, "The merge
+    // at the machine's limit"): the few blocks split across two GETs are copied together.
+    let group_bytes = if location.is_s3() {
+        u64::MAX
+    } else {
+        store.options().read_chunk as u64
+    };
     Ok(RangedRun::open(object, location.to_string(), group_bytes)?)
 }
 

@@ -226,7 +226,15 @@ impl RangeReader {
     fn next_chunk(&mut self) -> Option<Range<u64>> {
         let chunk = self.object.inner.opts_read_chunk;
         let first = self.ranges.front_mut()?;
-        let end = first.end.min(first.start.saturating_add(chunk));
+        // On S3 pieces end on multiples of the read size, so after the first one every
+        // GET is aligned: a store keeps an object in chunks of such a size (SeaweedFS's are
+        // 4 MiB), and a GET across two of them costs the server two (BENCHMARKS.md, "The
+        // merge at the machine's limit"). A local file is read as asked.
+        let end = match self.object.inner.source {
+            Source::S3 { .. } => (first.start / chunk + 1).saturating_mul(chunk),
+            Source::File(_) => first.start.saturating_add(chunk),
+        };
+        let end = first.end.min(end);
         let piece = first.start..end;
         first.start = end;
         if first.start == first.end {
