@@ -69,7 +69,7 @@ fn small_and_multipart_round_trips() {
     // A range that starts between multiples of the read size: its first GET ends at the
     // next multiple, so every later one is aligned (as the server keeps the object).
     let got: Vec<_> = a
-        .read_ranges(vec![1250..3600])
+        .read_ranges(std::iter::once(1250..3600).collect())
         .collect::<Result<_, _>>()
         .unwrap();
     let offsets: Vec<(u64, usize)> = got.iter().map(|(o, b)| (*o, b.len())).collect();
