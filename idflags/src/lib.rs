@@ -8,6 +8,8 @@
 //! client), in any build, including a `--workspace` one that unifies features
 //! (`scripts/check-release.sh` checks the built file).
 
+#![warn(missing_docs)]
+
 use idclient::broker_client::BrokerClientConfig;
 use idclient::{BrokerTls, ClientCert, ClientConfig, Combine, IdError, Protocol, TlsConfig};
 use qcli::{usage, BrokerArgs, BrokerTlsArgs, CombineArg, QuorumArgs, SourceArgs, TlsArgs};

@@ -7,6 +7,11 @@ use std::net::TcpListener;
 use std::path::Path;
 use std::process::{Command, Output};
 
+/// The exit codes of qcli's table that idctl's errors here end with (`qcli::Cause`).
+const OTHER: i32 = 1;
+const USAGE: i32 = 2;
+const IDS: i32 = 5;
+
 /// A base port with `n` free ports after it.
 fn free_base(n: u16) -> u16 {
     for _ in 0..50 {
@@ -48,10 +53,12 @@ fn assert_says(out: &Output, want: &str) {
     assert!(text.contains(want), "want {want:?} in {text}");
 }
 
-/// Asserts that the command failed, saying `want`.
+/// Asserts that the command failed with exit code `code` (qcli's table: 1 other, 2 usage,
+/// 5 ID generator unavailable or unsafe), without a panic, saying `want` (on stdout, where
+/// `idctl check` prints its verdicts, or on stderr).
 #[track_caller]
-fn assert_fails_saying(out: &Output, want: &str) {
-    assert!(!out.status.success(), "should fail: {}", text(out));
+fn assert_fails_saying(out: &Output, code: i32, want: &str) {
+    testkit::assert_exit(out, code, "");
     assert_says(out, want);
 }
 
@@ -94,7 +101,7 @@ fn cluster_up_next_check_down() {
 
     // A second `up` on the same dir refuses.
     let again = cluster_up(d, base);
-    assert_fails_saying(&again, "already running");
+    assert_fails_saying(&again, OTHER, "already running");
 
     let check = idctl(&["check", "--nodes", &urls]);
     assert_ok(&check);
@@ -172,6 +179,7 @@ fn cluster_up_refuses_a_taken_port_and_missing_redis() {
     let up = cluster_up(d, base);
     assert_fails_saying(
         &up,
+        OTHER,
         &format!("port {} on 127.0.0.1 is already in use", base + 1),
     );
 
@@ -179,14 +187,14 @@ fn cluster_up_refuses_a_taken_port_and_missing_redis() {
         .env("PATH", "/nonexistent")
         .output()
         .expect("run idctl");
-    assert_fails_saying(&up, "redis-server not found");
+    assert_fails_saying(&up, OTHER, "redis-server not found");
     assert_says(&up, "apt-get install redis-server");
 
     let even = idctl(&["cluster", "up", "--dir", d, "--nodes", "4"]);
-    assert_fails_saying(&even, "odd");
+    assert_fails_saying(&even, USAGE, "odd");
 
     let down = idctl(&["cluster", "down", "--dir", d]);
-    assert_fails_saying(&down, "no cluster state found");
+    assert_fails_saying(&down, OTHER, "no cluster state found");
 }
 
 #[test]
@@ -207,7 +215,7 @@ fn cluster_up_refuses_a_redis_older_than_7() {
         .env("PATH", &bin)
         .output()
         .expect("run idctl");
-    assert_fails_saying(&up, "redis-server 6.2.6 is too old");
+    assert_fails_saying(&up, OTHER, "redis-server 6.2.6 is too old");
     assert_says(&up, "Redis 7 or newer");
     assert!(
         !d.join("cluster.json").exists(),
@@ -225,12 +233,13 @@ fn check_refuses_an_unsafe_node() {
     let check = idctl(&["check", "--nodes", &urls]);
     assert_fails_saying(
         &check,
+        IDS,
         "UNSAFE: appendfsync is \"everysec\", must be \"always\"",
     );
     assert_says(&check, &format!("{}: ok", safe.urls_arg()));
 
     let next = idctl(&["next", "--nodes", &unsafe_node.urls_arg()]);
-    assert_fails_saying(&next, "is unsafe");
+    assert_fails_saying(&next, IDS, "is unsafe");
     let next = idctl(&[
         "next",
         "--nodes",

@@ -21,6 +21,8 @@
 //! `merger`, which gets no IDs, links none of the client (Redis, the rendezvous, the
 //! broker client).
 
+#![warn(missing_docs)]
+
 pub mod env;
 mod exit;
 mod flags;

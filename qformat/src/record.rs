@@ -11,9 +11,13 @@ pub const MAX_PAYLOAD: usize = 16 << 20;
 /// layout (bincode legacy fixed-int encoding of this struct).
 #[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
 pub struct Record {
+    /// Its ID, unique in the whole list: the order of the list.
     pub id: u64,
+    /// The shard (producer) that wrote it.
     pub shard: u32,
+    /// Its 0-based position in that producer's input.
     pub seq: u64,
+    /// The item's bytes, at most [`MAX_PAYLOAD`].
     pub payload: Vec<u8>,
 }
 
@@ -34,9 +38,13 @@ pub(crate) fn rec(id: u64, shard: u32, seq: u64, payload: &[u8]) -> Record {
 /// copies it in one piece.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct RecordRef<'a> {
+    /// Its ID, unique in the whole list: the order of the list.
     pub id: u64,
+    /// The shard (producer) that wrote it.
     pub shard: u32,
+    /// Its 0-based position in that producer's input.
     pub seq: u64,
+    /// The item's bytes, a slice of `encoded`.
     pub payload: &'a [u8],
     /// The record's encoded bytes: the 28-byte head, then `payload`.
     pub encoded: &'a [u8],

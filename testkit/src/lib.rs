@@ -13,6 +13,8 @@
 //! local quorums stay with the operator tools they are built on (`idtools::proc`,
 //! `idtools::cluster`).
 
+#![warn(missing_docs)]
+
 pub mod s3;
 
 use std::future::Future;

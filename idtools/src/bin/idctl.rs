@@ -6,7 +6,7 @@ use idclient::{IdSource, QuorumClient};
 use idproto::wire::BrokerStats;
 use idtools::bench::{self, BenchConfig};
 use idtools::chart;
-use idtools::cluster::{self, LocalQuorum};
+use idtools::cluster::{self, ClusterError, LocalQuorum};
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
 use std::time::Duration;
@@ -160,7 +160,16 @@ fn main() -> ExitCode {
                 .mut_arg("reply_timeout_ms", |a| a.default_value(CHECK_TIMEOUT_MS))
         })
     });
-    qcli::exit("idctl", run(cli), |_| None)
+    qcli::exit("idctl", run(cli), |e| {
+        // qcli's table: a bad node count or base port is a usage error (exit 2); the
+        // other cluster errors (redis-server missing, a port taken, ...) are exit 1.
+        match e.downcast_ref::<ClusterError>()? {
+            ClusterError::BadNodeCount(_) | ClusterError::BadPorts { .. } => {
+                Some(qcli::Cause::Usage)
+            }
+            _ => None,
+        }
+    })
 }
 
 fn run(cli: Cli) -> Result<()> {

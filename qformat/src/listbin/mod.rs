@@ -45,7 +45,9 @@ pub enum ListError {
     /// An operating-system error on the named file.
     #[error("{path}: {op}: {error}")]
     Io {
+        /// The file the operation was on.
         path: PathBuf,
+        /// What was being done (`"open"`, `"write"`, `"fsync"`, ...).
         op: &'static str,
         /// In the message, not a `#[source]`: `{:#}` would print it twice.
         error: io::Error,
@@ -54,64 +56,102 @@ pub enum ListError {
     /// failed: the file is there and readable, but a crash now could lose the rename.
     #[error("{} is complete, but fsync of its directory {} failed ({error}): a crash now could lose it; rerun to be sure", path.display(), dir.display())]
     NotDurable {
+        /// The complete list.bin.
         path: PathBuf,
+        /// Its directory, whose fsync failed.
         dir: PathBuf,
         /// In the message, not a `#[source]`: `{:#}` would print it twice.
         error: io::Error,
     },
     /// The directory that should receive the output does not exist.
     #[error("output directory {} does not exist", dir.display())]
-    MissingDir { dir: PathBuf },
+    MissingDir {
+        /// The missing directory.
+        dir: PathBuf,
+    },
     /// The writer was handed IDs that are not strictly increasing.
     #[error(
         "refusing to write record id {id} after id {prev}: list.bin ids must strictly increase"
     )]
-    WriteOrder { prev: u64, id: u64 },
+    WriteOrder {
+        /// The last ID written.
+        prev: u64,
+        /// The ID refused, not above `prev`.
+        id: u64,
+    },
     /// The file is shorter than a header plus a footer.
     #[error("file is {len} bytes, shorter than the {min}-byte minimum (header + footer): not a list.bin or truncated")]
-    TooShort { len: u64, min: u64 },
+    TooShort {
+        /// The file's length.
+        len: u64,
+        /// [`HEADER_LEN`] + [`FOOTER_LEN`].
+        min: u64,
+    },
     /// The first 8 bytes are not `QLIST001`.
     #[error("byte 0: bad magic {}, expected \"QLIST001\": not a list.bin", found.escape_ascii())]
-    BadMagic { found: [u8; 8] },
+    BadMagic {
+        /// The file's first 8 bytes.
+        found: [u8; 8],
+    },
     /// A record's fixed part or payload runs past the start of the footer.
     #[error("byte {offset}: record {index} is truncated: its {what} needs {need} bytes but only {have} remain before the footer")]
     Truncated {
+        /// The offset of the record's start.
         offset: u64,
+        /// The record's index (0 for the first).
         index: u64,
+        /// The part that runs past the footer (`"fixed fields"` or `"payload"`).
         what: &'static str,
+        /// The bytes that part needs.
         need: u64,
+        /// The bytes left before the footer.
         have: u64,
     },
     /// A record's payload length is above [`MAX_PAYLOAD`]: no qlist writer makes
     /// such a record, so the length is corrupt (checked before allocating it).
     #[error("byte {offset}: record {index} claims a payload of {len} bytes, above the limit of {limit} bytes (corrupt length)")]
     PayloadTooLong {
+        /// The offset of the record's start.
         offset: u64,
+        /// The record's index (0 for the first).
         index: u64,
+        /// The payload length the record claims.
         len: u64,
+        /// [`MAX_PAYLOAD`].
         limit: u64,
     },
     /// The header count disagrees with the records actually present.
     #[error("byte {offset}: header says {header} records but {}", if *found < *header { format!("the records end after {found}") } else { format!("more record bytes follow record {header} ({extra} bytes before the footer)") })]
     CountMismatch {
+        /// Where the records and the count part ways.
         offset: u64,
+        /// The count in the header.
         header: u64,
+        /// The records actually present (up to `header` + 1).
         found: u64,
+        /// Record bytes left after record `header` (0 if the records end early).
         extra: u64,
     },
     /// A record's ID is not above the previous record's ID.
     #[error("byte {offset}: record {index} has id {id}, not above the previous id {prev}: ids must strictly increase")]
     OutOfOrder {
+        /// The offset of the record's start.
         offset: u64,
+        /// The record's index (0 for the first).
         index: u64,
+        /// The previous record's ID.
         prev: u64,
+        /// This record's ID.
         id: u64,
     },
     /// The stored CRC-32 does not match the record bytes.
     #[error("byte {offset}: checksum mismatch: footer stores {stored:#010x}, records hash to {computed:#010x} (a record byte or the footer is corrupt)")]
     Checksum {
+        /// The offset of the footer.
         offset: u64,
+        /// The CRC-32 the footer holds.
         stored: u32,
+        /// The CRC-32 of the record bytes read.
         computed: u32,
     },
 }

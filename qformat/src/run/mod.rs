@@ -142,55 +142,90 @@ impl std::fmt::Display for Part {
 pub enum RunError {
     /// The file is shorter than a header plus a footer.
     #[error("file is {len} bytes, shorter than the {min}-byte minimum of a run (header + footer): truncated or not a run")]
-    TooShort { len: u64, min: u64 },
+    TooShort {
+        /// The file's length.
+        len: u64,
+        /// The smallest run: header plus footer.
+        min: u64,
+    },
     /// The magic at the start or the end is not `QLIST002`.
     #[error("byte {offset}: bad magic {}, expected \"QLIST002\": not a version 2 list.bin or truncated", found.escape_ascii())]
-    BadMagic { offset: u64, found: [u8; 8] },
+    BadMagic {
+        /// Where the magic should be: 0, or the footer's end.
+        offset: u64,
+        /// The 8 bytes found there.
+        found: [u8; 8],
+    },
     /// The footer, index or shard table is inconsistent.
     #[error("byte {offset}: {what}")]
-    BadMeta { offset: u64, what: String },
+    BadMeta {
+        /// Where the inconsistent part starts.
+        offset: u64,
+        /// What is inconsistent.
+        what: String,
+    },
     /// The CRC-32 over index, shard table and footer does not match.
     #[error("byte {offset}: metadata checksum mismatch: stored {stored:#010x}, computed {computed:#010x} (the index, shard table or footer is corrupt)")]
     MetaChecksum {
+        /// Where the checksummed metadata starts.
         offset: u64,
+        /// The CRC-32 the footer holds.
         stored: u32,
+        /// The CRC-32 of the bytes read.
         computed: u32,
     },
     /// A block's CRC-32 does not match its bytes.
     #[error("byte {offset}: block {block} checksum mismatch: stored {stored:#010x}, computed {computed:#010x} (a record byte is corrupt)")]
     BlockChecksum {
+        /// Where the block starts.
         offset: u64,
+        /// The block's index (0 for the first).
         block: u64,
+        /// The CRC-32 its index entry holds.
         stored: u32,
+        /// The CRC-32 of the bytes read.
         computed: u32,
     },
     /// A block's records do not match its index entry or are malformed.
     #[error("byte {offset}: block {block}: {what}")]
     BadBlock {
+        /// Where the problem is.
         offset: u64,
+        /// The block's index (0 for the first).
         block: u64,
+        /// What is wrong.
         what: String,
     },
     /// A writer was handed a record that breaks the run's rules.
     #[error("refusing to write record id {id} (shard {shard}, seq {seq}): {what}")]
     Write {
+        /// The record's ID.
         id: u64,
+        /// Its shard.
         shard: u32,
+        /// Its position in the shard.
         seq: u64,
+        /// The rule it breaks.
         what: String,
     },
     /// A whole list (not a part) that does not hold all of a shard's items.
     #[error("shard {shard}: {count} items from seq {first_seq} written, but the shard has {total}: a whole list must hold every item of each of its shards")]
     Incomplete {
+        /// The shard.
         shard: u32,
+        /// The first position written.
         first_seq: u64,
+        /// How many of its items were written.
         count: u64,
+        /// How many items the shard has.
         total: u64,
     },
     /// Reading a local run file failed.
     #[error("{}: {op}: {error}", path.display())]
     File {
+        /// The run file.
         path: std::path::PathBuf,
+        /// What was being done (`"open"`, `"read"`, ...).
         op: &'static str,
         /// In the message, not a `#[source]`: `{:#}` would print it twice.
         error: io::Error,

@@ -48,16 +48,23 @@ pub enum RangedError<E> {
     /// The run's bytes are wrong (truncated, corrupt, not a run).
     #[error("{name}: {error}")]
     Run {
+        /// The run (its location).
         name: String,
         /// In the message, not a `#[source]`: `{:#}` would print it twice.
         error: RunError,
     },
     /// A version 1 list.bin, where a run is read.
     #[error("{name} is a version 1 list.bin (QLIST001), not a run")]
-    VersionOne { name: String },
+    VersionOne {
+        /// The file (its location).
+        name: String,
+    },
     /// A Parquet file, where a run is read.
     #[error("{name} is a Parquet file, not a run")]
-    Parquet { name: String },
+    Parquet {
+        /// The file (its location).
+        name: String,
+    },
 }
 
 /// An opened run: its name, its metadata, and a handle for ranged reads.

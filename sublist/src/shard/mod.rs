@@ -32,45 +32,72 @@ pub enum ShardError {
     /// Another process (a producer) holds the database's lock.
     #[error("sublist {path}: in use by another producer (RocksDB lock held): {error}")]
     InUse {
+        /// The database's path.
         path: PathBuf,
+        /// RocksDB's error on opening it.
         error: rocksdb::Error,
     },
 
     /// The path exists but is not a sublist database (a file, a foreign directory, ...).
     #[error("{path}: not a sublist database: {reason}")]
-    NotAShard { path: PathBuf, reason: String },
+    NotAShard {
+        /// The database's path.
+        path: PathBuf,
+        /// What it is instead.
+        reason: String,
+    },
 
     /// The path does not exist (readers never create a database).
     #[error("{path}: no such sublist database")]
-    Missing { path: PathBuf },
+    Missing {
+        /// The database's path.
+        path: PathBuf,
+    },
 
     /// The database belongs to another shard number.
     #[error("sublist {path} belongs to shard {found}, not shard {expected}")]
     WrongShard {
+        /// The database's path.
         path: PathBuf,
+        /// The shard asked for.
         expected: u32,
+        /// The shard the database belongs to.
         found: u32,
     },
 
     /// A stored key or value does not follow the schema.
     #[error("sublist {path}: corrupt: {reason}")]
-    Corrupt { path: PathBuf, reason: String },
+    Corrupt {
+        /// The database's path.
+        path: PathBuf,
+        /// Which key or value, and what is wrong with it.
+        reason: String,
+    },
 
     /// A caller tried to write a batch that breaks the sublist's invariants.
     #[error("sublist {path}: invalid batch: {reason}")]
-    InvalidBatch { path: PathBuf, reason: String },
+    InvalidBatch {
+        /// The database's path.
+        path: PathBuf,
+        /// The invariant the batch breaks.
+        reason: String,
+    },
 
     /// RocksDB failed (I/O error, corruption detected by RocksDB, ...).
     #[error("sublist {path}: rocksdb: {error}")]
     Rocks {
+        /// The database's path.
         path: PathBuf,
+        /// RocksDB's error.
         error: rocksdb::Error,
     },
 
     /// A filesystem operation around the database failed.
     #[error("sublist {path}: {error}")]
     Io {
+        /// The path the operation was on.
         path: PathBuf,
+        /// The operating system's error.
         error: std::io::Error,
     },
 }
