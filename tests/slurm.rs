@@ -113,15 +113,13 @@ impl Slurm {
     /// is, or at once if a daemon exits.
     fn wait_idle(&mut self) {
         let mut state = String::new();
+        let mut exited = None;
         let waited = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
             wait_for("sinfo shows the node idle", START_LIMIT, || {
                 for p in [&mut self.munged, &mut self.slurmctld, &mut self.slurmd] {
                     if let Some(status) = p.try_wait() {
-                        panic!(
-                            "{} exited ({status}) while the cluster started:\n{}",
-                            p.name,
-                            logs(self.dir.path())
-                        );
+                        exited = Some(format!("{} exited ({status})", p.name));
+                        return true;
                     }
                 }
                 let out = self.cmd("sinfo").args(["-h", "-N", "-o", "%T"]).output();
@@ -129,6 +127,12 @@ impl Slurm {
                 state == "idle"
             })
         }));
+        if let Some(exited) = exited {
+            panic!(
+                "{exited} while the cluster started:\n{}",
+                logs(self.dir.path())
+            );
+        }
         if waited.is_err() {
             panic!(
                 "the Slurm node never became idle (last sinfo: {state:?}):\n{}",
