@@ -11,8 +11,9 @@ export CARGO_TARGET_DIR
 deps:
 	bash scripts/deps.sh --runtime
 
-# Also the tools only the tests run (redis-cli, redis-py, Prometheus, and in a venv the S3
-# server weed and the Parquet readers DuckDB and pyarrow).
+# Also the tools only the tests run (redis-cli, redis-py, Prometheus, Slurm with MUNGE, and
+# in a venv the S3 server weed, the Parquet readers DuckDB and pyarrow, and
+# kubernetes-validate).
 deps-all:
 	bash scripts/deps.sh
 

