@@ -7,7 +7,7 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::Arc;
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use tokio::task::JoinHandle;
 
 use crate::options::StoreOptions;
@@ -140,7 +140,7 @@ impl Object {
     pub fn read_range(&self, range: Range<u64>) -> Result<Bytes, StoreError> {
         self.check(&range)?;
         match &self.inner.source {
-            Source::File(file) => self.read_file(file, range),
+            Source::File(file) => self.read_file(file, range, BytesMut::new()),
             Source::S3 { .. } => wait(self.spawn_read(range)?),
         }
     }
@@ -158,6 +158,7 @@ impl Object {
             object: self.clone(),
             ranges: ranges.into_iter().filter(|r| r.start < r.end).collect(),
             pending: VecDeque::new(),
+            handed: VecDeque::new(),
             failed: bad,
             done: false,
         }
@@ -174,13 +175,24 @@ impl Object {
         Ok(())
     }
 
-    fn read_file(&self, file: &File, range: Range<u64>) -> Result<Bytes, StoreError> {
+    /// Reads `range` of `file` into `buf` (its old contents are overwritten, and only the
+    /// bytes beyond its length are zeroed first).
+    fn read_file(
+        &self,
+        file: &File,
+        range: Range<u64>,
+        mut buf: BytesMut,
+    ) -> Result<Bytes, StoreError> {
         let len = usize::try_from(range.end - range.start).map_err(|_| StoreError::BadRange {
             object: self.inner.loc.to_string(),
             range: range.clone(),
             len: self.inner.len,
         })?;
-        let mut buf = vec![0u8; len];
+        if buf.len() >= len {
+            buf.truncate(len);
+        } else {
+            buf.resize(len, 0);
+        }
         file.read_exact_at(&mut buf, range.start)
             .map_err(|e| StoreError::Io {
                 object: self.inner.loc.to_string(),
@@ -190,7 +202,7 @@ impl Object {
                     format!("bytes {}..{}: {e}", range.start, range.end),
                 ),
             })?;
-        Ok(Bytes::from(buf))
+        Ok(buf.freeze())
     }
 
     /// Starts one ranged GET (S3 only).
@@ -216,6 +228,9 @@ pub struct RangeReader {
     ranges: VecDeque<Range<u64>>,
     /// S3 reads started, oldest first (at most `in_flight`).
     pending: VecDeque<(u64, JoinHandle<Result<Bytes, StoreError>>)>,
+    /// The last few buffers of local reads handed out, oldest first: one whose every copy
+    /// the reader's user has dropped is read into again ([`RangeReader::spare`]).
+    handed: VecDeque<Bytes>,
     /// An error to yield next.
     failed: Option<StoreError>,
     done: bool,
@@ -265,7 +280,11 @@ impl RangeReader {
             // The OS reads ahead for a local file: plain sequential reads suffice.
             let piece = self.next_chunk()?;
             let start = piece.start;
-            return Some(object.read_file(file, piece).map(|b| (start, b)));
+            let read = object.read_file(file, piece, self.spare());
+            if let Ok(bytes) = &read {
+                self.handed.push_back(bytes.clone());
+            }
+            return Some(read.map(|b| (start, b)));
         }
         if let Err(e) = self.fill() {
             return Some(Err(e));
@@ -291,7 +310,28 @@ impl Iterator for RangeReader {
     }
 }
 
+/// Buffers of local reads a [`RangeReader`] keeps to read into again: the merger holds the
+/// read it merges from and, while a block split across two reads is joined, the one
+/// before it.
+const HANDED_KEPT: usize = 3;
+
 impl RangeReader {
+    /// A buffer to read into: one handed out before and since dropped by every user, or
+    /// a new empty one. A fresh allocation per read cost a merge of local runs a twentieth
+    /// of its time in zeroing and page faults (BENCHMARKS.md, "The merge at the machine's
+    /// limit").
+    fn spare(&mut self) -> BytesMut {
+        if let Some(i) = self.handed.iter().position(Bytes::is_unique) {
+            if let Some(Ok(buf)) = self.handed.remove(i).map(Bytes::try_into_mut) {
+                return buf;
+            }
+        }
+        if self.handed.len() >= HANDED_KEPT {
+            self.handed.pop_front();
+        }
+        BytesMut::new()
+    }
+
     fn cancel(&mut self) {
         for (_, handle) in self.pending.drain(..) {
             handle.abort();

@@ -65,6 +65,52 @@ fn dir_round_trip() {
     }
 }
 
+/// A local read goes into a buffer handed out before only once its user has dropped every
+/// copy: a buffer still held is never written again.
+#[test]
+fn local_reads_reuse_only_dropped_buffers() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = Store::new(StoreOptions {
+        read_chunk: 1000,
+        ..StoreOptions::default()
+    });
+    let loc = Location::Dir(tmp.path().join("r.bin"));
+    let data = pattern(10_000);
+    write_run(&store, &loc, &data);
+    let obj = store.open(&loc).unwrap();
+    let check = |(off, bytes): &(u64, bytes::Bytes)| {
+        assert_eq!(bytes, &data[*off as usize..*off as usize + bytes.len()]);
+    };
+
+    let mut reads = obj.read_ranges(vec![0..10_000]);
+    let first = reads.next().unwrap().unwrap();
+    let first_at = first.1.as_ptr();
+    drop(first);
+    let second = reads.next().unwrap().unwrap();
+    check(&second);
+    assert_eq!(
+        second.1.as_ptr(),
+        first_at,
+        "the dropped buffer is read into again"
+    );
+    let held = second.clone();
+    drop(second);
+    // Held: every later read goes elsewhere, and what it holds stays as read.
+    let mut later = Vec::new();
+    for read in reads {
+        let read = read.unwrap();
+        assert_ne!(
+            read.1.as_ptr(),
+            held.1.as_ptr(),
+            "a held buffer is not reused"
+        );
+        check(&read);
+        later.push(read.0);
+        check(&held);
+    }
+    assert_eq!(later, (2..10).map(|i| i * 1000).collect::<Vec<u64>>());
+}
+
 #[test]
 fn bad_ranges_are_errors_naming_the_object() {
     let tmp = tempfile::tempdir().unwrap();
