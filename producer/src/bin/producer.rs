@@ -7,7 +7,7 @@ use idclient::broker_client::{BrokerClient, BrokerClientConfig};
 use idclient::{IdError, QuorumClient};
 use idflags::IdsFrom;
 use producer::{
-    Config, Display, InputSpec, Producer, ProducerError, SealError, DEFAULT_BATCH,
+    Config, Display, InputFormat, InputSpec, Producer, ProducerError, SealError, DEFAULT_BATCH,
     DEFAULT_PAYLOAD_SIZE,
 };
 use qcli::{Cause, SourceArgs};
@@ -92,11 +92,20 @@ struct Flags {
     /// Where IDs come from: exactly one of --nodes (direct) and --broker.
     #[command(flatten)]
     ids: SourceArgs,
-    /// Input file, one item per line (any bytes; the newline is stripped). `-` reads
-    /// stdin, which is NOT resumable: a killed run cannot be continued from stdin. A pipe
-    /// or FIFO (e.g. `<(zcat f.gz)`) is read once the same way, also not resumable.
+    /// Input file, its items cut as --input-format says (by default one item per line,
+    /// any bytes, the newline stripped). `-` reads stdin, which is NOT resumable: a killed
+    /// run cannot be continued from stdin. A pipe or FIFO (e.g. `<(zcat f.gz)`) is read
+    /// once the same way, also not resumable.
     #[arg(long, value_name = "FILE")]
     input: Option<String>,
+    /// How --input is cut into items. `lines`: one item per line, the `\n` stripped (an
+    /// item cannot hold a newline). `frames`: each item is a little-endian u32 byte length
+    /// followed by that many bytes, so an item may hold any bytes (newlines, NUL) or none.
+    /// A frame longer than 16 MiB (the item limit) or cut short at the end of the input is
+    /// an error naming the byte offset where the frame starts (exit 3); whole frames before
+    /// it are kept (a file is checked in full before anything is written).
+    #[arg(long, value_name = "FORMAT", value_enum, default_value_t = Format::Lines, requires = "input")]
+    input_format: Format,
     /// Generate COUNT synthetic items instead of reading input (deterministic per shard
     /// and sequence number).
     #[arg(long, value_name = "COUNT")]
@@ -126,6 +135,24 @@ struct Flags {
     /// --help`). Killed while sealing, run again with the same arguments: it seals again.
     #[arg(long, value_name = "DEST")]
     seal_to: Option<String>,
+}
+
+/// `--input-format`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum Format {
+    /// One item per line.
+    Lines,
+    /// Each item a u32 little-endian length, then its bytes.
+    Frames,
+}
+
+impl From<Format> for InputFormat {
+    fn from(f: Format) -> InputFormat {
+        match f {
+            Format::Lines => InputFormat::Lines,
+            Format::Frames => InputFormat::Frames,
+        }
+    }
 }
 
 /// The producer's `--deadline-ms` default: a producer is a batch job that would rather
@@ -184,6 +211,7 @@ fn config(flags: &Flags) -> anyhow::Result<(Config, IdsFrom)> {
         shard,
         data_dir,
         input,
+        format: flags.input_format.into(),
         batch: flags.batch,
         display,
     };
