@@ -19,12 +19,14 @@
 //! fetched: the two waits overlap. That is safe: the range of k+1 is requested after the
 //! range of k was returned, so it lies above it; if the process dies, it is a hole.
 
+pub mod append;
 pub mod input;
 pub mod metrics;
 pub mod seal;
 #[cfg(feature = "test-hooks")]
 pub mod test_hooks;
 
+pub use append::{AppendConfig, Appender};
 pub use input::{generate_payload, scan_file, InputFormat, InputSpec, ItemReader};
 pub use metrics::ProducerMetrics;
 pub use seal::{seal, SealError, SealSummary};
@@ -201,6 +203,46 @@ pub enum ProducerError {
     /// A background write task died.
     #[error("write task failed: {0}")]
     Task(String),
+
+    /// [`Appender::append`]: an item above [`MAX_ITEM_BYTES`]; it was not appended (nor
+    /// anything after it in the same [`Appender::append_batch`]).
+    #[error("sublist {}: item {seq} has {length} bytes, above the limit of {limit} bytes per item; it was not appended", path.display())]
+    ItemTooLong {
+        /// The sublist's database directory, `DATA_DIR/shard-<n>`.
+        path: PathBuf,
+        /// The number the item would have had.
+        seq: u64,
+        /// Its length in bytes.
+        length: usize,
+        /// The limit in bytes, [`MAX_ITEM_BYTES`].
+        limit: usize,
+    },
+
+    /// [`Appender::append`] on a finished sublist: a finished sublist never changes.
+    #[error("sublist {} is finished with {items} items: nothing more can be appended (seal it, or use another shard)", path.display())]
+    Finished {
+        /// The sublist's database directory, `DATA_DIR/shard-<n>`.
+        path: PathBuf,
+        /// Items in the sublist.
+        items: u64,
+    },
+
+    /// An [`Appender`] call after an earlier one failed: what was appended but not durable
+    /// is gone, so the appender takes nothing more. Open the shard again (as after a crash)
+    /// and append from item `durable`.
+    #[error("sublist {}: an earlier append failed ({reason}); {durable} items are durable: open the shard again and append from item {durable}", path.display())]
+    AppenderFailed {
+        /// The sublist's database directory, `DATA_DIR/shard-<n>`.
+        path: PathBuf,
+        /// Items durably in the sublist: the number to append from after reopening.
+        durable: u64,
+        /// The earlier error.
+        reason: String,
+    },
+
+    /// Sealing a finished sublist ([`Appender::seal_to`]) failed.
+    #[error(transparent)]
+    Seal(#[from] SealError),
 }
 
 impl ProducerError {
@@ -216,14 +258,19 @@ impl ProducerError {
             | ProducerError::LineTooLong { .. }
             | ProducerError::FrameTooLong { .. }
             | ProducerError::TruncatedFrame { .. }
-            | ProducerError::InputChanged { .. } => 3,
+            | ProducerError::InputChanged { .. }
+            | ProducerError::ItemTooLong { .. } => 3,
             ProducerError::DifferentInput { .. }
             | ProducerError::StreamNotResumable { .. }
+            | ProducerError::Finished { .. }
             | ProducerError::Shard(_) => 4,
             ProducerError::Connect(_)
             | ProducerError::Ids { .. }
             | ProducerError::IdsWentBackwards { .. } => 5,
-            ProducerError::BadRange { .. } | ProducerError::Task(_) => 1,
+            ProducerError::Seal(e) => e.exit_code(),
+            ProducerError::BadRange { .. }
+            | ProducerError::Task(_)
+            | ProducerError::AppenderFailed { .. } => 1,
         }
     }
 }
@@ -405,15 +452,7 @@ impl Producer {
                 ),
             }
         };
-        if let Some(p) = &progress {
-            if p.fingerprint != fingerprint {
-                return Err(ProducerError::DifferentInput {
-                    path: writer.path().to_path_buf(),
-                    stored: String::from_utf8_lossy(&p.fingerprint).into_owned(),
-                    given: String::from_utf8_lossy(&fingerprint).into_owned(),
-                });
-            }
-        }
+        check_same_input(&writer, progress.as_ref(), &fingerprint)?;
         if total == Some(0) && progress.is_none() {
             tracing::warn!(input = %config.input.describe(), "the input is empty: writing an empty, finished sublist");
         }
@@ -541,7 +580,8 @@ impl Run {
             if items.is_empty() {
                 return self.mark_finished().await;
             }
-            self.stamper.stamp_batch(items, source).await?;
+            let mut items = items;
+            self.stamper.stamp_batch(&mut items, source).await?;
         }
     }
 
@@ -586,20 +626,7 @@ impl Run {
     }
 
     fn summary(self, start: Instant) -> Result<Summary, ProducerError> {
-        let s = self.stamper;
-        let Writer::Idle(state) = s.writer else {
-            return Err(writer_lost());
-        };
-        Ok(Summary {
-            shard: s.shard,
-            path: s.path,
-            already_finished: false,
-            resumed_at: s.resumed_at,
-            written: state.next_seq - s.resumed_at,
-            batches: state.batches,
-            id_span: state.first_id.map(|lo| (lo, state.last_id)),
-            elapsed: start.elapsed(),
-        })
+        self.stamper.summary(start)
     }
 }
 
@@ -613,6 +640,8 @@ struct Stamper {
     fingerprint: Vec<u8>,
     /// Items durable when the sublist was opened.
     resumed_at: u64,
+    /// Items durable now, as of the last write that completed.
+    durable: u64,
     report: Reporter,
     writer: Writer,
     metrics: Option<Arc<ProducerMetrics>>,
@@ -633,6 +662,7 @@ impl Stamper {
             path: writer.path().to_path_buf(),
             fingerprint,
             resumed_at,
+            durable: resumed_at,
             report,
             writer: Writer::Idle(Written {
                 writer,
@@ -646,10 +676,11 @@ impl Stamper {
     }
 
     /// Gets one ID range for `items` and starts writing them with it: the write runs
-    /// while the caller reads the next batch and fetches its IDs.
+    /// while the caller reads the next batch and fetches its IDs. `items` is emptied once
+    /// they are handed to the write; on an error before that it is left as it was.
     async fn stamp_batch(
         &mut self,
-        items: Vec<Vec<u8>>,
+        items: &mut Vec<Vec<u8>>,
         source: &impl IdSource,
     ) -> Result<(), ProducerError> {
         debug_assert!(!items.is_empty(), "an ID range of 0 IDs");
@@ -669,7 +700,7 @@ impl Stamper {
                 return Err(e);
             }
         };
-        let records = stamp(items, range, self.shard, w.next_seq);
+        let records = stamp(std::mem::take(items), range, self.shard, w.next_seq);
         let fingerprint = self.fingerprint.clone();
         self.writer = Writer::Busy(tokio::task::spawn_blocking(move || {
             write_batch(w, &records, range, fingerprint)
@@ -703,6 +734,23 @@ impl Stamper {
             });
         }
         Ok(range)
+    }
+
+    /// What this stamper wrote since `start`, once its writer is idle.
+    fn summary(&self, start: Instant) -> Result<Summary, ProducerError> {
+        let Writer::Idle(state) = &self.writer else {
+            return Err(writer_lost());
+        };
+        Ok(Summary {
+            shard: self.shard,
+            path: self.path.clone(),
+            already_finished: false,
+            resumed_at: self.resumed_at,
+            written: state.next_seq - self.resumed_at,
+            batches: state.batches,
+            id_span: state.first_id.map(|lo| (lo, state.last_id)),
+            elapsed: start.elapsed(),
+        })
     }
 
     /// Writes the progress marker with `finished` (after [`Stamper::finish_pending`]).
@@ -763,6 +811,7 @@ impl Stamper {
         match std::mem::replace(&mut self.writer, Writer::Lost) {
             Writer::Busy(h) => {
                 let w = h.await.map_err(|e| ProducerError::Task(e.to_string()))??;
+                self.durable = w.next_seq;
                 self.report.update(w.next_seq);
                 if let Some(m) = &self.metrics {
                     m.written(w.next_seq - self.resumed_at, w.batches);
@@ -772,6 +821,23 @@ impl Stamper {
             other => self.writer = other,
         }
         Ok(())
+    }
+}
+
+/// A started sublist continues only from the input it was started with: its progress
+/// marker's fingerprint must be `fingerprint`.
+fn check_same_input(
+    writer: &ShardWriter,
+    progress: Option<&Progress>,
+    fingerprint: &[u8],
+) -> Result<(), ProducerError> {
+    match progress {
+        Some(p) if p.fingerprint != fingerprint => Err(ProducerError::DifferentInput {
+            path: writer.path().to_path_buf(),
+            stored: String::from_utf8_lossy(&p.fingerprint).into_owned(),
+            given: String::from_utf8_lossy(fingerprint).into_owned(),
+        }),
+        _ => Ok(()),
     }
 }
 
