@@ -98,14 +98,17 @@ struct Flags {
     /// once the same way, also not resumable.
     #[arg(long, value_name = "FILE")]
     input: Option<String>,
-    /// How --input is cut into items. `lines`: one item per line, the `\n` stripped (an
-    /// item cannot hold a newline). `frames`: each item is a little-endian u32 byte length
-    /// followed by that many bytes, so an item may hold any bytes (newlines, NUL) or none.
-    /// A frame longer than 16 MiB (the item limit) or cut short at the end of the input is
-    /// an error naming the byte offset where the frame starts (exit 3); whole frames before
-    /// it are kept (a file is checked in full before anything is written).
-    #[arg(long, value_name = "FORMAT", value_enum, default_value_t = Format::Lines, requires = "input")]
-    input_format: Format,
+    /// How --input is cut into items (default: lines). `lines`: one item per line, the
+    /// `\n` stripped, so an item cannot hold a newline. `frames`: each item is a
+    /// little-endian u32 byte length followed by that many bytes, so an item may hold any
+    /// bytes (newlines, NUL) or none. A frame whose length is above 16 MiB (the item limit)
+    /// is refused from its length alone; a frame cut short by the end of the input is
+    /// refused too; both errors name the byte offset where the frame starts (exit 3). A
+    /// file is checked in full before anything is written, so a bad file writes nothing;
+    /// from stdin or a pipe, the whole frames before the bad one are written (durable)
+    /// before the error. Frames files resume after a kill like lines files.
+    #[arg(long, value_name = "FORMAT", value_enum)]
+    input_format: Option<Format>,
     /// Generate COUNT synthetic items instead of reading input (deterministic per shard
     /// and sequence number).
     #[arg(long, value_name = "COUNT")]
@@ -180,6 +183,11 @@ fn target(flags: &Flags) -> anyhow::Result<(u32, PathBuf)> {
 }
 
 fn config(flags: &Flags) -> anyhow::Result<(Config, IdsFrom)> {
+    if flags.generate.is_some() && flags.input_format.is_some() {
+        return Err(qcli::usage(
+            "--input-format applies to --input only, not to --generate",
+        ));
+    }
     let input = match (&flags.input, flags.generate) {
         (Some(f), None) if f == "-" => InputSpec::Stdin,
         (Some(f), None) => InputSpec::File(PathBuf::from(f)),
@@ -211,7 +219,7 @@ fn config(flags: &Flags) -> anyhow::Result<(Config, IdsFrom)> {
         shard,
         data_dir,
         input,
-        format: flags.input_format.into(),
+        format: flags.input_format.unwrap_or(Format::Lines).into(),
         batch: flags.batch,
         display,
     };
