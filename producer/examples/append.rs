@@ -66,7 +66,10 @@ async fn main() -> anyhow::Result<()> {
     config.name = format!("example append count={}", args.count);
     let mut appender = Appender::open(config, ids)?;
     let from = appender.resume_at();
-    println!("shard {}: {from} records durable, appending from {from}", args.shard);
+    println!(
+        "shard {}: {from} records durable, appending from {from}",
+        args.shard
+    );
     for i in from..args.count {
         appender.append(&record(args.shard, i)).await?;
     }

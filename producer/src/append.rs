@@ -32,11 +32,11 @@
 //! # Ok(()) }
 //! ```
 
+use crate::seal::{seal, SealError, SealSummary};
 use crate::{
     check_same_input, Display, ProducerError, Reporter, Stamper, Summary, DEFAULT_BATCH,
     MAX_BATCH_BYTES, MAX_BATCH_ITEMS, MAX_ITEM_BYTES,
 };
-use crate::seal::{seal, SealError, SealSummary};
 use idclient::IdSource;
 use qstore::{Location, Store, StoreOptions};
 use std::ops::Range;
@@ -122,7 +122,12 @@ impl<S: IdSource> Appender<S> {
         let finished = progress.as_ref().is_some_and(|p| p.finished);
         let resumed_at = progress.as_ref().map_or(0, |p| p.next_seq);
         if resumed_at > 0 {
-            tracing::info!(shard = config.shard, resumed_at, finished, "reopened a started sublist");
+            tracing::info!(
+                shard = config.shard,
+                resumed_at,
+                finished,
+                "reopened a started sublist"
+            );
         }
         let report = Reporter::new(Display::Quiet, config.shard, None, resumed_at);
         let stamper = Stamper::new(writer, progress.as_ref(), fingerprint, report, None);

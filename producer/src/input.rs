@@ -502,7 +502,13 @@ impl ItemReader {
                 }
             }
             Kind::Lines(r) => {
-                match read_item(&mut **r, self.format, &self.input, self.next_seq, self.offset)? {
+                match read_item(
+                    &mut **r,
+                    self.format,
+                    &self.input,
+                    self.next_seq,
+                    self.offset,
+                )? {
                     Some(item) => item,
                     None => return Ok(None),
                 }
@@ -807,10 +813,16 @@ mod tests {
         let scan = scan_file(&p, InputFormat::Frames).expect("scan");
         assert_eq!((scan.bytes, scan.items), (bytes.len() as u64, 5));
         assert_eq!(count_bytewise(&bytes).expect("bytewise"), 5);
-        assert!(scan.fingerprint.starts_with("frames file "), "{}", scan.fingerprint);
+        assert!(
+            scan.fingerprint.starts_with("frames file "),
+            "{}",
+            scan.fingerprint
+        );
         assert_ne!(
             scan.fingerprint,
-            scan_file(&p, InputFormat::Lines).expect("lines").fingerprint,
+            scan_file(&p, InputFormat::Lines)
+                .expect("lines")
+                .fingerprint,
             "the same bytes as lines are another input"
         );
         let spec = InputSpec::File(p.clone());
@@ -832,7 +844,10 @@ mod tests {
         let at = whole.len() as u64; // 11
         for (cut, what) in [
             (vec![7u8, 0], "only 2 of its 4 length bytes"),
-            (vec![9, 0, 0, 0, b'x'], "its length says 9 bytes, only 1 follow"),
+            (
+                vec![9, 0, 0, 0, b'x'],
+                "its length says 9 bytes, only 1 follow",
+            ),
         ] {
             let mut bytes = whole.clone();
             bytes.extend_from_slice(&cut);
@@ -843,7 +858,10 @@ mod tests {
             ] {
                 match e {
                     ProducerError::TruncatedFrame {
-                        item, offset, what: w, ..
+                        item,
+                        offset,
+                        what: w,
+                        ..
                     } => assert_eq!((item, offset, w.as_str()), (2, at, what)),
                     e => panic!("{e}"),
                 }
@@ -857,7 +875,8 @@ mod tests {
             );
             let e = r.next_batch(10, 1 << 20).expect_err("the cut one");
             assert!(
-                e.to_string().contains(&format!("truncated frame at byte offset {at}"))
+                e.to_string()
+                    .contains(&format!("truncated frame at byte offset {at}"))
                     && e.to_string().contains(what),
                 "{e}"
             );

@@ -250,10 +250,7 @@ async fn appender_appends_flushes_finishes_and_reopens() {
     let mut a = Appender::open(cfg.clone(), &ids).expect("open");
     assert_eq!((a.resume_at(), a.next_seq(), a.durable()), (0, 0, 0));
     assert_eq!(a.append(&item(0)).await.expect("append"), 0);
-    assert_eq!(
-        a.append_batch((1..5).map(item)).await.expect("batch"),
-        1..5
-    );
+    assert_eq!(a.append_batch((1..5).map(item)).await.expect("batch"), 1..5);
     assert_eq!(a.flush().await.expect("flush"), 5);
     assert_eq!(a.durable(), 5);
     assert_items_exactly_once(dir.path(), 4, 5);
@@ -347,7 +344,10 @@ async fn appender_after_an_error_refuses_everything_until_reopened() {
         .await
         .expect_err("no quorum for the second batch");
     assert!(matches!(e, ProducerError::Ids { next_seq: 4, .. }), "{e}");
-    let e = a.append(&item(8)).await.expect_err("refused after an error");
+    let e = a
+        .append(&item(8))
+        .await
+        .expect_err("refused after an error");
     assert!(
         matches!(e, ProducerError::AppenderFailed { durable: 4, .. }),
         "{e}"
@@ -374,13 +374,19 @@ async fn appender_refuses_an_item_above_the_limit_and_goes_on() {
     a.append(&item(0)).await.expect("append");
     let big = vec![b'x'; MAX_ITEM_BYTES + 1];
     let e = a.append(&big).await.expect_err("too long");
-    assert!(matches!(e, ProducerError::ItemTooLong { seq: 1, .. }), "{e}");
+    assert!(
+        matches!(e, ProducerError::ItemTooLong { seq: 1, .. }),
+        "{e}"
+    );
     assert_eq!(e.exit_code(), 3);
     let e = a
         .append_batch([item(1), big, item(2)])
         .await
         .expect_err("too long in a batch");
-    assert!(matches!(e, ProducerError::ItemTooLong { seq: 2, .. }), "{e}");
+    assert!(
+        matches!(e, ProducerError::ItemTooLong { seq: 2, .. }),
+        "{e}"
+    );
     assert_eq!(a.next_seq(), 1, "nothing of the batch was appended");
     a.append_batch([item(1), item(2)]).await.expect("append");
     assert!(matches!(

@@ -47,7 +47,9 @@ fn items(data: &Path, shard: u32) -> Vec<Record> {
         return Vec::new();
     }
     let r = ShardReader::open(&db).expect("open the sublist");
-    r.iter().collect::<Result<_, _>>().expect("read the sublist")
+    r.iter()
+        .collect::<Result<_, _>>()
+        .expect("read the sublist")
 }
 
 /// The durable records are records `0..n` exactly, in order with increasing IDs, and none
@@ -151,12 +153,17 @@ fn the_append_example_resumes_exactly_once_after_kill_9() {
     assert_exit(&out, 0, "");
     let stdout = String::from_utf8_lossy(&out.stdout);
     assert!(
-        stdout.contains(&format!("{durable} records durable, appending from {durable}"))
-            && stdout.contains(&format!("resumed after {durable} items"))
+        stdout.contains(&format!(
+            "{durable} records durable, appending from {durable}"
+        )) && stdout.contains(&format!("resumed after {durable} items"))
             && stdout.contains("sealed shard 7: 3000 items"),
         "{stdout}"
     );
-    assert_eq!(check_prefix(&data, 7, &mut seen), COUNT, "every record exactly once");
+    assert_eq!(
+        check_prefix(&data, 7, &mut seen),
+        COUNT,
+        "every record exactly once"
+    );
     let run = std::fs::read(runs.join("shard-7.bin")).expect("the sealed run");
 
     // Finished: a rerun appends nothing, and seals the same bytes again.
@@ -181,7 +188,13 @@ fn the_append_example_resumes_exactly_once_after_kill_9() {
     // Another count is another job: refused, nothing changed.
     let other: Vec<String> = args
         .iter()
-        .map(|a| if *a == COUNT.to_string() { "10".into() } else { a.clone() })
+        .map(|a| {
+            if *a == COUNT.to_string() {
+                "10".into()
+            } else {
+                a.clone()
+            }
+        })
         .collect();
     let refused = Command::new(&bin)
         .args(&other)

@@ -52,7 +52,9 @@ fn items(data: &Path, shard: u32) -> Vec<Record> {
         return Vec::new();
     }
     let r = ShardReader::open(&db).expect("open the sublist");
-    r.iter().collect::<Result<_, _>>().expect("read the sublist")
+    r.iter()
+        .collect::<Result<_, _>>()
+        .expect("read the sublist")
 }
 
 /// The sublist's progress marker: (durable items, finished).
@@ -72,10 +74,20 @@ fn progress(data: &Path, shard: u32) -> Option<(u64, bool)> {
 fn check_items(recs: &[Record], shard: u32, want: &[Vec<u8>]) {
     assert_eq!(recs.len(), want.len(), "shard {shard}: item count");
     for (i, r) in recs.iter().enumerate() {
-        assert_eq!((r.shard, r.seq), (shard, i as u64), "shard {shard}: item {i}");
-        assert!(r.payload == want[i], "shard {shard}: payload of item {i} differs");
+        assert_eq!(
+            (r.shard, r.seq),
+            (shard, i as u64),
+            "shard {shard}: item {i}"
+        );
+        assert!(
+            r.payload == want[i],
+            "shard {shard}: payload of item {i} differs"
+        );
         if i > 0 {
-            assert!(recs[i - 1].id < r.id, "shard {shard}: IDs not increasing at {i}");
+            assert!(
+                recs[i - 1].id < r.id,
+                "shard {shard}: IDs not increasing at {i}"
+            );
         }
     }
 }
@@ -186,7 +198,11 @@ fn any_bytes_round_trip_byte_exact_from_a_file_and_from_stdin() {
     // An empty input is an empty, finished sublist, as with lines.
     let empty = tmp.path().join("empty.frames");
     std::fs::write(&empty, b"").expect("write");
-    assert_exit(&run(&frames_args("2", &data, &nodes, path_arg(&empty))), 0, "");
+    assert_exit(
+        &run(&frames_args("2", &data, &nodes, path_arg(&empty))),
+        0,
+        "",
+    );
     assert_eq!(progress(&data, 2), Some((0, true)));
 }
 
@@ -201,7 +217,10 @@ fn a_truncated_last_frame_names_its_offset_and_keeps_the_whole_ones() {
     // Cut in the length (2 of its 4 bytes), and in the body (9 bytes said, 3 there).
     let cuts: [(&[u8], &str); 2] = [
         (&[9, 0], "only 2 of its 4 length bytes"),
-        (&[9, 0, 0, 0, b'a', b'\n', 0], "its length says 9 bytes, only 3 follow"),
+        (
+            &[9, 0, 0, 0, b'a', b'\n', 0],
+            "its length says 9 bytes, only 3 follow",
+        ),
     ];
     for (n, (cut, what)) in cuts.iter().enumerate() {
         let mut bytes = frames(&whole);
@@ -216,7 +235,10 @@ fn a_truncated_last_frame_names_its_offset_and_keeps_the_whole_ones() {
         let out = run(&frames_args(&shard, &data, &nodes, path_arg(&input)));
         assert_exit(&out, 3, &expected);
         assert!(stderr(&out).contains(path_arg(&input)), "{}", stderr(&out));
-        assert!(items(&data, 10 + n as u32).is_empty(), "nothing written from the file");
+        assert!(
+            items(&data, 10 + n as u32).is_empty(),
+            "nothing written from the file"
+        );
 
         // stdin is read once: the whole frames before the cut are stamped and durable,
         // then the error; the sublist stays unfinished.
@@ -238,9 +260,12 @@ fn a_frame_longer_than_the_item_limit_is_refused_from_its_length() {
     let limit = producer::MAX_ITEM_BYTES;
     let ok: Vec<Vec<u8>> = vec![b"fine".to_vec(), b"".to_vec()];
     let at = frames(&ok).len();
-    for (n, claimed) in [u32::MAX, u32::try_from(limit + 1).expect("limit + 1 fits a u32")]
-        .into_iter()
-        .enumerate()
+    for (n, claimed) in [
+        u32::MAX,
+        u32::try_from(limit + 1).expect("limit + 1 fits a u32"),
+    ]
+    .into_iter()
+    .enumerate()
     {
         // The length claims up to 4 GiB; only a few bytes follow. Refused from the length
         // alone: the producer neither waits for nor allocates the body.
@@ -253,18 +278,33 @@ fn a_frame_longer_than_the_item_limit_is_refused_from_its_length() {
         let input = tmp.path().join(format!("long-{n}.frames"));
         std::fs::write(&input, &bytes).expect("write input");
         let shard = format!("{n}");
-        assert_exit(&run(&frames_args(&shard, &data, &nodes, path_arg(&input))), 3, &expected);
-        assert!(items(&data, n as u32).is_empty(), "nothing written from the file");
+        assert_exit(
+            &run(&frames_args(&shard, &data, &nodes, path_arg(&input))),
+            3,
+            &expected,
+        );
+        assert!(
+            items(&data, n as u32).is_empty(),
+            "nothing written from the file"
+        );
 
         let shard = format!("{}", 10 + n);
-        assert_exit(&run_stdin(&frames_args(&shard, &data, &nodes, "-"), &bytes), 3, &expected);
+        assert_exit(
+            &run_stdin(&frames_args(&shard, &data, &nodes, "-"), &bytes),
+            3,
+            &expected,
+        );
         check_items(&items(&data, 10 + n as u32), 10 + n as u32, &ok);
     }
     // Exactly the limit is an item.
     let big = vec![vec![0u8; limit]];
     let input = tmp.path().join("limit.frames");
     std::fs::write(&input, frames(&big)).expect("write input");
-    assert_exit(&run(&frames_args("5", &data, &nodes, path_arg(&input))), 0, "");
+    assert_exit(
+        &run(&frames_args("5", &data, &nodes, path_arg(&input))),
+        0,
+        "",
+    );
     check_items(&items(&data, 5), 5, &big);
 }
 
@@ -295,20 +335,37 @@ fn kill_9_mid_run_with_frames_resumes_with_no_loss_and_no_duplicate() {
             match lines.recv_timeout(Duration::from_secs(120)) {
                 Ok(line) if line.contains(producer::STALL_ANNOUNCE) => break,
                 Ok(line) => said.push(line),
-                Err(e) => panic!("round {round}: no stall ({e}); stderr:\n{}", said.join("\n")),
+                Err(e) => panic!(
+                    "round {round}: no stall ({e}); stderr:\n{}",
+                    said.join("\n")
+                ),
             }
         }
-        assert!(child.try_wait().expect("try_wait").is_none(), "exited before its kill");
+        assert!(
+            child.try_wait().expect("try_wait").is_none(),
+            "exited before its kill"
+        );
         child.kill().expect("SIGKILL to the producer's pid");
-        assert_eq!(child.wait().expect("wait").code(), None, "killed by a signal");
+        assert_eq!(
+            child.wait().expect("wait").code(),
+            None,
+            "killed by a signal"
+        );
         let recs = items(&data, 3);
         check_items(&recs, 3, &want[..recs.len()]);
         for r in &recs {
             let before = seen.insert(r.seq, r.id);
-            assert!(before.is_none() || before == Some(r.id), "item {} changed its ID", r.seq);
+            assert!(
+                before.is_none() || before == Some(r.id),
+                "item {} changed its ID",
+                r.seq
+            );
         }
         let now = recs.len() as u64;
-        assert!(now >= stall_at && now >= durable && now < 4000, "round {round}: {now}");
+        assert!(
+            now >= stall_at && now >= durable && now < 4000,
+            "round {round}: {now}"
+        );
         assert_eq!(progress(&data, 3), Some((now, false)));
         durable = now;
     }
@@ -349,7 +406,11 @@ fn kill_9_mid_run_with_frames_resumes_with_no_loss_and_no_duplicate() {
     std::fs::write(&input, frames(&edited)).expect("edit input");
     // Same size, other content: the fingerprint differs, so it is another input.
     assert_exit(&run(&args2), 4, "different input");
-    assert_eq!(progress(&data2, 3).map(|p| p.1), Some(false), "left as it was");
+    assert_eq!(
+        progress(&data2, 3).map(|p| p.1),
+        Some(false),
+        "left as it was"
+    );
 }
 
 #[test]
@@ -370,12 +431,34 @@ fn help_explains_the_input_formats() {
     }
     // --input-format applies to --input only.
     assert_exit(
-        &run(&["--shard", "0", "--data-dir", "d", "--nodes", "redis://127.0.0.1:1", "--generate", "1", "--input-format", "frames"]),
+        &run(&[
+            "--shard",
+            "0",
+            "--data-dir",
+            "d",
+            "--nodes",
+            "redis://127.0.0.1:1",
+            "--generate",
+            "1",
+            "--input-format",
+            "frames",
+        ]),
         2,
         "--input-format applies to --input only",
     );
     assert_exit(
-        &run(&["--shard", "0", "--data-dir", "d", "--nodes", "redis://127.0.0.1:1", "--input", "x", "--input-format", "json"]),
+        &run(&[
+            "--shard",
+            "0",
+            "--data-dir",
+            "d",
+            "--nodes",
+            "redis://127.0.0.1:1",
+            "--input",
+            "x",
+            "--input-format",
+            "json",
+        ]),
         2,
         "json",
     );
