@@ -1,6 +1,6 @@
 //! producer: reads items, stamps them with globally ordered IDs, writes shard `n`'s sublist.
 //!
-//! The input (lines of a file, stdin, or generated items) is read in batches of B items.
+//! The input (lines or frames of a file or stdin, or generated items) is read in batches of B items.
 //! Each batch gets one range of B IDs from an [`idclient::IdSource`] (one quorum round or
 //! one broker request per batch), the items get the IDs in input order, and the batch is
 //! written together with the progress marker in one synced RocksDB `WriteBatch`
@@ -11,6 +11,7 @@
 //!
 //! Main items: [`Config`], [`Producer`] (open, then [`Producer::run`]), [`run`],
 //! [`generate_payload`] (the deterministic `--generate` items), [`ProducerError`];
+//! [`InputFormat`] (lines or length-prefixed frames, [`mod@input`]);
 //! [`seal()`] turns a finished sublist into a run in a directory or an S3 bucket
 //! ([`mod@seal`]).
 //!
@@ -18,13 +19,15 @@
 //! fetched: the two waits overlap. That is safe: the range of k+1 is requested after the
 //! range of k was returned, so it lies above it; if the process dies, it is a hole.
 
+pub mod append;
 pub mod input;
 pub mod metrics;
 pub mod seal;
 #[cfg(feature = "test-hooks")]
 pub mod test_hooks;
 
-pub use input::{generate_payload, scan_file, InputSpec, ItemReader};
+pub use append::{AppendConfig, Appender};
+pub use input::{generate_payload, scan_file, InputFormat, InputSpec, ItemReader};
 pub use metrics::ProducerMetrics;
 pub use seal::{seal, SealError, SealSummary};
 #[cfg(feature = "test-hooks")]
@@ -44,8 +47,10 @@ use sublist::shard::{ShardError, ShardWriter};
 /// `test-hooks` feature ([`qcli::version!`]).
 pub const VERSION: &str = qcli::version!();
 
-/// Largest item (line or generated payload): 16 MiB. Lines of 10 MB are accepted; above
-/// this an input is refused with the line number, before anything is written (file input).
+/// Largest item (line, frame or generated payload): 16 MiB. Lines of 10 MB are
+/// accepted; above this an input is refused with the line number or the frame's byte
+/// offset, before anything is written (file input), and a frame's length is checked
+/// against it before its bytes are read, so a lying length allocates nothing.
 /// Keeps one item, and the RocksDB value holding it, a sane size. It is the format's
 /// limit, [`qformat::MAX_PAYLOAD`], which list.bin readers enforce too.
 pub const MAX_ITEM_BYTES: usize = qformat::MAX_PAYLOAD;
@@ -87,6 +92,37 @@ pub enum ProducerError {
         line: u64,
         /// The limit in bytes, [`MAX_ITEM_BYTES`].
         limit: usize,
+    },
+
+    /// A frame (`--input-format frames`) claims more than [`MAX_ITEM_BYTES`]: refused
+    /// from its length alone, before its bytes are read.
+    #[error("input {input}: the frame at byte offset {offset} (item {item}) has a length of {length} bytes, above the limit of {limit} bytes per item")]
+    FrameTooLong {
+        /// The input as named in messages ([`InputSpec::describe`]: a path, `stdin`, ...).
+        input: String,
+        /// The frame's item number (its sequence number, from 0).
+        item: u64,
+        /// Byte offset in the input at which the frame (its length) starts.
+        offset: u64,
+        /// The length the frame claims.
+        length: u32,
+        /// The limit in bytes, [`MAX_ITEM_BYTES`].
+        limit: usize,
+    },
+
+    /// The input ends inside a frame: in its 4 length bytes or in its body. Every whole
+    /// frame before it is written first (file input is checked by the first pass, before
+    /// anything is written).
+    #[error("input {input}: truncated frame at byte offset {offset} (item {item}): {what}")]
+    TruncatedFrame {
+        /// The input as named in messages ([`InputSpec::describe`]: a path, `stdin`, ...).
+        input: String,
+        /// The frame's item number (its sequence number, from 0).
+        item: u64,
+        /// Byte offset in the input at which the frame (its length) starts.
+        offset: u64,
+        /// What is missing, for a person to read.
+        what: String,
     },
 
     /// The input no longer matches what the sublist was written from (found while reading).
@@ -167,6 +203,46 @@ pub enum ProducerError {
     /// A background write task died.
     #[error("write task failed: {0}")]
     Task(String),
+
+    /// [`Appender::append`]: an item above [`MAX_ITEM_BYTES`]; it was not appended (nor
+    /// anything after it in the same [`Appender::append_batch`]).
+    #[error("sublist {}: item {seq} has {length} bytes, above the limit of {limit} bytes per item; it was not appended", path.display())]
+    ItemTooLong {
+        /// The sublist's database directory, `DATA_DIR/shard-<n>`.
+        path: PathBuf,
+        /// The number the item would have had.
+        seq: u64,
+        /// Its length in bytes.
+        length: usize,
+        /// The limit in bytes, [`MAX_ITEM_BYTES`].
+        limit: usize,
+    },
+
+    /// [`Appender::append`] on a finished sublist: a finished sublist never changes.
+    #[error("sublist {} is finished with {items} items: nothing more can be appended (seal it, or use another shard)", path.display())]
+    Finished {
+        /// The sublist's database directory, `DATA_DIR/shard-<n>`.
+        path: PathBuf,
+        /// Items in the sublist.
+        items: u64,
+    },
+
+    /// An [`Appender`] call after an earlier one failed: what was appended but not durable
+    /// is gone, so the appender takes nothing more. Open the shard again (as after a crash)
+    /// and append from item `durable`.
+    #[error("sublist {}: an earlier append failed ({reason}); {durable} items are durable: open the shard again and append from item {durable}", path.display())]
+    AppenderFailed {
+        /// The sublist's database directory, `DATA_DIR/shard-<n>`.
+        path: PathBuf,
+        /// Items durably in the sublist: the number to append from after reopening.
+        durable: u64,
+        /// The earlier error.
+        reason: String,
+    },
+
+    /// Sealing a finished sublist ([`Appender::seal_to`]) failed.
+    #[error(transparent)]
+    Seal(#[from] SealError),
 }
 
 impl ProducerError {
@@ -180,14 +256,21 @@ impl ProducerError {
             ProducerError::Connect(IdError::Config(_)) => 2,
             ProducerError::Input { .. }
             | ProducerError::LineTooLong { .. }
-            | ProducerError::InputChanged { .. } => 3,
+            | ProducerError::FrameTooLong { .. }
+            | ProducerError::TruncatedFrame { .. }
+            | ProducerError::InputChanged { .. }
+            | ProducerError::ItemTooLong { .. } => 3,
             ProducerError::DifferentInput { .. }
             | ProducerError::StreamNotResumable { .. }
+            | ProducerError::Finished { .. }
             | ProducerError::Shard(_) => 4,
             ProducerError::Connect(_)
             | ProducerError::Ids { .. }
             | ProducerError::IdsWentBackwards { .. } => 5,
-            ProducerError::BadRange { .. } | ProducerError::Task(_) => 1,
+            ProducerError::Seal(e) => e.exit_code(),
+            ProducerError::BadRange { .. }
+            | ProducerError::Task(_)
+            | ProducerError::AppenderFailed { .. } => 1,
         }
     }
 }
@@ -212,6 +295,8 @@ pub struct Config {
     pub data_dir: PathBuf,
     /// Where the items come from (`--input`, stdin or `--generate`).
     pub input: InputSpec,
+    /// How a file or stdin is cut into items (`--input-format`); ignored by `--generate`.
+    pub format: InputFormat,
     /// Items per batch: one ID range and one synced WriteBatch each.
     pub batch: u64,
     /// How progress is shown while running.
@@ -225,6 +310,7 @@ impl Config {
             shard,
             data_dir: data_dir.into(),
             input,
+            format: InputFormat::Lines,
             batch: DEFAULT_BATCH,
             display: Display::Quiet,
         }
@@ -353,7 +439,7 @@ impl Producer {
         } else {
             match &config.input {
                 InputSpec::File(p) => {
-                    let scan = scan_file(p)?;
+                    let scan = scan_file(p, config.format)?;
                     (scan.fingerprint.into_bytes(), Some(scan.items))
                 }
                 InputSpec::Stdin => (b"stdin".to_vec(), None),
@@ -366,15 +452,7 @@ impl Producer {
                 ),
             }
         };
-        if let Some(p) = &progress {
-            if p.fingerprint != fingerprint {
-                return Err(ProducerError::DifferentInput {
-                    path: writer.path().to_path_buf(),
-                    stored: String::from_utf8_lossy(&p.fingerprint).into_owned(),
-                    given: String::from_utf8_lossy(&fingerprint).into_owned(),
-                });
-            }
-        }
+        check_same_input(&writer, progress.as_ref(), &fingerprint)?;
         if total == Some(0) && progress.is_none() {
             tracing::warn!(input = %config.input.describe(), "the input is empty: writing an empty, finished sublist");
         }
@@ -431,28 +509,23 @@ impl Producer {
         let mut run = Run::start(self)?;
         let result = run.stamp_all(source).await;
         // Whatever happened, wait for the last write so the summary and the error are true.
-        let waited = run.finish_pending().await;
-        run.report.finish();
+        let waited = run.stamper.finish_pending().await;
+        run.stamper.report.finish();
         result?;
         waited?;
         run.summary(start)
     }
 }
 
-/// A running producer: the input positioned after the durable items, and the writer.
+/// A running producer: the input positioned after the durable items, and the stamper.
 struct Run {
     config: Config,
-    path: PathBuf,
-    fingerprint: Vec<u8>,
     /// The item count the input had when the run started, if it could be counted.
     total: Option<u64>,
     /// File input: the fingerprint of the start, which this run's reading must match.
     scanned: Option<Vec<u8>>,
-    resumed_at: u64,
     reader: ItemReader,
-    report: Reporter,
-    writer: Writer,
-    metrics: Option<Arc<ProducerMetrics>>,
+    stamper: Stamper,
 }
 
 impl Run {
@@ -468,14 +541,13 @@ impl Run {
         } = producer;
         let shard = config.shard;
         let resumed_at = progress.as_ref().map_or(0, |p| p.next_seq);
-        let last_id = progress.as_ref().map_or(0, |p| p.last_id);
         let reader = match &config.input {
             InputSpec::File(_) if resumed_at > 0 => {
-                let mut r = ItemReader::open(&config.input, shard, 0)?;
+                let mut r = ItemReader::open(&config.input, config.format, shard, 0)?;
                 check_stored_prefix(&writer, &mut r, resumed_at)?;
                 r
             }
-            _ => ItemReader::open(&config.input, shard, resumed_at)?,
+            _ => ItemReader::open(&config.input, config.format, shard, resumed_at)?,
         };
         let scanned = match (&config.input, total) {
             (InputSpec::File(_), Some(_)) => Some(fingerprint.clone()),
@@ -484,23 +556,14 @@ impl Run {
         if resumed_at > 0 {
             tracing::info!(shard, resumed_at, "resuming after the last durable batch");
         }
+        let report = Reporter::new(config.display, shard, total, resumed_at);
+        let stamper = Stamper::new(writer, progress.as_ref(), fingerprint, report, metrics);
         Ok(Run {
-            report: Reporter::new(config.display, shard, total, resumed_at),
-            path: writer.path().to_path_buf(),
-            writer: Writer::Idle(Written {
-                writer,
-                next_seq: resumed_at,
-                batches: 0,
-                first_id: None,
-                last_id,
-            }),
             config,
-            fingerprint,
             total,
             scanned,
-            resumed_at,
             reader,
-            metrics,
+            stamper,
         })
     }
 
@@ -510,24 +573,117 @@ impl Run {
             let items = match self.reader.next_batch(self.config.batch, MAX_BATCH_BYTES) {
                 Ok(items) => items,
                 Err(e) => {
-                    self.finish_pending().await?;
+                    self.stamper.finish_pending().await?;
                     return Err(e);
                 }
             };
             if items.is_empty() {
                 return self.mark_finished().await;
             }
-            self.stamp_batch(items, source).await?;
+            let mut items = items;
+            self.stamper.stamp_batch(&mut items, source).await?;
+        }
+    }
+
+    /// The input ended: once it is known to be the input the run started with, write the
+    /// progress marker with `finished`.
+    async fn mark_finished(&mut self) -> Result<(), ProducerError> {
+        self.stamper.finish_pending().await?;
+        let read = self.stamper.idle()?.next_seq;
+        self.check_input_unchanged(read)?;
+        self.stamper.write_finished()
+    }
+
+    /// At the end of the input: it still has the item count, and (file) the content, it
+    /// had when the run started.
+    fn check_input_unchanged(&mut self, read: u64) -> Result<(), ProducerError> {
+        if let Some(total) = self.total.filter(|&t| t != read) {
+            // The input was counted when the run started; reading it again gave another
+            // count, so it changed underneath us.
+            return Err(ProducerError::InputChanged {
+                input: self.config.input.describe(),
+                reason: format!("it had {total} items when the run started, {read} were read"),
+            });
+        }
+        let Some(scanned) = &self.scanned else {
+            return Ok(());
+        };
+        let content = self
+            .reader
+            .content_fingerprint()
+            .unwrap_or_else(|| "more bytes after the end it reached".into());
+        if content.as_bytes() != scanned.as_slice() {
+            return Err(ProducerError::InputChanged {
+                input: self.config.input.describe(),
+                reason: format!(
+                    "it was edited while it was read (at the start: {}; read: {content}); the sublist is left unfinished: delete {} and run again with the input you mean",
+                    String::from_utf8_lossy(scanned),
+                    self.stamper.path.display()
+                ),
+            });
+        }
+        Ok(())
+    }
+
+    fn summary(self, start: Instant) -> Result<Summary, ProducerError> {
+        self.stamper.summary(start)
+    }
+}
+
+/// Stamping and writing batches, the one path every item takes, from an input
+/// ([`Producer::run`]) or, next, from code: one ID range per batch, the items
+/// stamped in order, written with the progress marker in one synced WriteBatch on the
+/// blocking pool while the caller prepares the next batch and fetches its IDs.
+struct Stamper {
+    shard: u32,
+    path: PathBuf,
+    fingerprint: Vec<u8>,
+    /// Items durable when the sublist was opened.
+    resumed_at: u64,
+    /// Items durable now, as of the last write that completed.
+    durable: u64,
+    report: Reporter,
+    writer: Writer,
+    metrics: Option<Arc<ProducerMetrics>>,
+}
+
+impl Stamper {
+    /// Stamps after what `progress` (the sublist's marker, if any) says is durable.
+    fn new(
+        writer: ShardWriter,
+        progress: Option<&Progress>,
+        fingerprint: Vec<u8>,
+        report: Reporter,
+        metrics: Option<Arc<ProducerMetrics>>,
+    ) -> Stamper {
+        let resumed_at = progress.map_or(0, |p| p.next_seq);
+        Stamper {
+            shard: writer.shard(),
+            path: writer.path().to_path_buf(),
+            fingerprint,
+            resumed_at,
+            durable: resumed_at,
+            report,
+            writer: Writer::Idle(Written {
+                writer,
+                next_seq: resumed_at,
+                batches: 0,
+                first_id: None,
+                last_id: progress.map_or(0, |p| p.last_id),
+            }),
+            metrics,
         }
     }
 
     /// Gets one ID range for `items` and starts writing them with it: the write runs
-    /// while the caller reads the next batch and fetches its IDs.
+    /// while the caller reads the next batch and fetches its IDs. `items` is emptied once
+    /// they are handed to the write; on an error before that it is left as it was.
     async fn stamp_batch(
         &mut self,
-        items: Vec<Vec<u8>>,
+        items: &mut Vec<Vec<u8>>,
         source: &impl IdSource,
     ) -> Result<(), ProducerError> {
+        debug_assert!(!items.is_empty(), "an ID range of 0 IDs");
         let n = items.len() as u64;
         let asked = Instant::now();
         let ids = source.next_ids(n).await;
@@ -544,7 +700,7 @@ impl Run {
                 return Err(e);
             }
         };
-        let records = stamp(items, range, self.config.shard, w.next_seq);
+        let records = stamp(std::mem::take(items), range, self.shard, w.next_seq);
         let fingerprint = self.fingerprint.clone();
         self.writer = Writer::Busy(tokio::task::spawn_blocking(move || {
             write_batch(w, &records, range, fingerprint)
@@ -580,12 +736,25 @@ impl Run {
         Ok(range)
     }
 
-    /// The input ended: once it is known to be the input the run started with, write the
-    /// progress marker with `finished`.
-    async fn mark_finished(&mut self) -> Result<(), ProducerError> {
-        self.finish_pending().await?;
-        let read = self.idle()?.next_seq;
-        self.check_input_unchanged(read)?;
+    /// What this stamper wrote since `start`, once its writer is idle.
+    fn summary(&self, start: Instant) -> Result<Summary, ProducerError> {
+        let Writer::Idle(state) = &self.writer else {
+            return Err(writer_lost());
+        };
+        Ok(Summary {
+            shard: self.shard,
+            path: self.path.clone(),
+            already_finished: false,
+            resumed_at: self.resumed_at,
+            written: state.next_seq - self.resumed_at,
+            batches: state.batches,
+            id_span: state.first_id.map(|lo| (lo, state.last_id)),
+            elapsed: start.elapsed(),
+        })
+    }
+
+    /// Writes the progress marker with `finished` (after [`Stamper::finish_pending`]).
+    fn write_finished(&mut self) -> Result<(), ProducerError> {
         let fingerprint = self.fingerprint.clone();
         let w = self.idle()?;
         let done = Progress {
@@ -595,37 +764,6 @@ impl Run {
             fingerprint,
         };
         w.writer.write_batch(&[], &done)?;
-        Ok(())
-    }
-
-    /// At the end of the input: it still has the item count, and (file) the content, it
-    /// had when the run started.
-    fn check_input_unchanged(&mut self, read: u64) -> Result<(), ProducerError> {
-        if let Some(total) = self.total.filter(|&t| t != read) {
-            // The input was counted when the run started; reading it again gave another
-            // count, so it changed underneath us.
-            return Err(ProducerError::InputChanged {
-                input: self.config.input.describe(),
-                reason: format!("it had {total} items when the run started, {read} were read"),
-            });
-        }
-        let Some(scanned) = &self.scanned else {
-            return Ok(());
-        };
-        let content = self
-            .reader
-            .content_fingerprint()
-            .unwrap_or_else(|| "more bytes after the end it reached".into());
-        if content.as_bytes() != scanned.as_slice() {
-            return Err(ProducerError::InputChanged {
-                input: self.config.input.describe(),
-                reason: format!(
-                    "it was edited while it was read (at the start: {}; read: {content}); the sublist is left unfinished: delete {} and run again with the input you mean",
-                    String::from_utf8_lossy(scanned),
-                    self.path.display()
-                ),
-            });
-        }
         Ok(())
     }
 
@@ -640,7 +778,7 @@ impl Run {
     #[cfg(not(feature = "test-hooks"))]
     async fn maybe_test_stall(&mut self) {}
 
-    /// The idle writer (after [`Run::finish_pending`]).
+    /// The idle writer (after [`Stamper::finish_pending`]).
     fn idle(&mut self) -> Result<&mut Written, ProducerError> {
         debug_assert!(
             !matches!(self.writer, Writer::Busy(_)),
@@ -673,6 +811,7 @@ impl Run {
         match std::mem::replace(&mut self.writer, Writer::Lost) {
             Writer::Busy(h) => {
                 let w = h.await.map_err(|e| ProducerError::Task(e.to_string()))??;
+                self.durable = w.next_seq;
                 self.report.update(w.next_seq);
                 if let Some(m) = &self.metrics {
                     m.written(w.next_seq - self.resumed_at, w.batches);
@@ -683,21 +822,22 @@ impl Run {
         }
         Ok(())
     }
+}
 
-    fn summary(self, start: Instant) -> Result<Summary, ProducerError> {
-        let Writer::Idle(state) = self.writer else {
-            return Err(writer_lost());
-        };
-        Ok(Summary {
-            shard: self.config.shard,
-            path: self.path,
-            already_finished: false,
-            resumed_at: self.resumed_at,
-            written: state.next_seq - self.resumed_at,
-            batches: state.batches,
-            id_span: state.first_id.map(|lo| (lo, state.last_id)),
-            elapsed: start.elapsed(),
-        })
+/// A started sublist continues only from the input it was started with: its progress
+/// marker's fingerprint must be `fingerprint`.
+fn check_same_input(
+    writer: &ShardWriter,
+    progress: Option<&Progress>,
+    fingerprint: &[u8],
+) -> Result<(), ProducerError> {
+    match progress {
+        Some(p) if p.fingerprint != fingerprint => Err(ProducerError::DifferentInput {
+            path: writer.path().to_path_buf(),
+            stored: String::from_utf8_lossy(&p.fingerprint).into_owned(),
+            given: String::from_utf8_lossy(fingerprint).into_owned(),
+        }),
+        _ => Ok(()),
     }
 }
 
@@ -740,7 +880,7 @@ fn write_batch(
 }
 
 /// Resuming from a file: the items already in the sublist must be the input's first
-/// `resumed_at` lines, byte for byte, or the input was edited since they were written
+/// `resumed_at` items (lines or frames), byte for byte, or the input was edited since they were written
 /// (the fingerprint only describes the whole file as it is now).
 fn check_stored_prefix(
     writer: &ShardWriter,
@@ -755,12 +895,12 @@ fn check_stored_prefix(
     for stored in writer.items() {
         let stored = stored?;
         let seq = reader.next_seq();
+        let place = reader.place();
         match reader.next_item()? {
-            Some(line) if line == stored.payload && stored.seq == seq => {}
+            Some(item) if item == stored.payload && stored.seq == seq => {}
             Some(_) => {
                 return Err(changed(format!(
-                    "line {} is not item {seq} that the sublist {} already holds (it was edited since); delete the sublist and run again with the input you mean",
-                    seq + 1,
+                    "{place} is not item {seq} that the sublist {} already holds (it was edited since); delete the sublist and run again with the input you mean",
                     writer.path().display()
                 )))
             }

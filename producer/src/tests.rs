@@ -204,3 +204,202 @@ async fn bad_config_is_refused() {
     cfg.batch = 0;
     assert!(matches!(Producer::open(cfg), Err(ProducerError::Config(_))));
 }
+
+/// An appender borrows its test counter, so the test can hand the same one to the next.
+impl IdSource for &Counter {
+    async fn next_ids(&self, n: u64) -> Result<IdRange, IdError> {
+        (**self).next_ids(n).await
+    }
+}
+
+impl IdSource for &Failing {
+    async fn next_ids(&self, n: u64) -> Result<IdRange, IdError> {
+        (**self).next_ids(n).await
+    }
+}
+
+/// Item `i` of the appender tests: any bytes, newlines and NUL included, some empty.
+fn item(i: u64) -> Vec<u8> {
+    match i % 4 {
+        0 => Vec::new(),
+        1 => format!("line {i}\nand more").into_bytes(),
+        2 => vec![0, 0xff, i as u8, b'\n'],
+        _ => i.to_le_bytes().to_vec(),
+    }
+}
+
+#[track_caller]
+fn assert_items_exactly_once(dir: &std::path::Path, shard: u32, count: u64) {
+    let items = read_all(dir, shard);
+    assert_eq!(items.len() as u64, count, "item count");
+    let mut last = 0;
+    for (i, r) in items.iter().enumerate() {
+        assert_eq!((r.shard, r.seq), (shard, i as u64));
+        assert_eq!(r.payload, item(i as u64), "payload of item {i}");
+        assert!(r.id > last, "IDs increase with seq");
+        last = r.id;
+    }
+}
+
+#[tokio::test]
+async fn appender_appends_flushes_finishes_and_reopens() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ids = Counter(AtomicU64::new(0));
+    let mut cfg = AppendConfig::new(4, dir.path());
+    cfg.batch = 3;
+    let mut a = Appender::open(cfg.clone(), &ids).expect("open");
+    assert_eq!((a.resume_at(), a.next_seq(), a.durable()), (0, 0, 0));
+    assert_eq!(a.append(&item(0)).await.expect("append"), 0);
+    assert_eq!(a.append_batch((1..5).map(item)).await.expect("batch"), 1..5);
+    assert_eq!(a.flush().await.expect("flush"), 5);
+    assert_eq!(a.durable(), 5);
+    assert_items_exactly_once(dir.path(), 4, 5);
+    drop(a);
+
+    let mut a = Appender::open(cfg.clone(), &ids).expect("reopen");
+    assert_eq!(a.resume_at(), 5);
+    for i in a.resume_at()..11 {
+        assert_eq!(a.append(&item(i)).await.expect("append"), i);
+    }
+    let s = a.finish().await.expect("finish");
+    assert_eq!((s.resumed_at, s.written, s.already_finished), (5, 6, false));
+    assert!(a.is_finished());
+    assert!(matches!(
+        a.append(b"late").await,
+        Err(ProducerError::Finished { items: 11, .. })
+    ));
+    drop(a);
+    assert_items_exactly_once(dir.path(), 4, 11);
+
+    // Finished: reopening says so, takes nothing, and finish does nothing.
+    let mut a = Appender::open(cfg.clone(), &ids).expect("reopen finished");
+    assert!(a.is_finished());
+    assert_eq!(a.resume_at(), 11);
+    let e = a.append(b"x").await.expect_err("finished");
+    assert_eq!(e.exit_code(), 4, "{e}");
+    let s = a.finish().await.expect("finish again");
+    assert!(s.already_finished && s.written == 0, "{s}");
+    let sealed = a
+        .seal_to(dir.path().to_str().expect("utf-8 path"))
+        .await
+        .expect("seal");
+    assert_eq!(sealed.records, 11);
+    assert!(dir.path().join("shard-4.bin").is_file());
+    drop(a);
+
+    // Another name, or a sublist the binary wrote from an input, is refused.
+    cfg.name = "another job".into();
+    assert!(matches!(
+        Appender::open(cfg, &ids),
+        Err(ProducerError::DifferentInput { .. })
+    ));
+    let gen = Config::new(
+        5,
+        dir.path(),
+        InputSpec::Generate {
+            count: 2,
+            payload_size: 1,
+        },
+    );
+    run(gen, &ids).await.expect("generate");
+    assert!(matches!(
+        Appender::open(AppendConfig::new(5, dir.path()), &ids),
+        Err(ProducerError::DifferentInput { .. })
+    ));
+}
+
+#[tokio::test]
+async fn appender_drops_what_is_not_durable_and_the_replay_is_exactly_once() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ids = Counter(AtomicU64::new(0));
+    let mut cfg = AppendConfig::new(0, dir.path());
+    cfg.batch = 4;
+    let mut a = Appender::open(cfg.clone(), &ids).expect("open");
+    a.append_batch((0..6).map(item)).await.expect("append");
+    // Items 0..4 are being written, 4 and 5 only buffered: a crash now, once the write
+    // is done, leaves 4 durable.
+    a.stamper.finish_pending().await.expect("write");
+    assert_eq!((a.durable(), a.next_seq()), (4, 6));
+    drop(a);
+    let mut a = Appender::open(cfg.clone(), &ids).expect("reopen");
+    assert_eq!(a.resume_at(), 4);
+    for i in a.resume_at()..10 {
+        a.append(&item(i)).await.expect("append");
+    }
+    a.finish().await.expect("finish");
+    drop(a);
+    assert_items_exactly_once(dir.path(), 0, 10);
+}
+
+#[tokio::test]
+async fn appender_after_an_error_refuses_everything_until_reopened() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let mut cfg = AppendConfig::new(1, dir.path());
+    cfg.batch = 4;
+    // One ID request succeeds, then no quorum.
+    let failing = Failing(Counter(AtomicU64::new(0)), AtomicU64::new(1));
+    let mut a = Appender::open(cfg.clone(), &failing).expect("open");
+    let e = a
+        .append_batch((0..8).map(item))
+        .await
+        .expect_err("no quorum for the second batch");
+    assert!(matches!(e, ProducerError::Ids { next_seq: 4, .. }), "{e}");
+    let e = a
+        .append(&item(8))
+        .await
+        .expect_err("refused after an error");
+    assert!(
+        matches!(e, ProducerError::AppenderFailed { durable: 4, .. }),
+        "{e}"
+    );
+    assert!(e.to_string().contains("append from item 4"), "{e}");
+    assert!(a.flush().await.is_err() && a.finish().await.is_err());
+    drop(a);
+    let ids = Counter(AtomicU64::new(100));
+    let mut a = Appender::open(cfg, &ids).expect("reopen");
+    assert_eq!(a.resume_at(), 4);
+    for i in a.resume_at()..9 {
+        a.append(&item(i)).await.expect("append");
+    }
+    a.finish().await.expect("finish");
+    drop(a);
+    assert_items_exactly_once(dir.path(), 1, 9);
+}
+
+#[tokio::test]
+async fn appender_refuses_an_item_above_the_limit_and_goes_on() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ids = Counter(AtomicU64::new(0));
+    let mut a = Appender::open(AppendConfig::new(2, dir.path()), &ids).expect("open");
+    a.append(&item(0)).await.expect("append");
+    let big = vec![b'x'; MAX_ITEM_BYTES + 1];
+    let e = a.append(&big).await.expect_err("too long");
+    assert!(
+        matches!(e, ProducerError::ItemTooLong { seq: 1, .. }),
+        "{e}"
+    );
+    assert_eq!(e.exit_code(), 3);
+    let e = a
+        .append_batch([item(1), big, item(2)])
+        .await
+        .expect_err("too long in a batch");
+    assert!(
+        matches!(e, ProducerError::ItemTooLong { seq: 2, .. }),
+        "{e}"
+    );
+    assert_eq!(a.next_seq(), 1, "nothing of the batch was appended");
+    a.append_batch([item(1), item(2)]).await.expect("append");
+    assert!(matches!(
+        a.seal_to(dir.path().to_str().expect("utf-8")).await,
+        Err(ProducerError::Seal(SealError::Unfinished { .. }))
+    ));
+    a.finish().await.expect("finish");
+    drop(a);
+    assert_items_exactly_once(dir.path(), 2, 3);
+    let mut cfg = AppendConfig::new(3, dir.path());
+    cfg.batch = 0;
+    assert!(matches!(
+        Appender::open(cfg, &ids),
+        Err(ProducerError::Config(_))
+    ));
+}

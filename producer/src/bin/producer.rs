@@ -7,7 +7,7 @@ use idclient::broker_client::{BrokerClient, BrokerClientConfig};
 use idclient::{IdError, QuorumClient};
 use idflags::IdsFrom;
 use producer::{
-    Config, Display, InputSpec, Producer, ProducerError, SealError, DEFAULT_BATCH,
+    Config, Display, InputFormat, InputSpec, Producer, ProducerError, SealError, DEFAULT_BATCH,
     DEFAULT_PAYLOAD_SIZE,
 };
 use qcli::{Cause, SourceArgs};
@@ -92,11 +92,23 @@ struct Flags {
     /// Where IDs come from: exactly one of --nodes (direct) and --broker.
     #[command(flatten)]
     ids: SourceArgs,
-    /// Input file, one item per line (any bytes; the newline is stripped). `-` reads
-    /// stdin, which is NOT resumable: a killed run cannot be continued from stdin. A pipe
-    /// or FIFO (e.g. `<(zcat f.gz)`) is read once the same way, also not resumable.
+    /// Input file, its items cut as --input-format says (by default one item per line,
+    /// any bytes, the newline stripped). `-` reads stdin, which is NOT resumable: a killed
+    /// run cannot be continued from stdin. A pipe or FIFO (e.g. `<(zcat f.gz)`) is read
+    /// once the same way, also not resumable.
     #[arg(long, value_name = "FILE")]
     input: Option<String>,
+    /// How --input is cut into items (default: lines). `lines`: one item per line, the
+    /// `\n` stripped, so an item cannot hold a newline. `frames`: each item is a
+    /// little-endian u32 byte length followed by that many bytes, so an item may hold any
+    /// bytes (newlines, NUL) or none. A frame whose length is above 16 MiB (the item limit)
+    /// is refused from its length alone; a frame cut short by the end of the input is
+    /// refused too; both errors name the byte offset where the frame starts (exit 3). A
+    /// file is checked in full before anything is written, so a bad file writes nothing;
+    /// from stdin or a pipe, the whole frames before the bad one are written (durable)
+    /// before the error. Frames files resume after a kill like lines files.
+    #[arg(long, value_name = "FORMAT", value_enum)]
+    input_format: Option<Format>,
     /// Generate COUNT synthetic items instead of reading input (deterministic per shard
     /// and sequence number).
     #[arg(long, value_name = "COUNT")]
@@ -128,6 +140,24 @@ struct Flags {
     seal_to: Option<String>,
 }
 
+/// `--input-format`.
+#[derive(clap::ValueEnum, Clone, Copy, Debug, PartialEq, Eq)]
+enum Format {
+    /// One item per line.
+    Lines,
+    /// Each item a u32 little-endian length, then its bytes.
+    Frames,
+}
+
+impl From<Format> for InputFormat {
+    fn from(f: Format) -> InputFormat {
+        match f {
+            Format::Lines => InputFormat::Lines,
+            Format::Frames => InputFormat::Frames,
+        }
+    }
+}
+
 /// The producer's `--deadline-ms` default: a producer is a batch job that would rather
 /// wait out a short outage than exit and be restarted.
 const DEFAULT_DEADLINE_MS: &str = "10000";
@@ -153,6 +183,11 @@ fn target(flags: &Flags) -> anyhow::Result<(u32, PathBuf)> {
 }
 
 fn config(flags: &Flags) -> anyhow::Result<(Config, IdsFrom)> {
+    if flags.generate.is_some() && flags.input_format.is_some() {
+        return Err(qcli::usage(
+            "--input-format applies to --input only, not to --generate",
+        ));
+    }
     let input = match (&flags.input, flags.generate) {
         (Some(f), None) if f == "-" => InputSpec::Stdin,
         (Some(f), None) => InputSpec::File(PathBuf::from(f)),
@@ -184,6 +219,7 @@ fn config(flags: &Flags) -> anyhow::Result<(Config, IdsFrom)> {
         shard,
         data_dir,
         input,
+        format: flags.input_format.unwrap_or(Format::Lines).into(),
         batch: flags.batch,
         display,
     };
