@@ -1457,6 +1457,25 @@ pub mod script {
         s
     }
 
+    /// Broker 0 led term 1 and served client 0 (its window holds the next ID); broker 1
+    /// then won term 2 and served client 1 by a round on nodes 1 and 2 (a retry: its
+    /// first guess lost to broker 0's range). Broker 0 still leads in its own view.
+    pub fn deposed_leader() -> Vec<Step> {
+        let mut s = leader_served();
+        // Its first candidacy finds term 1 on node 1 and follows it; the second wins term 2.
+        s.push(Step::Do(Action::Watch(1)));
+        s.extend(to_nodes(1, &[1, 2]));
+        s.push(Step::Do(Action::Stand(1)));
+        s.extend(to_nodes(1, &[1, 2]));
+        s.extend(elect(1, &[1, 2]));
+        s.extend(ask(1, 1));
+        s.extend(to_nodes(1, &[1, 0])); // rejected: broker 0 holds 1..=2
+                                        // The retry above it (node 2 first takes the first guess, still in flight).
+        s.extend(to_nodes(1, &[1, 2, 2]));
+        s.push(answer(1, 1));
+        s
+    }
+
     /// Broker 0 leads term 1 and served client 0 by a fresh round on nodes 0 and 1: its
     /// window holds the next ID.
     pub fn leader_served() -> Vec<Step> {

@@ -2,29 +2,15 @@
 
 use broker::serve::rules::{Mutant, Rules};
 use idmodel::script::{
-    answer, ask, elect, leader_served, minority_claim_in_flight, stale_window_after_failover,
-    term_past_its_leader, to_nodes,
+    deposed_leader, minority_claim_in_flight, stale_window_after_failover, term_past_its_leader,
+    to_nodes,
 };
 use idmodel::{broken, props, Action, Config, Step};
 use stateright::{Checker, HasDiscoveries, Model, Path};
 
-/// Broker 0 led term 1 and served client 0 (its window holds the next ID); broker 1
-/// then won term 2 and served client 1 by a round on nodes 1 and 2 (a retry: its first
-/// guess lost to broker 0's range).
 fn deposed_leader_with_a_window(cfg: &Config) -> idmodel::State {
-    let mut steps: Vec<Step> = leader_served();
-    // Its first candidacy finds term 1 on node 1 and follows it; the second wins term 2.
-    steps.push(Step::Do(Action::Watch(1)));
-    steps.extend(to_nodes(1, &[1, 2]));
-    steps.push(Step::Do(Action::Stand(1)));
-    steps.extend(to_nodes(1, &[1, 2]));
-    steps.extend(elect(1, &[1, 2]));
-    steps.extend(ask(1, 1));
-    steps.extend(to_nodes(1, &[1, 0])); // rejected: broker 0 holds 1..=2
-                                        // The retry above it (node 2 first takes the first guess, still in flight).
-    steps.extend(to_nodes(1, &[1, 2, 2]));
-    steps.push(answer(1, 1));
-    cfg.play(&cfg.initial(), &steps).expect("the script plays")
+    cfg.play(&cfg.initial(), &deposed_leader())
+        .expect("the script plays")
 }
 
 /// The counterexample, one action a line after the scripted start (`--nocapture`).
