@@ -3,7 +3,6 @@
 use broker::serve::rules::{Mutant, Rules};
 use idmodel::script::{
     deposed_leader, minority_claim_in_flight, stale_window_after_failover, term_past_its_leader,
-    to_nodes,
 };
 use idmodel::{broken, props, Action, Config, Step};
 use stateright::{Checker, HasDiscoveries, Model, Path};
