@@ -88,3 +88,22 @@ fn long_two_brokers_to_depth_16() {
     }
     checker.assert_any_discovery(props::ANSWERED);
 }
+
+/// The depth of the 3-broker long run ([`long_three_brokers`]): 11 steps, 10 GB of
+/// checker memory (14 would need about twice that); `IDMODEL_DEPTH`
+/// overrides it (to measure how the state count grows).
+pub const THREE_DEPTH: usize = 13;
+
+/// 3 brokers, 3 nodes, 2 clients, every other bound as [`Config::small`]: from the start
+/// to [`THREE_DEPTH`] (BENCHMARKS.md, "Model checking: state counts").
+#[test]
+#[ignore]
+fn long_three_brokers() {
+    let depth = std::env::var("IDMODEL_DEPTH")
+        .ok()
+        .and_then(|d| d.parse().ok())
+        .unwrap_or(THREE_DEPTH);
+    let mut cfg = Config::small();
+    cfg.brokers = 3;
+    check(cfg, depth, "three brokers");
+}
