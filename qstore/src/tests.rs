@@ -82,7 +82,7 @@ fn local_reads_reuse_only_dropped_buffers() {
         assert_eq!(bytes, &data[*off as usize..*off as usize + bytes.len()]);
     };
 
-    let mut reads = obj.read_ranges(vec![0..10_000]);
+    let mut reads = obj.read_ranges(vec![0..5000, 5000..10_000]);
     let first = reads.next().unwrap().unwrap();
     let first_at = first.1.as_ptr();
     drop(first);
