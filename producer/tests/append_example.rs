@@ -4,14 +4,11 @@
 
 mod common;
 
-use common::{assert_exit, quorum, stderr_lines};
-use qformat::names::shard_db_path;
-use qformat::Record;
+use common::{assert_exit, durable_items as items, quorum, stderr_lines};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
 use std::time::Duration;
-use sublist::shard::ShardReader;
 
 /// The example's record `i`: a copy of `record` in examples/append.rs (an example is a
 /// binary of its own, nothing to import from).
@@ -39,17 +36,6 @@ fn example() -> PathBuf {
         path.display()
     );
     path
-}
-
-fn items(data: &Path, shard: u32) -> Vec<Record> {
-    let db = shard_db_path(data, shard);
-    if !db.join("CURRENT").exists() {
-        return Vec::new();
-    }
-    let r = ShardReader::open(&db).expect("open the sublist");
-    r.iter()
-        .collect::<Result<_, _>>()
-        .expect("read the sublist")
 }
 
 /// The durable records are records `0..n` exactly, in order with increasing IDs, and none

@@ -3,7 +3,7 @@
 
 mod common;
 
-use common::{assert_exit, producer_cmd, quorum, run, stderr_lines};
+use common::{assert_exit, durable_items as items, producer_cmd, quorum, run, stderr_lines};
 use qformat::names::shard_db_path;
 use qformat::run::{decode_block, RunMeta};
 use qformat::Record;
@@ -44,17 +44,6 @@ fn awkward_items() -> Vec<Vec<u8>> {
         items.push(format!("item {i}\n{}", "\0".repeat((i % 5) as usize)).into_bytes());
     }
     items
-}
-
-fn items(data: &Path, shard: u32) -> Vec<Record> {
-    let db = shard_db_path(data, shard);
-    if !db.join("CURRENT").exists() {
-        return Vec::new();
-    }
-    let r = ShardReader::open(&db).expect("open the sublist");
-    r.iter()
-        .collect::<Result<_, _>>()
-        .expect("read the sublist")
 }
 
 /// The sublist's progress marker: (durable items, finished).

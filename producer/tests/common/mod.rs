@@ -2,6 +2,9 @@
 //! it, and its exit.
 #![allow(dead_code)] // each test file uses its own subset
 
+use qformat::names::shard_db_path;
+use qformat::Record;
+use std::path::Path;
 use std::process::{Child, Command, Output, Stdio};
 use std::sync::mpsc::Receiver;
 
@@ -39,4 +42,17 @@ pub fn stderr_lines(child: &mut Child) -> Receiver<String> {
         }
     });
     rx
+}
+
+/// The records of shard `shard`'s sublist under `data`, in ID order; none while the
+/// sublist does not exist yet (a producer killed before it created it).
+pub fn durable_items(data: &Path, shard: u32) -> Vec<Record> {
+    let db = shard_db_path(data, shard);
+    if !db.join("CURRENT").exists() {
+        return Vec::new();
+    }
+    let r = sublist::shard::ShardReader::open(&db).expect("open the sublist");
+    r.iter()
+        .collect::<Result<_, _>>()
+        .expect("read the sublist")
 }
