@@ -413,16 +413,16 @@ fn chaos_pipeline() {
             if let Some(s) = p.try_wait() {
                 break s;
             }
-            assert!(Instant::now() < until, "{} did not finish", p.name);
+            assert!(Instant::now() < until, "{} did not finish", p.name());
             std::thread::sleep(Duration::from_millis(50));
         };
         assert!(
             status.success(),
             "{} failed ({status}):\n{}",
-            p.name,
+            p.name(),
             tail(&logs, &format!("bench-{i}"))
         );
-        assert!(path.exists(), "{} wrote no history", p.name);
+        assert!(path.exists(), "{} wrote no history", p.name());
     }
 
     // Merge and verify.

@@ -46,13 +46,7 @@ fn broker_with(q: &LocalQuorum, extra: &[&str]) -> (Proc, String) {
         .strip_prefix("listening on ")
         .unwrap_or_else(|| panic!("idbroker did not start: {line:?}"))
         .to_string();
-    (
-        Proc {
-            name: "idbroker".into(),
-            child: Some(child),
-        },
-        addr,
-    )
+    (Proc::new("idbroker", child), addr)
 }
 
 #[test]

@@ -62,7 +62,7 @@ fn proxied_quorum() -> (LocalQuorum, Vec<Proxy>) {
     let proxies = quorum
         .ports()
         .into_iter()
-        .map(|p| Proxy::start(SocketAddr::from(([127, 0, 0, 1], p))))
+        .map(|p| Proxy::to(SocketAddr::from(([127, 0, 0, 1], p))))
         .collect();
     (quorum, proxies)
 }

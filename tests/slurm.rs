@@ -33,8 +33,6 @@ const PARTS: usize = 3;
 const START_LIMIT: Duration = Duration::from_secs(60);
 /// Until an array job has finished: seconds, mostly the scheduler's own pauses.
 const JOB_LIMIT: Duration = Duration::from_secs(120);
-/// How long a daemon gets to exit after SIGTERM before the guard's SIGKILL.
-const STOP_GRACE: Duration = Duration::from_secs(5);
 
 /// Item `i` of shard `s`: the line in its input file, and so the payload in the list.
 fn item(s: usize, i: u64) -> String {
@@ -58,7 +56,7 @@ fn slurm_cmd(name: &str) -> PathBuf {
 }
 
 /// A one-node Slurm cluster in a temp dir: munged on its own socket, slurmctld and slurmd
-/// in the foreground, each stopped by its own pid when dropped (SIGTERM, then SIGKILL).
+/// in the foreground, each stopped by its own pid when dropped (testkit's guard: SIGTERM, then SIGKILL).
 struct Slurm {
     conf: PathBuf,
     // Stopped in this order: slurmd, then slurmctld, then munged (fields drop in order),
@@ -118,7 +116,7 @@ impl Slurm {
             wait_for("sinfo shows the node idle", START_LIMIT, || {
                 for p in [&mut self.munged, &mut self.slurmctld, &mut self.slurmd] {
                     if let Some(status) = p.try_wait() {
-                        exited = Some(format!("{} exited ({status})", p.name));
+                        exited = Some(format!("{} exited ({status})", p.name()));
                         return true;
                     }
                 }
@@ -194,20 +192,6 @@ impl Slurm {
                 logs(jobs_log),
                 logs(self.dir.path())
             );
-        }
-    }
-}
-
-impl Drop for Slurm {
-    fn drop(&mut self) {
-        // SIGTERM first: slurmd ends its job steps and slurmctld saves its state; the
-        // Procs' own drop SIGKILLs whatever is left, by pid.
-        for p in [&mut self.slurmd, &mut self.slurmctld, &mut self.munged] {
-            p.signal(libc::SIGTERM);
-            let until = Instant::now() + STOP_GRACE;
-            while p.try_wait().is_none() && p.child.is_some() && Instant::now() < until {
-                std::thread::sleep(Duration::from_millis(20));
-            }
         }
     }
 }

@@ -5,10 +5,10 @@
 use idclient::broker_client::{fetch_stats_with_token, BrokerClient, BrokerClientConfig};
 use idclient::{IdSource, Token};
 use idtools::cluster::{test_quorum, LocalQuorum};
-use idtools::proc::TestBroker;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
+use testkit::broker::TestBroker;
 use tokio::io::{AsyncBufReadExt, AsyncReadExt, AsyncWriteExt, BufReader};
 use tokio::net::TcpStream;
 use tokio::time::Instant;

@@ -9,11 +9,11 @@ use idproto::framed::FrameReader;
 use idproto::wire::{self, ServerMsg};
 use idtools::announced::{Announced, START_TIMEOUT};
 use idtools::cluster::{test_quorum, LocalQuorum};
-use idtools::proc::{self, TestBroker};
 use std::os::unix::fs::PermissionsExt;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::Duration;
+use testkit::broker::TestBroker;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
 
@@ -69,7 +69,7 @@ fn config(token: Option<&str>) -> BrokerClientConfig {
 fn refused_at_startup(args: &[&str], token_file: &Path) -> String {
     let token_file = token_file.to_str().expect("utf-8 temp path");
     let args = [args, &["--auth-token-file", token_file]].concat();
-    proc::refused_at_startup(env!("CARGO_BIN_EXE_idbroker"), &args)
+    testkit::broker::refused_at_startup(env!("CARGO_BIN_EXE_idbroker"), &args)
 }
 
 #[test]

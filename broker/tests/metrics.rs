@@ -7,11 +7,12 @@
 use idclient::broker_client::{BrokerClient, BrokerClientConfig};
 use idclient::IdSource;
 use idtools::announced::{Announced, START_TIMEOUT};
-use idtools::cluster::{free_port, test_quorum};
-use std::process::{Child, Command, Stdio};
+use idtools::cluster::test_quorum;
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
+use testkit::prometheus::Prometheus;
 
 const HTTP_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -45,74 +46,6 @@ impl Broker {
         qmetrics::get(&self.metrics, path, HTTP_TIMEOUT)
             .await
             .unwrap_or_else(|e| panic!("{e}"))
-    }
-}
-
-/// A Prometheus server scraping `target` every second, with its data in a temp dir;
-/// killed by its pid on drop.
-struct Prometheus {
-    child: Child,
-    addr: String,
-    _dir: tempfile::TempDir,
-}
-
-impl Prometheus {
-    fn start(target: &str) -> Prometheus {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let config = dir.path().join("prometheus.yml");
-        std::fs::write(
-            &config,
-            format!(
-                "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n  evaluation_interval: 1s\n\
-                 scrape_configs:\n  - job_name: idbroker\n    static_configs:\n      - targets: ['{target}']\n"
-            ),
-        )
-        .expect("write prometheus.yml");
-        let port = free_port().expect("a free port");
-        let addr = format!("127.0.0.1:{port}");
-        let log = std::fs::File::create(dir.path().join("prometheus.log")).expect("log file");
-        let child = Command::new("prometheus")
-            .arg(format!("--config.file={}", config.display()))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.path().join("data").display()
-            ))
-            .arg(format!("--web.listen-address={addr}"))
-            .stdout(Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("start prometheus (Debian package prometheus; run scripts/deps.sh)");
-        Prometheus {
-            child,
-            addr,
-            _dir: dir,
-        }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self._dir.path().join("prometheus.log")).unwrap_or_default()
-    }
-
-    /// The value of the first series `query` returns, once Prometheus answers it.
-    async fn query(&mut self, query: &str) -> Option<f64> {
-        if let Ok(Some(status)) = self.child.try_wait() {
-            panic!("prometheus exited ({status}):\n{}", self.log());
-        }
-        let path = format!("/api/v1/query?query={query}");
-        let (code, body) = qmetrics::get(&self.addr, &path, HTTP_TIMEOUT).await.ok()?;
-        if code != 200 {
-            return None;
-        }
-        let json: serde_json::Value = serde_json::from_str(&body).expect("query API JSON");
-        assert_eq!(json["status"], "success", "{body}");
-        json["data"]["result"][0]["value"][1].as_str()?.parse().ok()
-    }
-}
-
-impl Drop for Prometheus {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
     }
 }
 
@@ -167,7 +100,7 @@ async fn prometheus_scrapes_a_broker_under_load() {
     let broker = Broker::start(&quorum.urls_arg(), &[]);
     let stop = Arc::new(AtomicBool::new(false));
     let loader = tokio::spawn(load(broker.addr.clone(), stop.clone()));
-    let mut prometheus = Prometheus::start(&broker.metrics);
+    let mut prometheus = Prometheus::start("idbroker", &broker.metrics);
 
     let mut ids = None;
     for _ in 0..120 {

@@ -13,13 +13,12 @@ use idclient::broker_client::{fetch_stats, fetch_stats_with, BrokerClient, Broke
 use idclient::{BrokerTls, IdError, IdSource};
 use idtools::cluster::{test_quorum, LocalQuorum};
 use idtools::history::{assert_linearizable, Event, Recorder};
-use idtools::pki::Pki;
-use idtools::proc::TestBroker;
 use std::ffi::OsStr;
-use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
-use tokio::net::{TcpListener, TcpStream};
+use testkit::broker::TestBroker;
+use testkit::pki::Pki;
+use testkit::proxy::{Pick, Proxy};
 
 /// Election timing of these tests (fast, as in tests/leader.rs).
 const TIMING: [&str; 4] = ["--election-timeout-ms", "200", "--heartbeat-ms", "50"];
@@ -57,89 +56,6 @@ async fn leader_then_follower<A: AsRef<OsStr>>(
     assert_eq!(ls.role, "leader", "{ls:?}");
     assert_eq!(fs.role, "follower", "{fs:?}");
     (leader, follower)
-}
-
-/// How the proxy picks a backend for each new connection.
-#[derive(Debug, Clone, Copy)]
-enum Pick {
-    /// The next backend in turn, as most load balancers do.
-    RoundRobin,
-    /// Always the first backend, as a load balancer with client-IP affinity does for
-    /// clients on one host.
-    Sticky,
-}
-
-/// A TCP proxy owned by the test: accepts, picks a backend, copies bytes both ways; counts
-/// the connections it accepted. Stops (with every connection) on drop.
-struct Proxy {
-    addr: String,
-    conns: Arc<AtomicUsize>,
-    backends: Arc<Mutex<Vec<String>>>,
-    task: tokio::task::JoinHandle<()>,
-}
-
-impl Drop for Proxy {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
-}
-
-impl Proxy {
-    /// Listens on `ip`, port 0; backends are set later ([`Proxy::route`]) so a broker can
-    /// be told the proxy's address before the broker behind it starts.
-    async fn start(ip: &str, pick: Pick) -> Proxy {
-        let listener = TcpListener::bind((ip, 0)).await.expect("bind the proxy");
-        let addr = listener.local_addr().expect("proxy address").to_string();
-        let conns = Arc::new(AtomicUsize::new(0));
-        let backends = Arc::new(Mutex::new(Vec::new()));
-        let task = tokio::spawn(accept_loop(listener, pick, conns.clone(), backends.clone()));
-        Proxy {
-            addr,
-            conns,
-            backends,
-            task,
-        }
-    }
-
-    fn route(&self, backends: &[&str]) {
-        *self.backends.lock().expect("backends lock") =
-            backends.iter().map(|b| b.to_string()).collect();
-    }
-
-    fn conns(&self) -> usize {
-        self.conns.load(Relaxed)
-    }
-}
-
-async fn accept_loop(
-    listener: TcpListener,
-    pick: Pick,
-    conns: Arc<AtomicUsize>,
-    backends: Arc<Mutex<Vec<String>>>,
-) {
-    // Owned here: aborting the accept loop drops (and aborts) every copying task.
-    let mut copies = tokio::task::JoinSet::new();
-    loop {
-        let Ok((mut client, _)) = listener.accept().await else {
-            continue;
-        };
-        let n = conns.fetch_add(1, Relaxed);
-        let backend = {
-            let b = backends.lock().expect("backends lock");
-            match pick {
-                Pick::RoundRobin if !b.is_empty() => Some(b[n % b.len()].clone()),
-                Pick::Sticky => b.first().cloned(),
-                Pick::RoundRobin => None,
-            }
-        };
-        let Some(backend) = backend else { continue };
-        copies.spawn(async move {
-            if let Ok(mut server) = TcpStream::connect(&backend).await {
-                let _ = tokio::io::copy_bidirectional(&mut client, &mut server).await;
-            }
-        });
-        while copies.try_join_next().is_some() {}
-    }
 }
 
 fn config(deadline: Duration) -> BrokerClientConfig {
@@ -192,11 +108,11 @@ async fn one_address_in_front_of_leader_and_follower_serves_every_request() {
     let none: [&str; 0] = [];
     let (leader, follower) = leader_then_follower(&q, &none, &none, None).await;
     for pick in [Pick::RoundRobin, Pick::Sticky] {
-        let lb = Proxy::start("127.0.0.1", pick).await;
+        let lb = Proxy::start("127.0.0.1", pick);
         lb.route(&[&follower.addr, &leader.addr]);
         let before = fetch_stats(&follower.addr).await.expect("stats").redirects;
         let client = Arc::new(
-            BrokerClient::connect(vec![lb.addr.clone()], config(Duration::from_secs(5)))
+            BrokerClient::connect(vec![lb.addr()], config(Duration::from_secs(5)))
                 .await
                 .expect("connect through the load balancer"),
         );
@@ -206,7 +122,7 @@ async fn one_address_in_front_of_leader_and_follower_serves_every_request() {
                 .iter()
                 .map(|r| match r {
                     Ok(id) => *id,
-                    Err(e) => panic!("a request through {} ({pick:?}) failed: {e}", lb.addr),
+                    Err(e) => panic!("a request through {} ({pick:?}) failed: {e}", lb.addr()),
                 })
                 .collect();
             assert!(ids.windows(2).all(|w| w[0] < w[1]), "{pick:?}: {ids:?}");
@@ -231,14 +147,14 @@ async fn one_address_in_front_of_leader_and_follower_serves_every_request() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redirect_loop_ends_after_bounded_hops() {
     let q = test_quorum(3);
-    let lie = Proxy::start("127.0.0.1", Pick::Sticky).await;
+    let lie = Proxy::start("127.0.0.1", Pick::Sticky);
     let (_leader, follower) =
-        leader_then_follower(&q, &["--advertise", lie.addr.as_str()], &[], None).await;
+        leader_then_follower(&q, &["--advertise", lie.addr().as_str()], &[], None).await;
     lie.route(&[&follower.addr]);
     let fs = fetch_stats(&follower.addr).await.expect("stats");
-    assert_eq!(fs.leader.as_deref(), Some(lie.addr.as_str()), "{fs:?}");
+    assert_eq!(fs.leader.as_deref(), Some(lie.addr().as_str()), "{fs:?}");
 
-    for given in [lie.addr.clone(), follower.addr.clone()] {
+    for given in [lie.addr(), follower.addr.clone()] {
         let client = BrokerClient::connect(vec![given.clone()], config(Duration::from_secs(3)))
             .await
             .expect("connect");
@@ -250,7 +166,7 @@ async fn a_redirect_loop_ends_after_bounded_hops() {
                 .expect_err("no broker serves: the redirects loop");
             let msg = e.to_string();
             assert!(
-                msg.contains("redirected") && msg.contains(&lie.addr),
+                msg.contains("redirected") && msg.contains(&lie.addr()),
                 "given {given}: {msg}"
             );
             // The first connection, then at most one per followed redirect (3), and the
@@ -272,17 +188,18 @@ async fn a_redirect_loop_ends_after_bounded_hops() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_tls_a_redirect_target_must_verify() {
     let (q, pki) = (test_quorum(3), Pki::new().expect("certificates"));
-    let other = Proxy::start("127.0.0.2", Pick::Sticky).await;
+    let other = Proxy::start("127.0.0.2", Pick::Sticky);
     let tls_args = vec![
         OsStr::new("--listen-tls-cert"),
         pki.server_cert.as_os_str(),
         OsStr::new("--listen-tls-key"),
         pki.server_key.as_os_str(),
     ];
+    let other_addr = other.addr();
     let leader_args: Vec<&OsStr> = tls_args
         .iter()
         .copied()
-        .chain([OsStr::new("--advertise"), OsStr::new(&other.addr)])
+        .chain([OsStr::new("--advertise"), OsStr::new(&other_addr)])
         .collect();
     let trusting = BrokerTls::new(&pki.ca, None, None).expect("CA");
     let pinned = BrokerTls::new(&pki.ca, Some("127.0.0.1".into()), None).expect("CA");
@@ -303,7 +220,7 @@ async fn over_tls_a_redirect_target_must_verify() {
         .expect_err("the leader's certificate is not issued to 127.0.0.2")
         .to_string();
     assert!(
-        msg.contains(&other.addr) && msg.contains("certificate verification failed"),
+        msg.contains(&other.addr()) && msg.contains("certificate verification failed"),
         "{msg}"
     );
 

@@ -10,14 +10,14 @@ use idproto::framed::FrameReader;
 use idproto::wire::{ClientMsg, ServerMsg};
 use idtools::cluster::{test_quorum, LocalQuorum};
 use idtools::history::{assert_linearizable, Recorder};
-use idtools::proc::TestBroker;
-use idtools::raw;
-use idtools::resp::{parse_range, python};
 use std::future::Future;
 use std::process::Command;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use testkit::broker::TestBroker;
+use testkit::raw;
+use testkit::resp::{parse_range, python};
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::Semaphore;
@@ -36,7 +36,7 @@ fn resp_host_port(b: &TestBroker) -> (String, String) {
 
 /// Runs `redis-cli` against the broker's RESP port with `args` (and `stdin`); its stdout.
 fn redis_cli(b: &TestBroker, args: &[&str], stdin: &[u8]) -> String {
-    idtools::resp::redis_cli(&b.resp, args, stdin)
+    testkit::resp::redis_cli(&b.resp, args, stdin)
 }
 
 /// Ranges each wholly above the one before, each of `len` IDs (where given).

@@ -1,6 +1,6 @@
 //! `idbroker --listen-tls-cert/--listen-tls-key` end to end: a real idbroker process
 //! over a real Redis quorum, TLS on both listeners with throwaway certificates
-//! ([`idtools::pki`]), and real clients: the Rust `BrokerClient`, `redis-cli --tls` and
+//! ([`testkit::pki`]), and real clients: the Rust `BrokerClient`, `redis-cli --tls` and
 //! redis-py with `ssl=True`. Plain-TCP clients, clients trusting the wrong CA and clients
 //! that send nothing fail clearly, each costing only its own connection.
 
@@ -8,13 +8,13 @@ use idclient::broker_client::{fetch_stats_with, BrokerClient, BrokerClientConfig
 use idclient::{BrokerTls, ClientCert, IdError, IdSource, Token};
 use idtools::announced::{Announced, START_TIMEOUT};
 use idtools::cluster::{test_quorum, LocalQuorum};
-use idtools::pki::Pki;
-use idtools::proc::{self, TestBroker};
-use idtools::resp::python;
 use std::ffi::OsStr;
 use std::path::Path;
 use std::process::Command;
 use std::time::Duration;
+use testkit::broker::TestBroker;
+use testkit::pki::Pki;
+use testkit::resp::python;
 use tokio::io::AsyncReadExt;
 use tokio::net::TcpStream;
 
@@ -418,7 +418,7 @@ async fn a_required_client_certificate_is_checked() {
 
 /// idbroker with `args` must exit 2 before serving; its stderr.
 fn refused_at_startup(args: &[&str]) -> String {
-    proc::refused_at_startup(env!("CARGO_BIN_EXE_idbroker"), args)
+    testkit::broker::refused_at_startup(env!("CARGO_BIN_EXE_idbroker"), args)
 }
 
 #[test]

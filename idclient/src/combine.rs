@@ -24,7 +24,7 @@
 //! or restarted rendezvous node costs waiting and holes, never a duplicate. Without it
 //! (first node down, paused or stuck) clients combine at the second node, and without
 //! both they fall back to their own rounds with backoff. The simulation's nodes model
-//! the rendezvous too (`idtools::sim`), checked against the Lua script on a real
+//! the rendezvous too (`testkit::sim`), checked against the Lua script on a real
 //! redis-server by idclient/tests/script.rs.
 //!
 //! Where the code is: the protocol's types are `rendezvous.rs`, the node's side the

@@ -32,7 +32,7 @@
 //!   [`BACKOFF_CAP`] (a CLI default), and the lease bounds [`MIN_LEASE`], [`MAX_LEASE`] and
 //!   [`SOLO_STREAK`], which tests and the simulation check behaviour against;
 //! - [`MovingAverage`], which the broker's window times its rounds with too;
-//! - the node contract, for other node types (the simulation's `idtools::sim::SimNode`,
+//! - the node contract, for other node types (the simulation's `testkit::sim::SimNode`,
 //!   tests' fakes): [`Register`], [`Rendezvous`], [`HeartbeatNode`], [`NodeError`], [`WriteReply`],
 //!   [`Written`] and the rendezvous types above; and the Redis node itself, [`Node`],
 //!   with what it shows ([`NodeAddr`], never a password) and reports ([`Identity`]);

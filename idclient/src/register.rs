@@ -1,7 +1,7 @@
 //! What the quorum client needs of a node, as two traits: [`Register`] (the conditional
 //! write and the read, on which safety rests) and [`Rendezvous`] (join, close, finish and
 //! the results channel of combined rounds, which only decide who writes). The Redis
-//! [`crate::Node`] implements both; so does the simulation's node (`idtools::sim`), and
+//! [`crate::Node`] implements both; so does the simulation's node (`testkit::sim`), and
 //! the tests' scripted fakes.
 //!
 //! Imports only the rendezvous protocol types (`rendezvous.rs`, a leaf), so the node, the
@@ -54,7 +54,7 @@ pub struct Written {
 }
 
 /// One register of the quorum, as the quorum client sees it. [`crate::Node`] (Redis) is the
-/// production implementation; `idtools::sim` has an in-memory one for the deterministic
+/// production implementation; `testkit::sim` has an in-memory one for the deterministic
 /// simulation. The client's safety rests on exactly these semantics: the register only
 /// grows, and survives restarts.
 pub trait Register: Send + Sync {

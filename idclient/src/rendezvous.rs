@@ -4,7 +4,7 @@
 //! ([`member_range`]). How clients use it is `QuorumClient::combined` (quorum/combining.rs,
 //! with the results subscription of `combine.rs`); the Lua script that implements
 //! it on a Redis node is `script::COMBINE`, the simulation's model is
-//! `idtools::sim`.
+//! `testkit::sim`.
 //!
 //! A leaf: it imports nothing from the rest of the crate, so the node, the combining code
 //! and the quorum client can all share these types without importing one another.

@@ -1,15 +1,15 @@
 //! The Lua scripts themselves, on a real redis-server: the conditional write's exact u64
 //! comparison (near 2^53, 2^63 and u64::MAX, where Lua's doubles would round), and a
-//! differential test holding the simulation's rendezvous model (`idtools::sim`) to
+//! differential test holding the simulation's rendezvous model (`testkit::sim`) to
 //! what `script::COMBINE` and `script::CONDITIONAL_WRITE` really answer.
 
 use idclient::{Close, Join, Leases, Nonce};
 use idclient::{Node, Register, Rendezvous, WriteReply, Written};
 use idtools::cluster::{test_quorum, LocalQuorum};
-use idtools::sim::{Mutant, SimCluster, SimConfig};
 use proptest::prelude::*;
 use rand::{Rng, SeedableRng};
 use std::time::Duration;
+use testkit::sim::{Mutant, SimCluster, SimConfig};
 
 fn redis_node() -> (LocalQuorum, Node, redis::Client) {
     let q = test_quorum(1);

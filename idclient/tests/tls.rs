@@ -1,13 +1,13 @@
 //! `rediss://` nodes on real redis-server processes that speak TLS only (`--port 0
-//! --tls-port`), with throwaway certificates ([`idtools::pki`]): a CA, a server certificate
+//! --tls-port`), with throwaway certificates ([`testkit::pki`]): a CA, a server certificate
 //! for 127.0.0.1, a client certificate, and a second CA that signed none of them.
 
 use idclient::{ClientCert, ClientConfig, IdError, IdSource, Protocol, QuorumClient, TlsConfig};
 use idtools::bench;
 use idtools::cluster::{test_quorum_tls, LocalQuorum};
-use idtools::pki::Pki;
 use std::path::Path;
 use std::time::Duration;
+use testkit::pki::Pki;
 
 /// A password in the nodes' URLs: it must never show in an error.
 const PASSWORD: &str = "tls-test-s3cret";

@@ -168,3 +168,52 @@ impl Drop for Announced {
         self.kill();
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn sh(script: &str) -> Command {
+        let mut cmd = Command::new("sh");
+        cmd.args(["-c", script]);
+        cmd
+    }
+
+    #[test]
+    fn values_come_in_prefix_order_whatever_the_line_order() {
+        let p = Announced::start(
+            &mut sh(
+                "echo noise; echo 'resp listening on b:2'; echo 'listening on a:1'; exec sleep 30",
+            ),
+            &["listening on ", "resp listening on "],
+            Duration::from_secs(10),
+        )
+        .expect("announced");
+        assert_eq!((p.addr(), p.value(1)), ("a:1", "b:2"));
+    }
+
+    #[test]
+    fn a_process_that_exits_silently_is_an_error_naming_what_it_said() {
+        let err = Announced::start(
+            &mut sh("echo 'bad flag'; exit 2"),
+            &["listening on "],
+            Duration::from_secs(10),
+        )
+        .err()
+        .expect("no announcement");
+        let msg = err.to_string();
+        assert!(msg.contains("bad flag") && msg.contains("exit"), "{msg}");
+    }
+
+    #[test]
+    fn a_process_that_never_announces_is_killed_at_the_timeout() {
+        let err = Announced::start(
+            &mut sh("exec sleep 30"),
+            &["listening on "],
+            Duration::from_millis(200),
+        )
+        .err()
+        .expect("no announcement");
+        assert!(err.to_string().contains("did not announce"), "{err}");
+    }
+}

@@ -13,7 +13,7 @@ use common::{idbroker_bin, idctl, text};
 use idtools::announced::{Announced, START_TIMEOUT};
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::Duration;
 
 fn deploy_dir() -> PathBuf {
@@ -123,16 +123,8 @@ fn private(addr: &str) -> bool {
     }
 }
 
-/// redis-server processes, killed by their own pids on drop.
-struct Nodes(Vec<Child>);
-impl Drop for Nodes {
-    fn drop(&mut self) {
-        for c in &mut self.0 {
-            let _ = c.kill();
-            let _ = c.wait();
-        }
-    }
-}
+/// redis-server processes, stopped by their own pids on drop (testkit's guard).
+struct Nodes(Vec<testkit::ChildGuard>);
 
 #[test]
 fn redis_units_and_confs_make_a_durable_quorum() {
@@ -186,16 +178,17 @@ fn redis_units_and_confs_make_a_durable_quorum() {
         let conf_path = tmp.path().join(&name);
         std::fs::write(&conf_path, moved).expect("write conf");
         let port = idtools::cluster::free_port().expect("port");
-        let child = Command::new("redis-server")
-            .arg(&conf_path)
-            .args(["--port", &port.to_string()])
-            .stdout(Stdio::null())
-            .spawn()
-            .expect("start redis-server (Debian package redis-server)");
+        let child = testkit::ChildGuard::spawn(
+            "redis-server (Debian package redis-server)",
+            Command::new("redis-server")
+                .arg(&conf_path)
+                .args(["--port", &port.to_string()])
+                .stdout(Stdio::null()),
+        );
         nodes.0.push(child);
         let node = nodes.0.last_mut().expect("node");
         testkit::wait_for(&name, testkit::WAIT_LIMIT, || {
-            if let Ok(Some(status)) = node.try_wait() {
+            if let Some(status) = node.try_wait() {
                 panic!("{name}: redis-server exited {status}");
             }
             idtools::cluster::ping(port)

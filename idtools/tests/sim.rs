@@ -1,5 +1,5 @@
 //! Deterministic simulation of the quorum protocol (and of the broker's batcher) over
-//! the in-memory node model of `idtools::sim`: seeded message loss, delay, reordering,
+//! the in-memory node model of `testkit::sim`: seeded message loss, delay, reordering,
 //! duplication and node crashes, on tokio's paused clock. Every seed's history of ID
 //! requests is checked with `idtools::history::check`.
 //!
@@ -19,11 +19,11 @@ use futures::StreamExt;
 use idclient::broker_client::{BrokerClient, BrokerClientConfig};
 use idclient::{Combine, IdError, IdRange, Protocol, QuorumClient};
 use idtools::history::{check, check_count, Event, Violation};
-use idtools::sim::{Amnesia, Mutant, SimCluster, SimConfig, SimNode, SimStats};
 use rand::Rng;
 use std::future::Future;
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
+use testkit::sim::{Amnesia, Mutant, SimCluster, SimConfig, SimNode, SimStats};
 use tokio::time::Instant;
 
 /// Seeds per run of the quorum simulation: ~1 ms of CPU each on this 2-core machine

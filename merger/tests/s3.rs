@@ -12,7 +12,7 @@ use std::process::{Child, Command, Output, Stdio};
 
 use common::*;
 use testkit::s3::TestS3;
-use testkit::KilledOnDrop;
+use testkit::ChildGuard;
 
 /// The merger with the server's credentials in its environment.
 fn merger_s3(s3: &TestS3, args: &[&str]) -> Output {
@@ -366,8 +366,8 @@ fn the_server_killed_mid_multipart_output_then_the_rerun_completes() {
     // at most two in flight (qstore's upload) the first one complete. The parts are then
     // seen in the server's `.uploads/`, so the kill lands mid-upload without timing luck.
     let (child, _stderr) = stalled_merger(&s3, &args, 250_000, None);
-    let mut child = KilledOnDrop(child);
-    let parts = s3.kill_mid_upload("out/list.bin", &mut child.0, 2);
+    let mut child = ChildGuard::new("merger", child);
+    let parts = s3.kill_mid_upload("out/list.bin", &mut child, 2);
     println!("parts uploaded when the server was killed: {parts:?}");
 
     ok(&merger_s3(&s3, &args));

@@ -883,47 +883,12 @@ fn an_unsafe_node_exits_5() {
     }
 }
 
-/// A small tmpfs mounted for one test (needs root or CAP_SYS_ADMIN, as CI has; fails
-/// loudly otherwise), lazily unmounted on drop. Like tests/common's `Tmpfs`.
-struct Tmpfs {
-    dir: PathBuf,
-    _parent: tempfile::TempDir,
-}
-
-impl Tmpfs {
-    fn mount(bytes: u64) -> Tmpfs {
-        let parent = tempfile::tempdir().expect("tempdir for the tmpfs mount point");
-        let dir = parent.path().join("fs");
-        std::fs::create_dir(&dir).expect("create the mount point");
-        let out = Command::new("mount")
-            .args(["-t", "tmpfs", "-o", &format!("size={bytes}"), "tmpfs"])
-            .arg(&dir)
-            .output()
-            .expect("run mount(8)");
-        assert!(
-            out.status.success(),
-            "this test mounts a {bytes}-byte tmpfs to fill a disk and needs root (or CAP_SYS_ADMIN): `mount -t tmpfs` failed: {}",
-            String::from_utf8_lossy(&out.stderr)
-        );
-        Tmpfs {
-            dir,
-            _parent: parent,
-        }
-    }
-}
-
-impl Drop for Tmpfs {
-    fn drop(&mut self) {
-        let _ = Command::new("umount").arg("-l").arg(&self.dir).status();
-    }
-}
-
 /// Exit code 4 when the sublist's disk is full, naming the error once; every batch before
 /// it stays durable, and the same command finishes once space returns.
 #[test]
 fn a_full_disk_exits_4_and_resumes() {
     let q = quorum(3);
-    let fs = Tmpfs::mount(8 << 20);
+    let fs = testkit::tmpfs::Tmpfs::mount(8 << 20);
     let data = fs.dir.join("data");
     let args = Args::shard(0, &data)
         .nodes(&q.urls_arg())

@@ -16,7 +16,7 @@ use std::process::{Child, Output};
 use std::time::Duration;
 use sublist::shard::{ShardReader, ShardWriter};
 use testkit::s3::TestS3;
-use testkit::KilledOnDrop;
+use testkit::ChildGuard;
 
 /// The seal's crash-test hook (see the binary): stall once this many items are in the run.
 const SEAL_STALL_ENV: &str = "QLIST_PRODUCER_TEST_SEAL_STALL_AFTER";
@@ -382,12 +382,11 @@ fn the_server_killed_mid_multipart_seal_then_sealing_again_completes() {
     // at most two in flight (qstore's upload) the first one complete. The parts are then
     // seen in the server's `.uploads/`, so the kill lands mid-upload without timing luck.
     let url = s3.url("runs");
-    let mut child = KilledOnDrop(spawn_seal_stalled(
-        &seal_args("5", &data, &url),
-        &env,
-        30_000,
-    ));
-    let parts = s3.kill_mid_upload("runs/shard-5.bin", &mut child.0, 2);
+    let mut child = ChildGuard::new(
+        "producer --seal-to",
+        spawn_seal_stalled(&seal_args("5", &data, &url), &env, 30_000),
+    );
+    let parts = s3.kill_mid_upload("runs/shard-5.bin", &mut child, 2);
     println!("parts uploaded when the server was killed: {parts:?}");
 
     let out = run_env(&seal_args("5", &data, &url), &env);

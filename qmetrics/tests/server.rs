@@ -7,9 +7,9 @@ use qmetrics::{get, prometheus_client, Endpoints, Limits};
 use std::sync::atomic::{AtomicBool, Ordering::Relaxed};
 use std::sync::Arc;
 use std::time::Duration;
+use testkit::prometheus::Prometheus;
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
-use tokio::task::JoinHandle;
 
 const GET_TIMEOUT: Duration = Duration::from_secs(10);
 
@@ -17,13 +17,7 @@ const GET_TIMEOUT: Duration = Duration::from_secs(10);
 /// when `ready` is true. Aborted on drop.
 struct Server {
     addr: String,
-    task: JoinHandle<()>,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        self.task.abort();
-    }
+    _task: testkit::AbortOnDrop<()>,
 }
 
 async fn server(limits: Limits, ready: Arc<AtomicBool>) -> Server {
@@ -47,7 +41,10 @@ async fn server(limits: Limits, ready: Arc<AtomicBool>) -> Server {
     let listener = qmetrics::bind("127.0.0.1:0").await.expect("bind");
     let addr = listener.local_addr().expect("addr").to_string();
     let task = tokio::spawn(qmetrics::serve(listener, Arc::new(endpoints), limits));
-    Server { addr, task }
+    Server {
+        addr,
+        _task: testkit::AbortOnDrop(task),
+    }
 }
 
 #[tokio::test]
@@ -235,73 +232,6 @@ async fn hold_slowly(addr: String, stop: Arc<AtomicBool>) {
     }
 }
 
-/// A Prometheus server (Debian package prometheus) scraping `target` every second, with
-/// its data in a temp dir; killed by its pid on drop.
-struct Prometheus {
-    child: std::process::Child,
-    addr: String,
-    dir: tempfile::TempDir,
-}
-
-impl Prometheus {
-    fn start(target: &str) -> Prometheus {
-        let dir = tempfile::tempdir().expect("temp dir");
-        let config = dir.path().join("prometheus.yml");
-        std::fs::write(
-            &config,
-            format!(
-                "global:\n  scrape_interval: 1s\n  scrape_timeout: 1s\n\
-                 scrape_configs:\n  - job_name: qmetrics\n    static_configs:\n      - targets: ['{target}']\n"
-            ),
-        )
-        .expect("write prometheus.yml");
-        let port = std::net::TcpListener::bind("127.0.0.1:0")
-            .and_then(|l| l.local_addr())
-            .expect("a free port")
-            .port();
-        let addr = format!("127.0.0.1:{port}");
-        let log = std::fs::File::create(dir.path().join("prometheus.log")).expect("log file");
-        let child = std::process::Command::new("prometheus")
-            .arg(format!("--config.file={}", config.display()))
-            .arg(format!(
-                "--storage.tsdb.path={}",
-                dir.path().join("data").display()
-            ))
-            .arg(format!("--web.listen-address={addr}"))
-            .stdout(std::process::Stdio::null())
-            .stderr(log)
-            .spawn()
-            .expect("start prometheus (Debian package prometheus; run scripts/deps.sh)");
-        Prometheus { child, addr, dir }
-    }
-
-    fn log(&self) -> String {
-        std::fs::read_to_string(self.dir.path().join("prometheus.log")).unwrap_or_default()
-    }
-
-    /// The value of the single series `query` returns, once Prometheus answers it.
-    async fn query(&mut self, query: &str) -> Option<f64> {
-        if let Ok(Some(status)) = self.child.try_wait() {
-            panic!("prometheus exited ({status}):\n{}", self.log());
-        }
-        let path = format!("/api/v1/query?query={query}");
-        let (code, body) = get(&self.addr, &path, GET_TIMEOUT).await.ok()?;
-        if code != 200 {
-            return None;
-        }
-        let json: serde_json::Value = serde_json::from_str(&body).expect("query API JSON");
-        assert_eq!(json["status"], "success", "{body}");
-        json["data"]["result"][0]["value"][1].as_str()?.parse().ok()
-    }
-}
-
-impl Drop for Prometheus {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
 /// One peer holding 64 slowloris connections (a header byte every
 /// 0.5 s, reconnecting whenever closed) must not stall scrapes from another peer. Every
 /// one of 60 scrapes from 127.0.0.1, one every 0.2 s, is answered, and a real Prometheus
@@ -315,7 +245,7 @@ async fn one_peer_holding_slow_connections_cannot_stall_scrapes_from_another() {
         .collect();
     // Let the attack take every slot it can before the first scrape.
     tokio::time::sleep(Duration::from_secs(2)).await;
-    let mut prometheus = Prometheus::start(&s.addr);
+    let mut prometheus = Prometheus::start("qmetrics", &s.addr);
 
     let mut failed = Vec::new();
     for i in 0..60 {

@@ -1,21 +1,42 @@
 //! testkit: what qlist's tests share, and only its tests (every crate that uses it has it
 //! as a dev-dependency; no product crate ships a test server).
 //!
-//! - [`s3`]: a real S3 server (SeaweedFS) on free loopback ports, [`s3::TestS3`];
+//! - [`ChildGuard`] ([`child`]): the one child-process guard, stopped by its pid on drop
+//!   (SIGTERM, a grace, SIGKILL) and reaped;
 //! - [`wait_for`] and [`wait_for_async`]: the one poll-until-true with a limit, which fails
 //!   the test naming what never happened and where it was waited for;
 //! - [`assert_exit`]: the one check of a finished command: its exit code, what its stderr
 //!   says, and no panic;
+//! - [`proxy::Proxy`]: the one TCP proxy, cuttable (partitions), slowed, load-balancing;
+//! - [`tmpfs::Tmpfs`]: a sized tmpfs mount, to fill a disk;
+//! - servers: [`s3::TestS3`] (SeaweedFS), [`prometheus::Prometheus`], and test brokers,
+//!   [`broker::TestBroker`] (idbroker on free ports, on `idtools::announced`);
+//! - [`pki`]: throwaway certificates for the TLS tests;
+//! - [`resp`] and [`raw`]: `redis-cli` runs and raw RESP replies, and hand-driven
+//!   connections to a broker's binary listener, for the broker's protocol tests;
+//! - [`sim`]: the deterministic simulation's in-memory node model (message loss, delay,
+//!   reordering, duplication, crashes, amnesia, mutants), on tokio's paused clock;
 //! - [`cpu_time`]: the CPU time a process has used, from /proc (the tests that show an
-//!   attack costs the server nothing measure it).
+//!   attack costs the server nothing measure it); [`AbortOnDrop`]: a task aborted on drop.
 //!
-//! It depends on no qlist crate, so any crate's own tests can use it. Test brokers and
-//! local quorums stay with the operator tools they are built on (`idtools::proc`,
-//! `idtools::cluster`).
+//! Local quorums stay with the operator tools they serve (`idtools::cluster`, which
+//! `idctl cluster up` runs); testkit builds on them.
 
 #![warn(missing_docs)]
 
+pub mod broker;
+pub mod child;
+mod http;
+pub mod pki;
+pub mod prometheus;
+pub mod proxy;
+pub mod raw;
+pub mod resp;
 pub mod s3;
+pub mod sim;
+pub mod tmpfs;
+
+pub use child::ChildGuard;
 
 use std::future::Future;
 use std::process::Output;
@@ -103,14 +124,13 @@ pub fn assert_exit(out: &Output, code: i32, stderr_has: &str) {
     assert!(!stderr.contains("panicked"), "a panic: {}", printed(out));
 }
 
-/// A child process killed (SIGKILL, by its own pid) and reaped when dropped, so that a
-/// failing test leaves none behind.
-pub struct KilledOnDrop(pub std::process::Child);
+/// A tokio task aborted when dropped: a server or proxy a test runs in-process stops
+/// with the test, failing or not.
+pub struct AbortOnDrop<T>(pub tokio::task::JoinHandle<T>);
 
-impl Drop for KilledOnDrop {
+impl<T> Drop for AbortOnDrop<T> {
     fn drop(&mut self) {
-        let _ = self.0.kill();
-        let _ = self.0.wait();
+        self.0.abort();
     }
 }
 

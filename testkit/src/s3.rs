@@ -12,10 +12,11 @@
 //! `/var/tmp/qlist-py`, or `$QLIST_PY`): `$QLIST_WEED` if set, else `$QLIST_PY/bin/weed`
 //! (default `/var/tmp/qlist-py/bin/weed`), else `weed` on PATH.
 
-use std::io::{Read, Write};
-use std::net::{Ipv4Addr, TcpListener, TcpStream};
+use crate::child::ChildGuard;
+use crate::http::{http, Response};
+use std::net::{Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
 /// The access key of the one identity the server accepts.
@@ -40,8 +41,6 @@ const START_TIMEOUT: Duration = Duration::from_secs(30);
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
 /// Pause between readiness polls.
 const POLL: Duration = Duration::from_millis(50);
-/// Deadline of one filer request: a paused server makes the call fail, not hang.
-const HTTP_TIMEOUT: Duration = Duration::from_secs(10);
 /// Entries per filer listing page (the filer's own default cap is 1000).
 const LIST_PAGE: usize = 1000;
 /// Volumes are files this large at most, and there are at most `MAX_VOLUMES`: small and
@@ -136,7 +135,7 @@ pub struct TestS3 {
     weed: PathBuf,
     ports: Ports,
     bucket: String,
-    child: Option<Child>,
+    child: Option<ChildGuard>,
     log: PathBuf,
     dir: tempfile::TempDir,
 }
@@ -204,7 +203,7 @@ impl TestS3 {
     /// The server's pid, while it runs (between [`TestS3::kill`] and
     /// [`TestS3::restart`] there is none).
     pub fn pid(&self) -> Option<u32> {
-        self.child.as_ref().map(Child::id)
+        self.child.as_ref().and_then(ChildGuard::pid)
     }
 
     /// The `host:port` of the filer HTTP API (the objects are under `/buckets/BUCKET/`).
@@ -220,8 +219,7 @@ impl TestS3 {
     /// kill -9 the server (by its pid) and reap it; nothing if it is not running.
     pub fn kill(&mut self) {
         if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
+            child.kill();
         }
     }
 
@@ -357,7 +355,7 @@ impl TestS3 {
     pub fn kill_mid_upload(
         &mut self,
         key: &str,
-        writer: &mut Child,
+        writer: &mut ChildGuard,
         min_parts: usize,
     ) -> Vec<String> {
         let parts = self.wait_for_parts(min_parts);
@@ -368,8 +366,7 @@ impl TestS3 {
             self.keys("")
         );
         self.kill();
-        writer.kill().expect("kill -9 the writer");
-        writer.wait().expect("wait for the writer");
+        writer.kill().expect("kill -9 the writer, still running");
         self.restart();
         assert!(
             self.keys("").is_empty(),
@@ -506,7 +503,7 @@ impl TestS3 {
                 self.weed.display()
             )
         });
-        self.child = Some(child);
+        self.child = Some(ChildGuard::new("weed", child));
         self.wait_ready();
     }
 
@@ -521,7 +518,7 @@ impl TestS3 {
         let volumes = count_volumes(&self.dir.path().join("data"));
         loop {
             let child = self.child.as_mut().expect("spawned");
-            if let Ok(Some(status)) = child.try_wait() {
+            if let Some(status) = child.try_wait() {
                 self.child = None;
                 self.fail(&format!("exited ({status}) while starting"));
             }
@@ -773,68 +770,6 @@ fn base64_decode(s: &str) -> Option<Vec<u8>> {
     Some(out)
 }
 
-struct Response {
-    status: u16,
-    body: Vec<u8>,
-}
-
-/// One HTTP/1.1 request to `addr` (`Connection: close`), the whole response read.
-fn http(addr: &str, method: &str, path: &str, body: &[u8]) -> std::io::Result<Response> {
-    let mut s = TcpStream::connect(addr)?;
-    s.set_read_timeout(Some(HTTP_TIMEOUT))?;
-    s.set_write_timeout(Some(HTTP_TIMEOUT))?;
-    let head = format!(
-        "{method} {path} HTTP/1.1\r\nHost: {addr}\r\nAccept: application/json\r\n\
-         Content-Type: application/octet-stream\r\nContent-Length: {}\r\n\
-         Connection: close\r\n\r\n",
-        body.len()
-    );
-    s.write_all(head.as_bytes())?;
-    s.write_all(body)?;
-    let mut raw = Vec::new();
-    s.read_to_end(&mut raw)?;
-    parse_response(&raw).ok_or_else(|| {
-        let start = String::from_utf8_lossy(&raw[..raw.len().min(200)]).into_owned();
-        std::io::Error::new(
-            std::io::ErrorKind::InvalidData,
-            format!("bad HTTP response: {start:?}"),
-        )
-    })
-}
-
-/// Status and body of a whole response (body as sent, or de-chunked).
-fn parse_response(raw: &[u8]) -> Option<Response> {
-    let end = raw.windows(4).position(|w| w == b"\r\n\r\n")?;
-    let head = std::str::from_utf8(&raw[..end]).ok()?;
-    let status = head.split(' ').nth(1)?.parse().ok()?;
-    let rest = &raw[end + 4..];
-    let chunked = head.lines().any(|l| {
-        let l = l.to_ascii_lowercase();
-        l.starts_with("transfer-encoding:") && l.contains("chunked")
-    });
-    let body = if chunked {
-        dechunk(rest)?
-    } else {
-        rest.to_vec()
-    };
-    Some(Response { status, body })
-}
-
-fn dechunk(mut rest: &[u8]) -> Option<Vec<u8>> {
-    let mut body = Vec::new();
-    loop {
-        let eol = rest.windows(2).position(|w| w == b"\r\n")?;
-        let size_field = std::str::from_utf8(&rest[..eol]).ok()?;
-        let size = usize::from_str_radix(size_field.split(';').next()?.trim(), 16).ok()?;
-        rest = &rest[eol + 2..];
-        if size == 0 {
-            return Some(body);
-        }
-        body.extend_from_slice(rest.get(..size)?);
-        rest = rest.get(size + 2..)?;
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -849,15 +784,6 @@ mod tests {
     #[test]
     fn paths_keep_slashes_and_encode_the_rest() {
         assert_eq!(encode_path("runs/shard 1+2.bin"), "runs/shard%201%2B2.bin");
-    }
-
-    #[test]
-    fn chunked_and_plain_responses_parse() {
-        let r = parse_response(b"HTTP/1.1 200 OK\r\nTransfer-Encoding: chunked\r\n\r\n3\r\nabc\r\n2;x=y\r\nde\r\n0\r\n\r\n")
-            .unwrap();
-        assert_eq!((r.status, r.body.as_slice()), (200, &b"abcde"[..]));
-        let r = parse_response(b"HTTP/1.1 404 Not Found\r\nContent-Length: 2\r\n\r\nno").unwrap();
-        assert_eq!((r.status, r.body.as_slice()), (404, &b"no"[..]));
     }
 
     #[test]

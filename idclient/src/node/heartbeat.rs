@@ -19,7 +19,7 @@
 //! leader by its expiry; a change does not).
 //!
 //! The three operations on one node are the trait [`HeartbeatNode`], which the Redis
-//! [`Node`] implements and so does the simulation's node (`idtools::sim::SimNode`): the
+//! [`Node`] implements and so does the simulation's node (`testkit::sim::SimNode`): the
 //! quorum-wide functions below ([`refresh_heartbeat`], [`read_heartbeats`],
 //! [`resign_heartbeat`]) are generic over it, so the deterministic simulation runs the
 //! broker's real election over simulated nodes.

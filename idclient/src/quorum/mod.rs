@@ -178,7 +178,7 @@ enum RoundLoss {
 /// The direct client: talks to all nodes in parallel. Cheap to share (`Arc`) between
 /// tasks; one per process is the usual setup.
 ///
-/// Generic over the node type so the deterministic simulation (`idtools::sim`) runs this
+/// Generic over the node type so the deterministic simulation (`testkit::sim`) runs this
 /// very code over in-memory nodes; production uses the default, [`Node`] (Redis).
 pub struct QuorumClient<N: Register = Node> {
     nodes: Vec<N>,

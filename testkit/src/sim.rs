@@ -110,13 +110,17 @@ impl Default for SimConfig {
 /// What happened in a simulation, for reports and sanity checks.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
 pub struct SimStats {
+    /// Requests sent by clients.
     pub requests: u64,
+    /// Messages the network lost (requests and replies).
     pub lost: u64,
+    /// Requests the network delivered twice.
     pub duplicated: u64,
     /// Requests applied to a register (duplicates included).
     pub applied: u64,
     /// Requests that arrived at a crashed node.
     pub refused: u64,
+    /// Node crashes.
     pub crashes: u64,
     /// Conditional writes accepted.
     pub accepts: u64,

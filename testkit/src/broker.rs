@@ -2,8 +2,8 @@
 //! [`Announced`] child killed by its pid on drop), waiting for brokers to settle, and
 //! startup refusals.
 
-use crate::announced::{Announced, START_TIMEOUT};
-use crate::cluster::LocalQuorum;
+use idtools::announced::{Announced, START_TIMEOUT};
+use idtools::cluster::LocalQuorum;
 use std::ffi::OsStr;
 use std::os::unix::fs::PermissionsExt;
 use std::path::PathBuf;
@@ -15,6 +15,7 @@ use std::time::Duration;
 /// printed if the test panics while it runs), killed by its pid on drop. One harness for
 /// the broker's real-process tests.
 pub struct TestBroker {
+    /// The process (signals, pid, stop).
     pub proc: Announced,
     /// `host:port` of the binary listener.
     pub addr: String,
@@ -116,7 +117,7 @@ impl TestBroker {
 
 /// Polls `brokers[i]` for each `i` in `alive` (with `token` if they require one) until
 /// one leads and every other one follows it in its term, for at most `limit`
-/// ([`crate::failover::wait_settled`]): the leader's index.
+/// ([`idtools::failover::wait_settled`]): the leader's index.
 ///
 /// # Panics
 /// If they do not settle in time: the message has each one's role and term.
@@ -130,7 +131,7 @@ pub async fn wait_settled(
         .iter()
         .map(|&i| (i, brokers[i].addr.as_str()))
         .collect();
-    crate::failover::wait_settled(&views, token, limit)
+    idtools::failover::wait_settled(&views, token, limit)
         .await
         .unwrap_or_else(|e| panic!("{e}"))
 }
@@ -158,54 +159,5 @@ impl Drop for TestBroker {
             let log = std::fs::read_to_string(&self.stderr).unwrap_or_default();
             eprintln!("--- stderr of idbroker {} ---\n{log}", self.addr);
         }
-    }
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    fn sh(script: &str) -> Command {
-        let mut cmd = Command::new("sh");
-        cmd.args(["-c", script]);
-        cmd
-    }
-
-    #[test]
-    fn values_come_in_prefix_order_whatever_the_line_order() {
-        let p = Announced::start(
-            &mut sh(
-                "echo noise; echo 'resp listening on b:2'; echo 'listening on a:1'; exec sleep 30",
-            ),
-            &["listening on ", "resp listening on "],
-            Duration::from_secs(10),
-        )
-        .expect("announced");
-        assert_eq!((p.addr(), p.value(1)), ("a:1", "b:2"));
-    }
-
-    #[test]
-    fn a_process_that_exits_silently_is_an_error_naming_what_it_said() {
-        let err = Announced::start(
-            &mut sh("echo 'bad flag'; exit 2"),
-            &["listening on "],
-            Duration::from_secs(10),
-        )
-        .err()
-        .expect("no announcement");
-        let msg = err.to_string();
-        assert!(msg.contains("bad flag") && msg.contains("exit"), "{msg}");
-    }
-
-    #[test]
-    fn a_process_that_never_announces_is_killed_at_the_timeout() {
-        let err = Announced::start(
-            &mut sh("exec sleep 30"),
-            &["listening on "],
-            Duration::from_millis(200),
-        )
-        .err()
-        .expect("no announcement");
-        assert!(err.to_string().contains("did not announce"), "{err}");
     }
 }

@@ -1,7 +1,7 @@
 //! Throwaway certificates for TLS tests (rcgen), as PEM files in a temp dir: a CA, a
 //! server certificate for `127.0.0.1` and `localhost` signed by it, a client certificate
 //! signed by it, and a second CA that signed none of them. Used by the tests of
-//! `rediss://` nodes (with [`LocalQuorum::temp_tls`](crate::cluster::LocalQuorum::temp_tls))
+//! `rediss://` nodes (with [`LocalQuorum::temp_tls`](idtools::cluster::LocalQuorum::temp_tls))
 //! and of idbroker's TLS listeners.
 
 use anyhow::Context;
@@ -13,25 +13,28 @@ use std::path::{Path, PathBuf};
 
 /// The certificates, as PEM files in [`Pki::dir`] (deleted on drop).
 pub struct Pki {
+    /// The temp dir holding the files.
     pub dir: tempfile::TempDir,
     /// The CA that signed the server and client certificates.
     pub ca: PathBuf,
     /// For `127.0.0.1` and `localhost` (server authentication).
     pub server_cert: PathBuf,
+    /// The server certificate's key.
     pub server_key: PathBuf,
     /// Client authentication, signed by [`Pki::ca`].
     pub client_cert: PathBuf,
+    /// The client certificate's key.
     pub client_key: PathBuf,
     /// A CA that signed nothing here.
     pub other_ca: PathBuf,
 }
 
 impl Pki {
-    /// TLS for a quorum's nodes ([`crate::cluster::test_quorum_tls`]): they present the
+    /// TLS for a quorum's nodes ([`idtools::cluster::test_quorum_tls`]): they present the
     /// server certificate and check client certificates against the CA, requiring one if
     /// `require_client_cert`.
-    pub fn tls_nodes(&self, require_client_cert: bool) -> crate::cluster::TlsNodes {
-        crate::cluster::TlsNodes {
+    pub fn tls_nodes(&self, require_client_cert: bool) -> idtools::cluster::TlsNodes {
+        idtools::cluster::TlsNodes {
             cert_file: self.server_cert.clone(),
             key_file: self.server_key.clone(),
             ca_file: self.ca.clone(),
