@@ -13,6 +13,10 @@
 //!
 //! The main types: [`Config`] (the bounds, and the [`stateright::Model`]), [`State`],
 //! [`Action`]. The properties are those `Config`'s `Model::properties` returns, by the names in [`props`].
+//!
+//! Liveness is checked bounded: [`Config::quiet`] is the model once faults stop, and
+//! [`Config::quiet_run`] runs it on one fair schedule; with [`Config::liveness`] set,
+//! every state the search reaches must lead to an answer within that many quiet steps.
 
 mod model;
 

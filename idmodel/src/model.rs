@@ -337,9 +337,39 @@ pub struct Config {
     pub crashes: u8,
     pub retries: u8,
     pub rules: Rules,
+    /// Whether the faults may happen: lost answers, duplicated requests, crashes and
+    /// restarts, and timeouts at any moment. Without them ([`Config::quiet`]) a timeout
+    /// fires only once the network has delivered all it can and the operation still
+    /// waits, as it does on a quiet network with long enough timeouts.
+    pub faults: bool,
+    /// Adds the liveness property ([`props::LIVE`]): from every state the check reaches,
+    /// [`Config::quiet_run`] answers a request within this many steps.
+    pub liveness: Option<usize>,
+    /// A liveness bug planted in the model, to show the liveness check finds it.
+    pub sabotage: Option<Sabotage>,
     /// Where the check starts: [`Config::initial`] if `None`, else this state (reached
     /// by a script, [`Config::play`]), so a deeper part of a run is explored exhaustively.
     pub from: Option<State>,
+}
+
+/// A liveness bug planted in the model (the decisions in `rules` are kept): the liveness
+/// check must find the state it leaves stuck.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Sabotage {
+    /// A candidate never gives up a claim that no majority has answered (its claim has
+    /// no timeout): after a split vote with a node down it waits for good.
+    ClaimWithoutTimeout,
+}
+
+/// A fault-free run from one state ([`Config::quiet_run`]).
+#[derive(Clone, Debug)]
+pub struct QuietRun {
+    /// The steps taken, in order.
+    pub actions: Vec<Action>,
+    /// Whether a client was handed an ID (after the run's start) within the bound.
+    pub answered: bool,
+    /// Where it ended: at the first answer, at the bound, or where nothing was enabled.
+    pub end: State,
 }
 
 /// One step of a script ([`Config::play`]).
@@ -370,6 +400,9 @@ impl Config {
             crashes: 1,
             retries: 1,
             rules: RULES,
+            faults: true,
+            liveness: None,
+            sabotage: None,
             from: None,
         }
     }
@@ -412,6 +445,85 @@ impl Config {
     pub fn with_rules(mut self, rules: Rules) -> Config {
         self.rules = rules;
         self
+    }
+
+    /// The same model once faults stop: no lost answers, duplicates, crashes or restarts
+    /// (a crashed node stays down; a majority is up), timeouts only once the network is
+    /// settled ([`Config::faults`]), a client's request retried only once no broker holds
+    /// it. The bounds that only keep the search finite are lifted (terms, refreshes, IDs,
+    /// requests): [`Config::quiet_run`] is bounded by its step count instead.
+    pub fn quiet(&self) -> Config {
+        Config {
+            requests: u8::MAX,
+            max_term: u64::MAX,
+            max_seq: u64::MAX,
+            max_id: u64::MAX,
+            faults: false,
+            liveness: None,
+            from: None,
+            ..*self
+        }
+    }
+
+    /// Runs [`Config::quiet`] from `s` on one fair schedule, for at most `max_steps` steps,
+    /// until a client is handed an ID. The schedule: a network that delivers every message
+    /// it can before any actor's own step (the first in flight first); then brokers and
+    /// clients in turn (round-robin), each taking its first enabled step in the order
+    /// time out (election, serving, an overdue refresh), close a batch, check the term,
+    /// stand, watch, refresh; a client sends a request, or retries.
+    pub fn quiet_run(&self, s: &State, max_steps: usize) -> QuietRun {
+        let q = self.quiet();
+        let goal = s.ghost.answered;
+        let actors = (self.brokers + self.clients) as usize;
+        let mut s = s.clone();
+        let mut taken = Vec::new();
+        let mut acts = Vec::new();
+        let mut turn = 0;
+        while s.ghost.answered <= goal && taken.len() < max_steps {
+            acts.clear();
+            q.actions(&s, &mut acts);
+            let delivery = acts
+                .iter()
+                .find(|a| matches!(a, Action::Deliver(_)))
+                .copied();
+            let next = delivery.or_else(|| {
+                (0..actors).find_map(|k| {
+                    let actor = (turn + k) % actors;
+                    let a = acts
+                        .iter()
+                        .filter(|a| self.owner(**a) == Some(actor))
+                        .min_by_key(|a| quiet_priority(**a))
+                        .copied()?;
+                    turn = actor + 1;
+                    Some(a)
+                })
+            });
+            let Some(a) = next else { break };
+            let Some(n) = q.next_state(&s, a) else { break };
+            s = n;
+            taken.push(a);
+        }
+        QuietRun {
+            answered: s.ghost.answered > goal,
+            actions: taken,
+            end: s,
+        }
+    }
+
+    /// The broker or client whose own step `a` is (brokers first), for the round-robin.
+    fn owner(&self, a: Action) -> Option<usize> {
+        match a {
+            Action::Watch(b)
+            | Action::Stand(b)
+            | Action::Refresh(b)
+            | Action::Overdue(b)
+            | Action::CheckTerm(b)
+            | Action::Close(b)
+            | Action::ElectTimeout(b)
+            | Action::ServeTimeout(b) => Some(b as usize),
+            Action::Request(c) | Action::Retry(c) => Some((self.brokers + c) as usize),
+            _ => None,
+        }
     }
 
     fn majority(&self) -> usize {
@@ -473,6 +585,23 @@ impl Config {
     }
 }
 
+/// The order in which [`Config::quiet_run`] picks among one actor's enabled steps. A
+/// timeout comes first: without faults one is enabled only once the network settled
+/// with its operation still waiting, which is when its deadline runs out (a leader
+/// could otherwise refresh for ever while its batch waits).
+fn quiet_priority(a: Action) -> u8 {
+    match a {
+        Action::ElectTimeout(_) | Action::Request(_) => 0,
+        Action::ServeTimeout(_) | Action::Retry(_) => 1,
+        Action::Overdue(_) => 2,
+        Action::Close(_) => 3,
+        Action::CheckTerm(_) => 4,
+        Action::Stand(_) => 5,
+        Action::Watch(_) => 6,
+        _ => 7,
+    }
+}
+
 /// The properties' names.
 pub mod props {
     pub const UNIQUE: &str = "IDs are unique";
@@ -484,6 +613,8 @@ pub mod props {
     pub const ANSWERED: &str = "a request is answered";
     pub const FROM_WINDOW: &str = "a request is answered from a confirmed window";
     pub const FAILOVER: &str = "a request is answered by a leader of term 2";
+    /// Only with [`Config::liveness`](crate::Config::liveness).
+    pub const LIVE: &str = "once faults stop, a request is answered within the bound";
 
     /// The safety properties (`always`).
     pub const SAFETY: [&str; 6] = [
@@ -659,7 +790,7 @@ impl Ctx<'_> {
     }
 
     fn retry(&mut self, c: u8) {
-        self.s.retries_left -= 1;
+        self.s.retries_left = self.s.retries_left.saturating_sub(1);
         let brokers = self.cfg.brokers;
         let cl = &mut self.s.clients[c as usize];
         let Some(p) = cl.pending.as_mut() else { return };
@@ -1192,6 +1323,16 @@ impl Ctx<'_> {
     }
 }
 
+/// Whether a broker holds client `c`'s request `req`, admitted or in a batch.
+fn held(s: &State, c: u8, req: u8) -> bool {
+    s.brokers.iter().any(|b| {
+        b.queue.iter().any(|q| (q.0, q.1) == (c, req))
+            || b.batch
+                .as_ref()
+                .is_some_and(|bt| bt.reqs.iter().any(|q| (q.0, q.1) == (c, req)))
+    })
+}
+
 impl Model for Config {
     type State = State;
     type Action = Action;
@@ -1201,7 +1342,10 @@ impl Model for Config {
     }
 
     fn actions(&self, s: &State, out: &mut Vec<Action>) {
+        let faults = self.faults;
         let mut last = None;
+        // Without faults, a timeout waits until nothing more can be delivered.
+        let mut settled = true;
         for e in &s.net {
             if last == Some(e) {
                 continue;
@@ -1212,21 +1356,23 @@ impl Model for Config {
                 if !s.nodes[n as usize].up {
                     continue;
                 }
-                if s.drops_left > 0 {
+                if faults && s.drops_left > 0 {
                     out.push(Action::Lose(*e));
                 }
-                if s.dups_left > 0 {
+                if faults && s.dups_left > 0 {
                     out.push(Action::Duplicate(*e));
                 }
             }
+            settled = false;
             out.push(Action::Deliver(*e));
         }
+        let may_time_out = faults || settled;
         for (i, n) in s.nodes.iter().enumerate() {
             let i = i as u8;
-            if n.up && s.crashes_left > 0 {
+            if faults && n.up && s.crashes_left > 0 {
                 out.push(Action::Crash(i));
             }
-            if !n.up {
+            if faults && !n.up {
                 out.push(Action::Restart(i));
             }
         }
@@ -1253,16 +1399,24 @@ impl Model for Config {
                         kind: ElectKind::Refresh { .. },
                         ..
                     }),
-                ) => out.push(Action::Overdue(i)),
+                ) if may_time_out => out.push(Action::Overdue(i)),
                 _ => {}
             }
-            if b.elect.is_some() {
+            let claim_stays = self.sabotage == Some(Sabotage::ClaimWithoutTimeout)
+                && matches!(
+                    b.elect,
+                    Some(ElectOp {
+                        kind: ElectKind::Claim { .. },
+                        ..
+                    })
+                );
+            if b.elect.is_some() && may_time_out && !claim_stays {
                 out.push(Action::ElectTimeout(i));
             }
             if b.batch.is_none() && !b.queue.is_empty() {
                 out.push(Action::Close(i));
             }
-            if b.batch.is_some() {
+            if b.batch.is_some() && may_time_out {
                 out.push(Action::ServeTimeout(i));
             }
         }
@@ -1270,7 +1424,10 @@ impl Model for Config {
             let i = i as u8;
             match c.pending {
                 None if c.sent < self.requests => out.push(Action::Request(i)),
-                Some(_) if s.retries_left > 0 => out.push(Action::Retry(i)),
+                Some(_) if faults && s.retries_left > 0 => out.push(Action::Retry(i)),
+                // Quiet: the client's deadline runs out once no broker holds its request
+                // (a batch that failed, a request a broker dropped): it tries the next.
+                Some(p) if !faults && settled && !held(s, i, p.req) => out.push(Action::Retry(i)),
                 _ => {}
             }
         }
@@ -1341,7 +1498,7 @@ impl Model for Config {
     }
 
     fn properties(&self) -> Vec<Property<Self>> {
-        vec![
+        let mut ps = vec![
             Property::always(props::UNIQUE, |_, s: &State| !s.ghost.duplicate),
             Property::always(props::LINEARIZABLE, |_, s: &State| !s.ghost.out_of_order),
             Property::always(props::ONE_PER_TERM, |_, s: &State| !s.ghost.two_in_a_term),
@@ -1357,7 +1514,14 @@ impl Model for Config {
                 s.ghost.answered_from_window
             }),
             Property::sometimes(props::FAILOVER, |_, s: &State| s.ghost.answered_in_term_2),
-        ]
+        ];
+        if self.liveness.is_some() {
+            ps.push(Property::always(props::LIVE, |cfg: &Config, s: &State| {
+                cfg.liveness
+                    .is_none_or(|steps| cfg.quiet_run(s, steps).answered)
+            }));
+        }
+        ps
     }
 }
 
