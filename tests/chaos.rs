@@ -72,44 +72,39 @@ struct Broker {
 }
 
 fn start_broker(port: u16, urls: &str, logs: &Path, b: usize) -> Proc {
-    let (out, err) = log_file(logs, &format!("broker-{b}"));
-    let mut p = Proc::spawn(
-        format!("idbroker {b}"),
-        Command::new(bin("idbroker"))
-            .args(["--listen", &format!("127.0.0.1:{port}"), "--nodes", urls])
-            .stdout(out)
-            .stderr(err),
-    );
+    let spawn = || {
+        let (out, err) = log_file(logs, &format!("broker-{b}"));
+        Proc::spawn(
+            format!("idbroker {b}"),
+            Command::new(bin("idbroker"))
+                .args(["--listen", &format!("127.0.0.1:{port}"), "--nodes", urls])
+                .stdout(out)
+                .stderr(err),
+        )
+    };
+    let mut p = spawn();
     // The port can linger for a moment after a kill -9: retry the start a few times.
-    let until = Instant::now() + Duration::from_secs(15);
-    loop {
-        // Our child must be alive and hold the listening socket itself: a connect alone
-        // could reach whoever else took the port.
-        if let Some(status) = p.try_wait() {
-            assert!(
-                Instant::now() < until,
-                "idbroker {b} keeps failing to start ({status}):\n{}",
-                tail(logs, &format!("broker-{b}"))
-            );
-            std::thread::sleep(Duration::from_millis(200));
-            let (out, err) = log_file(logs, &format!("broker-{b}"));
-            p = Proc::spawn(
-                format!("idbroker {b}"),
-                Command::new(bin("idbroker"))
-                    .args(["--listen", &format!("127.0.0.1:{port}"), "--nodes", urls])
-                    .stdout(out)
-                    .stderr(err),
-            );
-        }
-        if p.pid().is_some_and(|pid| common::listens_on(pid, port)) {
-            return p;
-        }
-        assert!(
-            Instant::now() < until,
-            "idbroker {b} did not start listening on port {port}"
-        );
-        std::thread::sleep(Duration::from_millis(20));
-    }
+    let limit = Duration::from_secs(15);
+    let until = Instant::now() + limit;
+    testkit::wait_for(
+        &format!("idbroker {b} listens on port {port}"),
+        limit,
+        || {
+            // Our child must be alive and hold the listening socket itself: a connect
+            // alone could reach whoever else took the port.
+            if let Some(status) = p.try_wait() {
+                assert!(
+                    Instant::now() < until,
+                    "idbroker {b} keeps failing to start ({status}):\n{}",
+                    tail(logs, &format!("broker-{b}"))
+                );
+                std::thread::sleep(Duration::from_millis(200));
+                p = spawn();
+            }
+            p.pid().is_some_and(|pid| common::listens_on(pid, port))
+        },
+    );
+    p
 }
 
 struct Producer {

@@ -23,7 +23,8 @@ fn text(o: &Output) -> String {
     )
 }
 
-/// Starts idbroker on a free port; returns the process (killed on drop) and its address.
+/// Starts idbroker on a free port; returns the process (stopped by its pid on drop) and
+/// its address.
 fn broker(q: &LocalQuorum) -> (Proc, String) {
     broker_with(q, &[])
 }

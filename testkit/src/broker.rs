@@ -142,14 +142,15 @@ pub async fn wait_settled(
 ///
 /// # Panics
 /// If it cannot run, or exits otherwise.
+#[track_caller]
 pub fn refused_at_startup<A: AsRef<OsStr>>(bin: &str, args: &[A]) -> String {
     let out = Command::new(bin)
         .args(["--listen", "127.0.0.1:0", "--nodes", "redis://127.0.0.1:1"])
         .args(args)
         .output()
         .expect("run idbroker");
-    assert_eq!(out.status.code(), Some(2), "{out:?}");
-    assert!(out.stdout.is_empty(), "{out:?}");
+    crate::assert_exit(&out, 2, "");
+    assert!(out.stdout.is_empty(), "{}", crate::printed(&out));
     String::from_utf8_lossy(&out.stderr).into_owned()
 }
 

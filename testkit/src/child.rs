@@ -79,10 +79,12 @@ impl ChildGuard {
         child.wait().ok()
     }
 
-    /// SIGTERM, up to the grace for it to end, then SIGKILL; reaped either way. The exit
-    /// status, if it was still ours.
+    /// SIGTERM (and SIGCONT, so that a process a test paused with SIGSTOP can act on it),
+    /// up to the grace for it to end, then SIGKILL; reaped either way. The exit status, if
+    /// it was still ours.
     pub fn stop(&mut self) -> Option<ExitStatus> {
         self.signal(libc::SIGTERM);
+        self.signal(libc::SIGCONT);
         let until = Instant::now() + self.grace;
         let mut pause = Duration::from_millis(1);
         while Instant::now() < until {
@@ -163,6 +165,17 @@ mod tests {
         let status = p.stop().expect("a status");
         use std::os::unix::process::ExitStatusExt;
         assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
+    }
+
+    #[test]
+    fn stop_ends_a_paused_process_with_sigterm() {
+        let mut p = ChildGuard::spawn("sleep", Command::new("sleep").arg("30"));
+        p.signal(libc::SIGSTOP);
+        let started = Instant::now();
+        let status = p.stop().expect("a status");
+        use std::os::unix::process::ExitStatusExt;
+        assert_eq!(status.signal(), Some(libc::SIGTERM), "{status:?}");
+        assert!(started.elapsed() < STOP_GRACE, "{:?}", started.elapsed());
     }
 
     #[test]

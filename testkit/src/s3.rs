@@ -39,8 +39,6 @@ const START_TIMEOUT: Duration = Duration::from_secs(30);
 /// How long the threads of a SIGSTOPped server may take to stop: they stop within
 /// microseconds; anything near this is a bug.
 const STOP_TIMEOUT: Duration = Duration::from_secs(10);
-/// Pause between readiness polls.
-const POLL: Duration = Duration::from_millis(50);
 /// Entries per filer listing page (the filer's own default cap is 1000).
 const LIST_PAGE: usize = 1000;
 /// Volumes are files this large at most, and there are at most `MAX_VOLUMES`: small and
@@ -383,19 +381,16 @@ impl TestS3 {
     /// # Panics
     /// If there are fewer by then, with what there is.
     pub fn wait_for_parts(&self, min: usize) -> Vec<String> {
-        let until = Instant::now() + Duration::from_secs(120);
-        loop {
-            let parts = self.keys(".uploads/");
-            if parts.len() >= min {
-                return parts;
-            }
-            assert!(
-                Instant::now() < until,
-                "fewer than {min} parts uploaded after 120 s: {parts:?}, uploads {:?}",
-                self.multipart_uploads()
-            );
-            std::thread::sleep(Duration::from_millis(100));
-        }
+        let mut parts = Vec::new();
+        crate::wait_for(
+            &format!("at least {min} parts of a multipart upload stored under .uploads/"),
+            Duration::from_secs(120),
+            || {
+                parts = self.keys(".uploads/");
+                parts.len() >= min
+            },
+        );
+        parts
     }
 
     fn signal(&self, sig: libc::c_int) {
@@ -511,30 +506,29 @@ impl TestS3 {
     /// knows every volume the data dir holds (after a restart the filer answers before the
     /// volume server has reported its volumes: reading an object then fails).
     fn wait_ready(&mut self) {
-        let started = Instant::now();
         let s3 = format!("127.0.0.1:{}", self.ports.s3);
         let bucket = format!("/buckets/{}/?limit=1", self.bucket);
         let master = format!("127.0.0.1:{}", self.ports.master);
         let volumes = count_volumes(&self.dir.path().join("data"));
-        loop {
+        // On a timeout the panic unwinds through the caller's TestS3, whose drop kills
+        // the server and prints its log.
+        let what = format!(
+            "SeaweedFS ({} mini, S3 on {s3}) ready: S3 answers, the filer lists the bucket, \
+             the master knows {volumes} volumes (if weed is missing or broken, run \
+             `bash scripts/deps.sh`)",
+            self.weed.display()
+        );
+        crate::wait_for(&what, START_TIMEOUT, || {
             let child = self.child.as_mut().expect("spawned");
             if let Some(status) = child.try_wait() {
                 self.child = None;
                 self.fail(&format!("exited ({status}) while starting"));
             }
-            let ready = http(&s3, "GET", "/", &[]).is_ok()
+            http(&s3, "GET", "/", &[]).is_ok()
                 && http(&self.filer_addr(), "GET", &bucket, &[]).is_ok_and(|r| r.status == 200)
                 && http(&master, "GET", "/dir/status", &[])
-                    .is_ok_and(|r| volumes_known(&r.body).is_some_and(|n| n >= volumes));
-            if ready {
-                return;
-            }
-            if started.elapsed() > START_TIMEOUT {
-                self.kill();
-                self.fail(&format!("is not ready after {START_TIMEOUT:?}"));
-            }
-            std::thread::sleep(POLL);
-        }
+                    .is_ok_and(|r| volumes_known(&r.body).is_some_and(|n| n >= volumes))
+        });
     }
 
     fn fail(&self, what: &str) -> ! {
