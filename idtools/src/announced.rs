@@ -1,13 +1,16 @@
 //! Child processes that announce where they listen on stdout, as `idbroker` does
 //! (`listening on ADDR`, then `resp listening on ADDR`, `metrics listening on ADDR`):
-//! started, waited for with a timeout, and killed by their own pid when dropped.
+//! started, waited for with a timeout, and stopped by their own pid when dropped (the one
+//! guard, [`ChildGuard`]: SIGTERM, a grace, SIGKILL).
 //!
 //! One place for what every real-process test and `idctl failover` need: stdout is read
 //! on a thread (a process that never prints cannot block the caller past the timeout)
 //! and drained for the process's lifetime (a full pipe would stall it).
 
 use std::io::{BufRead, BufReader};
-use std::process::{Child, ChildStderr, Command, ExitStatus, Stdio};
+use std::process::{ChildStderr, Command, ExitStatus, Stdio};
+
+use crate::child::ChildGuard;
 use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
@@ -15,12 +18,15 @@ use std::time::{Duration, Instant};
 /// prints `listening on` only once it leads or knows the leader.
 pub const START_TIMEOUT: Duration = Duration::from_secs(20);
 
-/// A started process and the values of the lines it announced, killed (SIGKILL, by its
-/// pid) and reaped on drop unless it has been waited for.
+/// A started process and the values of the lines it announced, stopped by its pid and
+/// reaped on drop ([`ChildGuard`]) unless it has been waited for.
 pub struct Announced {
-    child: Child,
+    child: ChildGuard,
+    pid: u32,
+    /// Kept apart from the guard, which gives up the child when it reaps it: stderr can be
+    /// read after [`Announced::wait`].
+    stderr: Option<ChildStderr>,
     values: Vec<String>,
-    reaped: bool,
 }
 
 impl Announced {
@@ -54,9 +60,10 @@ impl Announced {
             }
         });
         let mut started = Announced {
-            child,
+            pid: child.id(),
+            stderr: child.stderr.take(),
+            child: ChildGuard::new(program.clone(), child),
             values: vec![String::new(); prefixes.len()],
-            reaped: false,
         };
         let mut found = vec![false; prefixes.len()];
         let mut said = Vec::new();
@@ -97,37 +104,32 @@ impl Announced {
         self.value(0)
     }
 
-    /// The process id.
+    /// The process id (also once it was reaped: for messages).
     pub fn pid(&self) -> u32 {
-        self.child.id()
+        self.pid
     }
 
     /// Sends `sig` to the process (by its pid).
     ///
     /// # Panics
-    /// If kill(2) fails (the process has been reaped: a bug in the caller).
+    /// If the process has been reaped (a bug in the caller).
     pub fn signal(&self, sig: libc::c_int) {
-        assert!(!self.reaped, "signal {sig} to a process already reaped");
-        let pid = libc::pid_t::try_from(self.child.id()).expect("pid fits pid_t");
-        // SAFETY: kill(2) on the pid of a child we spawned and have not reaped.
-        let rc = unsafe { libc::kill(pid, sig) };
-        assert_eq!(rc, 0, "kill({pid}, {sig}) failed");
+        assert!(
+            self.child.pid().is_some(),
+            "signal {sig} to a process already reaped"
+        );
+        self.child.signal(sig);
     }
 
     /// kill -9 and reap; the exit status, if it could be had.
     pub fn kill(&mut self) -> Option<ExitStatus> {
-        if self.reaped {
-            return None;
-        }
-        let _ = self.child.kill();
-        self.reaped = true;
-        self.child.wait().ok()
+        self.child.kill()
     }
 
     /// The process's stderr, if the command piped it (read it after the process ended,
     /// or concurrently: an unread pipe stalls a process that writes much).
     pub fn take_stderr(&mut self) -> Option<ChildStderr> {
-        self.child.stderr.take()
+        self.stderr.take()
     }
 
     /// Everything the process wrote on its stderr (which the command piped), read to its
@@ -142,30 +144,18 @@ impl Announced {
         text
     }
 
-    /// Whether the process has ended, without waiting.
-    ///
-    /// # Errors
-    /// As [`Child::try_wait`].
-    pub fn try_wait(&mut self) -> std::io::Result<Option<ExitStatus>> {
-        let status = self.child.try_wait()?;
-        self.reaped |= status.is_some();
-        Ok(status)
+    /// Whether the process has ended, without waiting (`None` while it runs, or once it was
+    /// reaped before).
+    pub fn try_wait(&mut self) -> Option<ExitStatus> {
+        self.child.try_wait()
     }
 
     /// Waits for the process to end (after a signal the caller sent).
     ///
-    /// # Errors
-    /// As [`Child::wait`].
-    pub fn wait(&mut self) -> std::io::Result<ExitStatus> {
-        let status = self.child.wait()?;
-        self.reaped = true;
-        Ok(status)
-    }
-}
-
-impl Drop for Announced {
-    fn drop(&mut self) {
-        self.kill();
+    /// # Panics
+    /// If it was reaped before, or wait(2) fails.
+    pub fn wait(&mut self) -> ExitStatus {
+        self.child.wait()
     }
 }
 

@@ -8,8 +8,11 @@
 //! - [`mod@bench`]: the closed-loop load driver behind `idctl bench` and the fault tests.
 //! - [`failover`]: leader failover under load, measured (`idctl failover`).
 //! - [`chart`]: the benchmark sweep as an SVG picture (`idctl chart`, BENCHMARKS.md).
-//! - [`announced`]: child processes that announce their addresses (`idbroker`), killed by
-//!   pid on drop: for `idctl failover` (and testkit's test brokers).
+//! - [`announced`]: child processes that announce their addresses (`idbroker`), stopped
+//!   by pid on drop: for `idctl failover` (and testkit's test brokers).
+//! - [`child`]: the one child-process guard ([`child::ChildGuard`]: SIGTERM, a grace,
+//!   SIGKILL, by pid; reaped), of `idctl`'s children and of every test (testkit
+//!   re-exports it).
 //!
 //! The binary `idctl` (src/bin/idctl.rs) is the command-line face of them all. What only
 //! tests use (test brokers, certificates, raw clients, the deterministic simulation's
@@ -18,6 +21,7 @@
 pub mod announced;
 pub mod bench;
 pub mod chart;
+pub mod child;
 pub mod cluster;
 pub mod failover;
 pub mod history;

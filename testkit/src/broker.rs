@@ -1,5 +1,5 @@
 //! Test brokers: an `idbroker` binary on free loopback ports ([`TestBroker`], an
-//! [`Announced`] child killed by its pid on drop), waiting for brokers to settle, and
+//! [`Announced`] child stopped by its pid on drop), waiting for brokers to settle, and
 //! startup refusals.
 
 use idtools::announced::{Announced, START_TIMEOUT};

@@ -1,8 +1,8 @@
 //! testkit: what qlist's tests share, and only its tests (every crate that uses it has it
 //! as a dev-dependency; no product crate ships a test server).
 //!
-//! - [`ChildGuard`] ([`child`]): the one child-process guard, stopped by its pid on drop
-//!   (SIGTERM, a grace, SIGKILL) and reaped;
+//! - [`ChildGuard`] (from `idtools::child`, which `idctl` uses too): the one child-process
+//!   guard, stopped by its pid on drop (SIGTERM, a grace, SIGKILL) and reaped;
 //! - [`wait_for`] and [`wait_for_async`]: the one poll-until-true with a limit, which fails
 //!   the test naming what never happened and where it was waited for;
 //! - [`assert_exit`]: the one check of a finished command: its exit code, what its stderr
@@ -25,7 +25,6 @@
 #![warn(missing_docs)]
 
 pub mod broker;
-pub mod child;
 mod http;
 pub mod pki;
 pub mod prometheus;
@@ -36,7 +35,7 @@ pub mod s3;
 pub mod sim;
 pub mod tmpfs;
 
-pub use child::ChildGuard;
+pub use idtools::child::{ChildGuard, STOP_GRACE};
 
 use std::future::Future;
 use std::process::Output;

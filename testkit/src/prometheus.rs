@@ -2,8 +2,8 @@
 //! second, with its data in a temp dir and stopped by its pid on drop: the check that
 //! what `/metrics` serves is what Prometheus itself parses and scrapes.
 
-use crate::child::ChildGuard;
 use crate::http::http;
+use crate::ChildGuard;
 use std::process::{Command, Stdio};
 
 /// A Prometheus server under test; see the module.

@@ -12,8 +12,8 @@
 //! `/var/tmp/qlist-py`, or `$QLIST_PY`): `$QLIST_WEED` if set, else `$QLIST_PY/bin/weed`
 //! (default `/var/tmp/qlist-py/bin/weed`), else `weed` on PATH.
 
-use crate::child::ChildGuard;
 use crate::http::{http, Response};
+use crate::ChildGuard;
 use std::net::{Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};

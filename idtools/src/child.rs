@@ -1,6 +1,8 @@
-//! The one child-process guard of the tests: a process stopped by its own pid when the
-//! guard drops (SIGTERM, a grace to end, then SIGKILL) and always reaped, so that a
-//! failing test leaves none behind and no signal ever reaches another process by name.
+//! The one child-process guard, of the tests (testkit re-exports it) and of `idctl`'s
+//! brokers ([`crate::announced::Announced`] holds one): a process stopped by its own pid
+//! when the guard drops (SIGTERM, a grace to end, then SIGKILL) and always reaped, so that
+//! a failing test or a stopped tool leaves none behind and no signal ever reaches another
+//! process by name.
 
 use std::process::{Child, Command, ExitStatus};
 use std::time::{Duration, Instant};
@@ -134,6 +136,15 @@ impl Drop for ChildGuard {
 mod tests {
     use super::*;
 
+    /// Polls `cond` for up to 20 s.
+    fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
+        let until = Instant::now() + Duration::from_secs(20);
+        while !cond() {
+            assert!(Instant::now() < until, "not within 20 s: {what}");
+            std::thread::sleep(Duration::from_millis(5));
+        }
+    }
+
     fn sh(script: &str) -> Command {
         let mut cmd = Command::new("sh");
         cmd.args(["-c", script]);
@@ -161,7 +172,7 @@ mod tests {
             )),
         )
         .grace(Duration::from_millis(200));
-        crate::wait_for("the trap is set", crate::WAIT_LIMIT, || ready.exists());
+        wait_for("the trap is set", || ready.exists());
         let status = p.stop().expect("a status");
         use std::os::unix::process::ExitStatusExt;
         assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
@@ -197,7 +208,7 @@ mod tests {
         assert_eq!(p.kill().and_then(|s| s.signal()), Some(libc::SIGKILL));
         assert_eq!(p.kill(), None, "once");
         let mut q = ChildGuard::spawn("true", &mut Command::new("true"));
-        crate::wait_for("true exits", crate::WAIT_LIMIT, || q.try_wait().is_some());
+        wait_for("true exits", || q.try_wait().is_some());
         assert_eq!(q.pid(), None);
     }
 }
