@@ -1,4 +1,4 @@
-//! The failure stories of the systems qlist is compared with (issue 34, docs/model.md,
+//! The failure stories of the systems qlist is compared with (docs/model.md,
 //! "Scenarios"), each replayed as a script up to the moment the story turns on, then
 //! checked exhaustively from there: every interleaving of the next steps (faults
 //! included) keeps every safety property. Each test also replays the story's ending to
