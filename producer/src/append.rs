@@ -146,6 +146,15 @@ impl<S: IdSource> Appender<S> {
         })
     }
 
+    /// The same appender, counting what it writes into `metrics`: the counters
+    /// `producer --metrics-listen` serves (items and batches durably written by this
+    /// run, failed ID requests, each batch's wait for its IDs), for a job that serves
+    /// them itself ([`crate::metrics::endpoints`], or its own Prometheus registry).
+    pub fn with_metrics(mut self, metrics: std::sync::Arc<crate::ProducerMetrics>) -> Appender<S> {
+        self.stamper.metrics = Some(metrics);
+        self
+    }
+
     /// Items that were durable when the sublist was opened: the number of the caller's
     /// next item. A caller that appends its items from this number on gets each exactly
     /// once, whatever happened to earlier runs.

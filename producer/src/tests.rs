@@ -403,3 +403,29 @@ async fn appender_refuses_an_item_above_the_limit_and_goes_on() {
         Err(ProducerError::Config(_))
     ));
 }
+
+#[tokio::test]
+async fn appender_counts_into_the_producer_metrics() {
+    let dir = tempfile::tempdir().expect("tempdir");
+    let ids = Counter(AtomicU64::new(0));
+    let mut cfg = AppendConfig::new(6, dir.path());
+    cfg.batch = 4;
+    let metrics = Arc::new(ProducerMetrics::new(6));
+    let mut a = Appender::open(cfg, &ids)
+        .expect("open")
+        .with_metrics(metrics.clone());
+    a.append_batch((0..10).map(item)).await.expect("append");
+    a.finish().await.expect("finish");
+    let text = metrics::endpoints(metrics).metrics_text().expect("encode");
+    let value = |name: &str| -> f64 {
+        text.lines()
+            .find_map(|l| l.strip_prefix(name)?.strip_prefix(' ')?.parse().ok())
+            .unwrap_or_else(|| panic!("no {name} in\n{text}"))
+    };
+    assert_eq!(value("qlist_producer_items_written_total"), 10.0, "{text}");
+    // Batches of 4: 4, 4, then the last 2 at finish.
+    assert_eq!(value("qlist_producer_batches_written_total"), 3.0, "{text}");
+    assert_eq!(value("qlist_producer_id_wait_seconds_count"), 3.0, "{text}");
+    assert_eq!(value("qlist_producer_id_errors_total"), 0.0, "{text}");
+    assert_eq!(value("qlist_producer_shard"), 6.0, "{text}");
+}
