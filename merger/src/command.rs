@@ -11,7 +11,7 @@ use qstore::{Location, Store, StoreOptions};
 use crate::jobs::RangeFile;
 use crate::output::{write_list, ListWritten, OutputFormat};
 use crate::progress::{MergeProgress, Stall};
-use crate::{InputSpec, MergeError};
+use crate::{MergeError, MergeInput};
 
 /// What `merger --out` was asked to do.
 #[derive(Debug, Clone)]
@@ -49,7 +49,7 @@ pub struct MergeConfig {
 pub fn open_and_merge(
     cfg: &MergeConfig,
     store: &Store,
-    specs: &[InputSpec],
+    specs: &[MergeInput],
     progress: &mut MergeProgress,
 ) -> Result<ListWritten, MergeError> {
     let inputs = crate::open_inputs(store, specs, cfg.allow_unfinished)?;

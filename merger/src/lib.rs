@@ -36,10 +36,10 @@ pub mod verify;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-pub use inputs::{merge_inputs, open_inputs, InputSpec, Inputs};
+pub use inputs::{merge_inputs, open_inputs, Inputs, MergeInput};
 pub use jobs::merge_jobs;
 pub use kway::{
-    merge, Blocks, Input, Merge, Merger, RecordBlocks, Source, Stretch, READ_AHEAD_BYTES,
+    merge, Blocks, Input, Merge, Merger, RecordBlocks, SortedRecords, Stretch, READ_AHEAD_BYTES,
     READ_AHEAD_RECORDS,
 };
 use qformat::listbin::ListError;

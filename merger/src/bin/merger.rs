@@ -17,7 +17,7 @@ use merger::command::{open_and_merge, MergeConfig};
 use merger::output::OutputFormat;
 use merger::parquet_list::{Codec, ParquetOptions, DEFAULT_ROW_GROUP_ROWS};
 use merger::progress::{MergeProgress, Stall};
-use merger::{InputSpec, MergeError};
+use merger::{MergeError, MergeInput};
 use qcli::Cause;
 use qformat::listbin::ListError;
 use qformat::names::has_run_suffix;
@@ -260,7 +260,7 @@ fn config(args: MergeArgs) -> anyhow::Result<MergeConfig> {
 }
 
 fn run_merge(cfg: &MergeConfig) -> anyhow::Result<()> {
-    let specs = merger::discover::input_specs(
+    let specs = merger::discover::find_inputs(
         &Store::new(cfg.store),
         cfg.data_dir.as_deref(),
         &cfg.runs,
@@ -271,7 +271,7 @@ fn run_merge(cfg: &MergeConfig) -> anyhow::Result<()> {
     let s3 = cfg.out.is_s3()
         || specs
             .iter()
-            .any(|s| matches!(s, InputSpec::Run(l) if l.is_s3()));
+            .any(|s| matches!(s, MergeInput::Run(l) if l.is_s3()));
     let store = Store::new(merger::runs::read_options(cfg.store, specs.len(), jobs, s3));
     // Fail on a bad --out before spending time opening inputs.
     if let Location::Dir(out) = &cfg.out {
