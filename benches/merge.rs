@@ -39,7 +39,7 @@ use criterion::{Criterion, SamplingMode, Throughput};
 use qformat::listbin::{Crc32, ListReader, ListWriter, FOOTER_LEN, HEADER_LEN, MAGIC};
 use qformat::record::{encode_record, encode_record_head, RECORD_HEAD_LEN};
 use qformat::run::{decode_block, BlockEntry, Part, RunWriter, BLOCK_TARGET};
-use qformat::shard::Progress;
+use qformat::shard::ProgressMarker;
 use qformat::Record;
 use rand::{Rng, SeedableRng};
 use sublist::shard::{ShardReader, ShardWriter};
@@ -94,7 +94,7 @@ fn build(root: &Path, shards: u32, items: u64) -> Fixture {
             .map(|r| r.id)
             .or_else(|| w.progress().ok().flatten().map(|p| p.last_id))
             .unwrap_or(0);
-        let p = Progress {
+        let p = ProgressMarker {
             next_seq,
             finished,
             last_id,

@@ -35,7 +35,7 @@ pub use test_hooks::STALL_ANNOUNCE;
 
 use idclient::{IdError, IdRange, IdSource};
 use indicatif::{ProgressBar, ProgressStyle};
-use qformat::shard::Progress;
+use qformat::shard::ProgressMarker;
 use qformat::Record;
 use std::fmt;
 use std::path::PathBuf;
@@ -401,7 +401,7 @@ impl fmt::Display for Summary {
 pub struct Producer {
     config: Config,
     writer: ShardWriter,
-    progress: Option<Progress>,
+    progress: Option<ProgressMarker>,
     fingerprint: Vec<u8>,
     total: Option<u64>,
     metrics: Option<Arc<ProducerMetrics>>,
@@ -652,7 +652,7 @@ impl Stamper {
     /// Stamps after what `progress` (the sublist's marker, if any) says is durable.
     fn new(
         writer: ShardWriter,
-        progress: Option<&Progress>,
+        progress: Option<&ProgressMarker>,
         fingerprint: Vec<u8>,
         report: Reporter,
         metrics: Option<Arc<ProducerMetrics>>,
@@ -758,7 +758,7 @@ impl Stamper {
     fn write_finished(&mut self) -> Result<(), ProducerError> {
         let fingerprint = self.fingerprint.clone();
         let w = self.idle()?;
-        let done = Progress {
+        let done = ProgressMarker {
             next_seq: w.next_seq,
             finished: true,
             last_id: w.last_id,
@@ -829,7 +829,7 @@ impl Stamper {
 /// marker's fingerprint must be `fingerprint`.
 fn check_same_input(
     writer: &ShardWriter,
-    progress: Option<&Progress>,
+    progress: Option<&ProgressMarker>,
     fingerprint: &[u8],
 ) -> Result<(), ProducerError> {
     match progress {
@@ -866,7 +866,7 @@ fn write_batch(
     fingerprint: Vec<u8>,
 ) -> Result<WriterState, ProducerError> {
     let n = records.len() as u64;
-    let p = Progress {
+    let p = ProgressMarker {
         next_seq: w.next_seq + n,
         finished: false,
         last_id: range.hi,
