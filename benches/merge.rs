@@ -39,7 +39,7 @@ use criterion::{Criterion, SamplingMode, Throughput};
 use qformat::listbin::{Crc32, ListReader, ListWriter, FOOTER_LEN, HEADER_LEN, MAGIC};
 use qformat::record::{encode_record, encode_record_head, RECORD_HEAD_LEN};
 use qformat::run::{decode_block, BlockEntry, Part, RunWriter, BLOCK_TARGET};
-use qformat::shard::Progress;
+use qformat::shard::ProgressMarker;
 use qformat::Record;
 use rand::{Rng, SeedableRng};
 use sublist::shard::{ShardReader, ShardWriter};
@@ -94,7 +94,7 @@ fn build(root: &Path, shards: u32, items: u64) -> Fixture {
             .map(|r| r.id)
             .or_else(|| w.progress().ok().flatten().map(|p| p.last_id))
             .unwrap_or(0);
-        let p = Progress {
+        let p = ProgressMarker {
             next_seq,
             finished,
             last_id,
@@ -183,9 +183,9 @@ fn scan_to_file(out: &Path, paths: &[PathBuf]) -> u64 {
 /// by the library's one merge loop into a run, fsynced and renamed into place.
 fn merge_once(out: &Path, paths: &[PathBuf], progress: &mut dyn FnMut(u64, u64)) -> u64 {
     let store = qstore::Store::new(qstore::StoreOptions::default());
-    let specs: Vec<merger::InputSpec> = paths
+    let specs: Vec<merger::MergeInput> = paths
         .iter()
-        .map(|p| merger::InputSpec::Sublist(p.clone()))
+        .map(|p| merger::MergeInput::Sublist(p.clone()))
         .collect();
     let inputs = merger::open_inputs(&store, &specs, false).expect("open shards");
     let location = qstore::Location::Dir(out.to_path_buf());
@@ -211,7 +211,7 @@ fn merge_once(out: &Path, paths: &[PathBuf], progress: &mut dyn FnMut(u64, u64))
 /// of 128; with 200 KB payloads 2 instead of 1), which is why merger keeps the heap
 /// (BENCHMARKS.md has the figures).
 mod kmerge {
-    use merger::{MergeError, Source, READ_AHEAD_BYTES, READ_AHEAD_RECORDS};
+    use merger::{MergeError, SortedRecords, READ_AHEAD_BYTES, READ_AHEAD_RECORDS};
     use qformat::record::RECORD_HEAD_LEN;
     use qformat::Record;
 
@@ -331,7 +331,9 @@ mod kmerge {
     }
 
     /// [`merger::merge`]'s contract, built on `itertools::kmerge_by`.
-    pub fn kmerge_library<I, E>(sources: Vec<Source<I>>) -> KMerged<impl Iterator<Item = Tagged>>
+    pub fn kmerge_library<I, E>(
+        sources: Vec<SortedRecords<I>>,
+    ) -> KMerged<impl Iterator<Item = Tagged>>
     where
         I: Iterator<Item = Result<Record, E>>,
         E: Into<Box<dyn std::error::Error + Send + Sync>>,
@@ -393,7 +395,7 @@ fn kmerge_once(out: &Path, paths: &[PathBuf]) -> u64 {
     let sources = shards
         .iter()
         .map(|s| {
-            merger::Source::new(
+            merger::SortedRecords::new(
                 s.reader.path().display().to_string(),
                 s.reader.shard(),
                 s.reader.iter(),
@@ -791,7 +793,7 @@ fn bench_kway(c: &mut Criterion) {
                         .iter()
                         .cloned()
                         .map(Ok::<_, std::convert::Infallible>);
-                    merger::Source::new(format!("source {s}"), s as u32, records)
+                    merger::SortedRecords::new(format!("source {s}"), s as u32, records)
                 })
                 .collect()
         };

@@ -72,7 +72,7 @@ use std::time::{Duration, Instant};
 
 use qformat::listbin::Crc32;
 use qformat::run::{Footer, FOOTER_LEN, HEADER_LEN, MAGIC};
-use qformat::shard::Progress;
+use qformat::shard::ProgressMarker;
 use qformat::Record;
 use rand::{Rng, SeedableRng};
 use sublist::shard::ShardWriter;
@@ -142,7 +142,7 @@ fn build_sublists(data: &Path, shards: u32, items: u64) {
             .map(|r| r.id)
             .or_else(|| w.progress().ok().flatten().map(|p| p.last_id))
             .unwrap_or(0);
-        let p = Progress {
+        let p = ProgressMarker {
             next_seq,
             finished,
             last_id,

@@ -34,7 +34,7 @@
 //! - [`MovingAverage`], which the broker's window times its rounds with too;
 //! - the node contract, for other node types (the simulation's `testkit::sim::SimNode`,
 //!   tests' fakes): [`Register`], [`Rendezvous`], [`HeartbeatNode`], [`NodeError`], [`WriteReply`],
-//!   [`Written`] and the rendezvous types above; and the Redis node itself, [`Node`],
+//!   [`WriteOutcome`] and the rendezvous types above; and the Redis node itself, [`Node`],
 //!   with what it shows ([`NodeAddr`], never a password) and reports ([`Identity`]);
 //! - the types every part shares ([`IdRange`], [`IdSource`], [`IdError`],
 //!   [`NodeFailure`]), which live in `idproto` and are re-exported here.
@@ -70,5 +70,7 @@ pub use quorum::{
     check_nodes, ClientConfig, Combine, Counters, NodeCheck, NodeCounters, Protocol, QuorumClient,
     BACKOFF_CAP, MAX_LEASE, MIN_LEASE, MIN_READ_HEDGE, READ_HEDGE_READS, SOLO_STREAK,
 };
-pub use register::{NodeError, Register, Rendezvous, WriteReply, Written, MAX_COUNT};
+#[doc(hidden)]
+pub use register::Written;
+pub use register::{NodeError, Register, Rendezvous, WriteOutcome, WriteReply, MAX_COUNT};
 pub use rendezvous::{Close, Join, Leases, Nonce};

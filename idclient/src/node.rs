@@ -2,7 +2,7 @@
 //! the two commands the protocols need (conditional write and read), and the rendezvous
 //! of combined rounds (join, close, finish, and a subscription to the results).
 
-use crate::register::{NodeError, Register, Rendezvous, WriteReply, Written, MAX_COUNT};
+use crate::register::{NodeError, Register, Rendezvous, WriteOutcome, WriteReply, MAX_COUNT};
 use crate::rendezvous::{Close, Join, Leases, Nonce};
 use crate::script::{parse_canonical_u64, BAD_VALUE_CODE, COMBINE, CONDITIONAL_WRITE};
 use futures::stream::{BoxStream, StreamExt};
@@ -94,7 +94,7 @@ impl Register for Node {
         lo: u64,
         hi: u64,
         batch: Option<Nonce>,
-    ) -> impl Future<Output = Result<Written, NodeError>> + Send {
+    ) -> impl Future<Output = Result<WriteOutcome, NodeError>> + Send {
         Node::conditional_write(self, key, lo, hi, batch)
     }
 
@@ -734,7 +734,7 @@ impl Node {
         lo: u64,
         hi: u64,
         batch: Option<Nonce>,
-    ) -> Result<Written, NodeError> {
+    ) -> Result<WriteOutcome, NodeError> {
         let inflight = format!("{key}:inflight");
         let batch = batch.map(|b| b.to_string()).unwrap_or_default();
         let value = self
@@ -760,7 +760,7 @@ impl Node {
         self.eval(COMBINE, &self.combine_sha, &keys, args).await
     }
 
-    fn parse_write_reply(&self, value: &Value) -> Result<Written, NodeError> {
+    fn parse_write_reply(&self, value: &Value) -> Result<WriteOutcome, NodeError> {
         let unexpected = || NodeError::Unavailable(format!("unexpected script reply {value:?}"));
         let Value::Array(items) = value else {
             return Err(unexpected());
@@ -779,7 +779,7 @@ impl Node {
             }
             _ => return Err(unexpected()),
         };
-        Ok(Written {
+        Ok(WriteOutcome {
             reply,
             combining: combining != 0,
         })

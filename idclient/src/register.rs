@@ -46,12 +46,17 @@ pub enum WriteReply {
 /// A conditional write's reply, and whether the node is the rendezvous of a combined
 /// batch in flight (see [`Rendezvous`]): then the writer is not alone.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct Written {
+pub struct WriteOutcome {
     /// Whether the write was accepted, or the node's value if not.
     pub reply: WriteReply,
     /// The node holds a combined batch in flight (its in-flight key has a lease left).
     pub combining: bool,
 }
+
+/// The former name of [`WriteOutcome`], left only so that `testkit::sim` (being changed
+/// on another branch) builds until it names [`WriteOutcome`]; nothing else uses it.
+#[doc(hidden)]
+pub type Written = WriteOutcome;
 
 /// One register of the quorum, as the quorum client sees it. [`crate::Node`] (Redis) is the
 /// production implementation; `testkit::sim` has an in-memory one for the deterministic
@@ -73,7 +78,7 @@ pub trait Register: Send + Sync {
         lo: u64,
         hi: u64,
         batch: Option<Nonce>,
-    ) -> impl Future<Output = Result<Written, NodeError>> + Send;
+    ) -> impl Future<Output = Result<WriteOutcome, NodeError>> + Send;
 
     /// The register's value (missing = 0).
     ///

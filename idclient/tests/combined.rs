@@ -7,7 +7,7 @@
 use futures::stream::BoxStream;
 use idclient::{
     Close, Combine, Counters, IdRange, IdSource, Join, Leases, NodeError, Nonce, Protocol,
-    QuorumClient, Register, Rendezvous, WriteReply, Written,
+    QuorumClient, Register, Rendezvous, WriteOutcome, WriteReply,
 };
 use std::collections::VecDeque;
 use std::future::Future;
@@ -100,7 +100,7 @@ impl Register for Fake {
         lo: u64,
         hi: u64,
         _batch: Option<Nonce>,
-    ) -> impl Future<Output = Result<Written, NodeError>> + Send {
+    ) -> impl Future<Output = Result<WriteOutcome, NodeError>> + Send {
         let mut s = self.state();
         let reply = if s.register < lo {
             s.register = hi;
@@ -110,7 +110,7 @@ impl Register for Fake {
                 current: s.register,
             }
         };
-        std::future::ready(Ok(Written {
+        std::future::ready(Ok(WriteOutcome {
             reply,
             combining: false,
         }))

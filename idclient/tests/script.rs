@@ -4,7 +4,7 @@
 //! what `script::COMBINE` and `script::CONDITIONAL_WRITE` really answer.
 
 use idclient::{Close, Join, Leases, Nonce};
-use idclient::{Node, Register, Rendezvous, WriteReply, Written};
+use idclient::{Node, Register, Rendezvous, WriteOutcome, WriteReply};
 use idtools::cluster::{test_quorum, LocalQuorum};
 use proptest::prelude::*;
 use rand::{Rng, SeedableRng};
@@ -114,7 +114,7 @@ enum Reply {
     Join(Join),
     Close(Close),
     Finished,
-    Written(Written),
+    WriteOutcome(WriteOutcome),
     Read(u64),
     Failed(String),
 }
@@ -167,7 +167,7 @@ async fn apply<R: Register + Rendezvous>(node: &R, key: &str, nonces: &[Nonce], 
         Op::Write { lo, batch } => node
             .conditional_write(key, lo, lo + 2, batch.map(|b| nonces[b]))
             .await
-            .map_or_else(failed, Reply::Written),
+            .map_or_else(failed, Reply::WriteOutcome),
         Op::Read => node.read(key).await.map_or_else(failed, Reply::Read),
     }
 }

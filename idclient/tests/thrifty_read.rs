@@ -3,7 +3,7 @@
 //! overdue. Fake nodes on tokio's paused clock: each counts the reads it got and
 //! answers at once, fails at once, or never answers.
 
-use idclient::{IdError, NodeError, Nonce, Protocol, QuorumClient, Register, Written};
+use idclient::{IdError, NodeError, Nonce, Protocol, QuorumClient, Register, WriteOutcome};
 use std::future::Future;
 use std::sync::atomic::{AtomicU64, Ordering::Relaxed};
 use std::sync::Arc;
@@ -35,7 +35,7 @@ impl Register for Fake {
         _lo: u64,
         _hi: u64,
         _batch: Option<Nonce>,
-    ) -> impl Future<Output = Result<Written, NodeError>> + Send {
+    ) -> impl Future<Output = Result<WriteOutcome, NodeError>> + Send {
         std::future::ready(Err(NodeError::Unavailable("reads only".to_string())))
     }
 

@@ -13,11 +13,11 @@ use plotters::prelude::*;
 use serde::Deserialize;
 use std::io::BufRead;
 
-/// One benchmark run: `series` at `callers` concurrent callers asking for `count` IDs per
+/// One benchmark result: `series` at `callers` concurrent callers asking for `count` IDs per
 /// request got `ids_per_sec`. `idctl bench`'s JSON line plus a `series` is one (its
 /// `clients` are the callers).
 #[derive(Debug, Clone, PartialEq, Deserialize)]
-pub struct Run {
+pub struct BenchResult {
     pub series: String,
     #[serde(alias = "clients")]
     pub callers: u64,
@@ -38,12 +38,12 @@ pub enum ChartError {
     Draw(String),
 }
 
-/// The runs in JSON lines `input` (blank lines skipped).
+/// The benchmark results in JSON lines `input` (blank lines skipped).
 ///
 /// # Errors
-/// [`ChartError::BadLine`] naming the first line that is not a run (or has a negative or
+/// [`ChartError::BadLine`] naming the first line that is not a result (or has a negative or
 /// non-finite rate, or zero callers); [`ChartError::Read`] if reading fails.
-pub fn read_runs(input: impl BufRead) -> Result<Vec<Run>, ChartError> {
+pub fn read_results(input: impl BufRead) -> Result<Vec<BenchResult>, ChartError> {
     let mut runs = Vec::new();
     for (i, line) in input.lines().enumerate() {
         let line = line?;
@@ -54,7 +54,7 @@ pub fn read_runs(input: impl BufRead) -> Result<Vec<Run>, ChartError> {
             line: i + 1,
             reason,
         };
-        let run: Run = serde_json::from_str(&line).map_err(|e| bad(e.to_string()))?;
+        let run: BenchResult = serde_json::from_str(&line).map_err(|e| bad(e.to_string()))?;
         if !(run.ids_per_sec.is_finite() && run.ids_per_sec >= 0.0) {
             return Err(bad(format!(
                 "ids_per_sec {} is not a rate",
@@ -74,8 +74,8 @@ pub fn read_runs(input: impl BufRead) -> Result<Vec<Run>, ChartError> {
 ///
 /// # Errors
 /// [`ChartError::Empty`] if no run has `count`; [`ChartError::Draw`] if plotters fails.
-pub fn svg(runs: &[Run], count: u64, title: &str) -> Result<String, ChartError> {
-    let runs: Vec<&Run> = runs.iter().filter(|r| r.count == count).collect();
+pub fn svg(runs: &[BenchResult], count: u64, title: &str) -> Result<String, ChartError> {
+    let runs: Vec<&BenchResult> = runs.iter().filter(|r| r.count == count).collect();
     if runs.is_empty() {
         return Err(ChartError::Empty { count });
     }
@@ -117,7 +117,7 @@ struct Scale {
 }
 
 impl Scale {
-    fn of(runs: &[&Run]) -> Scale {
+    fn of(runs: &[&BenchResult]) -> Scale {
         debug_assert!(!runs.is_empty());
         let max_callers = runs.iter().map(|r| r.callers).max().unwrap_or(1) as f64;
         // The bottom of the log axis: the power of ten below half the lowest rate, at least
@@ -142,7 +142,7 @@ impl Scale {
 }
 
 /// The series of `runs`, in the order they first appear.
-fn series_names<'r>(runs: &[&'r Run]) -> Vec<&'r str> {
+fn series_names<'r>(runs: &[&'r BenchResult]) -> Vec<&'r str> {
     let mut names: Vec<&str> = Vec::new();
     for r in runs {
         if !names.contains(&r.series.as_str()) {
@@ -205,7 +205,7 @@ fn draw_line(
 }
 
 /// The mean rate of `runs` at each number of callers, by increasing callers.
-fn mean_by_callers<'a>(runs: impl Iterator<Item = &'a Run>) -> Vec<(u64, f64)> {
+fn mean_by_callers<'a>(runs: impl Iterator<Item = &'a BenchResult>) -> Vec<(u64, f64)> {
     let mut sums: std::collections::BTreeMap<u64, (f64, u32)> = Default::default();
     for r in runs {
         let e = sums.entry(r.callers).or_default();
@@ -253,8 +253,8 @@ mod tests {
 {"series":"direct fast","mode":"direct","callers":64,"count":1000,"ids_per_sec":4000000}
 "#;
 
-    fn runs() -> Vec<Run> {
-        read_runs(RUNS.as_bytes()).expect("valid runs")
+    fn runs() -> Vec<BenchResult> {
+        read_results(RUNS.as_bytes()).expect("valid runs")
     }
 
     #[test]
@@ -264,7 +264,7 @@ mod tests {
         assert_eq!(r[2].callers, 64, "clients stands for callers");
         assert_eq!(
             r[0],
-            Run {
+            BenchResult {
                 series: "direct fast".into(),
                 callers: 1,
                 count: 1,
@@ -287,7 +287,7 @@ mod tests {
             ),
             ("not json", 1),
         ] {
-            match read_runs(input.as_bytes()) {
+            match read_results(input.as_bytes()) {
                 Err(ChartError::BadLine { line: l, .. }) => assert_eq!(l, line, "{input}"),
                 other => panic!("{input}: {other:?}"),
             }

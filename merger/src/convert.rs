@@ -1,13 +1,48 @@
 //! `merger convert`: a list already merged (a run: a merged list, a sealed sublist, one
 //! part of a split, or all K parts in order) written again in another format, Parquet.
 //! Every record passes the writer's [`qformat::run::WriteCheck`] as in a merge, and every
-//! block's checksum is checked as it is read.
+//! block's checksum is checked as it is read. [`convert_files`] is the whole command
+//! once its flags are checked; [`plan`] and [`convert`] its two steps.
 
 use qformat::run::{Part, ShardSpec};
+use qstore::{Location, Store};
 
-use crate::runs::RunInput;
+use crate::output::{write_list, ListWritten, OutputFormat};
+use crate::parquet_list::ParquetOptions;
+use crate::progress::MergeProgress;
+use crate::runs::{open_run, RunInput};
 use crate::sink::ListSink;
 use crate::{MergeError, PROGRESS_EVERY};
+
+/// Opens the runs at `locations` from `store` and writes their records, in order, as
+/// Parquet with `opts` into an atomic upload of `out`, reporting to `progress`.
+///
+/// # Errors
+/// Every error of [`open_run`], [`plan`], [`convert`] and
+/// [`write_list`]; nothing is then left under `out`.
+pub fn convert_files(
+    store: &Store,
+    locations: &[Location],
+    out: &Location,
+    opts: ParquetOptions,
+    progress: &mut MergeProgress,
+) -> Result<ListWritten, MergeError> {
+    let runs = locations
+        .iter()
+        .map(|l| open_run(store, l))
+        .collect::<Result<Vec<_>, _>>()?;
+    let (specs, part) = plan(&runs)?;
+    progress.set_total(runs.iter().map(|r| r.meta.records()).sum());
+    let mut report = |records, bytes| progress.update(records, bytes);
+    write_list(
+        store,
+        out,
+        OutputFormat::Parquet(opts),
+        specs,
+        part,
+        &mut |writer, _| convert(&runs, writer, &mut report),
+    )
+}
 
 /// The shards and the part that `runs` hold together: one run's own, or, for the K
 /// parts of one split given in order (checked as `merger verify` does), the whole list.

@@ -7,7 +7,7 @@ use std::path::{Path, PathBuf};
 use qformat::names::has_run_suffix;
 use qstore::{Location, Store};
 
-use crate::{check_out_path, find_shards_to_merge, InputSpec, MergeError};
+use crate::{check_out_path, find_shards_to_merge, MergeError, MergeInput};
 
 /// Every input the command line names: the data dir's sublists, the runs under each
 /// `--runs`, and the positional inputs.
@@ -15,17 +15,17 @@ use crate::{check_out_path, find_shards_to_merge, InputSpec, MergeError};
 /// # Errors
 /// Every error of [`find_shards_to_merge`] and of listing a `--runs` source,
 /// [`MergeError::NoRuns`] for a source with no run, a malformed `s3://` input.
-pub fn input_specs(
+pub fn find_inputs(
     store: &Store,
     data_dir: Option<&Path>,
     runs: &[Location],
     inputs: &[String],
     allow_unfinished: bool,
-) -> Result<Vec<InputSpec>, MergeError> {
+) -> Result<Vec<MergeInput>, MergeError> {
     let mut specs = Vec::new();
     if let Some(dir) = data_dir {
         let shards = find_shards_to_merge(dir, allow_unfinished)?;
-        specs.extend(shards.into_iter().map(InputSpec::Sublist));
+        specs.extend(shards.into_iter().map(MergeInput::Sublist));
     }
     for src in runs {
         let found = store.list_runs(src).map_err(MergeError::Store)?;
@@ -34,10 +34,10 @@ pub fn input_specs(
                 src: src.to_string(),
             });
         }
-        specs.extend(found.into_iter().map(InputSpec::Run));
+        specs.extend(found.into_iter().map(MergeInput::Run));
     }
     for arg in inputs {
-        specs.push(InputSpec::classify(arg)?);
+        specs.push(MergeInput::classify(arg)?);
     }
     Ok(specs)
 }
@@ -53,7 +53,7 @@ pub fn check_out(
     out: &Location,
     data_dir: Option<&Path>,
     runs: &[Location],
-    specs: &[InputSpec],
+    specs: &[MergeInput],
 ) -> Result<(), MergeError> {
     let bad = |reason: String| MergeError::BadOut {
         out: PathBuf::from(out.to_string()),
@@ -66,7 +66,7 @@ pub fn check_out(
     }
     if let Some(run) = specs
         .iter()
-        .find(|s| matches!(s, InputSpec::Run(l) if l.is_s3() && l == out))
+        .find(|s| matches!(s, MergeInput::Run(l) if l.is_s3() && l == out))
     {
         return Err(bad(format!("it is the input {run:?}")));
     }
@@ -76,8 +76,8 @@ pub fn check_out(
     let paths: Vec<PathBuf> = specs
         .iter()
         .filter_map(|s| match s {
-            InputSpec::Sublist(p) | InputSpec::Run(Location::Dir(p)) => Some(p.clone()),
-            InputSpec::Run(_) => None,
+            MergeInput::Sublist(p) | MergeInput::Run(Location::Dir(p)) => Some(p.clone()),
+            MergeInput::Run(_) => None,
         })
         .collect();
     check_out_path(out, data_dir, &paths)

@@ -16,27 +16,27 @@ use crate::{open_shards, MergeError, OpenShard, PROGRESS_EVERY};
 
 /// One input as named on the command line.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum InputSpec {
+pub enum MergeInput {
     /// A producer's RocksDB sublist (a directory).
     Sublist(PathBuf),
     /// A run: a file or an S3 object.
     Run(Location),
 }
 
-impl InputSpec {
+impl MergeInput {
     /// An `s3://` URL or a file is a run, a directory a sublist; a path that does not
     /// exist is a run if it ends in `.bin`, else a sublist (so the error says what is missing).
     ///
     /// # Errors
     /// A malformed `s3://` URL.
-    pub fn classify(arg: &str) -> Result<InputSpec, MergeError> {
+    pub fn classify(arg: &str) -> Result<MergeInput, MergeError> {
         let location = Location::parse(arg)?;
         Ok(match location {
-            Location::Dir(path) if path.is_dir() => InputSpec::Sublist(path),
+            Location::Dir(path) if path.is_dir() => MergeInput::Sublist(path),
             Location::Dir(path) if !path.exists() && !has_run_suffix(arg) => {
-                InputSpec::Sublist(path)
+                MergeInput::Sublist(path)
             }
-            run => InputSpec::Run(run),
+            run => MergeInput::Run(run),
         })
     }
 }
@@ -57,7 +57,7 @@ pub struct Inputs {
 /// [`MergeError::PartInput`], and every error of opening a sublist or a run.
 pub fn open_inputs(
     store: &Store,
-    specs: &[InputSpec],
+    specs: &[MergeInput],
     allow_unfinished: bool,
 ) -> Result<Inputs, MergeError> {
     if specs.is_empty() {
@@ -67,8 +67,8 @@ pub fn open_inputs(
     let mut runs = Vec::new();
     for spec in specs {
         match spec {
-            InputSpec::Sublist(p) => paths.push(p.clone()),
-            InputSpec::Run(loc) => runs.push(open_run(store, loc)?),
+            MergeInput::Sublist(p) => paths.push(p.clone()),
+            MergeInput::Run(loc) => runs.push(open_run(store, loc)?),
         }
     }
     let sublists = if paths.is_empty() {

@@ -385,7 +385,7 @@ impl<'a> Merger<'a> {
 
 /// One sorted input of [`merge`]: a name for error messages, the shard numbers its
 /// records may carry, and the records in strictly increasing ID order.
-pub struct Source<I> {
+pub struct SortedRecords<I> {
     /// Names the source in errors.
     pub name: String,
     /// The shard numbers a record of this source may carry, ascending (one for a
@@ -395,16 +395,20 @@ pub struct Source<I> {
     pub records: I,
 }
 
-impl<I> Source<I> {
+impl<I> SortedRecords<I> {
     /// A source of one shard (a sublist).
-    pub fn new(name: impl Into<String>, shard: u32, records: I) -> Source<I> {
-        Source::with_shards(name, vec![shard], records)
+    pub fn new(name: impl Into<String>, shard: u32, records: I) -> SortedRecords<I> {
+        SortedRecords::with_shards(name, vec![shard], records)
     }
 
     /// A source of several shards (a run: a merge of merges).
-    pub fn with_shards(name: impl Into<String>, mut shards: Vec<u32>, records: I) -> Source<I> {
+    pub fn with_shards(
+        name: impl Into<String>,
+        mut shards: Vec<u32>,
+        records: I,
+    ) -> SortedRecords<I> {
         shards.sort_unstable();
-        Source {
+        SortedRecords {
             name: name.into(),
             shards,
             records,
@@ -485,7 +489,7 @@ pub struct Merge<'a> {
 /// Merges sorted record iterators into one stream in strictly increasing ID order: the
 /// merge of [`Merger`] over [`RecordBlocks`], its records copied out (for tests, tools
 /// and sublists read record by record). Errors as [`Merger::new`] says.
-pub fn merge<'a, I, E>(sources: Vec<Source<I>>) -> Merge<'a>
+pub fn merge<'a, I, E>(sources: Vec<SortedRecords<I>>) -> Merge<'a>
 where
     I: Iterator<Item = Result<Record, E>> + 'a,
     E: Into<Box<dyn std::error::Error + Send + Sync>> + 'a,
@@ -545,8 +549,8 @@ mod tests {
         name: &str,
         shard: u32,
         ids: &[u64],
-    ) -> Source<std::vec::IntoIter<Result<Record, Infallible>>> {
-        Source::new(
+    ) -> SortedRecords<std::vec::IntoIter<Result<Record, Infallible>>> {
+        SortedRecords::new(
             name,
             shard,
             ids.iter()
@@ -570,7 +574,7 @@ mod tests {
         assert_eq!(ids(m).expect("merge"), vec![1, 2, 3, 4, 9, 10]);
         assert_eq!(
             ids(merge(Vec::<
-                Source<std::vec::IntoIter<Result<Record, Infallible>>>,
+                SortedRecords<std::vec::IntoIter<Result<Record, Infallible>>>,
             >::new()))
             .expect("empty"),
             Vec::<u64>::new()
@@ -603,7 +607,7 @@ mod tests {
             matches!(&err, MergeError::OutOfOrder { source_name, prev: 2, id: 2 } if source_name == "b"),
             "{err}"
         );
-        let bad = Source::new("c", 7, vec![Ok::<_, Infallible>(rec(1, 8))].into_iter());
+        let bad = SortedRecords::new("c", 7, vec![Ok::<_, Infallible>(rec(1, 8))].into_iter());
         let err = ids(merge(vec![bad])).expect_err("shard");
         assert!(
             matches!(
@@ -623,8 +627,8 @@ mod tests {
     fn source_error_is_passed_on() {
         let items: Vec<Result<Record, std::io::Error>> =
             vec![Ok(rec(1, 0)), Err(std::io::Error::other("disk on fire"))];
-        let err =
-            ids(merge(vec![Source::new("x", 0, items.into_iter())])).expect_err("source error");
+        let err = ids(merge(vec![SortedRecords::new("x", 0, items.into_iter())]))
+            .expect_err("source error");
         assert!(
             err.to_string().contains("disk on fire") && err.to_string().contains('x'),
             "{err}"
@@ -635,8 +639,8 @@ mod tests {
     fn a_source_error_is_printed_once() {
         let items: Vec<Result<Record, std::io::Error>> =
             vec![Ok(rec(1, 0)), Err(std::io::Error::from_raw_os_error(28))];
-        let err =
-            ids(merge(vec![Source::new("x", 0, items.into_iter())])).expect_err("source error");
+        let err = ids(merge(vec![SortedRecords::new("x", 0, items.into_iter())]))
+            .expect_err("source error");
         // What `{:#}` prints: the message, then every source in the chain.
         let mut printed = err.to_string();
         let mut cause = std::error::Error::source(&err);
@@ -687,7 +691,7 @@ mod tests {
             let taken: Vec<_> = (0..2).map(|_| std::rc::Rc::default()).collect();
             let sources = (0..2u32)
                 .map(|s| {
-                    Source::new(
+                    SortedRecords::new(
                         format!("s{s}"),
                         s,
                         Counted {

@@ -8,14 +8,23 @@
 //!   through [`sublist::shard::ShardReader`]); [`merge_inputs`] merges them and runs into a
 //!   run ([`kway::Merger`], the one merge loop). Names and formats are `qformat`'s.
 //!
-//! The `merger` binary wraps these (`merger --out`, `merger verify`, `merger cat`).
+//! - [`command::open_and_merge`] (`merger --out`, over a [`command::MergeConfig`]) and
+//!   [`convert::convert_files`] (`merger convert`) write one list through
+//!   [`output::write_list`] (the format, the atomic upload, what was written), showing
+//!   [`progress::MergeProgress`].
+//!
+//! The `merger` binary only parses flags into these and maps errors to exit codes
+//! (`merger --out`, `merger convert`, `merger verify`, `merger cat`).
 
+pub mod command;
 pub mod convert;
 pub mod discover;
 mod inputs;
 pub mod jobs;
 pub mod kway;
+pub mod output;
 pub mod parquet_list;
+pub mod progress;
 pub mod read;
 pub mod runs;
 pub mod sink;
@@ -27,10 +36,10 @@ pub mod verify;
 use std::collections::BTreeMap;
 use std::path::{Path, PathBuf};
 
-pub use inputs::{merge_inputs, open_inputs, InputSpec, Inputs};
+pub use inputs::{merge_inputs, open_inputs, Inputs, MergeInput};
 pub use jobs::merge_jobs;
 pub use kway::{
-    merge, Blocks, Input, Merge, Merger, RecordBlocks, Source, Stretch, READ_AHEAD_BYTES,
+    merge, Blocks, Input, Merge, Merger, RecordBlocks, SortedRecords, Stretch, READ_AHEAD_BYTES,
     READ_AHEAD_RECORDS,
 };
 use qformat::listbin::ListError;

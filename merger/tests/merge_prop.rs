@@ -2,11 +2,11 @@
 
 use std::convert::Infallible;
 
-use merger::{merge, MergeError, Source};
+use merger::{merge, MergeError, SortedRecords};
 use proptest::prelude::*;
 use qformat::Record;
 
-type Src = Source<std::vec::IntoIter<Result<Record, Infallible>>>;
+type Src = SortedRecords<std::vec::IntoIter<Result<Record, Infallible>>>;
 
 /// Splits sorted unique IDs among `shards` sources by the given assignment; each source's
 /// records get consecutive seqs, like a producer's.
@@ -30,7 +30,7 @@ fn sources(parts: &[Vec<Record>]) -> Vec<Src> {
         .iter()
         .enumerate()
         .map(|(s, recs)| {
-            Source::new(
+            SortedRecords::new(
                 format!("shard-{s}"),
                 s as u32,
                 recs.iter().cloned().map(Ok).collect::<Vec<_>>().into_iter(),
@@ -190,7 +190,7 @@ fn wrong_shard_number_errors() {
         seq: 0,
         payload: vec![],
     })];
-    let err = merge(vec![Source::new("db-a", 2, recs.into_iter())])
+    let err = merge(vec![SortedRecords::new("db-a", 2, recs.into_iter())])
         .find_map(Result::err)
         .expect("error");
     assert!(
@@ -232,7 +232,7 @@ fn buffering_is_bounded_by_sources_not_records() {
                     payload: vec![0; 8],
                 })
             });
-            Source::new(format!("shard-{s}"), s as u32, records)
+            SortedRecords::new(format!("shard-{s}"), s as u32, records)
         })
         .collect();
     let bound = SHARDS * (merger::READ_AHEAD_RECORDS as u64 + 1);

@@ -18,7 +18,7 @@
 use criterion::{criterion_group, BenchmarkId, Criterion, SamplingMode, Throughput};
 use idclient::{ClientConfig, IdError, IdRange, IdSource, QuorumClient};
 use idtools::cluster::LocalQuorum;
-use producer::{generate_payload, Config, InputSpec};
+use producer::{generate_payload, Config, ItemInput};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
@@ -56,7 +56,7 @@ fn produce(
         let mut cfg = Config::new(
             SHARD,
             dir.path(),
-            InputSpec::Generate {
+            ItemInput::Generate {
                 count: items_for(batch),
                 payload_size: PAYLOAD,
             },

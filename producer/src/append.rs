@@ -34,7 +34,7 @@
 
 use crate::seal::{seal, SealError, SealSummary};
 use crate::{
-    check_same_input, Display, ProducerError, Reporter, Stamper, Summary, DEFAULT_BATCH,
+    check_same_input, ProducerError, ProgressDisplay, Reporter, Stamper, Summary, DEFAULT_BATCH,
     MAX_BATCH_BYTES, MAX_BATCH_ITEMS, MAX_ITEM_BYTES,
 };
 use idclient::IdSource;
@@ -129,7 +129,7 @@ impl<S: IdSource> Appender<S> {
                 "reopened a started sublist"
             );
         }
-        let report = Reporter::new(Display::Quiet, config.shard, None, resumed_at);
+        let report = Reporter::new(ProgressDisplay::Quiet, config.shard, None, resumed_at);
         let stamper = Stamper::new(writer, progress.as_ref(), fingerprint, report, None);
         Ok(Appender {
             source,

@@ -43,7 +43,7 @@ pub const FRAME_HEADER: usize = 4;
 
 /// Where items come from.
 #[derive(Debug, Clone, PartialEq, Eq)]
-pub enum InputSpec {
+pub enum ItemInput {
     /// The items of this file, in the config's [`InputFormat`].
     File(PathBuf),
     /// The items of stdin, in the config's [`InputFormat`]. Not resumable: there is no way
@@ -58,13 +58,13 @@ pub enum InputSpec {
     },
 }
 
-impl InputSpec {
+impl ItemInput {
     /// How the input is named in messages.
     pub fn describe(&self) -> String {
         match self {
-            InputSpec::File(p) => p.display().to_string(),
-            InputSpec::Stdin => "stdin".to_string(),
-            InputSpec::Generate {
+            ItemInput::File(p) => p.display().to_string(),
+            ItemInput::Stdin => "stdin".to_string(),
+            ItemInput::Generate {
                 count,
                 payload_size,
             } => format!("--generate {count} --payload-size {payload_size}"),
@@ -399,14 +399,14 @@ impl ItemReader {
     /// # Errors
     /// Unreadable input, or input shorter than `start_seq` items.
     pub fn open(
-        spec: &InputSpec,
+        spec: &ItemInput,
         format: InputFormat,
         shard: u32,
         start_seq: u64,
     ) -> Result<ItemReader, ProducerError> {
         let input = spec.describe();
         let kind = match spec {
-            InputSpec::File(p) => {
+            ItemInput::File(p) => {
                 let f = std::fs::File::open(p).map_err(|error| ProducerError::Input {
                     input: input.clone(),
                     error,
@@ -419,11 +419,11 @@ impl ItemReader {
                     },
                 ))
             }
-            InputSpec::Stdin => Kind::Lines(Box::new(BufReader::with_capacity(
+            ItemInput::Stdin => Kind::Lines(Box::new(BufReader::with_capacity(
                 READ_BUFFER,
                 std::io::stdin(),
             ))),
-            InputSpec::Generate {
+            ItemInput::Generate {
                 count,
                 payload_size,
             } => Kind::Generate {
@@ -703,7 +703,7 @@ mod tests {
         std::fs::write(&p, b"a\n\nb\r\n\xff\x00c").expect("write");
         let scan = scan_file(&p, InputFormat::Lines).expect("scan");
         assert_eq!((scan.bytes, scan.items), (9, 4));
-        let spec = InputSpec::File(p.clone());
+        let spec = ItemInput::File(p.clone());
         let mut r = ItemReader::open(&spec, InputFormat::Lines, 0, 0).expect("open");
         assert_eq!(
             r.next_batch(10, 1 << 20).expect("batch"),
@@ -741,7 +741,7 @@ mod tests {
         }
         std::fs::write(&p, &content).expect("write");
         let scan = scan_file(&p, InputFormat::Lines).expect("scan");
-        let spec = InputSpec::File(p.clone());
+        let spec = ItemInput::File(p.clone());
         let read_all = |edit: bool| {
             let mut r = ItemReader::open(&spec, InputFormat::Lines, 0, 0).expect("open");
             assert!(r.next_item().expect("item").is_some());
@@ -825,7 +825,7 @@ mod tests {
                 .fingerprint,
             "the same bytes as lines are another input"
         );
-        let spec = InputSpec::File(p.clone());
+        let spec = ItemInput::File(p.clone());
         let mut r = ItemReader::open(&spec, InputFormat::Frames, 0, 0).expect("open");
         let want: Vec<Vec<u8>> = items.iter().map(|i| i.to_vec()).collect();
         assert_eq!(r.next_batch(10, 1 << 20).expect("batch"), want);
@@ -866,7 +866,7 @@ mod tests {
                     e => panic!("{e}"),
                 }
             }
-            let spec = InputSpec::File(p.clone());
+            let spec = ItemInput::File(p.clone());
             let mut r = ItemReader::open(&spec, InputFormat::Frames, 0, 0).expect("open");
             // The whole items come first, in their own batch; then the error.
             assert_eq!(
@@ -898,7 +898,7 @@ mod tests {
             scan_file(&p, InputFormat::Frames).expect_err("scan"),
             count_bytewise(&bytes).expect_err("bytewise"),
             {
-                let spec = InputSpec::File(p.clone());
+                let spec = ItemInput::File(p.clone());
                 let mut r = ItemReader::open(&spec, InputFormat::Frames, 0, 0).expect("open");
                 assert_eq!(r.next_batch(10, 1 << 20).expect("ok"), vec![b"ok".to_vec()]);
                 r.next_batch(10, 1 << 20).expect_err("read")

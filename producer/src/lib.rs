@@ -27,7 +27,7 @@ pub mod seal;
 pub mod test_hooks;
 
 pub use append::{AppendConfig, Appender};
-pub use input::{generate_payload, scan_file, InputFormat, InputSpec, ItemReader};
+pub use input::{generate_payload, scan_file, InputFormat, ItemInput, ItemReader};
 pub use metrics::ProducerMetrics;
 pub use seal::{seal, SealError, SealSummary};
 #[cfg(feature = "test-hooks")]
@@ -35,7 +35,7 @@ pub use test_hooks::STALL_ANNOUNCE;
 
 use idclient::{IdError, IdRange, IdSource};
 use indicatif::{ProgressBar, ProgressStyle};
-use qformat::shard::Progress;
+use qformat::shard::ProgressMarker;
 use qformat::Record;
 use std::fmt;
 use std::path::PathBuf;
@@ -77,7 +77,7 @@ pub enum ProducerError {
     /// The input cannot be read.
     #[error("input {input}: {error}")]
     Input {
-        /// The input as named in messages ([`InputSpec::describe`]: a path, `stdin`, ...).
+        /// The input as named in messages ([`ItemInput::describe`]: a path, `stdin`, ...).
         input: String,
         /// The operating system's error.
         error: std::io::Error,
@@ -86,7 +86,7 @@ pub enum ProducerError {
     /// A line is longer than [`MAX_ITEM_BYTES`].
     #[error("input {input}: line {line} is longer than the limit of {limit} bytes per item")]
     LineTooLong {
-        /// The input as named in messages ([`InputSpec::describe`]: a path, `stdin`, ...).
+        /// The input as named in messages ([`ItemInput::describe`]: a path, `stdin`, ...).
         input: String,
         /// The offending line's number, counted from 1.
         line: u64,
@@ -98,7 +98,7 @@ pub enum ProducerError {
     /// from its length alone, before its bytes are read.
     #[error("input {input}: the frame at byte offset {offset} (item {item}) has a length of {length} bytes, above the limit of {limit} bytes per item")]
     FrameTooLong {
-        /// The input as named in messages ([`InputSpec::describe`]: a path, `stdin`, ...).
+        /// The input as named in messages ([`ItemInput::describe`]: a path, `stdin`, ...).
         input: String,
         /// The frame's item number (its sequence number, from 0).
         item: u64,
@@ -115,7 +115,7 @@ pub enum ProducerError {
     /// anything is written).
     #[error("input {input}: truncated frame at byte offset {offset} (item {item}): {what}")]
     TruncatedFrame {
-        /// The input as named in messages ([`InputSpec::describe`]: a path, `stdin`, ...).
+        /// The input as named in messages ([`ItemInput::describe`]: a path, `stdin`, ...).
         input: String,
         /// The frame's item number (its sequence number, from 0).
         item: u64,
@@ -128,7 +128,7 @@ pub enum ProducerError {
     /// The input no longer matches what the sublist was written from (found while reading).
     #[error("input {input} changed since the sublist was started: {reason}")]
     InputChanged {
-        /// The input as named in messages ([`InputSpec::describe`]: a path, `stdin`, ...).
+        /// The input as named in messages ([`ItemInput::describe`]: a path, `stdin`, ...).
         input: String,
         /// What differs (item count, content), for a person to read.
         reason: String,
@@ -152,7 +152,7 @@ pub enum ProducerError {
     StreamNotResumable {
         /// The sublist's database directory, `DATA_DIR/shard-<n>`.
         path: PathBuf,
-        /// The input as named in messages ([`InputSpec::describe`]: a path, `stdin`, ...).
+        /// The input as named in messages ([`ItemInput::describe`]: a path, `stdin`, ...).
         input: String,
         /// Items already durably in the sublist.
         items: u64,
@@ -277,7 +277,7 @@ impl ProducerError {
 
 /// How progress is shown.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum Display {
+pub enum ProgressDisplay {
     /// An indicatif progress bar on stderr (for a terminal).
     Bar,
     /// A `tracing` info line every interval (for logs).
@@ -294,25 +294,25 @@ pub struct Config {
     /// The directory holding the sublists (`--data-dir`).
     pub data_dir: PathBuf,
     /// Where the items come from (`--input`, stdin or `--generate`).
-    pub input: InputSpec,
+    pub input: ItemInput,
     /// How a file or stdin is cut into items (`--input-format`); ignored by `--generate`.
     pub format: InputFormat,
     /// Items per batch: one ID range and one synced WriteBatch each.
     pub batch: u64,
     /// How progress is shown while running.
-    pub display: Display,
+    pub display: ProgressDisplay,
 }
 
 impl Config {
     /// A quiet config with the default batch size.
-    pub fn new(shard: u32, data_dir: impl Into<PathBuf>, input: InputSpec) -> Config {
+    pub fn new(shard: u32, data_dir: impl Into<PathBuf>, input: ItemInput) -> Config {
         Config {
             shard,
             data_dir: data_dir.into(),
             input,
             format: InputFormat::Lines,
             batch: DEFAULT_BATCH,
-            display: Display::Quiet,
+            display: ProgressDisplay::Quiet,
         }
     }
 
@@ -323,7 +323,7 @@ impl Config {
                 self.batch
             )));
         }
-        if let InputSpec::Generate { payload_size, .. } = self.input {
+        if let ItemInput::Generate { payload_size, .. } = self.input {
             if payload_size > MAX_ITEM_BYTES {
                 return Err(ProducerError::Config(format!(
                     "--payload-size must be at most {MAX_ITEM_BYTES}, got {payload_size}"
@@ -401,7 +401,7 @@ impl fmt::Display for Summary {
 pub struct Producer {
     config: Config,
     writer: ShardWriter,
-    progress: Option<Progress>,
+    progress: Option<ProgressMarker>,
     fingerprint: Vec<u8>,
     total: Option<u64>,
     metrics: Option<Arc<ProducerMetrics>>,
@@ -419,9 +419,9 @@ impl Producer {
         let writer = ShardWriter::open(&config.data_dir, config.shard)?;
         let progress = writer.progress()?;
         let stream = match &config.input {
-            InputSpec::Stdin => true,
-            InputSpec::File(p) => input::is_stream(p)?,
-            InputSpec::Generate { .. } => false,
+            ItemInput::Stdin => true,
+            ItemInput::File(p) => input::is_stream(p)?,
+            ItemInput::Generate { .. } => false,
         };
         let (fingerprint, total) = if stream {
             if let Some(p) = &progress {
@@ -432,18 +432,18 @@ impl Producer {
                     finished: p.finished,
                 });
             }
-            if let InputSpec::File(p) = &config.input {
+            if let ItemInput::File(p) = &config.input {
                 tracing::warn!(input = %p.display(), "the input is a pipe or FIFO, not a regular file: it is read once, like stdin, so a run that stops cannot be resumed from it");
             }
             (b"stdin".to_vec(), None)
         } else {
             match &config.input {
-                InputSpec::File(p) => {
+                ItemInput::File(p) => {
                     let scan = scan_file(p, config.format)?;
                     (scan.fingerprint.into_bytes(), Some(scan.items))
                 }
-                InputSpec::Stdin => (b"stdin".to_vec(), None),
-                InputSpec::Generate {
+                ItemInput::Stdin => (b"stdin".to_vec(), None),
+                ItemInput::Generate {
                     count,
                     payload_size,
                 } => (
@@ -506,31 +506,32 @@ impl Producer {
         if self.is_finished() {
             return Ok(self.nothing_to_do(start));
         }
-        let mut run = Run::start(self)?;
-        let result = run.stamp_all(source).await;
+        let mut execution = Execution::start(self)?;
+        let result = execution.stamp_all(source).await;
         // Whatever happened, wait for the last write so the summary and the error are true.
-        let waited = run.stamper.finish_pending().await;
-        run.stamper.report.finish();
+        let waited = execution.stamper.finish_pending().await;
+        execution.stamper.report.finish();
         result?;
         waited?;
-        run.summary(start)
+        execution.summary(start)
     }
 }
 
-/// A running producer: the input positioned after the durable items, and the stamper.
-struct Run {
+/// One execution of a producer ([`Producer::run`], not a sealed run file): the input
+/// positioned after the durable items, and the stamper.
+struct Execution {
     config: Config,
-    /// The item count the input had when the run started, if it could be counted.
+    /// The item count the input had when this execution started, if it could be counted.
     total: Option<u64>,
-    /// File input: the fingerprint of the start, which this run's reading must match.
+    /// File input: the fingerprint of the start, which this execution's reading must match.
     scanned: Option<Vec<u8>>,
     reader: ItemReader,
     stamper: Stamper,
 }
 
-impl Run {
+impl Execution {
     /// Positions the input after the durable items (checking them against a file input).
-    fn start(producer: Producer) -> Result<Run, ProducerError> {
+    fn start(producer: Producer) -> Result<Execution, ProducerError> {
         let Producer {
             config,
             writer,
@@ -542,7 +543,7 @@ impl Run {
         let shard = config.shard;
         let resumed_at = progress.as_ref().map_or(0, |p| p.next_seq);
         let reader = match &config.input {
-            InputSpec::File(_) if resumed_at > 0 => {
+            ItemInput::File(_) if resumed_at > 0 => {
                 let mut r = ItemReader::open(&config.input, config.format, shard, 0)?;
                 check_stored_prefix(&writer, &mut r, resumed_at)?;
                 r
@@ -550,7 +551,7 @@ impl Run {
             _ => ItemReader::open(&config.input, config.format, shard, resumed_at)?,
         };
         let scanned = match (&config.input, total) {
-            (InputSpec::File(_), Some(_)) => Some(fingerprint.clone()),
+            (ItemInput::File(_), Some(_)) => Some(fingerprint.clone()),
             _ => None,
         };
         if resumed_at > 0 {
@@ -558,7 +559,7 @@ impl Run {
         }
         let report = Reporter::new(config.display, shard, total, resumed_at);
         let stamper = Stamper::new(writer, progress.as_ref(), fingerprint, report, metrics);
-        Ok(Run {
+        Ok(Execution {
             config,
             total,
             scanned,
@@ -651,7 +652,7 @@ impl Stamper {
     /// Stamps after what `progress` (the sublist's marker, if any) says is durable.
     fn new(
         writer: ShardWriter,
-        progress: Option<&Progress>,
+        progress: Option<&ProgressMarker>,
         fingerprint: Vec<u8>,
         report: Reporter,
         metrics: Option<Arc<ProducerMetrics>>,
@@ -664,7 +665,7 @@ impl Stamper {
             resumed_at,
             durable: resumed_at,
             report,
-            writer: Writer::Idle(Written {
+            writer: Writer::Idle(WriterState {
                 writer,
                 next_seq: resumed_at,
                 batches: 0,
@@ -713,7 +714,7 @@ impl Stamper {
         &self,
         ids: Result<IdRange, IdError>,
         n: u64,
-        w: &Written,
+        w: &WriterState,
     ) -> Result<IdRange, ProducerError> {
         let range = ids.map_err(|error| ProducerError::Ids {
             next_seq: w.next_seq,
@@ -757,7 +758,7 @@ impl Stamper {
     fn write_finished(&mut self) -> Result<(), ProducerError> {
         let fingerprint = self.fingerprint.clone();
         let w = self.idle()?;
-        let done = Progress {
+        let done = ProgressMarker {
             next_seq: w.next_seq,
             finished: true,
             last_id: w.last_id,
@@ -779,7 +780,7 @@ impl Stamper {
     async fn maybe_test_stall(&mut self) {}
 
     /// The idle writer (after [`Stamper::finish_pending`]).
-    fn idle(&mut self) -> Result<&mut Written, ProducerError> {
+    fn idle(&mut self) -> Result<&mut WriterState, ProducerError> {
         debug_assert!(
             !matches!(self.writer, Writer::Busy(_)),
             "a write still runs"
@@ -791,7 +792,7 @@ impl Stamper {
     }
 
     /// The idle writer, to hand to the next write.
-    fn take_writer(&mut self) -> Result<Written, ProducerError> {
+    fn take_writer(&mut self) -> Result<WriterState, ProducerError> {
         debug_assert!(
             !matches!(self.writer, Writer::Busy(_)),
             "a write still runs"
@@ -828,7 +829,7 @@ impl Stamper {
 /// marker's fingerprint must be `fingerprint`.
 fn check_same_input(
     writer: &ShardWriter,
-    progress: Option<&Progress>,
+    progress: Option<&ProgressMarker>,
     fingerprint: &[u8],
 ) -> Result<(), ProducerError> {
     match progress {
@@ -859,13 +860,13 @@ fn stamp(items: Vec<Vec<u8>>, range: IdRange, shard: u32, next_seq: u64) -> Vec<
 /// Writes one stamped batch with its progress marker (one synced WriteBatch); runs on the
 /// blocking pool.
 fn write_batch(
-    mut w: Written,
+    mut w: WriterState,
     records: &[Record],
     range: IdRange,
     fingerprint: Vec<u8>,
-) -> Result<Written, ProducerError> {
+) -> Result<WriterState, ProducerError> {
     let n = records.len() as u64;
-    let p = Progress {
+    let p = ProgressMarker {
         next_seq: w.next_seq + n,
         finished: false,
         last_id: range.hi,
@@ -927,8 +928,8 @@ fn check_stored_prefix(
 /// blocking pool while the next batch's IDs are fetched. A write that failed, or whose
 /// task died, takes the writer with it: the run ends with that write's error.
 enum Writer {
-    Idle(Written),
-    Busy(tokio::task::JoinHandle<Result<Written, ProducerError>>),
+    Idle(WriterState),
+    Busy(tokio::task::JoinHandle<Result<WriterState, ProducerError>>),
     Lost,
 }
 
@@ -937,8 +938,9 @@ fn writer_lost() -> ProducerError {
     ProducerError::Task("writer lost after a failed write".into())
 }
 
-/// The writer and what it has durably written in this run.
-struct Written {
+/// The sublist's writer and what it has durably written in this execution: the state
+/// an idle [`Writer`] holds, and a busy one's write hands back.
+struct WriterState {
     writer: ShardWriter,
     next_seq: u64,
     batches: u64,
@@ -956,7 +958,7 @@ pub async fn run(config: Config, source: &impl IdSource) -> Result<Summary, Prod
 
 /// Shows progress: a bar on a terminal, periodic log lines otherwise.
 struct Reporter {
-    display: Display,
+    display: ProgressDisplay,
     bar: Option<ProgressBar>,
     shard: u32,
     total: Option<u64>,
@@ -966,8 +968,8 @@ struct Reporter {
 }
 
 impl Reporter {
-    fn new(display: Display, shard: u32, total: Option<u64>, start_seq: u64) -> Reporter {
-        let bar = (display == Display::Bar).then(|| {
+    fn new(display: ProgressDisplay, shard: u32, total: Option<u64>, start_seq: u64) -> Reporter {
+        let bar = (display == ProgressDisplay::Bar).then(|| {
             let bar = match total {
                 Some(t) => ProgressBar::new(t),
                 None => ProgressBar::new_spinner(),
@@ -1000,7 +1002,7 @@ impl Reporter {
 
     fn update(&mut self, next_seq: u64) {
         match self.display {
-            Display::Bar => {
+            ProgressDisplay::Bar => {
                 if let Some(b) = &self.bar {
                     let rate = (next_seq - self.start_seq) as f64
                         / self.start.elapsed().as_secs_f64().max(1e-9);
@@ -1008,7 +1010,7 @@ impl Reporter {
                     b.set_message(format!("{rate:.0} items/s"));
                 }
             }
-            Display::Log(every) => {
+            ProgressDisplay::Log(every) => {
                 if self.last_log.elapsed() >= every {
                     self.last_log = Instant::now();
                     let done = next_seq - self.start_seq;
@@ -1020,7 +1022,7 @@ impl Reporter {
                     );
                 }
             }
-            Display::Quiet => {}
+            ProgressDisplay::Quiet => {}
         }
     }
 

@@ -41,7 +41,7 @@ async fn generate_stamps_in_order_and_finishes() {
     let mut cfg = Config::new(
         2,
         dir.path(),
-        InputSpec::Generate {
+        ItemInput::Generate {
             count: 25,
             payload_size: 7,
         },
@@ -59,7 +59,7 @@ async fn generate_stamps_in_order_and_finishes() {
     let again = run(cfg.clone(), &src).await.expect("rerun");
     assert!(again.already_finished, "{again}");
     assert!(again.to_string().contains("nothing to do"));
-    cfg.input = InputSpec::Generate {
+    cfg.input = ItemInput::Generate {
         count: 26,
         payload_size: 7,
     };
@@ -75,7 +75,7 @@ async fn id_failure_keeps_durable_batches_and_resumes() {
     let mut cfg = Config::new(
         0,
         dir.path(),
-        InputSpec::Generate {
+        ItemInput::Generate {
             count: 50,
             payload_size: 3,
         },
@@ -105,7 +105,7 @@ async fn ids_below_the_last_durable_id_are_refused_and_nothing_written() {
     let mut cfg = Config::new(
         0,
         dir.path(),
-        InputSpec::Generate {
+        ItemInput::Generate {
             count: 30,
             payload_size: 3,
         },
@@ -188,7 +188,7 @@ async fn bad_config_is_refused() {
     let mut cfg = Config::new(
         0,
         dir.path(),
-        InputSpec::Generate {
+        ItemInput::Generate {
             count: 1,
             payload_size: MAX_ITEM_BYTES + 1,
         },
@@ -197,7 +197,7 @@ async fn bad_config_is_refused() {
         Producer::open(cfg.clone()),
         Err(ProducerError::Config(_))
     ));
-    cfg.input = InputSpec::Generate {
+    cfg.input = ItemInput::Generate {
         count: 1,
         payload_size: 1,
     };
@@ -296,7 +296,7 @@ async fn appender_appends_flushes_finishes_and_reopens() {
     let gen = Config::new(
         5,
         dir.path(),
-        InputSpec::Generate {
+        ItemInput::Generate {
             count: 2,
             payload_size: 1,
         },

@@ -9,7 +9,7 @@ mod common;
 use common::{assert_exit, producer_cmd, quorum, run, stderr_lines};
 use qformat::names::shard_db_path;
 use qformat::run::{decode_block, RunMeta};
-use qformat::shard::Progress;
+use qformat::shard::ProgressMarker;
 use qformat::Record;
 use std::path::Path;
 use std::process::{Child, Output};
@@ -181,7 +181,7 @@ fn seal_errors_name_the_sublist_or_destination_with_their_exit_codes() {
                 payload: vec![b'x'; 5],
             })
             .collect();
-        let p = Progress {
+        let p = ProgressMarker {
             next_seq: 10,
             finished: false,
             last_id: 109,

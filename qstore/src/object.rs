@@ -28,10 +28,11 @@ struct Inner {
     tasks: Tasks,
     opts_read_chunk: u64,
     opts_in_flight: usize,
-    source: Source,
+    backing: Backing,
 }
 
-enum Source {
+/// What an object's bytes are read from: a file kept open, or one version of an S3 object.
+enum Backing {
     /// Kept open: a file renamed over during a read keeps reading the original.
     File(File),
     /// The ETag from the HEAD; every read asks for (and checks) this version.
@@ -73,7 +74,7 @@ impl Object {
             opts,
             loc,
             meta.len(),
-            Source::File(file),
+            Backing::File(file),
         ))
     }
 
@@ -86,7 +87,7 @@ impl Object {
         etag: Option<String>,
     ) -> Object {
         let etag = etag.map(Arc::from);
-        Object::build(tasks, opts, loc, len, Source::S3 { target, etag })
+        Object::build(tasks, opts, loc, len, Backing::S3 { target, etag })
     }
 
     fn build(
@@ -94,7 +95,7 @@ impl Object {
         opts: StoreOptions,
         loc: &Location,
         len: u64,
-        source: Source,
+        backing: Backing,
     ) -> Object {
         Object {
             inner: Arc::new(Inner {
@@ -103,7 +104,7 @@ impl Object {
                 tasks: tasks.clone(),
                 opts_read_chunk: opts.read_chunk as u64,
                 opts_in_flight: opts.in_flight,
-                source,
+                backing,
             }),
         }
     }
@@ -125,9 +126,9 @@ impl Object {
 
     /// The ETag of the version being read (S3 only, when the server gives one).
     pub fn etag(&self) -> Option<&str> {
-        match &self.inner.source {
-            Source::S3 { etag, .. } => etag.as_deref(),
-            Source::File(_) => None,
+        match &self.inner.backing {
+            Backing::S3 { etag, .. } => etag.as_deref(),
+            Backing::File(_) => None,
         }
     }
 
@@ -139,9 +140,9 @@ impl Object {
     /// the range.
     pub fn read_range(&self, range: Range<u64>) -> Result<Bytes, StoreError> {
         self.check(&range)?;
-        match &self.inner.source {
-            Source::File(file) => self.read_file(file, range, BytesMut::new()),
-            Source::S3 { .. } => wait(self.spawn_read(range)?),
+        match &self.inner.backing {
+            Backing::File(file) => self.read_file(file, range, BytesMut::new()),
+            Backing::S3 { .. } => wait(self.spawn_read(range)?),
         }
     }
 
@@ -210,7 +211,7 @@ impl Object {
         &self,
         range: Range<u64>,
     ) -> Result<JoinHandle<Result<Bytes, StoreError>>, StoreError> {
-        let Source::S3 { target, etag } = &self.inner.source else {
+        let Backing::S3 { target, etag } = &self.inner.backing else {
             unreachable!("spawn_read on a local file");
         };
         let (target, etag) = (target.clone(), etag.clone());
@@ -245,9 +246,9 @@ impl RangeReader {
         // GET is aligned: a store keeps an object in chunks of such a size (SeaweedFS's are
         // 4 MiB), and a GET across two of them costs the server two (BENCHMARKS.md, "The
         // merge at the machine's limit"). A local file is read as asked.
-        let end = match self.object.inner.source {
-            Source::S3 { .. } => (first.start / chunk + 1).saturating_mul(chunk),
-            Source::File(_) => first.start.saturating_add(chunk),
+        let end = match self.object.inner.backing {
+            Backing::S3 { .. } => (first.start / chunk + 1).saturating_mul(chunk),
+            Backing::File(_) => first.start.saturating_add(chunk),
         };
         let end = first.end.min(end);
         let piece = first.start..end;
@@ -276,7 +277,7 @@ impl RangeReader {
             return Some(Err(e));
         }
         let object = self.object.clone();
-        if let Source::File(file) = &object.inner.source {
+        if let Backing::File(file) = &object.inner.backing {
             // The OS reads ahead for a local file: plain sequential reads suffice.
             let piece = self.next_chunk()?;
             let start = piece.start;

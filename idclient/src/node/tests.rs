@@ -177,7 +177,7 @@ async fn an_accepted_write_and_what_was_sent() {
     let fake = FakeRedis::start(on_write(array(&[&int(1), &bulk("10"), &int(0)]))).await;
     let node = fake.node(TIMEOUT);
     let got = node.conditional_write("k", 1, 10, None).await;
-    let want = Written {
+    let want = WriteOutcome {
         reply: WriteReply::Accepted,
         combining: false,
     };
@@ -204,7 +204,7 @@ async fn a_rejection_carries_the_register_and_the_hint() {
         .node(TIMEOUT)
         .conditional_write("k", 1, 10, Some(Nonce(7)))
         .await;
-    let want = Written {
+    let want = WriteOutcome {
         reply: WriteReply::Rejected { current: 42 },
         combining: true,
     };

@@ -3,7 +3,7 @@
 
 use super::counters::bump;
 use super::{Combine, Protocol, QuorumClient, RoundLoss, CUT_BY_DEADLINE};
-use crate::register::{Register, WriteReply, Written};
+use crate::register::{Register, WriteOutcome, WriteReply};
 use crate::rendezvous::Nonce;
 use futures::stream::{FuturesUnordered, StreamExt};
 use idproto::NodeFailure;
@@ -124,7 +124,7 @@ impl<N: Register> QuorumClient<N> {
     }
 
     /// Adds one node's answer to the conditional write of `..=hi` to `tally`.
-    fn count_write(&self, tally: &mut Tally, written: Written, hi: u64) {
+    fn count_write(&self, tally: &mut Tally, written: WriteOutcome, hi: u64) {
         if written.combining
             && self.protocol == Protocol::Fast
             && self.combine.mode == Combine::Auto

@@ -1,6 +1,6 @@
 use super::round::{decide, Decision, Tally};
 use super::*;
-use crate::register::{WriteReply, Written};
+use crate::register::{WriteOutcome, WriteReply};
 
 fn failure(addr: &str, reason: &str) -> NodeFailure {
     NodeFailure {
@@ -63,12 +63,12 @@ impl Register for Down {
         _lo: u64,
         _hi: u64,
         _batch: Option<Nonce>,
-    ) -> Result<Written, NodeError> {
+    ) -> Result<WriteOutcome, NodeError> {
         if self.silent {
             std::future::pending::<()>().await;
         }
         if self.accepts {
-            return Ok(Written {
+            return Ok(WriteOutcome {
                 reply: WriteReply::Accepted,
                 combining: false,
             });

@@ -394,7 +394,7 @@ fn chart(input: &Path, out: &Path, count: u64, title: &str) -> Result<()> {
         qcli::fail(qcli::Cause::Input, format!("{}: {e}", input.display()))
     };
     let file = std::fs::File::open(input).map_err(|e| bad_input(&e))?;
-    let runs = chart::read_runs(std::io::BufReader::new(file)).map_err(|e| bad_input(&e))?;
+    let runs = chart::read_results(std::io::BufReader::new(file)).map_err(|e| bad_input(&e))?;
     let doc = chart::svg(&runs, count, title).map_err(|e| bad_input(&e))?;
     std::fs::write(out, doc).map_err(|e| {
         qcli::fail(

@@ -8,46 +8,21 @@
 //! merger cat FILE... [--json]
 //! ```
 
-use std::io::IsTerminal;
 use std::path::PathBuf;
 use std::process::ExitCode;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
-use merger::jobs::RangeFile;
-use merger::parquet_list::{Codec, ParquetOptions, ParquetWriter, DEFAULT_ROW_GROUP_ROWS};
-use merger::sink::{ListSink, RunSink};
-use merger::{InputSpec, MergeError};
+use merger::command::{open_and_merge, MergeConfig};
+use merger::output::OutputFormat;
+use merger::parquet_list::{Codec, ParquetOptions, DEFAULT_ROW_GROUP_ROWS};
+use merger::progress::{MergeProgress, Stall};
+use merger::{MergeError, MergeInput};
 use qcli::Cause;
 use qformat::listbin::ListError;
 use qformat::names::has_run_suffix;
-use qformat::run::{Part, RunError, RunWriter, ShardSpec};
+use qformat::run::RunError;
 use qstore::{Location, Store, StoreError, StoreOptions};
-
-#[cfg(feature = "test-hooks")]
-use merger::test_hooks::Stall;
-
-/// Without the feature `test-hooks` (every build but the merger's own tests): no stall,
-/// and no variable read.
-#[cfg(not(feature = "test-hooks"))]
-#[derive(Clone, Copy)]
-struct Stall;
-
-#[cfg(not(feature = "test-hooks"))]
-impl Stall {
-    fn none() -> Stall {
-        Stall
-    }
-
-    fn from_env() -> Result<Stall, String> {
-        Ok(Stall)
-    }
-
-    fn maybe_stall(&mut self, _records: u64) {}
-}
-
-/// Plain-log progress interval when stderr is not a terminal.
-const LOG_EVERY: Duration = Duration::from_secs(5);
 
 #[derive(Parser)]
 #[command(
@@ -189,31 +164,6 @@ enum Command {
     },
 }
 
-/// What an output is written as.
-#[derive(Clone, Copy, PartialEq, Eq)]
-enum Format {
-    /// list.bin version 2: a run.
-    Bin,
-    /// Parquet.
-    Parquet(ParquetOptions),
-}
-
-/// What `merger --out` was asked to do.
-struct MergeConfig {
-    out: Location,
-    format: Format,
-    data_dir: Option<PathBuf>,
-    runs: Vec<Location>,
-    inputs: Vec<String>,
-    expect_shards: Option<u32>,
-    part: Option<(u32, u32)>,
-    jobs: u32,
-    allow_unfinished: bool,
-    store: StoreOptions,
-    /// The crash tests' stall (feature `test-hooks`, `merger::test_hooks`).
-    stall: Stall,
-}
-
 fn main() -> ExitCode {
     qcli::init_logging("info");
     let cli: Cli = qcli::parse(|cmd| cmd);
@@ -272,11 +222,11 @@ fn config(args: MergeArgs) -> anyhow::Result<MergeConfig> {
         return Err(qcli::usage("--out OUT is required"));
     };
     let format = match args.format.as_str() {
-        "parquet" => Format::Parquet(args.parquet.options()),
-        "auto" if out.ends_with(".parquet") => Format::Parquet(args.parquet.options()),
-        _ => Format::Bin,
+        "parquet" => OutputFormat::Parquet(args.parquet.options()),
+        "auto" if out.ends_with(".parquet") => OutputFormat::Parquet(args.parquet.options()),
+        _ => OutputFormat::Bin,
     };
-    if matches!(format, Format::Parquet(_)) && has_run_suffix(&out) {
+    if matches!(format, OutputFormat::Parquet(_)) && has_run_suffix(&out) {
         return Err(qcli::usage(format!(
             "--out {out} with --format parquet: a Parquet file named *.bin would be taken for a run by the next --runs merge of its directory (name it .parquet)"
         )));
@@ -310,7 +260,7 @@ fn config(args: MergeArgs) -> anyhow::Result<MergeConfig> {
 }
 
 fn run_merge(cfg: &MergeConfig) -> anyhow::Result<()> {
-    let specs = merger::discover::input_specs(
+    let specs = merger::discover::find_inputs(
         &Store::new(cfg.store),
         cfg.data_dir.as_deref(),
         &cfg.runs,
@@ -321,14 +271,14 @@ fn run_merge(cfg: &MergeConfig) -> anyhow::Result<()> {
     let s3 = cfg.out.is_s3()
         || specs
             .iter()
-            .any(|s| matches!(s, InputSpec::Run(l) if l.is_s3()));
+            .any(|s| matches!(s, MergeInput::Run(l) if l.is_s3()));
     let store = Store::new(merger::runs::read_options(cfg.store, specs.len(), jobs, s3));
     // Fail on a bad --out before spending time opening inputs.
     if let Location::Dir(out) = &cfg.out {
         check_out_dir(out)?;
     }
     merger::discover::check_out(&cfg.out, cfg.data_dir.as_deref(), &cfg.runs, &specs)?;
-    let mut progress = Progress::new(0, cfg.stall);
+    let mut progress = MergeProgress::new(0, cfg.stall);
     let result = open_and_merge(cfg, &store, &specs, &mut progress);
     progress.finish();
     let written = result.map_err(|e| {
@@ -337,158 +287,11 @@ fn run_merge(cfg: &MergeConfig) -> anyhow::Result<()> {
             cfg.out
         ))
     })?;
-    written.print("merged", &cfg.out, progress.start);
+    println!(
+        "{}",
+        written.summary("merged", &cfg.out, progress.start().elapsed())
+    );
     Ok(())
-}
-
-/// What a merge or a conversion wrote.
-struct Written {
-    records: u64,
-    shards: usize,
-    bytes: u64,
-    part: Part,
-    /// Parquet: row groups.
-    row_groups: Option<u64>,
-}
-
-impl Written {
-    fn print(&self, verb: &str, out: &Location, start: Instant) {
-        let secs = start.elapsed().as_secs_f64();
-        let mb = self.bytes as f64 / 1e6;
-        let mut what = String::new();
-        if !self.part.is_whole() {
-            what = format!(
-                " ({}, ids {}..={})",
-                self.part, self.part.first_id, self.part.last_id
-            );
-        }
-        if let Some(groups) = self.row_groups {
-            what.push_str(&format!(" as Parquet ({groups} row groups)"));
-        }
-        println!(
-            "{verb} {} items from {} shards into {out}{what}: {:.1} MB in {:.2}s ({:.1} MB/s, {:.0} items/s)",
-            self.records,
-            self.shards,
-            mb,
-            secs,
-            mb / secs.max(1e-9),
-            self.records as f64 / secs.max(1e-9),
-        );
-    }
-}
-
-/// Opens the inputs, checks them, and merges them (the part asked for, if any).
-fn open_and_merge(
-    cfg: &MergeConfig,
-    store: &Store,
-    specs: &[InputSpec],
-    progress: &mut Progress,
-) -> Result<Written, MergeError> {
-    let inputs = merger::open_inputs(store, specs, cfg.allow_unfinished)?;
-    if let Some(n) = cfg.expect_shards {
-        inputs.check_expected(n)?;
-    }
-    let part = match cfg.part {
-        Some((i, k)) => merger::split::split(&inputs.metas(), k)[i as usize],
-        None => Part::WHOLE,
-    };
-    let total = if part.is_whole() { inputs.records() } else { 0 };
-    tracing::info!(inputs = specs.len(), items = total, out = %cfg.out, %part, jobs = cfg.jobs, "merging");
-    progress.set_total(total);
-    let mut report = |records, bytes| progress.update(records, bytes);
-    write_list(
-        store,
-        &cfg.out,
-        cfg.format,
-        inputs.shard_specs(),
-        part,
-        &mut |writer, own_file| {
-            if cfg.jobs > 1 {
-                let files = match (own_file, &cfg.out) {
-                    (Some(file), _) => RangeFile::InPlace(file),
-                    (None, Location::Dir(p)) => RangeFile::Apart(
-                        p.parent()
-                            .filter(|d| !d.as_os_str().is_empty())
-                            .map_or_else(|| PathBuf::from("."), PathBuf::from),
-                    ),
-                    (None, Location::S3 { .. }) => RangeFile::Apart(std::env::temp_dir()),
-                };
-                let out = cfg.out.to_string();
-                merger::merge_jobs(&inputs, cfg.jobs, files, writer, &out, &mut report)
-            } else {
-                merger::merge_inputs(&inputs, part, writer, &mut report)
-            }
-        },
-    )
-}
-
-/// Fills a list: the sink, and for a run written into a local file, another handle to
-/// that file (`--jobs` writes its ranges into their places through it).
-type Fill<'a> = dyn FnMut(&mut dyn ListSink, Option<std::fs::File>) -> Result<(), MergeError> + 'a;
-
-/// Writes a list of `specs`' shards and `part` into an atomic upload of `out`, in
-/// `format`, the records coming from `fill`: complete, or nothing under that name.
-fn write_list(
-    store: &Store,
-    out: &Location,
-    format: Format,
-    specs: Vec<ShardSpec>,
-    part: Part,
-    fill: &mut Fill<'_>,
-) -> Result<Written, MergeError> {
-    let name = out.to_string();
-    let output = |error| MergeError::Output {
-        out: name.clone(),
-        error,
-    };
-    let upload = store.create(out).map_err(output)?;
-    let (upload, mut written) = match format {
-        Format::Bin => {
-            let run_err = |error| MergeError::Run {
-                name: name.clone(),
-                error,
-            };
-            let own_file = upload.local_file().map_err(output)?;
-            let writer = RunWriter::new(upload, specs, part).map_err(run_err)?;
-            let mut sink = RunSink {
-                writer,
-                name: name.clone(),
-            };
-            let in_place = own_file.is_some();
-            fill(&mut sink, own_file)?;
-            if in_place {
-                // Past the blocks written into place (a no-op when none were), where the
-                // open block and then the index go.
-                let end = sink.writer.block_offset();
-                let moved = sink.writer.get_mut().skip_to(end);
-                moved.map_err(|e| run_err(e.into()))?;
-            }
-            let (upload, meta) = sink.writer.finish().map_err(run_err)?;
-            let written = Written {
-                records: meta.records(),
-                shards: meta.shards.len(),
-                bytes: 0,
-                part,
-                row_groups: None,
-            };
-            (upload, written)
-        }
-        Format::Parquet(opts) => {
-            let mut writer = ParquetWriter::new(upload, specs, part, &opts, &name)?;
-            fill(&mut writer, None)?;
-            let (upload, summary) = writer.finish()?;
-            let written = Written {
-                records: summary.records,
-                shards: summary.shards.len(),
-                bytes: 0,
-                part,
-                row_groups: Some(summary.row_groups),
-            };
-            (upload, written)
-        }
-    };
-    written.bytes = upload.finish().map_err(output)?;
-    Ok(written)
 }
 
 /// `merger convert`: a merged list (or the parts of one, in order) as Parquet.
@@ -515,24 +318,8 @@ fn run_convert(files: &[String], out: &str, opts: ParquetOptions) -> anyhow::Res
     if let Location::Dir(p) = &out {
         check_out_dir(p)?;
     }
-    let mut progress = Progress::new(0, Stall::none());
-    let result = (|| {
-        let runs = locations
-            .iter()
-            .map(|l| merger::runs::open_run(&store, l))
-            .collect::<Result<Vec<_>, _>>()?;
-        let (specs, part) = merger::convert::plan(&runs)?;
-        progress.set_total(runs.iter().map(|r| r.meta.records()).sum());
-        let mut report = |records, bytes| progress.update(records, bytes);
-        write_list(
-            &store,
-            &out,
-            Format::Parquet(opts),
-            specs,
-            part,
-            &mut |writer, _| merger::convert::convert(&runs, writer, &mut report),
-        )
-    })();
+    let mut progress = MergeProgress::new(0, Stall::none());
+    let result = merger::convert::convert_files(&store, &locations, &out, opts, &mut progress);
     progress.finish();
     let written = result.map_err(|e| {
         anyhow::Error::new(e).context(format!(
@@ -540,7 +327,10 @@ fn run_convert(files: &[String], out: &str, opts: ParquetOptions) -> anyhow::Res
             files.join(" ")
         ))
     })?;
-    written.print("converted", &out, progress.start);
+    println!(
+        "{}",
+        written.summary("converted", &out, progress.start().elapsed())
+    );
     Ok(())
 }
 
@@ -574,68 +364,6 @@ fn check_out_dir(out: &std::path::Path) -> anyhow::Result<()> {
         )));
     }
     Ok(())
-}
-
-/// The merge's progress: a bar on a terminal, a log line every [`LOG_EVERY`] otherwise;
-/// and the crash tests' stall ([`Stall`]).
-struct Progress {
-    bar: Option<indicatif::ProgressBar>,
-    total: u64,
-    start: Instant,
-    last_log: Instant,
-    stall: Stall,
-}
-
-impl Progress {
-    fn new(total: u64, stall: Stall) -> Progress {
-        let bar = std::io::stderr().is_terminal().then(|| {
-            let bar = indicatif::ProgressBar::new(total);
-            bar.set_style(
-                indicatif::ProgressStyle::with_template(
-                    "{bar:40} {human_pos}/{human_len} items  {elapsed} elapsed  eta {eta}  {msg}",
-                )
-                .unwrap_or_else(|_| indicatif::ProgressStyle::default_bar()),
-            );
-            bar
-        });
-        let start = Instant::now();
-        Progress {
-            bar,
-            total,
-            start,
-            last_log: start,
-            stall,
-        }
-    }
-
-    fn set_total(&mut self, total: u64) {
-        self.total = total;
-        if let Some(bar) = &self.bar {
-            bar.set_length(total);
-        }
-    }
-
-    fn update(&mut self, records: u64, bytes: u64) {
-        if let Some(bar) = &self.bar {
-            bar.set_position(records);
-            let mb = bytes as f64 / 1e6;
-            bar.set_message(format!(
-                "{mb:.0} MB written, {:.0} MB/s",
-                mb / self.start.elapsed().as_secs_f64().max(1e-3)
-            ));
-        } else if self.last_log.elapsed() >= LOG_EVERY {
-            self.last_log = Instant::now();
-            let total = self.total;
-            tracing::info!(records, total, mb = bytes / 1_000_000, "merging");
-        }
-        self.stall.maybe_stall(records);
-    }
-
-    fn finish(&self) {
-        if let Some(bar) = &self.bar {
-            bar.finish_and_clear();
-        }
-    }
 }
 
 fn run_verify(files: &[String]) -> anyhow::Result<()> {

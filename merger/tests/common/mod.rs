@@ -6,7 +6,7 @@ use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 
 use qformat::names::shard_db_path;
-use qformat::shard::Progress;
+use qformat::shard::ProgressMarker;
 use qformat::Record;
 use sublist::shard::ShardWriter;
 
@@ -38,7 +38,7 @@ pub fn make_shard_with(
                 }
             })
             .collect();
-        let p = Progress {
+        let p = ProgressMarker {
             next_seq: seq,
             finished: false,
             last_id: chunk.last().copied().unwrap_or(0),
@@ -46,7 +46,7 @@ pub fn make_shard_with(
         };
         w.write_batch(&recs, &p).expect("write batch");
     }
-    let p = Progress {
+    let p = ProgressMarker {
         next_seq: seq,
         finished,
         last_id: ids.last().copied().unwrap_or(0),

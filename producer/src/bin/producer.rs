@@ -7,8 +7,8 @@ use idclient::broker_client::{BrokerClient, BrokerClientConfig};
 use idclient::{IdError, QuorumClient};
 use idflags::IdsFrom;
 use producer::{
-    Config, Display, InputFormat, InputSpec, Producer, ProducerError, SealError, DEFAULT_BATCH,
-    DEFAULT_PAYLOAD_SIZE,
+    Config, InputFormat, ItemInput, Producer, ProducerError, ProgressDisplay, SealError,
+    DEFAULT_BATCH, DEFAULT_PAYLOAD_SIZE,
 };
 use qcli::{Cause, SourceArgs};
 use qstore::{Location, Store, StoreError, StoreOptions};
@@ -189,9 +189,9 @@ fn config(flags: &Flags) -> anyhow::Result<(Config, IdsFrom)> {
         ));
     }
     let input = match (&flags.input, flags.generate) {
-        (Some(f), None) if f == "-" => InputSpec::Stdin,
-        (Some(f), None) => InputSpec::File(PathBuf::from(f)),
-        (None, Some(count)) => InputSpec::Generate {
+        (Some(f), None) if f == "-" => ItemInput::Stdin,
+        (Some(f), None) => ItemInput::File(PathBuf::from(f)),
+        (None, Some(count)) => ItemInput::Generate {
             count,
             payload_size: flags.payload_size,
         },
@@ -202,9 +202,9 @@ fn config(flags: &Flags) -> anyhow::Result<(Config, IdsFrom)> {
         }
     };
     let display = if !flags.no_progress_bar && std::io::stderr().is_terminal() {
-        Display::Bar
+        ProgressDisplay::Bar
     } else {
-        Display::Log(seconds("log-every", flags.log_every)?)
+        ProgressDisplay::Log(seconds("log-every", flags.log_every)?)
     };
     let mut ids = idflags::source(&flags.ids)?;
     if let Some(secs) = flags.deadline {

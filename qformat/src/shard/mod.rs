@@ -52,7 +52,7 @@ pub const FORMAT: &[u8] = b"qlist-shard-v1";
 pub const KEY_FORMAT: &[u8] = b"format";
 /// `meta` key: the shard number, u32 LE.
 pub const KEY_SHARD: &[u8] = b"shard";
-/// `meta` key: the progress marker ([`Progress`]).
+/// `meta` key: the progress marker ([`ProgressMarker`]).
 pub const KEY_PROGRESS: &[u8] = b"progress";
 /// Bytes of an item value before the payload: u32 shard + u64 seq.
 pub const VALUE_HEADER: usize = 12;
@@ -61,7 +61,7 @@ pub const PROGRESS_HEADER: usize = 8 + 1 + 8 + 4;
 
 /// How far a producer got: written in the same atomic batch as the items it describes.
 #[derive(Debug, Clone, PartialEq, Eq, Default)]
-pub struct Progress {
+pub struct ProgressMarker {
     /// Items with seq `0..next_seq` are in the sublist, each exactly once.
     pub next_seq: u64,
     /// The producer reached the end of its input: nothing more will be written.
@@ -72,7 +72,7 @@ pub struct Progress {
     pub fingerprint: Vec<u8>,
 }
 
-impl Progress {
+impl ProgressMarker {
     /// The marker's stored bytes (see the module docs).
     pub fn encode(&self) -> Vec<u8> {
         let mut out = Vec::with_capacity(PROGRESS_HEADER + self.fingerprint.len());
@@ -87,7 +87,7 @@ impl Progress {
     }
 
     /// Parses the stored bytes; `Err` carries a reason.
-    pub fn decode(bytes: &[u8]) -> Result<Progress, String> {
+    pub fn decode(bytes: &[u8]) -> Result<ProgressMarker, String> {
         if bytes.len() < PROGRESS_HEADER {
             return Err(format!(
                 "progress marker has {} bytes, at least {PROGRESS_HEADER} expected",
@@ -109,7 +109,7 @@ impl Progress {
                 PROGRESS_HEADER + len
             ));
         }
-        Ok(Progress {
+        Ok(ProgressMarker {
             next_seq,
             finished,
             last_id,

@@ -14,7 +14,7 @@ fn exact_bytes() {
         encode_value(3, 5, b"xy"),
         vec![3, 0, 0, 0, 5, 0, 0, 0, 0, 0, 0, 0, b'x', b'y']
     );
-    let p = Progress {
+    let p = ProgressMarker {
         next_seq: 2,
         finished: true,
         last_id: 9,
@@ -25,9 +25,9 @@ fn exact_bytes() {
         b,
         vec![2, 0, 0, 0, 0, 0, 0, 0, 1, 9, 0, 0, 0, 0, 0, 0, 0, 2, 0, 0, 0, b'a', b'b']
     );
-    assert_eq!(Progress::decode(&b), Ok(p));
-    assert!(Progress::decode(&b[..5]).is_err());
-    assert!(Progress::decode(&b[..22]).is_err());
+    assert_eq!(ProgressMarker::decode(&b), Ok(p));
+    assert!(ProgressMarker::decode(&b[..5]).is_err());
+    assert!(ProgressMarker::decode(&b[..22]).is_err());
     assert_eq!(
         decode_item(&encode_key(42), &encode_value(1, 2, b"")),
         Ok(rec(42, 1, 2, b""))

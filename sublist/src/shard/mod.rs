@@ -14,8 +14,8 @@
 
 use qformat::names::{creating_db_path, shard_db_path};
 use qformat::shard::{
-    decode_item, encode_key, encode_value, Progress, FORMAT, KEY_FORMAT, KEY_PROGRESS, KEY_SHARD,
-    META_CF,
+    decode_item, encode_key, encode_value, ProgressMarker, FORMAT, KEY_FORMAT, KEY_PROGRESS,
+    KEY_SHARD, META_CF,
 };
 use qformat::Record;
 use rocksdb::{
@@ -201,13 +201,13 @@ fn check_format(path: &Path, db: &DB) -> Result<Option<u32>, ShardError> {
     }
 }
 
-fn read_progress(path: &Path, db: &DB) -> Result<Option<Progress>, ShardError> {
+fn read_progress(path: &Path, db: &DB) -> Result<Option<ProgressMarker>, ShardError> {
     let meta = db
         .cf_handle(META_CF)
         .ok_or_else(|| not_a_shard(path, "no meta column family"))?;
     match db.get_cf(meta, KEY_PROGRESS).map_err(rocks(path))? {
         None => Ok(None),
-        Some(b) => Progress::decode(&b)
+        Some(b) => ProgressMarker::decode(&b)
             .map(Some)
             .map_err(|reason| ShardError::Corrupt {
                 path: path.to_path_buf(),
@@ -275,7 +275,7 @@ pub struct ShardWriter {
     db: DB,
     path: PathBuf,
     shard: u32,
-    progress: Option<Progress>,
+    progress: Option<ProgressMarker>,
 }
 
 impl ShardWriter {
@@ -367,7 +367,7 @@ impl ShardWriter {
     pub fn write_batch(
         &mut self,
         records: &[Record],
-        progress: &Progress,
+        progress: &ProgressMarker,
     ) -> Result<(), ShardError> {
         self.validate(records, progress)
             .map_err(|reason| ShardError::InvalidBatch {
@@ -393,7 +393,7 @@ impl ShardWriter {
         Ok(())
     }
 
-    fn validate(&self, records: &[Record], progress: &Progress) -> Result<(), String> {
+    fn validate(&self, records: &[Record], progress: &ProgressMarker) -> Result<(), String> {
         let (mut seq, mut last_id) = match &self.progress {
             Some(p) if p.finished => return Err("the sublist is finished".into()),
             Some(p) => (p.next_seq, p.last_id),
@@ -448,7 +448,7 @@ impl ShardWriter {
     ///
     /// # Errors
     /// Never for now (the marker is cached); kept fallible for the schema's sake.
-    pub fn progress(&self) -> Result<Option<Progress>, ShardError> {
+    pub fn progress(&self) -> Result<Option<ProgressMarker>, ShardError> {
         Ok(self.progress.clone())
     }
 }
@@ -511,7 +511,7 @@ impl ShardReader {
     ///
     /// # Errors
     /// RocksDB errors, or a marker that does not parse.
-    pub fn progress(&self) -> Result<Option<Progress>, ShardError> {
+    pub fn progress(&self) -> Result<Option<ProgressMarker>, ShardError> {
         read_progress(&self.path, &self.db)
     }
 

@@ -10,8 +10,8 @@ fn rec(id: u64, shard: u32, seq: u64, payload: &[u8]) -> Record {
     }
 }
 
-fn prog(next_seq: u64, last_id: u64, finished: bool) -> Progress {
-    Progress {
+fn prog(next_seq: u64, last_id: u64, finished: bool) -> ProgressMarker {
+    ProgressMarker {
         next_seq,
         finished,
         last_id,
@@ -147,7 +147,7 @@ fn invalid_batches_write_nothing() {
     let mut w = ShardWriter::open(dir.path(), 0).expect("open");
     w.write_batch(&[rec(10, 0, 0, b"x")], &prog(1, 10, false))
         .expect("first");
-    let bad: Vec<(Vec<Record>, Progress)> = vec![
+    let bad: Vec<(Vec<Record>, ProgressMarker)> = vec![
         (vec![rec(10, 0, 1, b"")], prog(2, 10, false)), // id not above last
         (vec![rec(11, 1, 1, b"")], prog(2, 11, false)), // wrong shard
         (vec![rec(11, 0, 2, b"")], prog(3, 11, false)), // seq gap
