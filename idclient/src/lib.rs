@@ -70,7 +70,5 @@ pub use quorum::{
     check_nodes, ClientConfig, Combine, Counters, NodeCheck, NodeCounters, Protocol, QuorumClient,
     BACKOFF_CAP, MAX_LEASE, MIN_LEASE, MIN_READ_HEDGE, READ_HEDGE_READS, SOLO_STREAK,
 };
-#[doc(hidden)]
-pub use register::Written;
 pub use register::{NodeError, Register, Rendezvous, WriteOutcome, WriteReply, MAX_COUNT};
 pub use rendezvous::{Close, Join, Leases, Nonce};

@@ -53,11 +53,6 @@ pub struct WriteOutcome {
     pub combining: bool,
 }
 
-/// The former name of [`WriteOutcome`], left only so that `testkit::sim` (being changed
-/// on another branch) builds until it names [`WriteOutcome`]; nothing else uses it.
-#[doc(hidden)]
-pub type Written = WriteOutcome;
-
 /// One register of the quorum, as the quorum client sees it. [`crate::Node`] (Redis) is the
 /// production implementation; `testkit::sim` has an in-memory one for the deterministic
 /// simulation. The client's safety rests on exactly these semantics: the register only

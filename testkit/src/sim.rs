@@ -32,7 +32,7 @@
 use futures::stream::BoxStream;
 use idclient::{
     Close, Heartbeat, HeartbeatNode, Join, Leases, NodeError, Nonce, Register, Rendezvous,
-    WriteReply, Written,
+    WriteOutcome, WriteReply,
 };
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -715,7 +715,7 @@ impl Register for SimNode {
         lo: u64,
         hi: u64,
         _batch: Option<Nonce>,
-    ) -> impl Future<Output = Result<Written, NodeError>> + Send {
+    ) -> impl Future<Output = Result<WriteOutcome, NodeError>> + Send {
         let op = Op::Write {
             key: key.to_string(),
             lo,
@@ -724,7 +724,7 @@ impl Register for SimNode {
         };
         async move {
             match self.cluster.call(self.index, op).await? {
-                Outcome::Write(reply, combining) => Ok(Written { reply, combining }),
+                Outcome::Write(reply, combining) => Ok(WriteOutcome { reply, combining }),
                 other => Err(unexpected(&other)),
             }
         }
