@@ -14,6 +14,7 @@ use idtools::cluster::LocalQuorum;
 use qformat::Record;
 use std::collections::BTreeMap;
 use std::process::Command;
+use testkit::frames;
 
 const PAYLOAD_SIZE: usize = 64;
 /// Items per generating producer: enough for many batches and interleaved IDs, small
@@ -126,17 +127,6 @@ fn four_producers_then_merge() {
             got.len()
         );
     }
-}
-
-/// `items` as `--input-format frames`: each a u32 little-endian length, then its bytes.
-fn frames(items: &[Vec<u8>]) -> Vec<u8> {
-    let mut out = Vec::new();
-    for item in items {
-        let len = u32::try_from(item.len()).expect("a test item below 4 GiB");
-        out.extend_from_slice(&len.to_le_bytes());
-        out.extend_from_slice(item);
-    }
-    out
 }
 
 /// Items of any bytes, end to end as a user sees them: two producers read frames (one from

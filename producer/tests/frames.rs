@@ -13,17 +13,7 @@ use std::path::Path;
 use std::process::{Output, Stdio};
 use std::time::Duration;
 use sublist::shard::ShardReader;
-
-/// `items` as frames: each a u32 little-endian length, then its bytes.
-fn frames(items: &[Vec<u8>]) -> Vec<u8> {
-    let mut out = Vec::new();
-    for item in items {
-        let len = u32::try_from(item.len()).expect("a test item below 4 GiB");
-        out.extend_from_slice(&len.to_le_bytes());
-        out.extend_from_slice(item);
-    }
-    out
-}
+use testkit::frames;
 
 /// Items no line-based input could carry: newlines, NUL, `\r\n`, empty ones, invalid
 /// UTF-8, one of 1 MiB, and plain ones around them.

@@ -7,6 +7,7 @@
 //!   the test naming what never happened and where it was waited for;
 //! - [`assert_exit`]: the one check of a finished command: its exit code, what its stderr
 //!   says, and no panic;
+//! - [`frames`]: items as `producer --input-format frames` reads them;
 //! - [`proxy::Proxy`]: the one TCP proxy, cuttable (partitions), slowed, load-balancing;
 //! - [`tmpfs::Tmpfs`]: a sized tmpfs mount, to fill a disk;
 //! - servers: [`s3::TestS3`] (SeaweedFS), [`prometheus::Prometheus`], and test brokers,
@@ -94,6 +95,22 @@ pub fn wait_for_async<F: Future<Output = bool>>(
             pause = next_pause(pause);
         }
     }
+}
+
+/// `items` as `producer --input-format frames` reads them: each a u32 little-endian
+/// length, then its bytes.
+///
+/// # Panics
+/// If an item is 4 GiB or larger (no test needs one).
+pub fn frames<T: AsRef<[u8]>>(items: &[T]) -> Vec<u8> {
+    let mut out = Vec::new();
+    for item in items {
+        let item = item.as_ref();
+        let len = u32::try_from(item.len()).expect("a test item below 4 GiB");
+        out.extend_from_slice(&len.to_le_bytes());
+        out.extend_from_slice(item);
+    }
+    out
 }
 
 /// What a command printed, both streams, for failure messages.
