@@ -221,7 +221,7 @@ mod kmerge {
     pub struct Checked<I> {
         index: usize,
         name: String,
-        /// The shard numbers this source's records may carry, ascending.
+        /// The shard numbers this input's records may carry, ascending.
         shards: Vec<u32>,
         records: I,
         last_id: Option<u64>,
@@ -239,8 +239,8 @@ mod kmerge {
             let record = match self.records.next() {
                 None => return Ok(None),
                 Some(Err(e)) => {
-                    return Err(MergeError::Source {
-                        source_name: self.name.clone(),
+                    return Err(MergeError::Read {
+                        input: self.name.clone(),
                         error: e.into(),
                     })
                 }
@@ -252,7 +252,7 @@ mod kmerge {
             };
             if !listed {
                 return Err(MergeError::WrongShard {
-                    source_name: self.name.clone(),
+                    input: self.name.clone(),
                     expected: self.shards.clone(),
                     found: record.shard,
                     id: record.id,
@@ -261,7 +261,7 @@ mod kmerge {
             if let Some(prev) = self.last_id {
                 if record.id <= prev {
                     return Err(MergeError::OutOfOrder {
-                        source_name: self.name.clone(),
+                        input: self.name.clone(),
                         prev,
                         id: record.id,
                     });

@@ -20,11 +20,11 @@ use qformat::{Record, RecordRef};
 use crate::MergeError;
 
 /// Records encoded into one block by [`merge`]'s adapter (a record iterator's
-/// read-ahead): reading a run of records from one source at a time keeps that source's
+/// read-ahead): reading a run of records from one input at a time keeps that input's
 /// iterator (for RocksDB: block, index, file state) warm in the CPU caches.
 pub const READ_AHEAD_RECORDS: usize = 128;
-/// Stop reading ahead once this many bytes are buffered for one source, so memory stays
-/// bounded by sources x this even with big payloads.
+/// Stop reading ahead once this many bytes are buffered for one input, so memory stays
+/// bounded by inputs x this even with big payloads.
 pub const READ_AHEAD_BYTES: usize = 64 << 10;
 
 /// What the merge reads an input as: blocks of whole encoded records (list.bin's record
@@ -133,8 +133,8 @@ impl Cursor<'_> {
         block: &'b [u8],
         pos: usize,
     ) -> Result<(RecordRef<'b>, usize), MergeError> {
-        record_at(block, pos).map_err(|what| MergeError::Source {
-            source_name: self.input.name.clone(),
+        record_at(block, pos).map_err(|what| MergeError::Read {
+            input: self.input.name.clone(),
             error: what.into(),
         })
     }
@@ -147,7 +147,7 @@ impl Cursor<'_> {
         };
         if !listed {
             return Err(MergeError::WrongShard {
-                source_name: self.input.name.clone(),
+                input: self.input.name.clone(),
                 expected: self.input.shards.clone(),
                 found: r.shard,
                 id: r.id,
@@ -155,7 +155,7 @@ impl Cursor<'_> {
         }
         if let Some(prev) = self.last_id.filter(|&p| r.id <= p) {
             return Err(MergeError::OutOfOrder {
-                source_name: self.input.name.clone(),
+                input: self.input.name.clone(),
                 prev,
                 id: r.id,
             });
@@ -285,7 +285,7 @@ impl<'a> Merger<'a> {
     ///   listed first as `first`; the duplicated record is not yielded even once),
     /// - an input's IDs do not strictly increase ([`MergeError::OutOfOrder`]),
     /// - a record's shard is not its input's ([`MergeError::WrongShard`]),
-    /// - an input fails to read ([`MergeError::Source`], or the input's own error).
+    /// - an input fails to read ([`MergeError::Read`], or the input's own error).
     ///
     /// These are safety violations of the whole pipeline: the caller must discard the output.
     pub fn new(inputs: Vec<Input<'a>>) -> Merger<'a> {
@@ -386,9 +386,9 @@ impl<'a> Merger<'a> {
 /// One sorted input of [`merge`]: a name for error messages, the shard numbers its
 /// records may carry, and the records in strictly increasing ID order.
 pub struct SortedRecords<I> {
-    /// Names the source in errors.
+    /// Names the input in errors.
     pub name: String,
-    /// The shard numbers a record of this source may carry, ascending (one for a
+    /// The shard numbers a record of this input may carry, ascending (one for a
     /// sublist, the shard table's for a run).
     pub shards: Vec<u32>,
     /// The records, ascending by ID.
@@ -396,12 +396,12 @@ pub struct SortedRecords<I> {
 }
 
 impl<I> SortedRecords<I> {
-    /// A source of one shard (a sublist).
+    /// An input of one shard (a sublist).
     pub fn new(name: impl Into<String>, shard: u32, records: I) -> SortedRecords<I> {
         SortedRecords::with_shards(name, vec![shard], records)
     }
 
-    /// A source of several shards (a run: a merge of merges).
+    /// An input of several shards (a run: a merge of merges).
     pub fn with_shards(
         name: impl Into<String>,
         mut shards: Vec<u32>,
@@ -426,7 +426,7 @@ pub struct RecordBlocks<I> {
 }
 
 impl<I> RecordBlocks<I> {
-    /// The blocks of `records`; `name` names the source in its errors.
+    /// The blocks of `records`; `name` names the input in its errors.
     pub fn new(name: impl Into<String>, records: I) -> RecordBlocks<I> {
         RecordBlocks {
             name: name.into(),
@@ -457,12 +457,12 @@ where
                     n += 1;
                 }
                 Some(Err(e)) => {
-                    // A source that already says where (a run names its object and offset).
+                    // An input that already says where (a run names its object and offset).
                     let error: Box<dyn std::error::Error + Send + Sync> = e.into();
                     self.pending = Some(match error.downcast::<MergeError>() {
                         Ok(e) => *e,
-                        Err(error) => MergeError::Source {
-                            source_name: self.name.clone(),
+                        Err(error) => MergeError::Read {
+                            input: self.name.clone(),
                             error,
                         },
                     });
@@ -604,7 +604,7 @@ mod tests {
     fn out_of_order_and_wrong_shard() {
         let err = ids(merge(vec![src("a", 0, &[1, 3]), src("b", 1, &[2, 2])])).expect_err("order");
         assert!(
-            matches!(&err, MergeError::OutOfOrder { source_name, prev: 2, id: 2 } if source_name == "b"),
+            matches!(&err, MergeError::OutOfOrder { input, prev: 2, id: 2 } if input == "b"),
             "{err}"
         );
         let bad = SortedRecords::new("c", 7, vec![Ok::<_, Infallible>(rec(1, 8))].into_iter());

@@ -1,8 +1,8 @@
 //! merger: combines the producers' sublists into one list.bin, in ID order.
 //!
 //! - [`merge`]: the k-way merge as a pure function over sorted iterators of
-//!   [`qformat::Record`] (a heap of one head per source; memory bounded by the number of
-//!   sources). It stops with an error on a duplicate ID across sources, a source out of
+//!   [`qformat::Record`] (a heap of one head per input; memory bounded by the number of
+//!   inputs). It stops with an error on a duplicate ID across inputs, an input out of
 //!   order, or a record carrying the wrong shard number.
 //! - [`find_shards`], [`open_shards`]: finding and opening RocksDB sublists (read-only,
 //!   through [`sublist::shard::ShardReader`]); [`merge_inputs`] merges them and runs into a
@@ -59,108 +59,165 @@ pub const PROGRESS_EVERY: u64 = 4096;
 /// Everything that can stop a merge.
 #[derive(Debug, thiserror::Error)]
 pub enum MergeError {
-    /// Two sources hold the same ID: a safety violation of the ID generator or the inputs.
+    /// Two inputs hold the same ID: a safety violation of the ID generator or the inputs.
     #[error("duplicate id {id}: present in both {first} and {second}")]
     Duplicate {
+        /// The ID concerned.
         id: u64,
+        /// The first input that holds it.
         first: String,
+        /// The second input that holds it.
         second: String,
     },
-    /// A source's IDs do not strictly increase.
-    #[error("{source_name} is out of order: id {id} follows id {prev}")]
+    /// An input's IDs do not strictly increase.
+    #[error("{input} is out of order: id {id} follows id {prev}")]
     OutOfOrder {
-        source_name: String,
+        /// The input, as named to the user (a path, an object, a run).
+        input: String,
+        /// The ID before it.
         prev: u64,
+        /// The ID concerned.
         id: u64,
     },
-    /// A record names another shard than the source it came from.
+    /// A record names another shard than the input it came from.
     #[error(
-        "{source_name}: record id {id} says shard {found}, but this source {}",
+        "{input}: record id {id} says shard {found}, but this input {}",
         shard_list(expected)
     )]
     WrongShard {
-        source_name: String,
+        /// The input, as named to the user (a path, an object, a run).
+        input: String,
+        /// The shards the input holds.
         expected: Vec<u32>,
+        /// The shard found.
         found: u32,
+        /// The ID concerned.
         id: u64,
     },
-    /// A source failed to produce its next record.
-    #[error("reading {source_name}: {error}")]
-    Source {
-        source_name: String,
+    /// An input failed to produce its next record.
+    #[error("reading {input}: {error}")]
+    Read {
+        /// The input, as named to the user (a path, an object, a run).
+        input: String,
         /// In the message, not a `#[source]`: `{:#}` would print it twice.
         error: Box<dyn std::error::Error + Send + Sync>,
     },
     /// The data dir holds no `shard-<n>` database.
     #[error("no sublists found: {} holds no shard-<n> directory", dir.display())]
-    NoShards { dir: PathBuf },
+    NoShards {
+        /// The data dir.
+        dir: PathBuf,
+    },
     /// The data dir cannot be listed.
     #[error("cannot list data dir {}: {error}", dir.display())]
     DataDir {
+        /// The data dir.
         dir: PathBuf,
         /// In the message, not a `#[source]`: `{:#}` would print it twice.
         error: std::io::Error,
     },
     /// An entry is named like a sublist but is not `shard-<number>`.
     #[error("{}: named like a sublist but not shard-<number>; move it out of the data dir or list the SHARD_DBs to merge explicitly", path.display())]
-    BadShardName { path: PathBuf },
+    BadShardName {
+        /// The path concerned.
+        path: PathBuf,
+    },
     /// A producer was killed while creating its sublist: only `.creating-shard-<n>` is left.
     #[error("shard {shard} has no sublist: {} is all that is left of it (its producer was killed while creating the sublist, before writing any item); run the producer of shard {shard} again, or pass --allow-unfinished to merge without shard {shard}", path.display())]
-    NeverCreated { shard: u32, path: PathBuf },
+    NeverCreated {
+        /// The shard concerned.
+        shard: u32,
+        /// The path concerned.
+        path: PathBuf,
+    },
     /// `--out` would overwrite or land inside an input, or take a sublist's name.
     #[error("refusing --out {}: {reason}", out.display())]
-    BadOut { out: PathBuf, reason: String },
+    BadOut {
+        /// The output, as given with `--out`.
+        out: PathBuf,
+        /// Why it is refused.
+        reason: String,
+    },
     /// No input was given at all.
     #[error("no sublists to merge")]
     NoInputs,
     /// Two inputs hold the same shard (the same database or run twice, or a copy).
     #[error("{first} and {second} both hold shard {shard}: inputs must hold disjoint shards")]
     SameShard {
+        /// The shard concerned.
         shard: u32,
+        /// The first input that holds it.
         first: String,
+        /// The second input that holds it.
         second: String,
     },
     /// A run's bytes are wrong (truncated, corrupt, not a run), or a merge would write
     /// a run that breaks its rules.
     #[error("{name}: {error}")]
     Run {
+        /// The input, as named to the user.
         name: String,
         /// In the message, not a `#[source]`: `{:#}` would print it twice.
         error: RunError,
     },
     /// A version 1 list.bin given as an input: it has no shard table to check it by.
     #[error("{name} is a version 1 list.bin (QLIST001): it has no shard table, so it cannot be merged again; merge its sublists or runs instead")]
-    VersionOne { name: String },
+    VersionOne {
+        /// The input, as named to the user.
+        name: String,
+    },
     /// A Parquet file given where a run is read (a merge input, `verify`, `cat`, `convert`).
     #[error("{name} is a Parquet file: merger reads runs (list.bin); read Parquet with DuckDB, pyarrow or Spark, and merge, verify or print the list.bin or runs it was written from")]
-    ParquetInput { name: String },
+    ParquetInput {
+        /// The input, as named to the user.
+        name: String,
+    },
     /// One part of a split merge given as an input: parts are concatenated, not merged.
     #[error("{name} is {part} of a split merge: parts are read in order (merger verify, merger cat), not merged again; merge the runs they came from")]
-    PartInput { name: String, part: Part },
+    PartInput {
+        /// The input, as named to the user.
+        name: String,
+        /// Which part it is.
+        part: Part,
+    },
     /// `--part` or `--jobs` with a RocksDB sublist: only runs have the index that
     /// split points come from.
     #[error("{} is a RocksDB sublist: --part and --jobs split runs by their index; seal it first (producer seal)", path.display())]
-    SplitNeedsRuns { path: PathBuf },
+    SplitNeedsRuns {
+        /// The path concerned.
+        path: PathBuf,
+    },
     /// `--runs SRC` found nothing to merge.
     #[error("no runs found: {src} holds no *.bin run")]
-    NoRuns { src: String },
+    NoRuns {
+        /// The source of runs given with `--runs`.
+        src: String,
+    },
     /// `--expect-shards N`: shards missing or incomplete.
     #[error("--expect-shards {expected}: {}", missing_shards(missing, incomplete))]
     MissingShards {
+        /// The shards the input holds.
         expected: u32,
+        /// Shards no input holds.
         missing: Vec<u32>,
         /// Shard number and the input that holds only part of it.
         incomplete: Vec<(u32, String)>,
     },
     /// A list (or the parts of one) given to `merger verify` is not one valid list.
     #[error("{name}: {what}")]
-    ListCheck { name: String, what: String },
+    ListCheck {
+        /// The input, as named to the user.
+        name: String,
+        /// What is wrong, and where.
+        what: String,
+    },
     /// Reading an input from its store failed (the message names the object).
     #[error(transparent)]
     Store(#[from] StoreError),
     /// Writing the output to its store failed.
     #[error("writing {out}: {error}")]
     Output {
+        /// The output, as given with `--out`.
         out: String,
         /// In the message, not a `#[source]`: `{:#}` would print it twice.
         error: StoreError,
@@ -168,13 +225,21 @@ pub enum MergeError {
     /// A directory called `shard-<n>` holds another shard's database.
     #[error("{} holds shard {found}, but its name says shard {named}", path.display())]
     NameMismatch {
+        /// The path concerned.
         path: PathBuf,
+        /// The shard its name says.
         named: u32,
+        /// The shard found.
         found: u32,
     },
     /// The producer of this sublist has not finished its input (still running, or crashed).
     #[error("{} is not finished: its producer wrote {written} items and has not reached the end of its input (still running or crashed? run it again to resume, or pass --allow-unfinished)", path.display())]
-    Unfinished { path: PathBuf, written: u64 },
+    Unfinished {
+        /// The path concerned.
+        path: PathBuf,
+        /// Items written so far.
+        written: u64,
+    },
     /// Opening or reading a sublist failed.
     #[error(transparent)]
     Shard(#[from] ShardError),
@@ -184,6 +249,7 @@ pub enum MergeError {
     /// Encoding or writing a Parquet list failed.
     #[error("writing {out} as Parquet: {error}")]
     Parquet {
+        /// The output, as given with `--out`.
         out: String,
         /// In the message, not a `#[source]`: `{:#}` would print it twice.
         error: parquet::errors::ParquetError,
@@ -452,7 +518,7 @@ mod tests {
         out
     }
 
-    /// `MergeError::Source` is checked in `kway`, `ListError`'s own variants in `listbin`.
+    /// `MergeError::Read` is checked in `kway`, `ListError`'s own variants in `listbin`.
     #[test]
     fn each_cause_is_printed_once() {
         let enospc = "No space left on device (os error 28)";

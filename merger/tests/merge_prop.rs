@@ -155,7 +155,7 @@ proptest! {
         parts[0].swap(i, i + 1);
         let result: Result<Vec<Record>, MergeError> = merge(sources(&parts)).collect();
         prop_assert!(
-            matches!(&result, Err(MergeError::OutOfOrder { source_name, prev, id }) if source_name == "shard-0" && *prev == ids[i + 1] && *id == ids[i]),
+            matches!(&result, Err(MergeError::OutOfOrder { input, prev, id }) if input == "shard-0" && *prev == ids[i + 1] && *id == ids[i]),
             "{:?}", result.map(|v| v.len())
         );
     }
@@ -207,7 +207,7 @@ fn wrong_shard_number_errors() {
     );
     assert_eq!(
         err.to_string(),
-        "db-a: record id 1 says shard 3, but this source is shard 2"
+        "db-a: record id 1 says shard 3, but this input is shard 2"
     );
 }
 
