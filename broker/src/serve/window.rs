@@ -22,7 +22,7 @@
 //!    then switched off for good, loudly, and every batch runs its own round.
 //!
 //! Why this stays linearizable with no clock assumption is argued in DESIGN.md; the
-//! deterministic simulation (`idtools/tests/sim.rs`, "Window serving") checks histories
+//! deterministic simulation (`idtools/tests/sim/`, "Window serving") checks histories
 //! of window serving beside direct writers over thousands of seeds, and that a window
 //! served without confirmation is caught (`WindowMutant`, feature `test-hooks`).
 //!

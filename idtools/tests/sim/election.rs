@@ -202,7 +202,7 @@ fn add_election(a: ElectionStats, b: ElectionStats) -> ElectionStats {
 }
 
 /// The shared state of one run.
-struct Run {
+struct SimRun {
     seed: u64,
     cluster: SimCluster,
     variant: Variant,
@@ -225,7 +225,7 @@ enum Answer {
     Down,
 }
 
-impl Run {
+impl SimRun {
     /// Starts a new incarnation of broker `b` (which must be down).
     fn start(&self, b: usize) {
         let mut slots = lock(&self.slots);
@@ -403,7 +403,7 @@ impl Run {
 
 /// Pauses, crashes, graceful stops and restarts of brokers at random until `stop`; the
 /// victim is the leader more often than not (a failover is what is being tested).
-async fn broker_faults(run: Arc<Run>, stop: Arc<AtomicBool>) {
+async fn broker_faults(run: Arc<SimRun>, stop: Arc<AtomicBool>) {
     while !stop.load(Relaxed) {
         let (gap, leader_first, victim, action, pause) = run.cluster.with_rng(|r| {
             (
@@ -487,15 +487,15 @@ fn election_cluster(seed: u64) -> SimCluster {
     SimCluster::new(config, seed)
 }
 
-impl Run {
+impl SimRun {
     /// A run of three brokers, all started.
-    fn new(seed: u64, cluster: SimCluster, variant: Variant) -> Arc<Run> {
+    fn new(seed: u64, cluster: SimCluster, variant: Variant) -> Arc<SimRun> {
         let slot = || Slot {
             pause: Pause::default(),
             running: None,
             started: 0,
         };
-        let run = Arc::new(Run {
+        let run = Arc::new(SimRun {
             seed,
             cluster,
             variant,
@@ -530,7 +530,7 @@ impl Run {
 
 /// Caller `c`: 30 requests of 1-20 IDs, each within its own deadline, to the broker it
 /// believes leads.
-async fn caller(run: Arc<Run>, recorder: Recorder, c: usize) {
+async fn caller(run: Arc<SimRun>, recorder: Recorder, c: usize) {
     let mut believed = c % BROKERS;
     for _ in 0..30 {
         let (count, think, deadline) = run.cluster.with_rng(|r| {
@@ -557,7 +557,7 @@ async fn caller(run: Arc<Run>, recorder: Recorder, c: usize) {
 }
 
 /// Looks at every broker's election state every [`MONITOR_EVERY`] until `stop`.
-async fn monitor(run: Arc<Run>, stop: Arc<AtomicBool>) {
+async fn monitor(run: Arc<SimRun>, stop: Arc<AtomicBool>) {
     while !stop.load(Relaxed) {
         run.observe();
         tokio::time::sleep(MONITOR_EVERY).await;
@@ -579,7 +579,7 @@ fn run_election_seed(seed: u64, variant: Variant) -> (Outcome, WindowStats, Elec
             a_majority,
             Duration::from_millis(60),
         );
-        let run = Run::new(seed, cluster.clone(), variant);
+        let run = SimRun::new(seed, cluster.clone(), variant);
         let monitor = tokio::spawn(monitor(run.clone(), stop.clone()));
         let broker_faults = (!variant.no_broker_faults)
             .then(|| tokio::spawn(broker_faults(run.clone(), stop.clone())));

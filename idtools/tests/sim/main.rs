@@ -1185,5 +1185,4 @@ fn broken_window_rules_are_caught() {
 
 // ---- Leader election (broker::serve::election), in tests/sim/election.rs ----------
 
-#[path = "sim/election.rs"]
 mod election;
