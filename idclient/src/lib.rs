@@ -43,7 +43,6 @@
 //! subscription plumbing) is internal. The tooling (local quorum launcher, history
 //! checker, simulation, bench driver, `idctl`) lives in `idtools`.
 
-#![warn(missing_docs)]
 
 mod average;
 mod backoff;

@@ -15,6 +15,9 @@
 //! Each iteration writes a fresh sublist; opening (creating) the database is not timed,
 //! for the producer as for the baseline. `cargo bench -p producer` (release profile).
 
+// criterion_group! defines a public function it gives no documentation.
+#![allow(missing_docs)]
+
 use criterion::{criterion_group, BenchmarkId, Criterion, SamplingMode, Throughput};
 use idclient::{ClientConfig, IdError, IdRange, IdSource, QuorumClient};
 use idtools::cluster::LocalQuorum;

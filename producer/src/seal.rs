@@ -31,33 +31,51 @@ pub enum SealError {
 
     /// The sublist's producer has not reached the end of its input.
     #[error("cannot seal sublist {}: its producer has not finished its input ({items} items so far); run the producer again with the same arguments to resume and finish it, then seal", path.display())]
-    Unfinished { path: PathBuf, items: u64 },
+    Unfinished {
+        /// The sublist.
+        path: PathBuf,
+        /// Items it holds so far.
+        items: u64,
+    },
 
     /// The sublist holds shard `found`, not the shard asked for.
     #[error("cannot seal sublist {}: it holds shard {found}, not shard {expected}", path.display())]
     WrongShard {
+        /// The sublist.
         path: PathBuf,
+        /// The shard asked for.
         expected: u32,
+        /// The shard the sublist holds.
         found: u32,
     },
 
     /// The sublist's items break a run's rules (order, seqs, count): a corrupt sublist.
     #[error("cannot seal sublist {}: {error}", path.display())]
-    BadItems { path: PathBuf, error: RunError },
+    BadItems {
+        /// The sublist.
+        path: PathBuf,
+        /// The rule broken, and where.
+        error: RunError,
+    },
 
     /// The run cannot be written at its destination (missing directory, refused, I/O);
     /// the store's error names the destination.
     #[error("sealing sublist {}: {error}", path.display())]
     Store {
+        /// The sublist.
         path: PathBuf,
+        /// The store's error, naming the destination.
         error: Box<StoreError>,
     },
 
     /// Writing the run's bytes failed.
     #[error("sealing sublist {} into {dest}: writing failed: {error}", path.display())]
     Write {
+        /// The sublist.
         path: PathBuf,
+        /// The run's destination, as the user named it.
         dest: String,
+        /// What the write returned.
         error: std::io::Error,
     },
 }
@@ -87,6 +105,7 @@ impl SealError {
 /// What a seal did.
 #[derive(Debug, Clone, PartialEq)]
 pub struct SealSummary {
+    /// The shard sealed.
     pub shard: u32,
     /// Items in the run.
     pub records: u64,
@@ -94,6 +113,7 @@ pub struct SealSummary {
     pub bytes: u64,
     /// Where the run is.
     pub run: Location,
+    /// How long the seal took.
     pub elapsed: Duration,
 }
 

@@ -21,7 +21,6 @@
 //! `merger`, which gets no IDs, links none of the client (Redis, the rendezvous, the
 //! broker client).
 
-#![warn(missing_docs)]
 
 pub mod env;
 mod exit;

@@ -3,6 +3,5 @@
 //! its schema are `qformat`'s ([`qformat::names`], [`qformat::shard`]); this crate is the
 //! only one that links RocksDB for them.
 
-#![warn(missing_docs)]
 
 pub mod shard;
