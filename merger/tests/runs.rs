@@ -317,58 +317,113 @@ fn parts_are_the_list_in_order() {
     }
 }
 
-/// A part reads only its range of each run: with the last blocks of two runs corrupt
-/// (blocks whose IDs are all beyond part 0 of 4), part 0 still succeeds and gives the
-/// same bytes as before, while the whole merge and the last part, which read those
-/// blocks, fail on their checksums. A part that read whole runs would fail too.
+/// A part reads only its range of each run, shown by corruption it would meet otherwise.
+/// With the last blocks of two runs corrupt (blocks whose IDs are all beyond part 0 of 4),
+/// part 0 still succeeds and gives the same bytes as before. With their first blocks
+/// corrupt too (IDs all below parts 1 and 2), parts 1 and 2 still give the same bytes as
+/// before: a part k > 0 that read a run from its start and dropped the IDs below its range
+/// would fail, as would a part that read whole runs. The whole merge, part 0 and part 3,
+/// which read those blocks, fail on their checksums, naming the run and the block.
 #[test]
 fn a_part_reads_only_its_range() {
     let tmp = tempfile::tempdir().expect("tempdir");
     let (_, runs) = sealed_shards(tmp.path(), 3, 60_000);
-    let clean = tmp.path().join("clean-part-0.bin");
-    ok(&merge_runs(&clean, &runs, &["--part", "0/4"]));
-    let part0 = cat(&[&clean]);
-    assert!(!part0.is_empty(), "part 0 of 4 holds records");
-    let last_id = |line: &str| -> u64 {
-        let v: serde_json::Value = serde_json::from_str(line).expect("a JSON record");
-        v["id"].as_u64().expect("id")
+    let run_meta =
+        |bytes: &[u8]| qformat::run::RunMeta::decode(bytes.len() as u64, bytes).expect("meta");
+    // Each part merged from clean runs, and its ID range (from its footer).
+    let clean: Vec<PathBuf> = (0..4)
+        .map(|k| {
+            let out = tmp.path().join(format!("clean-part-{k}.bin"));
+            ok(&merge_runs(&out, &runs, &["--part", &format!("{k}/4")]));
+            out
+        })
+        .collect();
+    let ranges: Vec<qformat::run::Part> = clean
+        .iter()
+        .map(|p| run_meta(&std::fs::read(p).expect("read part")).part())
+        .collect();
+    for (k, part) in clean.iter().enumerate().take(3) {
+        assert!(
+            !cat(&[part.as_path()]).is_empty(),
+            "part {k} of 4 holds records"
+        );
+    }
+    // (run, block, what an error about it says)
+    let mut crc_errors: Vec<(PathBuf, usize, String)> = Vec::new();
+    let mut corrupt = |path: &Path, n: usize| {
+        let mut bytes = std::fs::read(path).expect("read run");
+        let b = run_meta(&bytes).blocks[n];
+        bytes[b.offset as usize + 30] ^= 0x40;
+        std::fs::write(path, &bytes).expect("corrupt run");
+        let at = format!(
+            "byte {}: block {n} checksum mismatch",
+            b.offset + u64::from(b.len) - 4
+        );
+        crc_errors.push((path.to_path_buf(), n, at));
     };
-    let part0_last = last_id(part0.last().expect("a record"));
-    let mut crc_errors = Vec::new();
-    for shard in [0, 2] {
+    let same = |k: usize, out: &Path| {
+        assert!(
+            std::fs::read(out).expect("part") == std::fs::read(&clean[k]).expect("clean part"),
+            "part {k} changed with blocks outside its range corrupt"
+        );
+    };
+    // The last block of two runs: beyond part 0.
+    let shards = [0, 2];
+    let mut lasts = Vec::new();
+    for shard in shards {
         let path = runs.join(format!("shard-{shard}.bin"));
-        let mut bytes = std::fs::read(&path).expect("read run");
-        let meta = qformat::run::RunMeta::decode(bytes.len() as u64, &bytes).expect("meta");
+        let meta = run_meta(&std::fs::read(&path).expect("read run"));
         assert!(meta.blocks.len() >= 4, "want several blocks per run");
         let n = meta.blocks.len() - 1;
         let b = meta.blocks[n];
         assert!(
-            b.first_id > part0_last,
-            "block {n} of shard {shard} (IDs {}..={}) is outside part 0 (IDs up to {part0_last})",
+            b.first_id > ranges[0].last_id,
+            "block {n} of shard {shard} (IDs {}..={}) is outside part 0 (IDs up to {})",
             b.first_id,
-            b.last_id
+            b.last_id,
+            ranges[0].last_id
         );
-        bytes[b.offset as usize + 30] ^= 0x40;
-        std::fs::write(&path, &bytes).expect("corrupt run");
-        crc_errors.push((
-            path,
-            format!(
-                "byte {}: block {n} checksum mismatch",
-                b.offset + u64::from(b.len) - 4
-            ),
-        ));
+        corrupt(&path, n);
+        lasts.push(n);
     }
     let part = tmp.path().join("part-0.bin");
     ok(&merge_runs(&part, &runs, &["--part", "0/4"]));
-    assert!(
-        std::fs::read(&part).expect("part 0") == std::fs::read(&clean).expect("clean part 0"),
-        "part 0 changed with blocks outside its range corrupt"
-    );
-    // Whichever corrupt block it reaches first: it names that run and that block.
-    let named = |stderr: &str| {
-        crc_errors
-            .iter()
-            .any(|(path, at)| stderr.contains(s(path)) && stderr.contains(at.as_str()))
+    same(0, &part);
+    // The first block of the same runs: below parts 1 and 2, whose ranges also end below
+    // the last blocks.
+    for (shard, n) in shards.into_iter().zip(lasts) {
+        let path = runs.join(format!("shard-{shard}.bin"));
+        let meta = run_meta(&std::fs::read(&path).expect("read run"));
+        let (lo, hi) = (meta.blocks[0], meta.blocks[n]);
+        for r in &ranges[1..3] {
+            assert!(
+                lo.last_id < r.first_id && hi.first_id > r.last_id,
+                "blocks 0 (IDs {}..={}) and {n} (IDs {}..={}) of shard {shard} are not both \
+                 outside part {} (IDs {}..={})",
+                lo.first_id,
+                lo.last_id,
+                hi.first_id,
+                hi.last_id,
+                r.index,
+                r.first_id,
+                r.last_id
+            );
+        }
+        corrupt(&path, 0);
+    }
+    for k in [1, 2] {
+        let part = tmp.path().join(format!("part-{k}.bin"));
+        ok(&merge_runs(&part, &runs, &["--part", &format!("{k}/4")]));
+        same(k, &part);
+    }
+    // Whichever corrupt block a merge reaches first: it names that run and that block
+    // (for a part, one of the blocks in its range: `first` or the last ones).
+    let named = |stderr: &str, first: Option<bool>| {
+        crc_errors.iter().any(|(path, n, at)| {
+            first.is_none_or(|first| first == (*n == 0))
+                && stderr.contains(s(path))
+                && stderr.contains(at.as_str())
+        })
     };
     let whole = tmp.path().join("whole.bin");
     let e = fails(
@@ -376,16 +431,23 @@ fn a_part_reads_only_its_range() {
         INPUT,
         &["checksum mismatch"],
     );
-    assert!(named(&e), "{e}");
+    assert!(named(&e, None), "{e}");
+    let first = tmp.path().join("part-0-corrupt.bin");
+    let e = fails(
+        &merge_runs(&first, &runs, &["--part", "0/4"]),
+        INPUT,
+        &["checksum mismatch"],
+    );
+    assert!(named(&e, Some(true)), "{e}");
     let last = tmp.path().join("part-3.bin");
     let e = fails(
         &merge_runs(&last, &runs, &["--part", "3/4"]),
         INPUT,
         &["checksum mismatch"],
     );
-    assert!(named(&e), "{e}");
+    assert!(named(&e, Some(false)), "{e}");
     assert!(
-        !whole.exists() && !last.exists(),
+        !whole.exists() && !first.exists() && !last.exists(),
         "a failed merge left output"
     );
 }

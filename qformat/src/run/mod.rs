@@ -177,7 +177,7 @@ pub enum RunError {
     /// A block's CRC-32 does not match its bytes.
     #[error("byte {offset}: block {block} checksum mismatch: stored {stored:#010x}, computed {computed:#010x} (a record byte is corrupt)")]
     BlockChecksum {
-        /// Where the block starts.
+        /// Where the block's CRC-32 is (its last 4 bytes).
         offset: u64,
         /// The block's index (0 for the first).
         block: u64,

@@ -339,7 +339,11 @@ impl<E> Iterator for RunRecords<E> {
 
 #[cfg(test)]
 mod tests {
+    use std::sync::{Arc, Mutex};
+
     use super::*;
+    use crate::record::rec;
+    use crate::run::{Part, RunWriter, ShardSpec, BLOCK_CRC_LEN, BLOCK_TARGET, HEADER_LEN};
 
     fn block(offset: u64, len: u32) -> BlockEntry {
         BlockEntry {
@@ -365,5 +369,280 @@ mod tests {
         let big = [block(8, (LIMIT * 2) as u32)];
         assert_eq!(group_ranges(&big, LIMIT), vec![8..8 + LIMIT * 2]);
         assert!(group_ranges(&[], LIMIT).is_empty());
+    }
+
+    /// A run in memory behind [`RangeRead`] that logs every range read from it, as it is
+    /// read: what a store is asked for. (`qstore::Object` sends each range as one GET or,
+    /// past its read size, as several, cut at multiples of it on S3; it never widens one.)
+    struct Counting {
+        bytes: Bytes,
+        asked: Arc<Mutex<Vec<Range<u64>>>>,
+    }
+
+    impl Counting {
+        fn new(bytes: Vec<u8>) -> Counting {
+            Counting {
+                bytes: Bytes::from(bytes),
+                asked: Arc::default(),
+            }
+        }
+    }
+
+    fn fetch(
+        bytes: &Bytes,
+        asked: &Mutex<Vec<Range<u64>>>,
+        range: Range<u64>,
+    ) -> std::io::Result<Bytes> {
+        asked.lock().expect("log").push(range.clone());
+        if range.start > range.end || range.end > bytes.len() as u64 {
+            return Err(std::io::Error::new(
+                std::io::ErrorKind::InvalidInput,
+                format!("bytes {range:?} of {}", bytes.len()),
+            ));
+        }
+        Ok(bytes.slice(range.start as usize..range.end as usize))
+    }
+
+    /// The reads of [`Counting::read_ranges`], each logged when the reader takes it.
+    struct CountingRanges {
+        bytes: Bytes,
+        asked: Arc<Mutex<Vec<Range<u64>>>>,
+        ranges: std::vec::IntoIter<Range<u64>>,
+        failed: bool,
+    }
+
+    impl Iterator for CountingRanges {
+        type Item = std::io::Result<(u64, Bytes)>;
+
+        fn next(&mut self) -> Option<Self::Item> {
+            if self.failed {
+                return None;
+            }
+            let range = self.ranges.next()?;
+            let start = range.start;
+            let read = fetch(&self.bytes, &self.asked, range);
+            self.failed = read.is_err();
+            Some(read.map(|b| (start, b)))
+        }
+    }
+
+    impl RangeRead for Counting {
+        type Error = std::io::Error;
+        type Ranges = CountingRanges;
+
+        fn len(&self) -> u64 {
+            self.bytes.len() as u64
+        }
+
+        fn read_range(&self, range: Range<u64>) -> std::io::Result<Bytes> {
+            fetch(&self.bytes, &self.asked, range)
+        }
+
+        fn read_ranges(&self, ranges: Vec<Range<u64>>) -> CountingRanges {
+            CountingRanges {
+                bytes: self.bytes.clone(),
+                asked: Arc::clone(&self.asked),
+                ranges: ranges.into_iter(),
+                failed: false,
+            }
+        }
+    }
+
+    /// The ranges logged so far, and a fresh log.
+    fn take(asked: &Mutex<Vec<Range<u64>>>) -> Vec<Range<u64>> {
+        std::mem::take(&mut *asked.lock().expect("log"))
+    }
+
+    /// A run of `n` records written by [`RunWriter`] (IDs 10, 13, 16, ..., three shards,
+    /// payloads of 40 to 339 bytes so blocks hold uneven counts): its bytes and records.
+    fn a_run(n: u64) -> (Vec<u8>, Vec<Record>) {
+        let records: Vec<Record> = (0..n)
+            .map(|i| {
+                let payload = vec![i as u8; 40 + (i * 7919 % 300) as usize];
+                rec(10 + i * 3, (i % 3) as u32, i / 3, &payload)
+            })
+            .collect();
+        let specs = (0..3)
+            .map(|shard| ShardSpec {
+                shard,
+                finished: true,
+                total: (n + 2 - u64::from(shard)) / 3,
+            })
+            .collect();
+        let mut w = RunWriter::new(Vec::new(), specs, Part::WHOLE).expect("new");
+        for r in &records {
+            w.write(r).expect("write");
+        }
+        (w.finish().expect("finish").0, records)
+    }
+
+    /// Four parts' ID ranges `(first, last)`, cut as a split may cut them
+    /// (`merger::split`: a part's IDs run from one boundary to the next minus 1): one
+    /// boundary on a block's first ID, two inside blocks (a block that straddles a
+    /// boundary is read by the parts on both sides).
+    fn four_parts(meta: &RunMeta) -> Vec<(u64, u64)> {
+        let b = &meta.blocks;
+        let n = b.len();
+        let cuts = [
+            b[n / 4].first_id,
+            (b[n / 2].first_id + b[n / 2].last_id) / 2,
+            b[3 * n / 4].first_id + 1,
+        ];
+        vec![
+            (0, cuts[0] - 1),
+            (cuts[0], cuts[1] - 1),
+            (cuts[1], cuts[2] - 1),
+            (cuts[2], u64::MAX),
+        ]
+    }
+
+    /// Whether block `b` holds no ID of `first..=last`.
+    fn outside(b: &BlockEntry, first: u64, last: u64) -> bool {
+        b.last_id < first || b.first_id > last
+    }
+
+    /// Reading a part's range through [`RangedRun::blocks`] (what the merger reads each
+    /// run of `--part` and `--jobs` through) asks the store for the run's tail, then for
+    /// exactly the bytes of the blocks that may hold the range, each once; never a byte
+    /// of a block wholly outside it.
+    ///
+    /// The allowance, from the code: [`RangedRun::open`] reads the last
+    /// `min(len, TAIL_GUESS)` bytes (footer, index, shard table, and whatever blocks lie in
+    /// those 256 KiB, not checked; a second read of the metadata alone only when it is
+    /// larger); [`RangedRun::blocks`] reads [`group_ranges`] of
+    /// [`RunMeta::blocks_in`]`(first, last)`, the blocks whose ID spans meet the range
+    /// (so the blocks at its ends, which straddle its boundaries, whole), consecutive ones
+    /// joined into one read of at most `group_bytes` (a larger block alone); every read
+    /// starts and ends on a block boundary. No rounding or alignment widens a read here;
+    /// the store's alignment (`qstore`, on S3) only cuts reads into pieces.
+    #[test]
+    fn a_part_reads_the_tail_then_only_its_blocks() {
+        let (bytes, records) = a_run(30_000);
+        let len = bytes.len() as u64;
+        let meta = RunMeta::decode(len, &bytes).expect("meta");
+        let blocks = &meta.blocks;
+        assert!(blocks.len() >= 16, "{} blocks", blocks.len());
+        assert!(
+            meta.footer.meta_len(len) <= TAIL_GUESS && len > TAIL_GUESS,
+            "one opening read of 256 KiB, not the whole run"
+        );
+        let tail = len - TAIL_GUESS..len;
+        let data_bytes: u64 = blocks.iter().map(|b| u64::from(b.len)).sum();
+        assert_eq!(HEADER_LEN + data_bytes, meta.footer.index_offset);
+        let target = BLOCK_TARGET as u64;
+        for (first, last) in four_parts(&meta) {
+            let needed = meta.blocks_in(first, last);
+            let needed_bytes: u64 = needed.iter().map(|b| u64::from(b.len)).sum();
+            let expected: Vec<u64> = records
+                .iter()
+                .map(|r| r.id)
+                .filter(|id| (first..=last).contains(id))
+                .collect();
+            assert!(!expected.is_empty() && needed.len() < blocks.len() / 2 + 2);
+            for group in [1, target, 1 << 20, 4 << 20, u64::MAX] {
+                let what = format!("IDs {first}..={last}, reads of up to {group} bytes");
+                let store = Counting::new(bytes.clone());
+                let asked = Arc::clone(&store.asked);
+                let run = RangedRun::open(store, "run".into(), group).expect("open");
+                assert_eq!(take(&asked), vec![tail.clone()], "{what}: open");
+                let mut ids = Vec::new();
+                let mut part = run.blocks(first, last);
+                while let Some(body) = part.next_block().expect("block") {
+                    ids.extend(BlockRecords::new(&body).map(|r| r.id));
+                }
+                assert!(ids == expected, "{what}: other IDs");
+                let reads = take(&asked);
+                // Each read: the part's next blocks, from one's start to another's end.
+                let mut next = 0;
+                for r in &reads {
+                    if let Some(b) = blocks.iter().find(|b| {
+                        outside(b, first, last) && r.start < b.range().end && b.offset < r.end
+                    }) {
+                        panic!("{what}: read {r:?} touches {b:?}, wholly outside the range");
+                    }
+                    assert!(
+                        needed.get(next).is_some_and(|b| b.offset == r.start),
+                        "{what}: read {r:?} does not start at the part's next block"
+                    );
+                    let Some(end) = needed[next..].iter().position(|b| b.range().end == r.end)
+                    else {
+                        panic!("{what}: read {r:?} does not end at the end of a block of the part");
+                    };
+                    assert!(
+                        end == 0 || r.end - r.start <= group,
+                        "{what}: read {r:?} joins {} blocks beyond {group} bytes",
+                        end + 1
+                    );
+                    next += end + 1;
+                }
+                assert_eq!(
+                    next,
+                    needed.len(),
+                    "{what}: not every block of the part read"
+                );
+                // The bound a run read whole (or from its start, or to its end) breaks.
+                let read_bytes: u64 = reads.iter().map(|r| r.end - r.start).sum();
+                assert_eq!(read_bytes, needed_bytes, "{what}: {reads:?}");
+                assert!(
+                    read_bytes < data_bytes / 2,
+                    "{what}: {read_bytes} of the run's {data_bytes} block bytes read"
+                );
+            }
+        }
+    }
+
+    /// With every block wholly outside a part's range corrupt, the part's records still
+    /// read, through the merger's path ([`RangedRun::blocks`]) and the tools'
+    /// ([`RangedRun::records`]); the whole run fails on a corrupt block, naming it. A
+    /// reader that read from the run's start (or on to its end) and dropped the IDs
+    /// outside the range fails here.
+    #[test]
+    fn a_part_reads_its_records_with_every_block_outside_it_corrupt() {
+        let (good, records) = a_run(30_000);
+        let meta = RunMeta::decode(good.len() as u64, &good).expect("meta");
+        for (first, last) in four_parts(&meta) {
+            let mut bytes = good.clone();
+            let mut corrupt = Vec::new();
+            for (i, b) in meta.blocks.iter().enumerate() {
+                if outside(b, first, last) {
+                    bytes[b.offset as usize + 100] ^= 0x10;
+                    corrupt.push(i);
+                }
+            }
+            assert!(corrupt.len() >= meta.blocks.len() / 2, "{corrupt:?}");
+            let run = RangedRun::open(Counting::new(bytes), "run".into(), 4 << 20)
+                .expect("open: the metadata is intact");
+            let expected: Vec<Record> = records
+                .iter()
+                .filter(|r| (first..=last).contains(&r.id))
+                .cloned()
+                .collect();
+            let got: Vec<Record> = run
+                .records(first, last)
+                .collect::<Result<_, _>>()
+                .unwrap_or_else(|e| panic!("IDs {first}..={last}: {e}"));
+            assert!(got == expected, "IDs {first}..={last}: other records");
+            let mut part = run.blocks(first, last);
+            let mut count = 0;
+            while let Some(body) = part
+                .next_block()
+                .unwrap_or_else(|e| panic!("IDs {first}..={last}: {e}"))
+            {
+                count += BlockRecords::new(&body).count();
+            }
+            assert_eq!(count, expected.len(), "IDs {first}..={last}");
+            let e = run
+                .records(0, u64::MAX)
+                .find_map(Result::err)
+                .expect("the whole run reaches a corrupt block");
+            // The error names the run, the block and its CRC's offset.
+            let b = meta.blocks[corrupt[0]];
+            let named = format!(
+                "run: byte {}: block {} checksum mismatch",
+                b.offset + u64::from(b.len) - BLOCK_CRC_LEN,
+                corrupt[0]
+            );
+            assert!(e.to_string().contains(&named), "{e}");
+        }
     }
 }
