@@ -403,14 +403,12 @@ fn chaos_pipeline() {
     let restarts: Vec<u32> = producers.iter().map(|p| p.restarts).collect();
     eprintln!("producer restarts per shard: {restarts:?}");
     for (i, (p, path)) in benches.iter_mut().enumerate() {
-        let until = Instant::now() + FINISH_TIMEOUT;
-        let status = loop {
-            if let Some(s) = p.try_wait() {
-                break s;
-            }
-            assert!(Instant::now() < until, "{} did not finish", p.name());
-            std::thread::sleep(Duration::from_millis(50));
-        };
+        let mut status = None;
+        testkit::wait_for(&format!("{} finishes", p.name()), FINISH_TIMEOUT, || {
+            status = p.try_wait();
+            status.is_some()
+        });
+        let status = status.expect("waited for");
         assert!(
             status.success(),
             "{} failed ({status}):\n{}",

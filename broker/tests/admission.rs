@@ -266,10 +266,12 @@ async fn auth_guessing_is_cut_off_counted_and_logged_without_the_guess() {
         .is_err());
     assert_eq!(metric(&b, "qlist_broker_auth_failures_total").await, 4.0);
     // Logged when the connection ends, after its linger.
-    let until = Instant::now() + Duration::from_secs(5);
-    while !b.stderr().contains("failed AUTH") && Instant::now() < until {
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    testkit::wait_for_async(
+        "idbroker logs the failed AUTH attempts",
+        Duration::from_secs(5),
+        || std::future::ready(b.stderr().contains("failed AUTH")),
+    )
+    .await;
     let log = b.stderr();
     assert!(log.contains("failed AUTH"), "{log}");
     assert!(!log.contains("guess-") && !log.contains(SECRET), "{log}");

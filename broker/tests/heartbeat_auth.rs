@@ -256,11 +256,13 @@ async fn a_term_register_at_the_largest_term_is_reported_with_the_fix() {
          no election can follow it",
         u64::MAX
     );
-    let end = Instant::now() + Duration::from_secs(10);
-    while !b.stderr().contains(&want) {
-        assert!(Instant::now() < end, "not reported: {}", b.stderr());
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    // On failure, the broker's stderr is printed as it drops.
+    testkit::wait_for_async(
+        &format!("idbroker reports {want:?}"),
+        Duration::from_secs(10),
+        || std::future::ready(b.stderr().contains(&want)),
+    )
+    .await;
     // Several more elections fail meanwhile: still said once.
     tokio::time::sleep(Duration::from_millis(1500)).await;
     let log = b.stderr();
@@ -350,6 +352,17 @@ async fn a_resigning_leader_answers_pending_resp_requests_promptly() {
     assert!(served > 0, "nothing served on the follower");
 }
 
+/// Waits (10 s at most) until `b`, the first broker started, leads.
+async fn wait_leads(b: &TestBroker) {
+    let addr = &b.addr;
+    testkit::wait_for_async(
+        "the first broker leads",
+        Duration::from_secs(10),
+        || async move { stats(addr, None).await.is_some_and(|s| s.role == "leader") },
+    )
+    .await;
+}
+
 /// Finding 6: the leader advertises an address where no broker serves (a listener the
 /// test owns, which closes every connection). Before, 4 RESP requests on a follower made
 /// ~100 connections there, each request retrying until its deadline.
@@ -358,20 +371,15 @@ async fn a_misadvertised_leader_costs_a_bounded_number_of_connections() {
     let q = test_quorum(3);
     let (sink, accepted) = sink().await;
     let leader = broker(&q, None, FAST, &["--advertise", &sink]);
-    let end = Instant::now() + Duration::from_secs(10);
-    while stats(&leader.addr, None).await.map(|s| s.role) != Some("leader".into()) {
-        assert!(Instant::now() < end, "the first broker did not lead");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_leads(&leader).await;
     let follower = broker(&q, None, FAST, &[]);
-    let end = Instant::now() + Duration::from_secs(10);
-    while stats(&follower.addr, None).await.and_then(|s| s.leader) != Some(sink.clone()) {
-        assert!(
-            Instant::now() < end,
-            "the follower did not learn the leader"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let (addr, sink_ref) = (&follower.addr, &sink);
+    testkit::wait_for_async(
+        &format!("the follower learns the leader, advertised as {sink}"),
+        Duration::from_secs(10),
+        || async move { stats(addr, None).await.and_then(|s| s.leader).as_ref() == Some(sink_ref) },
+    )
+    .await;
 
     let before = accepted.load(Relaxed);
     let started = Instant::now();
@@ -416,23 +424,19 @@ async fn a_follower_named_by_the_live_leader_answers_at_once() {
     let q = test_quorum(3);
     let (shared, _accepted) = sink().await;
     let leader = broker(&q, None, FAST, &["--advertise", &shared]);
-    let end = Instant::now() + Duration::from_secs(10);
-    while stats(&leader.addr, None).await.map(|s| s.role) != Some("leader".into()) {
-        assert!(Instant::now() < end, "the first broker did not lead");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    wait_leads(&leader).await;
     let follower = broker(&q, None, FAST, &["--advertise", &shared]);
-    let end = Instant::now() + Duration::from_secs(10);
-    loop {
-        let s = stats(&follower.addr, None).await;
-        if s.as_ref()
-            .is_some_and(|s| s.role == "follower" && s.leader.as_deref() == Some(&shared))
-        {
-            break;
-        }
-        assert!(Instant::now() < end, "the follower did not follow: {s:?}");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let (addr, shared_ref) = (&follower.addr, &shared);
+    testkit::wait_for_async(
+        &format!("the follower follows the leader, advertised as {shared}"),
+        Duration::from_secs(10),
+        || async move {
+            stats(addr, None).await.is_some_and(|s| {
+                s.role == "follower" && s.leader.as_deref() == Some(shared_ref.as_str())
+            })
+        },
+    )
+    .await;
     // A few heartbeats: the follower has seen the leader's change (it is live).
     tokio::time::sleep(Duration::from_millis(300)).await;
 

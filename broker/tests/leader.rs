@@ -21,7 +21,6 @@ use testkit::broker::{wait_settled, TestBroker};
 use testkit::raw;
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
-use tokio::time::Instant;
 
 /// Election timing of these tests: the defaults, said out loud.
 const ELECTION_TIMEOUT_MS: u64 = 200;
@@ -165,22 +164,25 @@ async fn join(tasks: Vec<tokio::task::JoinHandle<()>>) {
 /// Waits (bounded) until a success served by another broker than `old` returned after
 /// `since_ns`: the time from `since_ns` to it.
 async fn first_served_after(seen: &Seen, old: &str, since_ns: u64) -> Duration {
-    let end = Instant::now() + Duration::from_secs(15);
-    loop {
-        let first = seen
-            .served_by
-            .lock()
-            .expect("served_by lock")
-            .iter()
-            .filter(|(t, by)| *t > since_ns && by != old)
-            .map(|(t, _)| *t)
-            .min();
-        if let Some(t) = first {
-            return Duration::from_nanos(t - since_ns);
-        }
-        assert!(Instant::now() < end, "no ID from a new leader");
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    let mut first = None;
+    testkit::wait_for_async(
+        &format!("an ID served by a new leader (not {old})"),
+        Duration::from_secs(15),
+        || {
+            first = seen
+                .served_by
+                .lock()
+                .expect("served_by lock")
+                .iter()
+                .filter(|(t, by)| *t > since_ns && by != old)
+                .map(|(t, _)| *t)
+                .min();
+            std::future::ready(first.is_some())
+        },
+    )
+    .await;
+    let t = first.expect("waited for");
+    Duration::from_nanos(t - since_ns)
 }
 
 /// Checks the history; how many requests got IDs.

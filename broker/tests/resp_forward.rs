@@ -18,7 +18,6 @@ use testkit::broker::{wait_settled, TestBroker};
 use testkit::resp::{self, parse_range, redis_cli};
 use tokio::io::AsyncWriteExt;
 use tokio::net::TcpStream;
-use tokio::time::Instant;
 
 /// An idbroker serving binary and RESP on `quorum`, taking part in elections with
 /// short timeouts, with `extra` flags.
@@ -202,15 +201,13 @@ async fn a_killed_leader_under_pipelined_resp_load_on_a_follower() {
         .collect();
 
     // Forwarding under way before the kill.
-    let end = Instant::now() + Duration::from_secs(10);
-    while stats(&brokers[f].addr, None)
-        .await
-        .map_or(0, |s| s.forwarded)
-        < 100
-    {
-        assert!(Instant::now() < end, "the follower forwarded nothing");
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    let f_addr = &brokers[f].addr;
+    testkit::wait_for_async(
+        "the follower forwards 100 requests",
+        Duration::from_secs(10),
+        || async move { stats(f_addr, None).await.map_or(0, |s| s.forwarded) >= 100 },
+    )
+    .await;
     brokers[l].proc.kill();
     let killed_ns = monotonic_ns();
     let alive: Vec<usize> = (0..3).filter(|&i| i != l).collect();
@@ -220,21 +217,22 @@ async fn a_killed_leader_under_pipelined_resp_load_on_a_follower() {
         .await
         .map_or(0, |s| s.forwarded);
     // Requests invoked after the new leader settled are served (bounded wait).
-    let end = Instant::now() + Duration::from_secs(10);
     let served_after = |events: &[Event]| {
         events
             .iter()
             .any(|e| e.invoke_ns > settled_ns && e.outcome.is_some())
     };
-    loop {
-        let f_stats = stats(&brokers[f].addr, None).await;
-        let done = f_stats.is_some_and(|s| s.requests_ok > 0) && served_after(&seen.events());
-        if done {
-            break;
-        }
-        assert!(Instant::now() < end, "nothing served after the new leader");
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    let (f_addr, seen_ref) = (&brokers[f].addr, &seen);
+    testkit::wait_for_async(
+        "the follower serves RESP requests, and a request invoked after the new leader \
+         settled is served",
+        Duration::from_secs(10),
+        || async move {
+            let f_stats = stats(f_addr, None).await;
+            f_stats.is_some_and(|s| s.requests_ok > 0) && served_after(&seen_ref.events())
+        },
+    )
+    .await;
     tokio::time::sleep(Duration::from_millis(300)).await;
     let forwarded_now = stats(&brokers[f].addr, None)
         .await

@@ -17,7 +17,7 @@ use crate::ChildGuard;
 use std::net::{Ipv4Addr, TcpListener};
 use std::path::{Path, PathBuf};
 use std::process::{Command, Stdio};
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 /// The access key of the one identity the server accepts.
 pub const ACCESS_KEY: &str = "qlist-test-access-key";
@@ -240,14 +240,11 @@ impl TestS3 {
     pub fn pause(&self) {
         self.signal(libc::SIGSTOP);
         let pid = self.pid().expect("running");
-        let until = Instant::now() + STOP_TIMEOUT;
-        while !all_threads_stopped(pid) {
-            assert!(
-                Instant::now() < until,
-                "SeaweedFS (pid {pid}) did not stop after SIGSTOP"
-            );
-            std::thread::sleep(Duration::from_millis(1));
-        }
+        crate::wait_for(
+            &format!("every thread of SeaweedFS (pid {pid}) stops after SIGSTOP"),
+            STOP_TIMEOUT,
+            || all_threads_stopped(pid),
+        );
     }
 
     /// SIGCONT after [`TestS3::pause`].
