@@ -278,20 +278,11 @@ fn bad_arguments_are_clear_errors() {
         (&["check", "--nodes", &nobody], "UNREACHABLE", 5),
     ];
     for (args, want, code) in cases {
+        // Which case a failure is about (the output is shown when the test fails).
+        eprintln!("idctl {args:?}");
         let out = idctl(args);
-        assert!(!out.status.success(), "{args:?} should fail");
         // The exit-code convention (README, "Command-line conventions").
-        assert_eq!(out.status.code(), Some(code), "{args:?}: {}", text(&out));
-        assert!(
-            text(&out).contains(want),
-            "{args:?}: want {want:?} in {}",
-            text(&out)
-        );
-        assert!(
-            !text(&out).contains("panicked"),
-            "{args:?} panicked: {}",
-            text(&out)
-        );
+        assert_fails_saying(&out, code, want);
     }
 }
 
@@ -325,17 +316,15 @@ fn chart_draws_runs_and_names_a_bad_line() {
     )
     .expect("write runs");
     let out = idctl(&["chart", "--in", runs_arg, "--out", svg_arg]);
-    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
-    assert_says(&out, "line 2");
+    assert_fails_saying(&out, 3, "line 2");
     let nowhere = "/nonexistent-dir/ids.svg";
     let out = idctl(&["chart", "--in", runs_arg, "--out", nowhere, "--count", "1"]);
-    assert_eq!(out.status.code(), Some(3), "{}", text(&out));
+    testkit::assert_exit(&out, 3, "");
     std::fs::write(
         &runs,
         "{\"series\":\"a\",\"callers\":1,\"count\":1,\"ids_per_sec\":1}\n",
     )
     .expect("write runs");
     let out = idctl(&["chart", "--in", runs_arg, "--out", nowhere]);
-    assert_eq!(out.status.code(), Some(4), "{}", text(&out));
-    assert_says(&out, "cannot write");
+    assert_fails_saying(&out, 4, "cannot write");
 }

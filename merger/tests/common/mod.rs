@@ -101,15 +101,15 @@ pub fn ok(out: &Output) -> String {
     String::from_utf8_lossy(&out.stdout).into_owned()
 }
 
+/// Asserts that the merger exited with `code`, without a panic, its stderr saying each of
+/// `needles` ([`testkit::assert_exit`] for each): its stderr.
 #[track_caller]
 pub fn fails(out: &Output, code: i32, needles: &[&str]) -> String {
-    let stderr = String::from_utf8_lossy(&out.stderr).into_owned();
-    assert_eq!(out.status.code(), Some(code), "exit code; stderr: {stderr}");
+    testkit::assert_exit(out, code, "");
     for n in needles {
-        assert!(stderr.contains(n), "stderr lacks {n:?}: {stderr}");
+        testkit::assert_exit(out, code, n);
     }
-    assert!(!stderr.contains("panicked"), "panic: {stderr}");
-    stderr
+    String::from_utf8_lossy(&out.stderr).into_owned()
 }
 
 /// Every record of the files, in order, through `merger cat --json` (what a user sees).
