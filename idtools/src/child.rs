@@ -15,6 +15,7 @@ pub const STOP_GRACE: Duration = Duration::from_secs(5);
 
 /// A child process, named for messages, stopped (SIGTERM, then SIGKILL after a grace,
 /// by its pid) and reaped on drop; [`ChildGuard::kill`] is the crash (SIGKILL at once).
+#[derive(Debug)]
 pub struct ChildGuard {
     name: String,
     child: Option<Child>,
@@ -60,6 +61,12 @@ impl ChildGuard {
     /// The child itself (to take its pipes), while it has not been reaped.
     pub fn child_mut(&mut self) -> Option<&mut Child> {
         self.child.as_mut()
+    }
+
+    /// Gives the process up unstopped: it outlives the guard (as the nodes `idctl cluster
+    /// up` starts outlive the command). The child, `None` if it was reaped.
+    pub fn release(mut self) -> Option<Child> {
+        self.child.take()
     }
 
     /// Sends `sig` to the process, by its pid; nothing once it has been reaped (the pid
@@ -135,15 +142,8 @@ impl Drop for ChildGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
-
-    /// Polls `cond` for up to 20 s.
-    fn wait_for(what: &str, mut cond: impl FnMut() -> bool) {
-        let until = Instant::now() + Duration::from_secs(20);
-        while !cond() {
-            assert!(Instant::now() < until, "not within 20 s: {what}");
-            std::thread::sleep(Duration::from_millis(5));
-        }
-    }
+    // The tests' one wait (testkit, a dev-dependency, builds on this crate: its own copy).
+    use testkit::{wait_for, WAIT_LIMIT};
 
     fn sh(script: &str) -> Command {
         let mut cmd = Command::new("sh");
@@ -172,7 +172,7 @@ mod tests {
             )),
         )
         .grace(Duration::from_millis(200));
-        wait_for("the trap is set", || ready.exists());
+        wait_for("the trap is set", WAIT_LIMIT, || ready.exists());
         let status = p.stop().expect("a status");
         use std::os::unix::process::ExitStatusExt;
         assert_eq!(status.signal(), Some(libc::SIGKILL), "{status:?}");
@@ -202,13 +202,28 @@ mod tests {
     }
 
     #[test]
+    fn a_released_process_outlives_its_guard() {
+        let p = ChildGuard::spawn("sleep", Command::new("sleep").arg("30"));
+        let pid = p.pid().expect("running");
+        let mut child = p.release().expect("not reaped");
+        assert_eq!(
+            child.try_wait().ok().flatten(),
+            None,
+            "pid {pid} was stopped"
+        );
+        // Ours to stop now (by its pid, through the Child).
+        let _ = child.kill();
+        child.wait().expect("reap");
+    }
+
+    #[test]
     fn kill_is_sigkill_and_try_wait_sees_an_exit() {
         let mut p = ChildGuard::spawn("sleep", Command::new("sleep").arg("30"));
         use std::os::unix::process::ExitStatusExt;
         assert_eq!(p.kill().and_then(|s| s.signal()), Some(libc::SIGKILL));
         assert_eq!(p.kill(), None, "once");
         let mut q = ChildGuard::spawn("true", &mut Command::new("true"));
-        wait_for("true exits", || q.try_wait().is_some());
+        wait_for("true exits", WAIT_LIMIT, || q.try_wait().is_some());
         assert_eq!(q.pid(), None);
     }
 }

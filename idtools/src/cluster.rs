@@ -10,8 +10,10 @@ use std::io::{Read, Write};
 use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
 use std::os::unix::process::CommandExt;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
+
+use crate::child::ChildGuard;
 
 /// How long a node may take to answer PING after it was started. A node replaying a
 /// large AOF can be slow; a node that takes longer is reported as failed to start.
@@ -136,11 +138,11 @@ fn node_url(port: u16, tls: bool) -> String {
 struct LocalNode {
     port: u16,
     data_dir: PathBuf,
-    child: Option<Child>,
+    child: Option<ChildGuard>,
 }
 
-/// A running local quorum. Dropping it stops every node it started (SIGKILL, then reap),
-/// unless it was [`detach`](LocalQuorum::detach)ed.
+/// A running local quorum. Dropping it stops every node it started (SIGKILL by its pid,
+/// then reap: [`ChildGuard::kill`]), unless it was [`detach`](LocalQuorum::detach)ed.
 pub struct LocalQuorum {
     dir: PathBuf,
     nodes: Vec<LocalNode>,
@@ -275,13 +277,14 @@ pub fn check_redis_version() -> Result<(), ClusterError> {
 
 /// Starts one redis-server in its own process group (so a terminal's Ctrl-C does not reach
 /// a detached cluster) and waits until it answers PING (a plain node), or until its own
-/// log says it is ready (a TLS node, which the plain-text probe cannot ask).
+/// log says it is ready (a TLS node, which the plain-text probe cannot ask). The node is
+/// guarded from its spawn on: stopped by its pid if the caller drops it.
 fn spawn_node(
     port: u16,
     data_dir: &Path,
     extra_args: &[String],
     tls: Option<&TlsNodes>,
-) -> Result<Child, ClusterError> {
+) -> Result<ChildGuard, ClusterError> {
     std::fs::create_dir_all(data_dir).map_err(io_err(data_dir))?;
     // A restarted node appends to its old log: only what this process writes counts.
     let log_start = std::fs::metadata(data_dir.join("redis.log")).map_or(0, |m| m.len());
@@ -293,21 +296,23 @@ fn spawn_node(
         .stdout(Stdio::null())
         .stderr(Stdio::null())
         .process_group(0);
-    let mut child = cmd.spawn().map_err(|e| match e.kind() {
+    let child = cmd.spawn().map_err(|e| match e.kind() {
         std::io::ErrorKind::NotFound => ClusterError::RedisMissing,
         _ => ClusterError::StartFailed {
             port,
             reason: e.to_string(),
         },
     })?;
+    let pid = child.id();
+    let mut child = ChildGuard::new(format!("redis-server on port {port}"), child);
     let started = Instant::now();
     let mut stranger = None;
     loop {
         // Our child first: a server answering on the port proves nothing while another
         // process (another test's node, restarted onto a port it freed) may hold it.
-        if let Ok(Some(status)) = child.try_wait() {
-            let holder = stranger.map_or(String::new(), |pid| {
-                format!(" (port held by another redis-server, pid {pid})")
+        if let Some(status) = child.try_wait() {
+            let holder = stranger.map_or(String::new(), |other| {
+                format!(" (port held by another redis-server, pid {other})")
             });
             return Err(ClusterError::StartFailed {
                 port,
@@ -322,22 +327,20 @@ fn spawn_node(
             }
         } else {
             match server_pid(port) {
-                Some(pid) if pid == child.id() => return Ok(child),
-                Some(pid) => stranger = Some(pid),
+                Some(found) if found == pid => return Ok(child),
+                Some(found) => stranger = Some(found),
                 None => {}
             }
         }
         if started.elapsed() > START_TIMEOUT {
-            let _ = child.kill();
-            let _ = child.wait();
-            let holder = stranger.map_or(String::new(), |pid| {
-                format!("; another redis-server (pid {pid}) answers on the port")
+            child.kill();
+            let holder = stranger.map_or(String::new(), |other| {
+                format!("; another redis-server (pid {other}) answers on the port")
             });
             return Err(ClusterError::StartFailed {
                 port,
                 reason: format!(
-                    "no answer from its own process (pid {}) within {START_TIMEOUT:?}{holder}; log: {}",
-                    child.id(),
+                    "no answer from its own process (pid {pid}) within {START_TIMEOUT:?}{holder}; log: {}",
                     log_tail(data_dir)
                 ),
             });
@@ -650,15 +653,14 @@ impl LocalQuorum {
 
     /// The pid of node `i`, if it is running.
     pub fn pid(&self, i: usize) -> Option<u32> {
-        self.nodes[i].child.as_ref().map(|c| c.id())
+        self.nodes[i].child.as_ref().and_then(ChildGuard::pid)
     }
 
     /// kill -9 node `i` and reap it. Its data dir stays, so [`restart`](Self::restart)
     /// brings it back with everything it had fsynced.
     pub fn kill(&mut self, i: usize) {
         if let Some(mut child) = self.nodes[i].child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
+            child.kill();
         }
     }
 
@@ -692,11 +694,8 @@ impl LocalQuorum {
     }
 
     fn signal(&self, i: usize, sig: libc::c_int) {
-        if let Some(pid) = self.pid(i) {
-            // SAFETY: kill(2) on a pid we spawned and have not reaped yet.
-            unsafe {
-                libc::kill(pid as libc::pid_t, sig);
-            }
+        if let Some(child) = &self.nodes[i].child {
+            child.signal(sig);
         }
     }
 
@@ -705,7 +704,10 @@ impl LocalQuorum {
     pub fn detach(mut self) -> Vec<NodeRecord> {
         let records = self.records();
         for node in &mut self.nodes {
-            node.child = None; // dropping a Child neither kills nor waits
+            if let Some(child) = node.child.take() {
+                // Released unstopped: dropping a `Child` neither kills nor waits.
+                let _ = child.release();
+            }
         }
         records
     }
@@ -714,12 +716,15 @@ impl LocalQuorum {
         self.nodes
             .iter()
             .filter_map(|n| {
-                n.child.as_ref().map(|c| NodeRecord {
-                    port: n.port,
-                    pid: c.id(),
-                    url: node_url(n.port, self.tls.is_some()),
-                    data_dir: n.data_dir.clone(),
-                })
+                n.child
+                    .as_ref()
+                    .and_then(ChildGuard::pid)
+                    .map(|pid| NodeRecord {
+                        port: n.port,
+                        pid,
+                        url: node_url(n.port, self.tls.is_some()),
+                        data_dir: n.data_dir.clone(),
+                    })
             })
             .collect()
     }
@@ -837,46 +842,44 @@ pub fn down(dir: &Path) -> Result<usize, ClusterError> {
 mod tests {
     use super::*;
 
-    /// A redis-server of someone else (no AOF, throwaway dir) on `port`, killed on drop.
+    /// A redis-server of someone else (no AOF, throwaway dir) on `port`, stopped by its
+    /// pid on drop (its guard drops before its dir).
     struct Stranger {
-        child: Child,
+        child: ChildGuard,
         _dir: tempfile_guard::TempDir,
     }
 
     impl Stranger {
         fn start(port: u16) -> Stranger {
             let dir = tempfile_guard::TempDir::new("qlist-stranger").expect("temp dir");
-            let child = Command::new("redis-server")
-                .args([
-                    "--port",
-                    &port.to_string(),
-                    "--bind",
-                    "127.0.0.1",
-                    "--save",
-                    "",
-                ])
-                .arg("--dir")
-                .arg(dir.path())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("cannot start redis-server (is it installed?)");
-            let until = Instant::now() + START_TIMEOUT;
-            while server_pid(port) != Some(child.id()) {
-                assert!(
-                    Instant::now() < until,
-                    "stranger redis on {port} did not start"
-                );
-                std::thread::sleep(Duration::from_millis(20));
-            }
+            let child = ChildGuard::spawn(
+                format!("a stranger redis-server on port {port} (is redis-server installed?)"),
+                Command::new("redis-server")
+                    .args([
+                        "--port",
+                        &port.to_string(),
+                        "--bind",
+                        "127.0.0.1",
+                        "--save",
+                        "",
+                    ])
+                    .arg("--dir")
+                    .arg(dir.path())
+                    .stdout(Stdio::null())
+                    .stderr(Stdio::null()),
+            );
+            let pid = child.pid().expect("just spawned");
+            // The tests' one wait (testkit, a dev-dependency, builds on this crate).
+            testkit::wait_for(
+                &format!("the stranger redis-server (pid {pid}) answers on port {port}"),
+                START_TIMEOUT,
+                || server_pid(port) == Some(pid),
+            );
             Stranger { child, _dir: dir }
         }
-    }
 
-    impl Drop for Stranger {
-        fn drop(&mut self) {
-            let _ = self.child.kill();
-            let _ = self.child.wait();
+        fn pid(&self) -> u32 {
+            self.child.pid().expect("the stranger runs")
         }
     }
 
@@ -896,7 +899,7 @@ mod tests {
             "{msg}"
         );
         assert!(
-            msg.contains(&format!("pid {}", stranger.child.id())),
+            msg.contains(&format!("pid {}", stranger.pid())),
             "{msg} does not name the stranger"
         );
         assert_eq!(q.pid(0), None, "a failed restart left a child behind");
