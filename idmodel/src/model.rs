@@ -200,6 +200,9 @@ impl Window {
 pub struct Broker {
     pub role: Role,
     pub term: u64,
+    /// The highest term it has read from the term register (any of its majority reads):
+    /// a term at or below it came from the register, not from a heartbeat.
+    pub term_read: u64,
     /// The last leader it learned, with that leader's term (what a redirect may name).
     pub leader: Option<(u64, u8)>,
     pub newest: Option<(u64, u64)>,
@@ -535,6 +538,7 @@ impl Config {
         let broker = Broker {
             role: Role::Follower,
             term: 0,
+            term_read: 0,
             leader: None,
             newest: None,
             may_stand: false,
@@ -1174,6 +1178,7 @@ impl Ctx<'_> {
                 }
                 let (register, check) = (*max, *check);
                 br.elect = None;
+                br.term_read = br.term_read.max(register);
                 if check {
                     if br.role == Role::Leader
                         && rules.steps_down_after_dead_window(br.term, register)
@@ -1230,9 +1235,10 @@ impl Ctx<'_> {
         if br.role != Role::Candidate {
             return;
         }
-        if rules.term_unclaimed(br.term, register) {
+        if rules.term_unclaimed(br.term, br.term_read) {
             br.newest = None;
-            self.set_term(b, register);
+            let read = br.term_read;
+            self.set_term(b, read);
         }
         let term = self.s.brokers[b as usize].term;
         match rules.candidacy(term, register) {

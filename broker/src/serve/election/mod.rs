@@ -314,6 +314,10 @@ struct Machine<E> {
     rng: StdRng,
     role: Role,
     term: u64,
+    /// The highest term read from the term register (any of its majority reads): a term
+    /// at or below it came from the register (perhaps a claim only a minority took), not
+    /// from a heartbeat, so it is never forgotten as unclaimed.
+    term_read: u64,
     leader: Option<String>,
     /// Follower: the newest heartbeat seen, and when it last changed.
     newest: Option<(u64, u64)>,
@@ -366,6 +370,7 @@ impl<E: ElectionQuorum> Machine<E> {
             rng,
             role: Role::Follower,
             term: 0,
+            term_read: 0,
             leader: None,
             newest: None,
             changed: now,
@@ -543,8 +548,9 @@ impl<E: ElectionQuorum> Machine<E> {
                 return self.follow(self.term, None, "no term");
             }
         };
-        if RULES.term_unclaimed(self.term, register) {
-            self.forget_unclaimed_term(register);
+        self.term_read = self.term_read.max(register);
+        if RULES.term_unclaimed(self.term, self.term_read) {
+            self.forget_unclaimed_term(self.term_read);
         }
         let term = match RULES.candidacy(self.term, register) {
             // A term we never saw a heartbeat of: its leader may be alive (we were cut
@@ -580,10 +586,11 @@ impl<E: ElectionQuorum> Machine<E> {
         }
     }
 
-    /// A heartbeat showed term `self.term`, above `register`, the highest term on a
-    /// majority of the term register: no election produced it (every leader claims its
-    /// term on a majority first, and any two majorities share a node), so it was written
-    /// by hand or forged. Forgets it, so it stops no election, and says so (once per term).
+    /// A heartbeat showed term `self.term`, above `register`, the highest term this
+    /// broker ever read from the term register: no election produced it (every leader
+    /// claims its term on a majority first, and any two majorities share a node), so it
+    /// was written by hand or forged. Forgets it, so it stops no election, and says so
+    /// (once per term).
     fn forget_unclaimed_term(&mut self, register: u64) {
         if self.warned.unclaimed != Some(self.term) {
             self.warned.unclaimed = Some(self.term);
@@ -667,7 +674,11 @@ impl<E: ElectionQuorum> Machine<E> {
             () = sleep_until(tick) => {}
             () = self.window_died.notified() => {
                 let deadline = Instant::now() + self.config.election_timeout;
-                match self.quorum.read_term(deadline).await {
+                let read = self.quorum.read_term(deadline).await;
+                if let Ok(t) = read {
+                    self.term_read = self.term_read.max(t);
+                }
+                match read {
                     Ok(t) if RULES.steps_down_after_dead_window(self.term, t) => {
                         self.follow(t, None, "the window died and the term register is higher");
                     }

@@ -532,3 +532,26 @@ async fn a_healed_partitioned_leader_follows_the_new_one_without_an_election() {
     );
     assert_eq!(brokers[n].status().term, term);
 }
+
+/// A term only a minority of the term register took (another candidate's claim that
+/// failed) is seen by one majority read and missed by the next one (a majority of other
+/// nodes). The broker keeps the term the register showed it and claims the one after it:
+/// comparing with the latest read alone would take its term back and call the term a
+/// forged heartbeat's (the model checker found that: docs/model.md, "Mutants").
+#[tokio::test(start_paused = true)]
+async fn a_term_one_read_showed_is_kept_when_the_next_read_misses_it() {
+    let nodes = Arc::new(Nodes::default());
+    *lock(&nodes.term) = 5; // what the first read's majority shows
+    let broker = Broker::start(&nodes, 0);
+    until(
+        Duration::from_secs(5),
+        "it follows term 5",
+        &[broker.election()],
+        || broker.status().term == 5,
+    )
+    .await;
+    assert_eq!(broker.status().role, Role::Follower);
+    *lock(&nodes.term) = 0; // the next reads' majority never took it
+    broker.until_leads("it stands again and wins").await;
+    assert_eq!(broker.status().term, 6, "claimed above the term it read");
+}
