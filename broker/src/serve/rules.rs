@@ -4,9 +4,9 @@
 //! (`idmodel/`, docs/model.md), which therefore checks this very logic, not a copy.
 //!
 //! Every function is a method of [`Rules`], which carries an optional [`Mutant`]: one
-//! guard removed, so the model's tests can show that the checker finds the
-//! counterexample each guard prevents. The broker always passes [`RULES`], which breaks
-//! nothing.
+//! guard removed, so the model's tests can show, guard by guard, the counterexample the
+//! checker finds without it, or that it finds none and why (docs/model.md, "Mutants").
+//! The broker always passes [`RULES`], which breaks nothing.
 
 /// Which rules to apply: [`RULES`] (every guard kept) in the broker; a [`Mutant`] only
 /// in the model's negative tests.
@@ -37,6 +37,20 @@ pub enum Mutant {
     GrantWithoutMajority,
     /// A broker that does not lead starts requests instead of redirecting them.
     AdmitWhileNotLeading,
+    /// A leader whose refresh met a heartbeat of a higher term keeps leading (it steps
+    /// down only once no majority took its refresh for an election timeout).
+    IgnoreHigherTermOnRefresh,
+    /// A leader whose window died keeps leading whatever term the term register holds.
+    KeepLeadingAfterDeadWindow,
+    /// A confirmation read below the TOP a majority accepted (a node lost acknowledged
+    /// writes) confirms the batch like any other: windows stay on.
+    IgnoreLostWrites,
+    /// A reservation that won extends the window even if it does not start right above
+    /// TOP (another writer got in between).
+    ExtendNonContiguous,
+    /// A candidate keeps a heartbeat term above the term register's highest (one no
+    /// election produced) and claims the term after it.
+    KeepUnclaimedTerm,
 }
 
 /// What a candidate does after reading the term register ([`Rules::candidacy`]).
@@ -118,11 +132,15 @@ impl Rules {
         current && newest.is_none_or(|n| hb > n)
     }
 
-    /// Election, candidate: whether a heartbeat term `known_term` above the term
-    /// register's highest, `register`, must be forgotten (no election produced it: every
-    /// leader claims its term on a majority first, and two majorities share a node).
+    /// Election, candidate: whether its term `known_term` must be forgotten, being above
+    /// `register`, the highest term it ever read from the term register (any of its
+    /// majority reads, the one just made included). Such a term came from a heartbeat
+    /// that no election produced: every leader claims its term on a majority first, and
+    /// two majorities share a node. A term the register itself showed (a claim only a
+    /// minority took, followed) is at or below `register`, so it is kept: comparing with
+    /// the latest read alone would take it back (the model checker found that).
     pub fn term_unclaimed(self, known_term: u64, register: u64) -> bool {
-        known_term > register
+        known_term > register && !self.broken(Mutant::KeepUnclaimedTerm)
     }
 
     /// Election, candidate: what to do once the term register read `register`, having
@@ -159,7 +177,9 @@ impl Rules {
         overdue: bool,
     ) -> LeadStep {
         if let Some(t) = higher {
-            return LeadStep::StepDown(t);
+            if !self.broken(Mutant::IgnoreHigherTermOnRefresh) {
+                return LeadStep::StepDown(t);
+            }
         }
         if acked >= majority {
             LeadStep::Refreshed
@@ -173,7 +193,7 @@ impl Rules {
     /// Election, leader: whether it steps down after its window died and the term
     /// register read `register` (a higher term: a newer leader reserved past it).
     pub fn steps_down_after_dead_window(self, term: u64, register: u64) -> bool {
-        register > term
+        register > term && !self.broken(Mutant::KeepLeadingAfterDeadWindow)
     }
 
     /// The leader a redirect names: the one a broker knows, `leader` = `(its term, its
@@ -208,7 +228,7 @@ impl Rules {
     /// Window: whether a read of `max` below `known_top` (the TOP a majority accepted
     /// before the read started) shows a node lost acknowledged writes.
     pub fn lost_writes(self, max: u64, known_top: u64) -> bool {
-        max < known_top
+        max < known_top && !self.broken(Mutant::IgnoreLostWrites)
     }
 
     /// Window: what a usable read of `max` decides for IDs set aside under a window
@@ -230,7 +250,7 @@ impl Rules {
     /// TOP `top`): only if it starts right above TOP (windows are contiguous; a
     /// reservation that cannot start there means another writer got in between).
     pub fn reservation_extends(self, won: bool, alive: bool, top: u64, lo: u64) -> bool {
-        won && alive && top.checked_add(1) == Some(lo)
+        won && alive && (top.checked_add(1) == Some(lo) || self.broken(Mutant::ExtendNonContiguous))
     }
 }
 
@@ -264,6 +284,7 @@ mod tests {
             Candidacy::Exhausted(u64::MAX)
         );
         assert!(RULES.term_unclaimed(7, 5) && !RULES.term_unclaimed(5, 5));
+        assert!(!Rules::with(Mutant::KeepUnclaimedTerm).term_unclaimed(7, 5));
     }
 
     #[test]
@@ -287,6 +308,15 @@ mod tests {
         );
         assert!(RULES.steps_down_after_dead_window(2, 3));
         assert!(!RULES.steps_down_after_dead_window(3, 3));
+        let m = Rules::with(Mutant::IgnoreHigherTermOnRefresh);
+        assert_eq!(m.after_refresh(Some(4), 3, 2, false), LeadStep::Refreshed);
+        assert_eq!(m.after_refresh(Some(4), 1, 2, false), LeadStep::Keep);
+        assert_eq!(
+            m.after_refresh(Some(4), 1, 2, true),
+            LeadStep::StepDownUnrefreshed
+        );
+        let m = Rules::with(Mutant::KeepLeadingAfterDeadWindow);
+        assert!(!m.steps_down_after_dead_window(2, 3));
     }
 
     #[test]
@@ -314,6 +344,12 @@ mod tests {
         assert!(RULES.reservation_extends(true, true, 10, 11));
         assert!(!RULES.reservation_extends(true, true, 10, 12));
         assert!(!RULES.reservation_extends(true, false, 10, 11));
+        let m = Rules::with(Mutant::IgnoreLostWrites);
+        assert!(!m.lost_writes(9, 10));
+        assert_eq!(m.confirm(9, 10, Some(10)), Confirm::Serve);
+        let m = Rules::with(Mutant::ExtendNonContiguous);
+        assert!(m.reservation_extends(true, true, 10, 12));
+        assert!(!m.reservation_extends(true, false, 10, 11));
     }
 
     #[test]
