@@ -153,7 +153,7 @@ pub enum WaitEnd {
 
 /// Waits for `batch`'s result until `until`; every other result seen goes to `seen`
 /// (the client learns the register's progress from them).
-pub async fn wait_for(
+pub async fn await_result(
     rx: &mut broadcast::Receiver<BatchResult>,
     batch: Nonce,
     until: Instant,

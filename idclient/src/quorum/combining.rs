@@ -367,7 +367,7 @@ impl<N: Register + Rendezvous> QuorumClient<N> {
         offset: u64,
         wait: Duration,
     ) -> Next {
-        let result = combine::wait_for(rx, batch, c.until(wait), |r| self.learn(r)).await;
+        let result = combine::await_result(rx, batch, c.until(wait), |r| self.learn(r)).await;
         match result {
             Ok(BatchResult {
                 range: Some(range), ..
@@ -456,7 +456,7 @@ impl<N: Register + Rendezvous> QuorumClient<N> {
         busy: Nonce,
         wait: Duration,
     ) {
-        let result = combine::wait_for(rx, busy, c.until(wait), |r| self.learn(r)).await;
+        let result = combine::await_result(rx, busy, c.until(wait), |r| self.learn(r)).await;
         if result == Err(WaitEnd::Closed) {
             tokio::time::sleep(wait.clamp(MIN_POLL, c.longest)).await;
         }
