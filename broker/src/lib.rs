@@ -35,7 +35,6 @@
 //! that drops a client that does not read. Memory is therefore bounded by connections x
 //! (buffers + in-flight), and no connection holds its slot without doing something.
 
-
 mod config;
 mod listen_tls;
 pub mod metrics;

@@ -43,7 +43,6 @@
 //! subscription plumbing) is internal. The tooling (local quorum launcher, history
 //! checker, simulation, bench driver, `idctl`) lives in `idtools`.
 
-
 mod average;
 mod backoff;
 pub mod broker_client;

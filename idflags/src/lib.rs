@@ -8,7 +8,6 @@
 //! client), in any build, including a `--workspace` one that unifies features
 //! (`scripts/check-release.sh` checks the built file).
 
-
 use idclient::broker_client::BrokerClientConfig;
 use idclient::{BrokerTls, ClientCert, ClientConfig, Combine, IdError, Protocol, TlsConfig};
 use qcli::{usage, BrokerArgs, BrokerTlsArgs, CombineArg, QuorumArgs, SourceArgs, TlsArgs};

@@ -12,7 +12,6 @@
 //! - `tls` (feature `tls`): a connection's halves, plain or TLS, and PEM loading, for
 //!   both ends of a broker connection.
 
-
 pub mod auth;
 pub mod error;
 pub mod framed;

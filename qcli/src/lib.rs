@@ -21,7 +21,6 @@
 //! `merger`, which gets no IDs, links none of the client (Redis, the rendezvous, the
 //! broker client).
 
-
 pub mod env;
 mod exit;
 mod flags;

@@ -13,7 +13,6 @@
 //!   writer, its checks, a local reader ([`run::RunFile`]) and a reader over ranged reads
 //!   ([`run::RangedRun`], over any [`run::RangeRead`]).
 
-
 pub mod listbin;
 pub mod names;
 pub mod record;

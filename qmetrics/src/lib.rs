@@ -15,7 +15,6 @@
 //! serves), [`Histogram`] (a lock-free latency histogram for hot paths), and [`get`], a
 //! one-shot HTTP client for tests and tools. The HTTP is hyper's, never hand-written.
 
-
 mod client;
 mod histogram;
 mod server;

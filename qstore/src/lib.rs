@@ -17,7 +17,6 @@
 //! Every S3 operation is retried with backoff on transient failures until
 //! [`StoreOptions::deadline`]; an object is read at the version (ETag) it had when opened.
 
-
 mod dir;
 mod error;
 mod location;

@@ -3,5 +3,4 @@
 //! its schema are `qformat`'s ([`qformat::names`], [`qformat::shard`]); this crate is the
 //! only one that links RocksDB for them.
 
-
 pub mod shard;
