@@ -196,7 +196,7 @@ pub enum MergeError {
     /// `--expect-shards N`: shards missing or incomplete.
     #[error("--expect-shards {expected}: {}", missing_shards(missing, incomplete))]
     MissingShards {
-        /// The shards the input holds.
+        /// The shard count given with `--expect-shards`.
         expected: u32,
         /// Shards no input holds.
         missing: Vec<u32>,
