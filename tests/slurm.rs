@@ -232,7 +232,9 @@ fn start_munged(dir: &Path) -> Proc {
 
 /// slurm.conf for one node with this machine's CPUs and memory (as `slurmd -C` finds
 /// them: a node configured with more than it has is drained), free ports, every file in
-/// `dir`, and plugins that need neither systemd nor cgroups nor a database.
+/// `dir`, and plugins that need neither systemd nor cgroups nor a database. Both daemons
+/// have their address spelled out (`localhost(127.0.0.1)`, `NodeAddr`): a fresh
+/// debootstrap root has no /etc/hosts, and there `localhost` does not resolve.
 fn slurm_conf(dir: &Path) -> String {
     let out = Command::new(slurm_cmd("slurmd"))
         .arg("-C")
@@ -254,7 +256,7 @@ fn slurm_conf(dir: &Path) -> String {
     let (ctld_port, slurmd_port) = (free_port().expect("port"), free_port().expect("port"));
     format!(
         "ClusterName=qlisttest
-SlurmctldHost=localhost
+SlurmctldHost=localhost(127.0.0.1)
 SlurmctldPort={ctld_port}
 SlurmdPort={slurmd_port}
 SlurmUser=root
