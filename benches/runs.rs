@@ -286,6 +286,18 @@ fn merger_path() -> PathBuf {
          (same CARGO_TARGET_DIR), or set QLIST_MERGER",
         path.display()
     );
+    // `cargo test` leaves a build with the test hooks (stall points) in target/release:
+    // measuring it would measure the hooks too.
+    let version = Command::new(&path)
+        .arg("--version")
+        .output()
+        .expect("run merger --version");
+    assert!(
+        !String::from_utf8_lossy(&version.stdout).contains("test hooks"),
+        "{} is a test build (it has the test hooks): run `cargo build --release --workspace \
+         --bins` (same CARGO_TARGET_DIR) to put the release binaries back, or set QLIST_MERGER",
+        path.display()
+    );
     path
 }
 
