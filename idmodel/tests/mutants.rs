@@ -5,7 +5,7 @@ use idmodel::script::{
     ask, deposed_leader, minority_claim_in_flight, stale_window_after_failover,
     term_past_its_leader, to_nodes,
 };
-use idmodel::{broken, props, Action, Config, Role, Stage, Step};
+use idmodel::{broken, props, Action, Config, Node, Role, Stage, Step};
 use stateright::{Checker, HasDiscoveries, Model, Path, Property};
 use std::time::Instant;
 
@@ -98,14 +98,7 @@ fn only_the_mutant_breaks(
     depth: usize,
 ) {
     let start = cfg.play(&cfg.initial(), steps).expect("the script plays");
-    let kept = cfg
-        .clone()
-        .starting_at(start.clone())
-        .checker()
-        .threads(2)
-        .target_max_depth(depth)
-        .spawn_bfs()
-        .join();
+    let kept = search(&cfg, &start, depth);
     for p in props::SAFETY {
         kept.assert_no_discovery(p);
     }
@@ -352,10 +345,40 @@ impl Model for Watched {
     }
 }
 
-/// Whether a majority of the nodes hold at least `value` in their ID register.
-fn on_a_majority(cfg: &Config, s: &idmodel::State, value: u64) -> bool {
-    let holding = s.nodes.iter().filter(|n| n.current >= value).count();
+/// Whether `holds` of a majority of the nodes.
+fn on_a_majority(cfg: &Config, s: &idmodel::State, holds: impl Fn(&Node) -> bool) -> bool {
+    let holding = s.nodes.iter().filter(|n| holds(n)).count();
     holding >= Rules::majority(cfg.nodes as usize)
+}
+
+/// Searches from `start` to depth 8 under `cfg` (a mutant's rules) with the property
+/// `holds` added ([`Watched`]): no safety property breaks and `holds` holds in every
+/// state reached; and the search was not trivial.
+fn holds_in_every_state(
+    cfg: Config,
+    start: idmodel::State,
+    holds: fn(&Config, &idmodel::State) -> bool,
+) {
+    let mutant = cfg.rules.mutant;
+    let started = Instant::now();
+    let c = Watched {
+        cfg: cfg.starting_at(start),
+        holds,
+    }
+    .checker()
+    .threads(2)
+    .target_max_depth(8)
+    .spawn_bfs()
+    .join();
+    eprintln!(
+        "{mutant:?}, depth 8: {} states ({} unique), {:.1} s",
+        c.state_count(),
+        c.unique_state_count(),
+        started.elapsed().as_secs_f64()
+    );
+    c.assert_no_discovery(SAFE);
+    c.assert_no_discovery(HOLDS);
+    assert!(c.unique_state_count() > 1000, "{}", c.unique_state_count());
 }
 
 /// [`Mutant::IgnoreLostWrites`] changes nothing the model can reach: the ID registers
@@ -375,34 +398,18 @@ fn ignoring_lost_writes_changes_nothing_the_model_reaches() {
     let mut cfg = Config::small().with_rules(Rules::with(Mutant::IgnoreLostWrites));
     cfg.requests = 2;
     let start = deposed_leader_with_a_window(&cfg);
-    let started = Instant::now();
-    let c = Watched {
-        cfg: cfg.starting_at(start),
-        holds: |cfg, s| {
-            s.brokers.iter().all(|b| {
-                let window = !b.window.alive || on_a_majority(cfg, s, b.window.top);
-                let batch = match b.batch.as_ref().map(|bt| bt.stage) {
-                    Some(Stage::Confirm { known_top, .. }) => on_a_majority(cfg, s, known_top),
-                    _ => true,
-                };
-                window && batch
-            })
-        },
-    }
-    .checker()
-    .threads(2)
-    .target_max_depth(8)
-    .spawn_bfs()
-    .join();
-    eprintln!(
-        "IgnoreLostWrites, depth 8: {} states ({} unique), {:.1} s",
-        c.state_count(),
-        c.unique_state_count(),
-        started.elapsed().as_secs_f64()
-    );
-    c.assert_no_discovery(SAFE);
-    c.assert_no_discovery(HOLDS);
-    assert!(c.unique_state_count() > 1000, "{}", c.unique_state_count());
+    holds_in_every_state(cfg, start, |cfg, s| {
+        s.brokers.iter().all(|b| {
+            let window = !b.window.alive || on_a_majority(cfg, s, |n| n.current >= b.window.top);
+            let batch = match b.batch.as_ref().map(|bt| bt.stage) {
+                Some(Stage::Confirm { known_top, .. }) => {
+                    on_a_majority(cfg, s, |n| n.current >= known_top)
+                }
+                _ => true,
+            };
+            window && batch
+        })
+    });
 }
 
 /// Broker 1 read the term register empty and claimed term 1, which only node 2 took
@@ -452,12 +459,6 @@ fn a_term_only_a_minority_claimed_is_kept() {
     assert!(c.unique_state_count() > 1000, "{}", c.unique_state_count());
 }
 
-/// Whether a majority of the nodes hold at least `term` in their term register.
-fn term_on_a_majority(cfg: &Config, s: &idmodel::State, term: u64) -> bool {
-    let holding = s.nodes.iter().filter(|n| n.term >= term).count();
-    holding >= Rules::majority(cfg.nodes as usize)
-}
-
 /// [`Mutant::KeepUnclaimedTerm`] changes nothing the model can reach: `term_unclaimed`
 /// never holds there. A broker's term comes from the term register (then it is at or
 /// below the highest term it read) or from a heartbeat or its own win (then a majority
@@ -476,27 +477,9 @@ fn keeping_an_unclaimed_term_changes_nothing_the_model_reaches() {
     let start = cfg
         .play(&cfg.initial(), &minority_term_followed())
         .expect("the script plays");
-    let started = Instant::now();
-    let c = Watched {
-        cfg: cfg.starting_at(start),
-        holds: |cfg, s| {
-            s.brokers
-                .iter()
-                .all(|b| b.term <= b.term_read || term_on_a_majority(cfg, s, b.term))
-        },
-    }
-    .checker()
-    .threads(2)
-    .target_max_depth(8)
-    .spawn_bfs()
-    .join();
-    eprintln!(
-        "KeepUnclaimedTerm, depth 8: {} states ({} unique), {:.1} s",
-        c.state_count(),
-        c.unique_state_count(),
-        started.elapsed().as_secs_f64()
-    );
-    c.assert_no_discovery(SAFE);
-    c.assert_no_discovery(HOLDS);
-    assert!(c.unique_state_count() > 1000, "{}", c.unique_state_count());
+    holds_in_every_state(cfg, start, |cfg, s| {
+        s.brokers
+            .iter()
+            .all(|b| b.term <= b.term_read || on_a_majority(cfg, s, |n| n.term >= b.term))
+    });
 }
