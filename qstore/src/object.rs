@@ -142,7 +142,7 @@ impl Object {
         self.check(&range)?;
         match &self.inner.backing {
             Backing::File(file) => self.read_file(file, range, BytesMut::new()),
-            Backing::S3 { .. } => wait(self.spawn_read(range, BytesMut::new())?),
+            Backing::S3 { .. } => wait(self.spawn_read(range)?),
         }
     }
 
@@ -206,11 +206,10 @@ impl Object {
         Ok(buf.freeze())
     }
 
-    /// Starts one ranged GET (S3 only), its body read into `buf`.
+    /// Starts one ranged GET (S3 only).
     fn spawn_read(
         &self,
         range: Range<u64>,
-        buf: BytesMut,
     ) -> Result<JoinHandle<Result<Bytes, StoreError>>, StoreError> {
         let Backing::S3 { target, etag } = &self.inner.backing else {
             unreachable!("spawn_read on a local file");
@@ -218,7 +217,7 @@ impl Object {
         let (target, etag) = (target.clone(), etag.clone());
         self.inner
             .tasks
-            .spawn(async move { target.get_range(etag.as_deref(), range, buf).await })
+            .spawn(async move { target.get_range(etag.as_deref(), range).await })
     }
 }
 
@@ -230,8 +229,8 @@ pub struct RangeReader {
     ranges: VecDeque<Range<u64>>,
     /// S3 reads started, oldest first (at most `in_flight`).
     pending: VecDeque<(u64, JoinHandle<Result<Bytes, StoreError>>)>,
-    /// The last few buffers handed out, oldest first: one whose every copy the reader's
-    /// user has dropped is read into again ([`RangeReader::spare`]).
+    /// The last few buffers of local reads handed out, oldest first: one whose every copy
+    /// the reader's user has dropped is read into again ([`RangeReader::spare`]).
     handed: VecDeque<Bytes>,
     /// An error to yield next.
     failed: Option<StoreError>,
@@ -267,8 +266,7 @@ impl RangeReader {
                 break;
             };
             let start = piece.start;
-            let buf = self.spare();
-            let handle = self.object.spawn_read(piece, buf)?;
+            let handle = self.object.spawn_read(piece)?;
             self.pending.push_back((start, handle));
         }
         Ok(())
@@ -293,11 +291,7 @@ impl RangeReader {
             return Some(Err(e));
         }
         let (start, handle) = self.pending.pop_front()?;
-        let read = wait(handle);
-        if let Ok(bytes) = &read {
-            self.handed.push_back(bytes.clone());
-        }
-        Some(read.map(|b| (start, b)))
+        Some(wait(handle).map(|b| (start, b)))
     }
 }
 
@@ -317,16 +311,16 @@ impl Iterator for RangeReader {
     }
 }
 
-/// Buffers a [`RangeReader`] keeps to read into again: the merger holds the read it merges
-/// from and, while a block split across two reads is joined, the one before it. On S3 the
-/// reads in flight have buffers of their own besides.
+/// Buffers of local reads a [`RangeReader`] keeps to read into again: the merger holds the
+/// read it merges from and, while a block split across two reads is joined, the one
+/// before it.
 const HANDED_KEPT: usize = 3;
 
 impl RangeReader {
     /// A buffer to read into: one handed out before and since dropped by every user, or
     /// a new empty one. A fresh allocation per read cost a merge of local runs a twentieth
-    /// of its time in zeroing and page faults, and one of S3 runs a sixth of its CPU
-    /// (BENCHMARKS.md, "The merge at the machine's limit").
+    /// of its time in zeroing and page faults (BENCHMARKS.md, "The merge at the machine's
+    /// limit").
     fn spare(&mut self) -> BytesMut {
         if let Some(i) = self.handed.iter().position(Bytes::is_unique) {
             if let Some(Ok(buf)) = self.handed.remove(i).map(Bytes::try_into_mut) {

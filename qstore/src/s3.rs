@@ -7,8 +7,7 @@ use std::str::FromStr;
 use std::sync::Arc;
 use std::time::{Duration, Instant};
 
-use bytes::{Bytes, BytesMut};
-use futures::StreamExt;
+use bytes::Bytes;
 use object_store::aws::{AmazonS3, AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::multipart::{MultipartStore, PartId};
 use object_store::path::Path;
@@ -351,31 +350,15 @@ impl S3Target {
         }
     }
 
-    /// One ranged GET of the version whose ETag is `etag`: exactly `range`'s bytes, read
-    /// into `buf` (its old contents are dropped; its memory is reused when large enough).
-    ///
-    /// A reused buffer is the point: a fresh 4 MiB body per GET cost the 64-run S3 merge
-    /// a sixth of its CPU in page faults and zeroing (BENCHMARKS.md, "The merge at the
-    /// machine's limit").
+    /// One ranged GET of the version whose ETag is `etag`: exactly `range`'s bytes.
     pub async fn get_range(
         &self,
         etag: Option<&str>,
         range: Range<u64>,
-        buf: BytesMut,
     ) -> Result<Bytes, StoreError> {
         let op = format!("ranged read of bytes {}..{}", range.start, range.end);
-        // Each attempt takes the buffer; one that fails drops it, and a retry starts afresh.
-        let spare = std::sync::Mutex::new(Some(buf));
-        self.retry(&op, || {
-            let buf = spare
-                .lock()
-                .map(|mut b| b.take())
-                .ok()
-                .flatten()
-                .unwrap_or_default();
-            self.get_range_once(&op, etag, range.clone(), buf)
-        })
-        .await
+        self.retry(&op, || self.get_range_once(&op, etag, range.clone()))
+            .await
     }
 
     async fn get_range_once(
@@ -383,7 +366,6 @@ impl S3Target {
         op: &str,
         etag: Option<&str>,
         range: Range<u64>,
-        mut buf: BytesMut,
     ) -> Result<Bytes, Failure> {
         let want = range.end - range.start;
         let options = GetOptions {
@@ -396,13 +378,6 @@ impl S3Target {
                 object: self.name.to_string(),
                 was: etag.unwrap_or("?").to_string(),
                 now: now.to_string(),
-            })
-        };
-        let wrong_size = |sent: String| {
-            Failure::Fatal(StoreError::S3 {
-                object: self.name.to_string(),
-                op: op.to_string(),
-                message: format!("the server sent {sent} bytes instead of {want}"),
             })
         };
         let res = match self.client.get_opts(&self.key, options).await {
@@ -419,22 +394,19 @@ impl S3Target {
                 return Err(changed(now));
             }
         }
-        let want_len = usize::try_from(want).map_err(|_| wrong_size("?".to_string()))?;
-        buf.clear();
-        buf.reserve(want_len);
         // The request was accepted: a failure now is the body cut short, worth a retry.
-        let mut body = res.into_stream();
-        while let Some(chunk) = body.next().await {
-            let chunk = chunk.map_err(|e| Failure::Transient(chain(&e)))?;
-            if chunk.len() > want_len - buf.len() {
-                return Err(wrong_size(format!("more than {want}")));
-            }
-            buf.extend_from_slice(&chunk);
+        let body = res
+            .bytes()
+            .await
+            .map_err(|e| Failure::Transient(chain(&e)))?;
+        if body.len() as u64 != want {
+            return Err(Failure::Fatal(StoreError::S3 {
+                object: self.name.to_string(),
+                op: op.to_string(),
+                message: format!("the server sent {} bytes instead of {want}", body.len()),
+            }));
         }
-        if buf.len() != want_len {
-            return Err(wrong_size(buf.len().to_string()));
-        }
-        Ok(buf.freeze())
+        Ok(body)
     }
 
     /// The objects directly under this prefix.

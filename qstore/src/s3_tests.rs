@@ -162,34 +162,3 @@ fn reads_survive_a_server_restart() {
     let got = reader.join().unwrap().unwrap();
     assert_eq!(got, &data[100..4100]);
 }
-
-#[test]
-fn get_buffers_are_read_into_again_only_once_every_copy_is_dropped() {
-    let s3 = TestS3::start("qstore-reuse");
-    let store = store_for(&s3, small_opts());
-    let loc = Location::parse(&s3.url("r.bin")).unwrap();
-    let data = pattern(20_000, 7);
-    write_run(&store, &loc, &data);
-    let obj = store.open(&loc).unwrap();
-
-    // Each piece dropped as soon as it is checked: later GETs are read into its memory.
-    let mut seen = Vec::new();
-    let mut reused = 0;
-    for item in obj.read_ranges(vec![0..20_000]) {
-        let (off, bytes) = item.unwrap();
-        assert_eq!(bytes, &data[off as usize..off as usize + bytes.len()]);
-        reused += usize::from(seen.contains(&bytes.as_ptr()));
-        seen.push(bytes.as_ptr());
-    }
-    assert_eq!(seen.len(), 20);
-    assert!(reused >= 10, "only {reused} of 20 GETs reused a buffer");
-
-    // Every piece kept: none is overwritten by a later GET.
-    let kept: Vec<_> = obj
-        .read_ranges(vec![0..20_000])
-        .collect::<Result<_, _>>()
-        .unwrap();
-    for (off, bytes) in &kept {
-        assert_eq!(bytes, &data[*off as usize..*off as usize + bytes.len()]);
-    }
-}
