@@ -29,12 +29,20 @@
 //! `QLIST_BENCH_BATCH=1000` deals the IDs to shards in batches of 1000 consecutive IDs, as
 //! producers stamping in batches interleave (default 1: every ID to a random shard).
 //!
-//! `QLIST_BENCH_ROWS` (comma-separated: sublists, dir, s3, jobs2, scan, cat, parts,
-//! parquet) runs only those rows.
+//! `QLIST_BENCH_ROWS` (comma-separated: sublists, dir, s3, s3read, jobs2, scan, cat, parts,
+//! parquet, dirbase, s3base) runs only those rows.
+//!
+//! `QLIST_BENCH_BASE_MERGER=PATH` adds `dirbase` and `s3base`: the `runs dir` and `runs s3`
+//! rows again with another `merger` binary (say, one built from the commit before a
+//! change), interleaved with the others, so a change is measured against its baseline in
+//! one run.
 //!
 //! Every row runs `QLIST_BENCH_REPS` times (default 3), the rows interleaved (rep 1 of
-//! every row, then rep 2, ...), and reports the median wall time, MB/s of output (10^6
-//! bytes), items/s, the median peak RSS of the child (`wait4`'s `ru_maxrss`, KiB) and the
+//! every row, then rep 2, ...), and reports the median wall time, the best (on a shared
+//! VM whose speed moves by 3x within a minute, the least disturbed), MB/s of output (10^6
+//! bytes), items/s, the child's CPU seconds in user mode and in the kernel (`wait4`'s
+//! `ru_utime`, `ru_stime`: on this VM a row's kernel time moves with the machine, see
+//! BENCHMARKS.md), the median peak RSS of the child (`wait4`'s `ru_maxrss`, KiB) and the
 //! number of children that exited non-zero (each is reported with the end of its stderr).
 //! Children are started through a small `sh` (see [`spawn`]) so that their peak RSS is
 //! their own, not this bench's.
@@ -185,6 +193,16 @@ struct Fixture {
     out: PathBuf,
 }
 
+impl Fixture {
+    /// The bytes of its runs: what a merge reads, and about what it writes.
+    fn run_bytes(&self) -> u64 {
+        self.run_files
+            .iter()
+            .map(|f| std::fs::metadata(f).map_or(0, |m| m.len()))
+            .sum()
+    }
+}
+
 fn build(env: &Env, shards: u32, items: u64) -> Fixture {
     let work = env.root.join(format!("{shards}-shards-{items}"));
     let (data, runs, out) = (work.join("data"), work.join("runs"), work.join("out"));
@@ -258,6 +276,8 @@ fn fixture_step(env: &Env, args: &[OsString]) {
 /// What the bench needs everywhere: the merger binary, the S3 server, the fixture root.
 struct Env {
     merger: PathBuf,
+    /// `QLIST_BENCH_BASE_MERGER`: the binary of the baseline rows.
+    base_merger: Option<PathBuf>,
     s3: TestS3,
     root: PathBuf,
     reps: usize,
@@ -265,7 +285,11 @@ struct Env {
 
 impl Env {
     fn merger_command(&self, args: &[OsString]) -> Command {
-        let mut cmd = Command::new(&self.merger);
+        self.command_of(&self.merger, args)
+    }
+
+    fn command_of(&self, merger: &Path, args: &[OsString]) -> Command {
+        let mut cmd = Command::new(merger);
         cmd.args(args).envs(self.s3.env()).stdin(Stdio::null());
         cmd
     }
@@ -280,6 +304,16 @@ fn merger_path() -> PathBuf {
             Some(exe.parent()?.parent()?.join("merger"))
         })
         .expect("cannot locate the merger binary: set QLIST_MERGER");
+    checked_merger(path)
+}
+
+/// `$QLIST_BENCH_BASE_MERGER`, checked as the merger is.
+fn base_merger_path() -> Option<PathBuf> {
+    std::env::var_os("QLIST_BENCH_BASE_MERGER").map(|p| checked_merger(PathBuf::from(p)))
+}
+
+/// `path`, once it is known to be a merger built without the test hooks.
+fn checked_merger(path: PathBuf) -> PathBuf {
     assert!(
         path.is_file(),
         "{} does not exist: build it first with `cargo build --release -p merger` \
@@ -339,6 +373,10 @@ struct Exit {
     ok: bool,
     /// Peak RSS in KiB (`ru_maxrss`).
     rss: u64,
+    /// CPU seconds in user mode and in the kernel (`ru_utime`, `ru_stime`; children it
+    /// waited for included).
+    user: f64,
+    sys: f64,
 }
 
 /// Makes this process the reaper of its orphaned descendants, so [`spawn`] can `wait4`
@@ -405,7 +443,13 @@ fn wait_pid(pid: libc::pid_t) -> Exit {
     Exit {
         ok: libc::WIFEXITED(status) && libc::WEXITSTATUS(status) == 0,
         rss: u64::try_from(usage.ru_maxrss).unwrap_or(0),
+        user: seconds(usage.ru_utime),
+        sys: seconds(usage.ru_stime),
     }
+}
+
+fn seconds(t: libc::timeval) -> f64 {
+    t.tv_sec as f64 + t.tv_usec as f64 / 1e6
 }
 
 fn report_failure(what: &str, log: &Path) {
@@ -495,6 +539,10 @@ enum Row {
     PartsTwoAtATime,
     Parquet,
     ParquetSnappy,
+    /// `runs dir` with `QLIST_BENCH_BASE_MERGER`.
+    RunsDirBase,
+    /// `runs s3` with `QLIST_BENCH_BASE_MERGER`.
+    RunsS3Base,
 }
 
 impl Row {
@@ -511,6 +559,8 @@ impl Row {
             Row::PartsTwoAtATime => format!("{PARTS} parts, 2 at a time"),
             Row::Parquet => "parquet, no compression".into(),
             Row::ParquetSnappy => "parquet snappy".into(),
+            Row::RunsDirBase => "runs dir, baseline merger".into(),
+            Row::RunsS3Base => "runs s3, baseline merger".into(),
         }
     }
 
@@ -526,6 +576,8 @@ impl Row {
             Row::Cat => "cat",
             Row::Part(_) | Row::PartsTwoAtATime => "parts",
             Row::Parquet | Row::ParquetSnappy => "parquet",
+            Row::RunsDirBase => "dirbase",
+            Row::RunsS3Base => "s3base",
         }
     }
 
@@ -547,6 +599,9 @@ impl Row {
         ];
         rows.extend((0..PARTS).map(Row::Part));
         rows.extend([Row::PartsTwoAtATime, Row::Parquet, Row::ParquetSnappy]);
+        if std::env::var_os("QLIST_BENCH_BASE_MERGER").is_some() {
+            rows.extend([Row::RunsDirBase, Row::RunsS3Base]);
+        }
         rows.retain(|r| r.selected());
         rows
     }
@@ -570,6 +625,9 @@ impl Row {
 struct Measured {
     walls: Vec<Duration>,
     rss: Vec<u64>,
+    /// The process's CPU seconds in user mode and in the kernel, per repetition.
+    user: Vec<f64>,
+    sys: Vec<f64>,
     failures: u32,
     /// Output bytes and items of the last successful repetition.
     bytes: u64,
@@ -580,6 +638,14 @@ struct Measured {
 impl Measured {
     fn wall(&self) -> Option<f64> {
         median_f64(self.walls.iter().map(Duration::as_secs_f64).collect())
+    }
+
+    /// The shortest wall: the repetition the machine disturbed least.
+    fn best(&self) -> Option<f64> {
+        self.walls
+            .iter()
+            .map(Duration::as_secs_f64)
+            .min_by(f64::total_cmp)
     }
 
     fn rss(&self) -> Option<u64> {
@@ -608,11 +674,36 @@ struct Proc {
 
 impl Fixture {
     fn merger(&self, env: &Env, row: &str, rep: usize, args: Vec<OsString>, out: &str) -> Proc {
+        self.merger_of(env, &env.merger, row, rep, args, out)
+    }
+
+    /// [`Fixture::merger`] with `QLIST_BENCH_BASE_MERGER`.
+    fn base_merger(
+        &self,
+        env: &Env,
+        row: &str,
+        rep: usize,
+        args: Vec<OsString>,
+        out: &str,
+    ) -> Proc {
+        let base = env.base_merger.as_ref().expect("QLIST_BENCH_BASE_MERGER");
+        self.merger_of(env, base, row, rep, args, out)
+    }
+
+    fn merger_of(
+        &self,
+        env: &Env,
+        merger: &Path,
+        row: &str,
+        rep: usize,
+        args: Vec<OsString>,
+        out: &str,
+    ) -> Proc {
         let out = self.out.join(out);
         let mut all = args;
         all.extend(["--out".into(), out.clone().into()]);
         Proc {
-            cmd: env.merger_command(&all),
+            cmd: env.command_of(merger, &all),
             log: self.out.join(format!("{row}-{rep}.log")),
             out,
             items: None,
@@ -647,6 +738,16 @@ impl Fixture {
             Row::RunsS3 => {
                 let args = vec!["--runs".into(), self.s3_runs.clone().into()];
                 vec![vec![self.merger(env, "s3", rep, args, "list-s3.bin")]]
+            }
+            Row::RunsDirBase | Row::RunsS3Base => {
+                let (from, name): (OsString, _) = if row == Row::RunsDirBase {
+                    (runs, "dirbase")
+                } else {
+                    (self.s3_runs.clone().into(), "s3base")
+                };
+                let args = vec!["--runs".into(), from];
+                let out = format!("list-{name}.bin");
+                vec![vec![self.base_merger(env, name, rep, args, &out)]]
             }
             Row::Jobs2 => {
                 let args = vec!["--runs".into(), runs, "--jobs".into(), "2".into()];
@@ -698,11 +799,7 @@ impl Fixture {
             .arg(&out)
             .envs(env.s3.env())
             .stdin(Stdio::null());
-        let runs_bytes = self
-            .run_files
-            .iter()
-            .map(|f| std::fs::metadata(f).map_or(0, |m| m.len()))
-            .sum();
+        let runs_bytes = self.run_bytes();
         Proc {
             cmd,
             log: self.out.join(format!("s3read-{rep}.log")),
@@ -783,6 +880,7 @@ fn run_row(env: &Env, f: &Fixture, row: Row, rep: usize, m: &mut Measured) {
     let cpu = Cpu::now();
     let start = Instant::now();
     let (mut ok, mut rss, mut bytes, mut items) = (true, 0u64, 0u64, 0u64);
+    let (mut user, mut sys) = (0.0, 0.0);
     for group in groups {
         let children: Vec<(libc::pid_t, Proc)> = group
             .into_iter()
@@ -801,6 +899,7 @@ fn run_row(env: &Env, f: &Fixture, row: Row, rep: usize, m: &mut Measured) {
         {
             let exit = wait_pid(pid);
             rss = rss.max(exit.rss);
+            (user, sys) = (user + exit.user, sys + exit.sys);
             if exit.ok {
                 bytes +=
                     fixed_bytes.unwrap_or_else(|| std::fs::metadata(&out).map_or(0, |m| m.len()));
@@ -818,11 +917,13 @@ fn run_row(env: &Env, f: &Fixture, row: Row, rep: usize, m: &mut Measured) {
     if ok {
         m.walls.push(wall);
         m.rss.push(rss);
+        m.user.push(user);
+        m.sys.push(sys);
         m.bytes = bytes;
         m.items = items;
     }
     eprintln!(
-        "  {} shards, {} items, rep {rep}: {:<34} {:>7.2}s  peak RSS {rss} KiB{}",
+        "  {} shards, {} items, rep {rep}: {:<34} {:>7.2}s  CPU {user:.2} + {sys:.2}s  peak RSS {rss} KiB{}",
         f.shards,
         f.items,
         row.name(),
@@ -1108,8 +1209,8 @@ fn fmt_int(v: f64) -> String {
 }
 
 fn print_rows(results: &[ShardResult]) {
-    println!("\n| shards | items | row | wall s (median) | MB/s | items/s | peak RSS KiB | failures | steal % | busy % |");
-    println!("|--:|--:|---|--:|--:|--:|--:|--:|--:|--:|");
+    println!("\n| shards | items | row | wall s (median) | best s | MB/s | items/s | CPU user + sys s (medians) | peak RSS KiB | failures | steal % | busy % |");
+    println!("|--:|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|");
     for r in results {
         for (items, map) in [(r.items, &r.full), (r.small_items, &r.small)] {
             for (row, m) in map {
@@ -1123,8 +1224,13 @@ fn print_rows(results: &[ShardResult]) {
                     None => ("-".into(), "-".into(), "-".into()),
                 };
                 let rss = m.rss().map_or("-".into(), |v| fmt_int(v as f64));
+                let best = m.best().map_or("-".into(), |b| format!("{b:.2}"));
+                let cpu = match (median_f64(m.user.clone()), median_f64(m.sys.clone())) {
+                    (Some(u), Some(s)) => format!("{u:.2} + {s:.2}"),
+                    _ => "-".into(),
+                };
                 println!(
-                    "| {} | {} | {} | {wall} | {mbs} | {ips} | {rss} | {} | {steal:.1} | {busy:.0} |",
+                    "| {} | {} | {} | {wall} | {best} | {mbs} | {ips} | {cpu} | {rss} | {} | {steal:.1} | {busy:.0} |",
                     r.shards,
                     fmt_int(items as f64),
                     row.name(),
@@ -1152,11 +1258,13 @@ fn goal_line(shards: u32, what: &str, value: Option<f64>, goal: f64, at_least: b
     println!("| {shards} | {what} | {v} | {op} {goal} | {met} |");
 }
 
-fn print_ratios(results: &[ShardResult]) {
-    println!("\n| shards | ratio (from medians, same run) | value | goal | |");
+/// The ratios and goals, from each row's median (`pick` = [`Measured::wall`]) or its best
+/// repetition ([`Measured::best`]).
+fn print_ratios(results: &[ShardResult], pick: fn(&Measured) -> Option<f64>, from: &str) {
+    println!("\n| shards | ratio (from {from}, same run) | value | goal | |");
     println!("|--:|---|--:|--:|---|");
     for r in results {
-        let w = |row: Row| r.full.get(&row).and_then(Measured::wall);
+        let w = |row: Row| r.full.get(&row).and_then(pick);
         let speed = |a: Row, b: Row| Some(w(b)? / w(a)?);
         let (dir, s) = (Row::RunsDir, r.shards);
         goal_line(
@@ -1225,6 +1333,14 @@ fn print_ratios(results: &[ShardResult]) {
             1.6,
             true,
         );
+        for (row, base) in [(dir, Row::RunsDirBase), (Row::RunsS3, Row::RunsS3Base)] {
+            if let Some(v) = speed(row, base) {
+                println!(
+                    "| {s} | {} / the baseline merger's | {v:.2} | | |",
+                    row.name()
+                );
+            }
+        }
     }
 }
 
@@ -1322,10 +1438,12 @@ fn main() {
         .tempdir_in(&root_parent)
         .expect("bench temp dir");
     let merger = merger_path();
+    let base_merger = base_merger_path();
     become_subreaper();
     let s3 = start_s3(root.path());
     let env = Env {
         merger,
+        base_merger,
         s3,
         root: root.path().to_path_buf(),
         reps: env_or("QLIST_BENCH_REPS", DEFAULT_REPS).max(1),
@@ -1346,7 +1464,8 @@ fn main() {
         .collect();
     let (steal, busy) = Cpu::now().since(cpu).percent();
     print_rows(&results);
-    print_ratios(&results);
+    print_ratios(&results, Measured::wall, "medians");
+    print_ratios(&results, Measured::best, "the best repetitions");
     print_flatness(&results);
     print_readers(&results);
     let verify: u32 = results.iter().map(|r| r.verify_failures).sum();
