@@ -24,11 +24,11 @@ pub const MIN_READ_CHUNK: usize = 256 << 10;
 /// The smallest ranged GET from an object store (the store aligns its GETs to the read
 /// size; 4 MiB, SeaweedFS's chunk, is best, and the budget gives that up to 64 inputs).
 pub const MIN_READ_CHUNK_S3: usize = 1 << 20;
-/// Ranged GETs a merge from an object store keeps in flight across all its inputs (each
-/// input at least two: the one being merged while the next arrives; at most
-/// [`MAX_IN_FLIGHT_S3`]): one GET
+/// Ranged GETs a merge from an object store keeps in flight across all its inputs: one GET
 /// waits on a round trip and the server's disk, so a few inputs need many each to keep
-/// the server busy (BENCHMARKS.md, "Runs").
+/// the server busy (BENCHMARKS.md, "Runs"). Each input asks for at least two (the one
+/// being merged while the next arrives; at most [`MAX_IN_FLIGHT_S3`]); beyond this many
+/// at once, the store has the rest wait their turn (`StoreOptions::max_gets`).
 pub const IN_FLIGHT_S3: usize = 32;
 /// The most ranged GETs one input keeps in flight.
 pub const MAX_IN_FLIGHT_S3: usize = 4;
@@ -57,6 +57,7 @@ pub fn read_options(
     qstore::StoreOptions {
         read_chunk: chunk,
         in_flight,
+        max_gets: if s3 { IN_FLIGHT_S3 } else { base.max_gets },
         ..base
     }
 }

@@ -215,9 +215,11 @@ impl Object {
             unreachable!("spawn_read on a local file");
         };
         let (target, etag) = (target.clone(), etag.clone());
-        self.inner
-            .tasks
-            .spawn(async move { target.get_range(etag.as_deref(), range).await })
+        let gets = self.inner.tasks.gets();
+        self.inner.tasks.spawn(async move {
+            let _turn = Tasks::get_turn(gets).await;
+            target.get_range(etag.as_deref(), range).await
+        })
     }
 }
 

@@ -23,6 +23,7 @@ fn small_opts() -> StoreOptions {
         deadline: Duration::from_secs(20),
         read_chunk: 1000,
         in_flight: 2,
+        max_gets: 4,
         part_size: S3_MIN_PART_SIZE,
     }
 }
@@ -161,4 +162,39 @@ fn reads_survive_a_server_restart() {
     s3.restart();
     let got = reader.join().unwrap().unwrap();
     assert_eq!(got, &data[100..4100]);
+}
+
+#[test]
+fn readers_with_more_reads_in_flight_than_the_store_allows_all_finish() {
+    let s3 = TestS3::start("qstore-turns");
+    // One GET at a time for the whole store, two in flight per reader, three readers.
+    let store = store_for(
+        &s3,
+        StoreOptions {
+            max_gets: 1,
+            ..small_opts()
+        },
+    );
+    let dir = Location::parse(&s3.url("runs")).unwrap();
+    let data: Vec<Vec<u8>> = (0..3).map(|i| pattern(7_000, 10 + i)).collect();
+    for (i, d) in data.iter().enumerate() {
+        write_run(&store, &dir.join(&format!("{i}.bin")), d);
+    }
+    let mut readers: Vec<_> = (0..3)
+        .map(|i| {
+            let object = store.open(&dir.join(&format!("{i}.bin"))).unwrap();
+            object.read_ranges(std::iter::once(0..7_000).collect())
+        })
+        .collect();
+    // Interleaved, as a merge consumes its inputs: each reader's next piece in turn.
+    let mut got = vec![Vec::new(); 3];
+    for _ in 0..7 {
+        for (i, reader) in readers.iter_mut().enumerate() {
+            let (off, bytes) = reader.next().unwrap().unwrap();
+            assert_eq!(off as usize, got[i].len());
+            got[i].extend_from_slice(&bytes);
+        }
+    }
+    assert_eq!(got, data);
+    assert!(readers.iter_mut().all(|r| r.next().is_none()));
 }

@@ -52,12 +52,13 @@ impl Store {
     }
 
     fn build(opts: StoreOptions, config: Option<S3Config>) -> Store {
+        let opts = opts.sane();
         Store {
             inner: Arc::new(Inner {
-                opts: opts.sane(),
+                opts,
                 s3_config: Mutex::new(config),
                 clients: Mutex::new(HashMap::new()),
-                tasks: Tasks::default(),
+                tasks: Tasks::new(opts.max_gets),
             }),
         }
     }

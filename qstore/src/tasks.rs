@@ -6,6 +6,7 @@ use std::future::Future;
 use std::sync::{Arc, OnceLock};
 
 use tokio::runtime::{Handle, Runtime};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
 
 use crate::error::StoreError;
@@ -14,10 +15,13 @@ use crate::error::StoreError;
 /// running the merge also merges; two workers keep the TLS and hashing work off the caller.
 const RUNTIME_WORKERS: usize = 2;
 
-/// The S3 runtime, started on first use. Cheap to clone (one `Arc`).
-#[derive(Clone, Default)]
+/// The S3 runtime, started on first use, and the turns of its ranged GETs. Cheap to
+/// clone (two `Arc`s).
+#[derive(Clone)]
 pub(crate) struct Tasks {
     runtime: Arc<OnceLock<Result<RuntimeGuard, String>>>,
+    /// One permit per ranged GET in flight ([`crate::StoreOptions::max_gets`]).
+    gets: Arc<Semaphore>,
 }
 
 /// Shuts the runtime down without waiting, so that a [`Store`](crate::Store) dropped inside another
@@ -33,6 +37,26 @@ impl Drop for RuntimeGuard {
 }
 
 impl Tasks {
+    /// Tasks whose ranged GETs take turns, `max_gets` at once (at least one).
+    pub(crate) fn new(max_gets: usize) -> Tasks {
+        Tasks {
+            runtime: Arc::default(),
+            gets: Arc::new(Semaphore::new(max_gets.clamp(1, Semaphore::MAX_PERMITS))),
+        }
+    }
+
+    /// Waits for a ranged GET's turn: first come, first served, so the reads a merge
+    /// needs first are sent first. The turn ends when the permit is dropped.
+    pub(crate) async fn get_turn(gets: Arc<Semaphore>) -> Option<OwnedSemaphorePermit> {
+        // The semaphore is never closed; were it, the GET would go without a turn.
+        gets.acquire_owned().await.ok()
+    }
+
+    /// The turns of ranged GETs, to move into a task.
+    pub(crate) fn gets(&self) -> Arc<Semaphore> {
+        Arc::clone(&self.gets)
+    }
+
     /// The S3 runtime, started on first use.
     fn runtime(&self) -> Result<&Handle, StoreError> {
         let rt = self.runtime.get_or_init(|| {
@@ -81,4 +105,39 @@ pub(crate) fn wait<T>(handle: JoinHandle<Result<T, StoreError>>) -> Result<T, St
     futures::executor::block_on(handle).map_err(|e| StoreError::Config {
         message: format!("an S3 task ended abnormally: {e}"),
     })?
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use std::time::Duration;
+
+    use super::*;
+
+    #[test]
+    fn gets_take_turns_max_gets_at_once() {
+        let tasks = Tasks::new(3);
+        let (now, most) = (Arc::new(AtomicUsize::new(0)), Arc::new(AtomicUsize::new(0)));
+        let handles: Vec<_> = (0..12)
+            .map(|_| {
+                let (gets, now, most) = (tasks.gets(), now.clone(), most.clone());
+                tasks
+                    .spawn(async move {
+                        let _turn = Tasks::get_turn(gets).await;
+                        let at_once = now.fetch_add(1, Ordering::SeqCst) + 1;
+                        most.fetch_max(at_once, Ordering::SeqCst);
+                        tokio::time::sleep(Duration::from_millis(20)).await;
+                        now.fetch_sub(1, Ordering::SeqCst);
+                        Ok(())
+                    })
+                    .unwrap()
+            })
+            .collect();
+        for h in handles {
+            wait(h).unwrap();
+        }
+        // Twelve tasks that each hold a turn across a sleep, on two workers: without the
+        // turns all twelve would be in at once.
+        assert_eq!(most.load(Ordering::SeqCst), 3);
+    }
 }
