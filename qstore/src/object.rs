@@ -215,10 +215,10 @@ impl Object {
             unreachable!("spawn_read on a local file");
         };
         let (target, etag) = (target.clone(), etag.clone());
-        let gets = self.inner.tasks.gets();
+        let (gets, bodies) = (self.inner.tasks.gets(), self.inner.tasks.bodies());
         self.inner.tasks.spawn(async move {
             let _turn = Tasks::get_turn(gets).await;
-            target.get_range(etag.as_deref(), range).await
+            target.get_range(etag.as_deref(), range, &bodies).await
         })
     }
 }

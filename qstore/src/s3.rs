@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
+use futures::StreamExt;
 use object_store::aws::{AmazonS3, AmazonS3Builder, AmazonS3ConfigKey};
 use object_store::multipart::{MultipartStore, PartId};
 use object_store::path::Path;
@@ -19,6 +20,7 @@ use tracing::debug;
 
 use crate::error::chain;
 use crate::location::mask_userinfo;
+use crate::tasks::BodyPool;
 use crate::{StoreError, StoreOptions};
 
 /// First pause after a transient failure: long enough for a restarting server's socket
@@ -350,15 +352,19 @@ impl S3Target {
         }
     }
 
-    /// One ranged GET of the version whose ETag is `etag`: exactly `range`'s bytes.
-    pub async fn get_range(
+    /// One ranged GET of the version whose ETag is `etag`: exactly `range`'s bytes, read
+    /// into a buffer of `bodies`.
+    pub(crate) async fn get_range(
         &self,
         etag: Option<&str>,
         range: Range<u64>,
+        bodies: &BodyPool,
     ) -> Result<Bytes, StoreError> {
         let op = format!("ranged read of bytes {}..{}", range.start, range.end);
-        self.retry(&op, || self.get_range_once(&op, etag, range.clone()))
-            .await
+        self.retry(&op, || {
+            self.get_range_once(&op, etag, range.clone(), bodies)
+        })
+        .await
     }
 
     async fn get_range_once(
@@ -366,6 +372,7 @@ impl S3Target {
         op: &str,
         etag: Option<&str>,
         range: Range<u64>,
+        bodies: &BodyPool,
     ) -> Result<Bytes, Failure> {
         let want = range.end - range.start;
         let options = GetOptions {
@@ -394,19 +401,29 @@ impl S3Target {
                 return Err(changed(now));
             }
         }
-        // The request was accepted: a failure now is the body cut short, worth a retry.
-        let body = res
-            .bytes()
-            .await
-            .map_err(|e| Failure::Transient(chain(&e)))?;
-        if body.len() as u64 != want {
-            return Err(Failure::Fatal(StoreError::S3 {
+        let wrong_size = |sent: &str| {
+            Failure::Fatal(StoreError::S3 {
                 object: self.name.to_string(),
                 op: op.to_string(),
-                message: format!("the server sent {} bytes instead of {want}", body.len()),
-            }));
+                message: format!("the server sent {sent} bytes instead of {want}"),
+            })
+        };
+        let want_len = usize::try_from(want).map_err(|_| wrong_size("?"))?;
+        let mut body = bodies.take();
+        body.reserve(want_len);
+        // The request was accepted: a failure now is the body cut short, worth a retry.
+        let mut chunks = res.into_stream();
+        while let Some(chunk) = chunks.next().await {
+            let chunk = chunk.map_err(|e| Failure::Transient(chain(&e)))?;
+            if chunk.len() > want_len - body.len() {
+                return Err(wrong_size(&format!("more than {want}")));
+            }
+            body.extend_from_slice(&chunk);
         }
-        Ok(body)
+        if body.len() != want_len {
+            return Err(wrong_size(&body.len().to_string()));
+        }
+        Ok(bodies.hand_out(body))
     }
 
     /// The objects directly under this prefix.

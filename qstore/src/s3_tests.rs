@@ -198,3 +198,42 @@ fn readers_with_more_reads_in_flight_than_the_store_allows_all_finish() {
     assert_eq!(got, data);
     assert!(readers.iter_mut().all(|r| r.next().is_none()));
 }
+
+#[test]
+fn get_bodies_are_read_into_again_only_once_every_slice_is_dropped() {
+    let s3 = TestS3::start("qstore-bodies");
+    let store = store_for(&s3, small_opts());
+    let loc = Location::parse(&s3.url("r.bin")).unwrap();
+    let data = pattern(20_000, 7);
+    write_run(&store, &loc, &data);
+    let obj = store.open(&loc).unwrap();
+
+    // Each piece dropped once checked: later GETs are read into its buffer.
+    let mut seen = Vec::new();
+    let mut reused = 0;
+    for item in obj.read_ranges(std::iter::once(0..20_000).collect()) {
+        let (off, bytes) = item.unwrap();
+        assert_eq!(bytes, &data[off as usize..off as usize + bytes.len()]);
+        reused += usize::from(seen.contains(&bytes.as_ptr()));
+        seen.push(bytes.as_ptr());
+    }
+    assert_eq!(seen.len(), 20);
+    assert!(reused >= 10, "only {reused} of 20 GETs were read into a used buffer");
+
+    // Every piece kept, and slices of them outliving the pieces: none is overwritten.
+    let kept: Vec<_> = obj
+        .read_ranges(std::iter::once(0..20_000).collect())
+        .map(|item| {
+            let (off, bytes) = item.unwrap();
+            (off, bytes.slice(10..20))
+        })
+        .collect();
+    let again: Vec<_> = obj
+        .read_ranges(std::iter::once(0..20_000).collect())
+        .collect::<Result<_, _>>()
+        .unwrap();
+    for (off, slice) in &kept {
+        assert_eq!(slice, &data[*off as usize + 10..*off as usize + 20]);
+    }
+    assert_eq!(again.len(), 20);
+}

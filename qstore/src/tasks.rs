@@ -3,7 +3,9 @@
 //! its tasks from any thread.
 
 use std::future::Future;
-use std::sync::{Arc, OnceLock};
+use std::sync::{Arc, Mutex, OnceLock};
+
+use bytes::Bytes;
 
 use tokio::runtime::{Handle, Runtime};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
@@ -22,6 +24,70 @@ pub(crate) struct Tasks {
     runtime: Arc<OnceLock<Result<RuntimeGuard, String>>>,
     /// One permit per ranged GET in flight ([`crate::StoreOptions::max_gets`]).
     gets: Arc<Semaphore>,
+    /// The buffers GET bodies are read into, used again.
+    bodies: BodyPool,
+}
+
+/// Buffers for GET bodies: a body is read into one taken from here, handed out as
+/// [`Bytes`], and the buffer comes back when every slice of it is dropped, whichever thread
+/// drops it last. Without it every 4 MiB body was a fresh allocation whose pages glibc had
+/// given back to the kernel, and faulting and zeroing them was half of the receiving
+/// threads' CPU in a 64-run merge from S3 (BENCHMARKS.md, "The merge at the machine's
+/// limit"). At most `keep` buffers wait here unused; the rest are freed.
+#[derive(Clone)]
+pub(crate) struct BodyPool {
+    free: Arc<Mutex<Vec<Vec<u8>>>>,
+    keep: usize,
+}
+
+impl BodyPool {
+    fn new(keep: usize) -> BodyPool {
+        BodyPool {
+            free: Arc::default(),
+            keep,
+        }
+    }
+
+    /// An empty buffer, with the capacity of a body read before if one is free.
+    pub(crate) fn take(&self) -> Vec<u8> {
+        self.free
+            .lock()
+            .ok()
+            .and_then(|mut free| free.pop())
+            .unwrap_or_default()
+    }
+
+    /// `body` as [`Bytes`] that give the buffer back when the last slice is dropped.
+    pub(crate) fn hand_out(&self, body: Vec<u8>) -> Bytes {
+        Bytes::from_owner(Pooled {
+            body,
+            pool: self.clone(),
+        })
+    }
+}
+
+/// A body out of [`BodyPool`]; dropped, it goes back to the pool.
+struct Pooled {
+    body: Vec<u8>,
+    pool: BodyPool,
+}
+
+impl AsRef<[u8]> for Pooled {
+    fn as_ref(&self) -> &[u8] {
+        &self.body
+    }
+}
+
+impl Drop for Pooled {
+    fn drop(&mut self) {
+        let mut body = std::mem::take(&mut self.body);
+        body.clear();
+        if let Ok(mut free) = self.pool.free.lock() {
+            if free.len() < self.pool.keep {
+                free.push(body);
+            }
+        }
+    }
 }
 
 /// Shuts the runtime down without waiting, so that a [`Store`](crate::Store) dropped inside another
@@ -39,10 +105,19 @@ impl Drop for RuntimeGuard {
 impl Tasks {
     /// Tasks whose ranged GETs take turns, `max_gets` at once (at least one).
     pub(crate) fn new(max_gets: usize) -> Tasks {
+        let max_gets = max_gets.clamp(1, Semaphore::MAX_PERMITS);
         Tasks {
             runtime: Arc::default(),
-            gets: Arc::new(Semaphore::new(max_gets.clamp(1, Semaphore::MAX_PERMITS))),
+            gets: Arc::new(Semaphore::new(max_gets)),
+            // As many as can be in flight: a merge gives one back about as often as it
+            // starts a GET, so few wait here at once.
+            bodies: BodyPool::new(max_gets),
         }
+    }
+
+    /// The buffers GET bodies are read into.
+    pub(crate) fn bodies(&self) -> BodyPool {
+        self.bodies.clone()
     }
 
     /// Waits for a ranged GET's turn: first come, first served, so the reads a merge
