@@ -218,7 +218,10 @@ fn get_bodies_are_read_into_again_only_once_every_slice_is_dropped() {
         seen.push(bytes.as_ptr());
     }
     assert_eq!(seen.len(), 20);
-    assert!(reused >= 10, "only {reused} of 20 GETs were read into a used buffer");
+    assert!(
+        reused >= 10,
+        "only {reused} of 20 GETs were read into a used buffer"
+    );
 
     // Every piece kept, and slices of them outliving the pieces: none is overwritten.
     let kept: Vec<_> = obj
