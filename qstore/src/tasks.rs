@@ -6,7 +6,6 @@ use std::future::Future;
 use std::sync::{Arc, Mutex, OnceLock};
 
 use bytes::Bytes;
-
 use tokio::runtime::{Handle, Runtime};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 use tokio::task::JoinHandle;
