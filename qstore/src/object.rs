@@ -7,7 +7,7 @@ use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::sync::Arc;
 
-use bytes::{Bytes, BytesMut};
+use bytes::Bytes;
 use tokio::task::JoinHandle;
 
 use crate::options::StoreOptions;
@@ -141,7 +141,7 @@ impl Object {
     pub fn read_range(&self, range: Range<u64>) -> Result<Bytes, StoreError> {
         self.check(&range)?;
         match &self.inner.backing {
-            Backing::File(file) => self.read_file(file, range, BytesMut::new()),
+            Backing::File(file) => self.read_file(file, range),
             Backing::S3 { .. } => wait(self.spawn_read(range)?),
         }
     }
@@ -159,7 +159,6 @@ impl Object {
             object: self.clone(),
             ranges: ranges.into_iter().filter(|r| r.start < r.end).collect(),
             pending: VecDeque::new(),
-            handed: VecDeque::new(),
             failed: bad,
             done: false,
         }
@@ -176,14 +175,11 @@ impl Object {
         Ok(())
     }
 
-    /// Reads `range` of `file` into `buf` (its old contents are overwritten, and only the
-    /// bytes beyond its length are zeroed first).
-    fn read_file(
-        &self,
-        file: &File,
-        range: Range<u64>,
-        mut buf: BytesMut,
-    ) -> Result<Bytes, StoreError> {
+    /// Reads `range` of `file` into one of the store's read buffers (its old contents are
+    /// overwritten, and only the bytes beyond its length are zeroed first).
+    fn read_file(&self, file: &File, range: Range<u64>) -> Result<Bytes, StoreError> {
+        let buffers = self.inner.tasks.read_buffers();
+        let mut buf = buffers.take();
         let len = usize::try_from(range.end - range.start).map_err(|_| StoreError::BadRange {
             object: self.inner.loc.to_string(),
             range: range.clone(),
@@ -203,7 +199,7 @@ impl Object {
                     format!("bytes {}..{}: {e}", range.start, range.end),
                 ),
             })?;
-        Ok(buf.freeze())
+        Ok(buffers.hand_out(buf))
     }
 
     /// Starts one ranged GET (S3 only).
@@ -215,10 +211,10 @@ impl Object {
             unreachable!("spawn_read on a local file");
         };
         let (target, etag) = (target.clone(), etag.clone());
-        let (gets, bodies) = (self.inner.tasks.gets(), self.inner.tasks.bodies());
+        let (gets, buffers) = (self.inner.tasks.gets(), self.inner.tasks.read_buffers());
         self.inner.tasks.spawn(async move {
             let _turn = Tasks::get_turn(gets).await;
-            target.get_range(etag.as_deref(), range, &bodies).await
+            target.get_range(etag.as_deref(), range, &buffers).await
         })
     }
 }
@@ -231,9 +227,6 @@ pub struct RangeReader {
     ranges: VecDeque<Range<u64>>,
     /// S3 reads started, oldest first (at most `in_flight`).
     pending: VecDeque<(u64, JoinHandle<Result<Bytes, StoreError>>)>,
-    /// The last few buffers of local reads handed out, oldest first: one whose every copy
-    /// the reader's user has dropped is read into again ([`RangeReader::spare`]).
-    handed: VecDeque<Bytes>,
     /// An error to yield next.
     failed: Option<StoreError>,
     done: bool,
@@ -283,11 +276,7 @@ impl RangeReader {
             // The OS reads ahead for a local file: plain sequential reads suffice.
             let piece = self.next_chunk()?;
             let start = piece.start;
-            let read = object.read_file(file, piece, self.spare());
-            if let Ok(bytes) = &read {
-                self.handed.push_back(bytes.clone());
-            }
-            return Some(read.map(|b| (start, b)));
+            return Some(object.read_file(file, piece).map(|b| (start, b)));
         }
         if let Err(e) = self.fill() {
             return Some(Err(e));
@@ -313,28 +302,7 @@ impl Iterator for RangeReader {
     }
 }
 
-/// Buffers of local reads a [`RangeReader`] keeps to read into again: the merger holds the
-/// read it merges from and, while a block split across two reads is joined, the one
-/// before it.
-const HANDED_KEPT: usize = 3;
-
 impl RangeReader {
-    /// A buffer to read into: one handed out before and since dropped by every user, or
-    /// a new empty one. A fresh allocation per read cost a merge of local runs a twentieth
-    /// of its time in zeroing and page faults (BENCHMARKS.md, "The merge at the machine's
-    /// limit").
-    fn spare(&mut self) -> BytesMut {
-        if let Some(i) = self.handed.iter().position(Bytes::is_unique) {
-            if let Some(Ok(buf)) = self.handed.remove(i).map(Bytes::try_into_mut) {
-                return buf;
-            }
-        }
-        if self.handed.len() >= HANDED_KEPT {
-            self.handed.pop_front();
-        }
-        BytesMut::new()
-    }
-
     fn cancel(&mut self) {
         for (_, handle) in self.pending.drain(..) {
             handle.abort();

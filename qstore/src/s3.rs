@@ -20,7 +20,7 @@ use tracing::debug;
 
 use crate::error::chain;
 use crate::location::mask_userinfo;
-use crate::tasks::BodyPool;
+use crate::tasks::ReadBuffers;
 use crate::{StoreError, StoreOptions};
 
 /// First pause after a transient failure: long enough for a restarting server's socket
@@ -353,16 +353,16 @@ impl S3Target {
     }
 
     /// One ranged GET of the version whose ETag is `etag`: exactly `range`'s bytes, read
-    /// into a buffer of `bodies`.
+    /// into one of `buffers`.
     pub(crate) async fn get_range(
         &self,
         etag: Option<&str>,
         range: Range<u64>,
-        bodies: &BodyPool,
+        buffers: &ReadBuffers,
     ) -> Result<Bytes, StoreError> {
         let op = format!("ranged read of bytes {}..{}", range.start, range.end);
         self.retry(&op, || {
-            self.get_range_once(&op, etag, range.clone(), bodies)
+            self.get_range_once(&op, etag, range.clone(), buffers)
         })
         .await
     }
@@ -372,7 +372,7 @@ impl S3Target {
         op: &str,
         etag: Option<&str>,
         range: Range<u64>,
-        bodies: &BodyPool,
+        buffers: &ReadBuffers,
     ) -> Result<Bytes, Failure> {
         let want = range.end - range.start;
         let options = GetOptions {
@@ -409,7 +409,8 @@ impl S3Target {
             })
         };
         let want_len = usize::try_from(want).map_err(|_| wrong_size("?"))?;
-        let mut body = bodies.take();
+        let mut body = buffers.take();
+        body.clear();
         body.reserve(want_len);
         // The request was accepted: a failure now is the body cut short, worth a retry.
         let mut chunks = res.into_stream();
@@ -423,7 +424,7 @@ impl S3Target {
         if body.len() != want_len {
             return Err(wrong_size(&body.len().to_string()));
         }
-        Ok(bodies.hand_out(body))
+        Ok(buffers.hand_out(body))
     }
 
     /// The objects directly under this prefix.

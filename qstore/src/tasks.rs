@@ -23,31 +23,33 @@ pub(crate) struct Tasks {
     runtime: Arc<OnceLock<Result<RuntimeGuard, String>>>,
     /// One permit per ranged GET in flight ([`crate::StoreOptions::max_gets`]).
     gets: Arc<Semaphore>,
-    /// The buffers GET bodies are read into, used again.
-    bodies: BodyPool,
+    /// The buffers reads go into, used again.
+    buffers: ReadBuffers,
 }
 
-/// Buffers for GET bodies: a body is read into one taken from here, handed out as
-/// [`Bytes`], and the buffer comes back when every slice of it is dropped, whichever thread
-/// drops it last. Without it every 4 MiB body was a fresh allocation whose pages glibc had
-/// given back to the kernel, and faulting and zeroing them was half of the receiving
+/// Buffers for reads, local and S3 alike: a read goes into one taken from here, is handed
+/// out as [`Bytes`], and the buffer comes back when every slice of it is dropped, whichever
+/// thread drops it last; one still held is never written again. Without it every read was
+/// a fresh allocation whose pages glibc had given back to the kernel: faulting and zeroing
+/// them cost a merge of local runs a twentieth of its time, and was half of the receiving
 /// threads' CPU in a 64-run merge from S3 (BENCHMARKS.md, "The merge at the machine's
 /// limit"). At most `keep` buffers wait here unused; the rest are freed.
 #[derive(Clone)]
-pub(crate) struct BodyPool {
+pub(crate) struct ReadBuffers {
     free: Arc<Mutex<Vec<Vec<u8>>>>,
     keep: usize,
 }
 
-impl BodyPool {
-    fn new(keep: usize) -> BodyPool {
-        BodyPool {
+impl ReadBuffers {
+    fn new(keep: usize) -> ReadBuffers {
+        ReadBuffers {
             free: Arc::default(),
             keep,
         }
     }
 
-    /// An empty buffer, with the capacity of a body read before if one is free.
+    /// A buffer read into before if one is free (its length and bytes as they were, so a
+    /// local read of the same size zeroes nothing), else an empty one.
     pub(crate) fn take(&self) -> Vec<u8> {
         self.free
             .lock()
@@ -56,34 +58,33 @@ impl BodyPool {
             .unwrap_or_default()
     }
 
-    /// `body` as [`Bytes`] that give the buffer back when the last slice is dropped.
-    pub(crate) fn hand_out(&self, body: Vec<u8>) -> Bytes {
+    /// `read` as [`Bytes`] that give the buffer back when the last slice is dropped.
+    pub(crate) fn hand_out(&self, read: Vec<u8>) -> Bytes {
         Bytes::from_owner(Pooled {
-            body,
-            pool: self.clone(),
+            read,
+            buffers: self.clone(),
         })
     }
 }
 
-/// A body out of [`BodyPool`]; dropped, it goes back to the pool.
+/// A read out of [`ReadBuffers`]; dropped, its buffer goes back.
 struct Pooled {
-    body: Vec<u8>,
-    pool: BodyPool,
+    read: Vec<u8>,
+    buffers: ReadBuffers,
 }
 
 impl AsRef<[u8]> for Pooled {
     fn as_ref(&self) -> &[u8] {
-        &self.body
+        &self.read
     }
 }
 
 impl Drop for Pooled {
     fn drop(&mut self) {
-        let mut body = std::mem::take(&mut self.body);
-        body.clear();
-        if let Ok(mut free) = self.pool.free.lock() {
-            if free.len() < self.pool.keep {
-                free.push(body);
+        let read = std::mem::take(&mut self.read);
+        if let Ok(mut free) = self.buffers.free.lock() {
+            if free.len() < self.buffers.keep {
+                free.push(read);
             }
         }
     }
@@ -108,15 +109,15 @@ impl Tasks {
         Tasks {
             runtime: Arc::default(),
             gets: Arc::new(Semaphore::new(max_gets)),
-            // As many as can be in flight: a merge gives one back about as often as it
-            // starts a GET, so few wait here at once.
-            bodies: BodyPool::new(max_gets),
+            // As many as GETs in flight: a merge gives one back about as often as it
+            // reads, so few wait here at once.
+            buffers: ReadBuffers::new(max_gets),
         }
     }
 
-    /// The buffers GET bodies are read into.
-    pub(crate) fn bodies(&self) -> BodyPool {
-        self.bodies.clone()
+    /// The buffers reads go into.
+    pub(crate) fn read_buffers(&self) -> ReadBuffers {
+        self.buffers.clone()
     }
 
     /// Waits for a ranged GET's turn: first come, first served, so the reads a merge
