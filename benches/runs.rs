@@ -677,19 +677,7 @@ impl Fixture {
         self.merger_of(env, &env.merger, row, rep, args, out)
     }
 
-    /// [`Fixture::merger`] with `QLIST_BENCH_BASE_MERGER`.
-    fn base_merger(
-        &self,
-        env: &Env,
-        row: &str,
-        rep: usize,
-        args: Vec<OsString>,
-        out: &str,
-    ) -> Proc {
-        let base = env.base_merger.as_ref().expect("QLIST_BENCH_BASE_MERGER");
-        self.merger_of(env, base, row, rep, args, out)
-    }
-
+    /// [`Fixture::merger`] with the binary `merger` (the baseline rows').
     fn merger_of(
         &self,
         env: &Env,
@@ -747,7 +735,8 @@ impl Fixture {
                 };
                 let args = vec!["--runs".into(), from];
                 let out = format!("list-{name}.bin");
-                vec![vec![self.base_merger(env, name, rep, args, &out)]]
+                let base = env.base_merger.as_ref().expect("QLIST_BENCH_BASE_MERGER");
+                vec![vec![self.merger_of(env, base, name, rep, args, &out)]]
             }
             Row::Jobs2 => {
                 let args = vec!["--runs".into(), runs, "--jobs".into(), "2".into()];
