@@ -52,6 +52,10 @@ const LOG_TAIL_LINES: usize = 60;
 const GRPC_OFFSET: u16 = 10000;
 /// Attempts at finding a free (admin, admin + GRPC_OFFSET) pair.
 const PAIR_ATTEMPTS: usize = 200;
+/// Starts tried, each on newly picked ports, when `weed` finds one of its ports taken: a
+/// port free when it was picked can be bound by a test running beside this one before
+/// `weed` binds it (seen with six SeaweedFS servers starting at once in one test binary).
+const START_ATTEMPTS: usize = 5;
 
 /// The server's loopback ports (gRPC ports are set explicitly, except the admin one:
 /// `admin + GRPC_OFFSET`).
@@ -138,6 +142,14 @@ pub struct TestS3 {
     dir: tempfile::TempDir,
 }
 
+/// How a start of `weed` ended (see [`TestS3::spawn_and_wait`]).
+enum Started {
+    /// Ready to serve.
+    Ready,
+    /// Exited: another process had bound one of its ports first.
+    LostAPort,
+}
+
 impl TestS3 {
     /// Starts `weed mini` on free loopback ports in a temp dir, accepting only
     /// [`ACCESS_KEY`]/[`SECRET_KEY`], waits until its S3 API answers and `bucket` exists.
@@ -147,6 +159,21 @@ impl TestS3 {
     /// (the message says to run `bash scripts/deps.sh`), or if it is not ready within 30 s
     /// (the message has the tail of its log).
     pub fn start(bucket: &str) -> TestS3 {
+        let mut s3 = TestS3::unstarted(bucket);
+        for _ in 0..START_ATTEMPTS {
+            match s3.spawn_and_wait() {
+                Started::Ready => return s3,
+                Started::LostAPort => s3.ports = Ports::pick(),
+            }
+        }
+        s3.fail(&format!(
+            "found one of its ports taken by another process {START_ATTEMPTS} times, each on \
+             newly picked ports"
+        ))
+    }
+
+    /// Its temp dir and ports, nothing started.
+    fn unstarted(bucket: &str) -> TestS3 {
         check_bucket_name(bucket);
         let dir = tempfile::Builder::new()
             .prefix("qlist-s3-")
@@ -156,16 +183,14 @@ impl TestS3 {
             std::fs::create_dir(dir.path().join(sub)).expect("create dir in temp dir");
         }
         std::fs::write(dir.path().join("s3.json"), identities_json()).expect("write s3.json");
-        let mut s3 = TestS3 {
+        TestS3 {
             weed: find_weed(),
             ports: Ports::pick(),
             bucket: bucket.to_string(),
             child: None,
             log: dir.path().join("weed.log"),
             dir,
-        };
-        s3.spawn_and_wait();
-        s3
+        }
     }
 
     /// The S3 endpoint, `http://127.0.0.1:PORT`.
@@ -228,7 +253,10 @@ impl TestS3 {
     /// As [`TestS3::start`].
     pub fn restart(&mut self) {
         self.kill();
-        self.spawn_and_wait();
+        if let Started::LostAPort = self.spawn_and_wait() {
+            // Its clients know these ports: another pick would not be the same server.
+            self.fail("found one of its ports taken by another process on restart");
+        }
     }
 
     /// SIGSTOP, and waits until every thread of the server has stopped (kill(2) returns
@@ -479,7 +507,13 @@ impl TestS3 {
         cmd
     }
 
-    fn spawn_and_wait(&mut self) {
+    /// Starts `weed` on `self.ports` and waits until it is ready, or until it exits
+    /// because another process holds one of those ports.
+    ///
+    /// # Panics
+    /// As [`TestS3::start`], and if it exits for any other reason.
+    fn spawn_and_wait(&mut self) -> Started {
+        let logged_before = self.log().len();
         let log = std::fs::OpenOptions::new()
             .create(true)
             .append(true)
@@ -496,13 +530,20 @@ impl TestS3 {
             )
         });
         self.child = Some(ChildGuard::new("weed", child));
-        self.wait_ready();
+        self.wait_ready(logged_before)
+    }
+
+    /// Whether `weed`'s log since byte `from` says one of its ports was taken.
+    fn lost_a_port(&self, from: usize) -> bool {
+        self.log().get(from..).is_some_and(|since| {
+            since.contains("Port allocation failed") || since.contains("address already in use")
+        })
     }
 
     /// Polls until the S3 port answers HTTP, the filer lists the bucket, and the master
     /// knows every volume the data dir holds (after a restart the filer answers before the
     /// volume server has reported its volumes: reading an object then fails).
-    fn wait_ready(&mut self) {
+    fn wait_ready(&mut self, logged_before: usize) -> Started {
         let s3 = format!("127.0.0.1:{}", self.ports.s3);
         let bucket = format!("/buckets/{}/?limit=1", self.bucket);
         let master = format!("127.0.0.1:{}", self.ports.master);
@@ -515,10 +556,15 @@ impl TestS3 {
              `bash scripts/deps.sh`)",
             self.weed.display()
         );
+        let mut started = Started::Ready;
         crate::wait_for(&what, START_TIMEOUT, || {
             let child = self.child.as_mut().expect("spawned");
             if let Some(status) = child.try_wait() {
                 self.child = None;
+                if self.lost_a_port(logged_before) {
+                    started = Started::LostAPort;
+                    return true;
+                }
                 self.fail(&format!("exited ({status}) while starting"));
             }
             http(&s3, "GET", "/", &[]).is_ok()
@@ -526,6 +572,7 @@ impl TestS3 {
                 && http(&master, "GET", "/dir/status", &[])
                     .is_ok_and(|r| volumes_known(&r.body).is_some_and(|n| n >= volumes))
         });
+        started
     }
 
     fn fail(&self, what: &str) -> ! {
@@ -764,6 +811,27 @@ fn base64_decode(s: &str) -> Option<Vec<u8>> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A port taken between the pick and `weed`'s bind: the start says so (not a broken
+    /// `weed`), and a start on newly picked ports serves. `start` retries on that.
+    #[test]
+    fn a_port_taken_before_weed_binds_it_is_told_apart() {
+        let mut s3 = TestS3::unstarted("testkit-port");
+        let taken = TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).expect("bind");
+        s3.ports.filer = taken.local_addr().expect("addr").port();
+        assert!(
+            matches!(s3.spawn_and_wait(), Started::LostAPort),
+            "{}",
+            s3.log()
+        );
+        s3.ports = Ports::pick();
+        assert!(
+            matches!(s3.spawn_and_wait(), Started::Ready),
+            "{}",
+            s3.log()
+        );
+        assert!(http(&s3.endpoint()["http://".len()..], "GET", "/", &[]).is_ok());
+    }
 
     #[test]
     fn base64_decodes_what_go_encodes() {
