@@ -5,6 +5,8 @@
 //!   (`shard-<n>.bin`, any `*.bin`): the only code that builds or parses them.
 //! - [`shard`]: a producer's sublist's RocksDB schema (keys, values, the progress marker)
 //!   as plain encode and decode functions; the `sublist` crate stores it in RocksDB.
+//! - [`checkpoint`]: a shard's checkpoint while its producer publishes as it goes (its
+//!   segments, count, claim, finished), a short text with a CRC.
 //! - [`record`]: one item ([`Record`]) and its encoding, shared by both list.bin versions.
 //! - [`listbin`]: `list.bin` version 1 (`QLIST001`): streaming reader, verifier (and the
 //!   writer that tests make version 1 files with; nothing in the pipeline writes them).
@@ -13,6 +15,7 @@
 //!   writer, its checks, a local reader ([`run::RunFile`]) and a reader over ranged reads
 //!   ([`run::RangedRun`], over any [`run::RangeRead`]).
 
+pub mod checkpoint;
 pub mod listbin;
 pub mod names;
 pub mod record;

@@ -76,6 +76,60 @@ pub fn run_name(shard: u32) -> String {
     format!("{SHARD_PREFIX}{shard}{RUN_SUFFIX}")
 }
 
+/// What a checkpoint's name ends with ([`checkpoint_name`]).
+pub const CHECKPOINT_SUFFIX: &str = ".checkpoint";
+/// The directory, inside a destination, that holds every shard's segments.
+pub const SEGMENTS_DIR: &str = "segments";
+/// What a segment's name ends with: not `.bin`, so that nothing that lists runs takes a
+/// segment (which only its checkpoint makes part of the list) for one.
+pub const SEGMENT_SUFFIX: &str = ".seg";
+/// How a follower's parts are named: `part-<i>` and the format's extension.
+pub const FOLLOW_PART_PREFIX: &str = "part-";
+
+/// The name of shard `shard`'s checkpoint in a destination: `shard-<n>.checkpoint`.
+pub fn checkpoint_name(shard: u32) -> String {
+    format!("{SHARD_PREFIX}{shard}{CHECKPOINT_SUFFIX}")
+}
+
+/// The shard of a checkpoint's name (`shard-<n>.checkpoint`, canonical `n`).
+pub fn checkpoint_shard(name: &str) -> Option<u32> {
+    shard_number(name.strip_suffix(CHECKPOINT_SUFFIX)?)
+}
+
+/// The name, relative to its destination, of the segment of shard `shard` holding seqs
+/// `first_seq..end_seq`: `segments/shard-<n>/<first>-<end>.seg`, both zero-padded to 20
+/// digits so that a listing sorts them in seq order.
+pub fn segment_name(shard: u32, first_seq: u64, end_seq: u64) -> String {
+    format!("{SEGMENTS_DIR}/{SHARD_PREFIX}{shard}/{first_seq:020}-{end_seq:020}{SEGMENT_SUFFIX}")
+}
+
+/// The directory, relative to its destination, holding shard `shard`'s segments.
+pub fn segments_dir_name(shard: u32) -> String {
+    format!("{SEGMENTS_DIR}/{SHARD_PREFIX}{shard}")
+}
+
+/// The seq range of a segment's file name (`<first>-<end>.seg`, as [`segment_name`] ends).
+pub fn segment_range(file_name: &str) -> Option<(u64, u64)> {
+    let (a, b) = file_name.strip_suffix(SEGMENT_SUFFIX)?.split_once('-')?;
+    let parse = |s: &str| s.parse::<u64>().ok().filter(|_| s.len() == 20);
+    Some((parse(a)?, parse(b)?))
+}
+
+/// The name of a follower's part number `index`: `part-<index>.<ext>`, zero-padded to 8
+/// digits so that a listing sorts them in order (`ext`: `bin` or `parquet`).
+pub fn follow_part_name(index: u64, ext: &str) -> String {
+    format!("{FOLLOW_PART_PREFIX}{index:08}.{ext}")
+}
+
+/// The index of a follower's part from its name, if it is one with extension `ext`.
+pub fn follow_part_index(name: &str, ext: &str) -> Option<u64> {
+    let digits = name
+        .strip_prefix(FOLLOW_PART_PREFIX)?
+        .strip_suffix(ext)?
+        .strip_suffix('.')?;
+    digits.parse::<u64>().ok().filter(|_| digits.len() >= 8)
+}
+
 /// A run's name: `*.bin`, not hidden.
 pub fn is_run_name(name: &str) -> bool {
     has_run_suffix(name) && !name.starts_with('.') && name.len() > RUN_SUFFIX.len()
@@ -132,5 +186,33 @@ mod tests {
         for not_a_run in [".bin", ".shard-0.bin", "shard-0", "x.bin.tmp"] {
             assert!(!is_run_name(not_a_run), "{not_a_run}");
         }
+    }
+
+    #[test]
+    fn publication_names_are_built_and_parsed_alike() {
+        assert_eq!(checkpoint_name(7), "shard-7.checkpoint");
+        assert_eq!(checkpoint_shard("shard-7.checkpoint"), Some(7));
+        for bad in [
+            "shard-07.checkpoint",
+            "shard-7.checkpoint.tmp",
+            "shard-7.bin",
+        ] {
+            assert_eq!(checkpoint_shard(bad), None, "{bad}");
+        }
+        let seg = segment_name(3, 5, 12);
+        assert_eq!(
+            seg,
+            "segments/shard-3/00000000000000000005-00000000000000000012.seg"
+        );
+        assert!(!is_run_name(&seg) && !is_run_name(&checkpoint_name(3)));
+        let file = seg.rsplit('/').next().unwrap_or_default();
+        assert_eq!(segment_range(file), Some((5, 12)));
+        assert_eq!(segment_range("5-12.seg"), None);
+        assert_eq!(segments_dir_name(3), "segments/shard-3");
+        assert_eq!(follow_part_name(12, "bin"), "part-00000012.bin");
+        assert_eq!(follow_part_index("part-00000012.bin", "bin"), Some(12));
+        assert_eq!(follow_part_index("part-00000012.parquet", "bin"), None);
+        assert_eq!(follow_part_index("part-12.bin", "bin"), None);
+        assert_eq!(follow_part_index(".part-00000012.bin", "bin"), None);
     }
 }
