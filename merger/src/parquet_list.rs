@@ -9,10 +9,14 @@
 //! `seq` (and a page index), so a reader asking for an ID range skips the row groups
 //! and pages outside it; `payload` carries none (its min/max would be useless and costly).
 //!
-//! Memory is bounded: a row group is buffered (its columns, and the payloads in one
-//! buffer) and flushed when it holds [`ParquetOptions::row_group_rows`] rows or
-//! [`ROW_GROUP_BYTES`] of payload, whichever comes first; the encoder then holds at most
-//! one column chunk of it. Peak memory is about twice one row group, flat in the list's size.
+//! Row groups are encoded while the merge goes on, on [`ParquetOptions::encoders`] threads
+//! (`encode`): the merge thread fills a row group (its columns, and the payloads in one
+//! buffer) until it holds [`ParquetOptions::row_group_rows`] rows or [`ROW_GROUP_BYTES`]
+//! of payload, hands it to the next encoder in turn and fills the next; encoded row groups
+//! are spliced into the file in order, so the file is byte for byte the one a single
+//! thread writes. Memory is bounded: at most one row group per encoder is in flight, and
+//! the merge thread waits for the oldest before it hands out another, so peak memory is
+//! about `encoders + 1` row groups and their encoded chunks, flat in the list's size.
 //!
 //! What a run's footer holds is kept in the file's key-value metadata under `qlist.list`
 //! (JSON: the format version, the part, the shard table), so a Parquet part says which
@@ -21,14 +25,12 @@
 use std::io::{Read, Write};
 use std::sync::Arc;
 
-use bytes::Bytes;
-use parquet::basic::{Compression, Encoding};
-use parquet::data_type::{ByteArray, ByteArrayType, Int32Type, Int64Type};
+use parquet::basic::{Compression, Encoding, ZstdLevel};
 use parquet::errors::ParquetError;
 use parquet::file::metadata::{KeyValue, SortingColumn};
 use parquet::file::properties::{EnabledStatistics, WriterProperties};
 use parquet::file::writer::SerializedFileWriter;
-use parquet::schema::types::{ColumnPath, Type};
+use parquet::schema::types::{ColumnPath, SchemaDescriptor, Type};
 use qformat::run::Part;
 use qformat::run::{
     check_block, BlockRecords, RangeWritten, RunError, ShardEntry, ShardSpec, WriteCheck,
@@ -38,14 +40,25 @@ use qformat::RecordRef;
 use crate::sink::ListSink;
 use crate::MergeError;
 
+mod encode;
+
+pub use encode::EncodeStats;
+use encode::{Encoder, Encoders, Rows};
+
 /// A row group is flushed once its payloads reach this many bytes (or it holds
 /// [`ParquetOptions::row_group_rows`] rows): large enough that a reader's per-group cost
-/// is nothing, small enough that memory stays low and an ID-range query skips most of a
-/// large list.
-pub const ROW_GROUP_BYTES: usize = 64 << 20;
+/// is nothing, small enough that memory stays low with a row group per encoder in flight
+/// (64 MiB until issue 47), that the last row group's encoding, after the merge ends and
+/// on one thread, is short, and that an ID-range query skips most of a large list.
+pub const ROW_GROUP_BYTES: usize = 32 << 20;
 /// Rows per row group by default: 1 Mi, parquet-rs's own default and the order of
 /// Spark's and DuckDB's.
 pub const DEFAULT_ROW_GROUP_ROWS: usize = 1 << 20;
+/// Encoder threads at most: each holds one row group in flight (up to [`ROW_GROUP_BYTES`]
+/// of payloads and its encoded chunks), so memory grows with them; beyond four, the merge
+/// thread that fills the row groups is the limit (snappy: an encoder does about 1.4x the
+/// merge thread's work).
+pub const MAX_ENCODERS: usize = 4;
 /// The key of the file's key-value metadata that holds part and shard table.
 pub const META_KEY: &str = "qlist.list";
 
@@ -59,15 +72,42 @@ pub enum Codec {
     /// the file 9.5x smaller and the merge faster (BENCHMARKS.md, "Parquet").
     #[default]
     Snappy,
+    /// Zstandard at this level (1..=22): smaller files for more CPU; Polars' default
+    /// codec. `zstd` alone is level [`ZSTD_DEFAULT_LEVEL`].
+    Zstd(i32),
 }
+
+/// The level `--compression zstd` means: zstd's own default (`ZSTD_CLEVEL_DEFAULT`),
+/// also DuckDB's and DataFusion's, so a comparison at "zstd" compares the same work.
+pub const ZSTD_DEFAULT_LEVEL: i32 = 3;
 
 impl std::str::FromStr for Codec {
     type Err = String;
     fn from_str(s: &str) -> Result<Codec, String> {
+        let expected = || format!("{s:?}: expected none, snappy, zstd or zstd:LEVEL (1-22)");
         match s {
             "none" | "uncompressed" => Ok(Codec::None),
             "snappy" => Ok(Codec::Snappy),
-            _ => Err(format!("{s:?}: expected none or snappy")),
+            "zstd" => Ok(Codec::Zstd(ZSTD_DEFAULT_LEVEL)),
+            _ => {
+                let level = s.strip_prefix("zstd:").ok_or_else(expected)?;
+                let level: i32 = level.parse().map_err(|_| expected())?;
+                if (1..=22).contains(&level) {
+                    Ok(Codec::Zstd(level))
+                } else {
+                    Err(expected())
+                }
+            }
+        }
+    }
+}
+
+impl std::fmt::Display for Codec {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Codec::None => f.write_str("none"),
+            Codec::Snappy => f.write_str("snappy"),
+            Codec::Zstd(level) => write!(f, "zstd:{level}"),
         }
     }
 }
@@ -79,6 +119,17 @@ pub struct ParquetOptions {
     pub codec: Codec,
     /// Rows per row group at most ([`ROW_GROUP_BYTES`] of payload may end one sooner).
     pub row_group_rows: usize,
+    /// Threads encoding row groups while the merge goes on (at most [`MAX_ENCODERS`]);
+    /// 0 encodes on the writing thread. The file is the same byte for byte whatever it is.
+    pub encoders: usize,
+}
+
+/// Encoder threads by default: one per CPU, at most [`MAX_ENCODERS`].
+#[must_use]
+pub fn default_encoders() -> usize {
+    std::thread::available_parallelism()
+        .map_or(1, std::num::NonZeroUsize::get)
+        .min(MAX_ENCODERS)
 }
 
 impl Default for ParquetOptions {
@@ -86,6 +137,7 @@ impl Default for ParquetOptions {
         ParquetOptions {
             codec: Codec::default(),
             row_group_rows: DEFAULT_ROW_GROUP_ROWS,
+            encoders: default_encoders(),
         }
     }
 }
@@ -101,6 +153,8 @@ pub struct ParquetSummary {
     pub shards: Vec<ShardEntry>,
     /// The part it holds.
     pub part: Part,
+    /// How the row groups were encoded.
+    pub encoding: EncodeStats,
 }
 
 /// Writes a list as Parquet into any [`Write`]; making it appear atomically is the
@@ -111,13 +165,9 @@ pub struct ParquetWriter<W: Write + Send> {
     name: String,
     row_group_rows: usize,
     row_groups: u64,
-    /// The open row group, column by column (u64s as Parquet's INT64 bits).
-    ids: Vec<i64>,
-    shards: Vec<i32>,
-    seqs: Vec<i64>,
-    /// Every payload of the open row group, one after another; `ends[i]` is where row i's ends.
-    payloads: Vec<u8>,
-    ends: Vec<usize>,
+    /// The open row group.
+    rows: Rows,
+    encoders: Encoders,
 }
 
 /// The schema: four required columns, the integers unsigned.
@@ -132,13 +182,14 @@ fn schema() -> Result<Type, ParquetError> {
     )
 }
 
-fn properties(opts: &ParquetOptions) -> WriterProperties {
+fn properties(opts: &ParquetOptions) -> Result<WriterProperties, ParquetError> {
     let codec = match opts.codec {
         Codec::None => Compression::UNCOMPRESSED,
         Codec::Snappy => Compression::SNAPPY,
+        Codec::Zstd(level) => Compression::ZSTD(ZstdLevel::try_new(level)?),
     };
     let col = |name: &str| ColumnPath::from(name);
-    WriterProperties::builder()
+    Ok(WriterProperties::builder()
         .set_created_by(format!("qlist merger {}", env!("CARGO_PKG_VERSION")))
         .set_compression(codec)
         // Only the shard column repeats (a few values): a dictionary elsewhere would be
@@ -155,7 +206,7 @@ fn properties(opts: &ParquetOptions) -> WriterProperties {
             descending: false,
             nulls_first: false,
         }]))
-        .build()
+        .build())
 }
 
 impl<W: Write + Send> ParquetWriter<W> {
@@ -163,7 +214,8 @@ impl<W: Write + Send> ParquetWriter<W> {
     /// `out`; `name` (the `--out` given) names it in errors.
     ///
     /// # Errors
-    /// [`MergeError::Parquet`]: writing the header failed.
+    /// [`MergeError::Parquet`]: writing the header failed, or an encoder thread could not
+    /// be started.
     pub fn new(
         out: W,
         specs: Vec<ShardSpec>,
@@ -176,20 +228,21 @@ impl<W: Write + Send> ParquetWriter<W> {
             error,
         };
         let schema = Arc::new(schema().map_err(err)?);
-        let file =
-            SerializedFileWriter::new(out, schema, Arc::new(properties(opts))).map_err(err)?;
-        let rows = opts.row_group_rows.max(1);
+        let props = Arc::new(properties(opts).map_err(err)?);
+        let encoder = Encoder {
+            schema: Arc::new(SchemaDescriptor::new(schema.clone())),
+            props: props.clone(),
+        };
+        let file = SerializedFileWriter::new(out, schema, props).map_err(err)?;
+        let encoders = Encoders::new(encoder, opts.encoders.min(MAX_ENCODERS)).map_err(err)?;
         Ok(ParquetWriter {
             file,
             check: WriteCheck::new(specs, part),
             name: name.to_string(),
-            row_group_rows: rows,
+            row_group_rows: opts.row_group_rows.max(1),
             row_groups: 0,
-            ids: Vec::with_capacity(rows.min(DEFAULT_ROW_GROUP_ROWS)),
-            shards: Vec::with_capacity(rows.min(DEFAULT_ROW_GROUP_ROWS)),
-            seqs: Vec::with_capacity(rows.min(DEFAULT_ROW_GROUP_ROWS)),
-            payloads: Vec::new(),
-            ends: Vec::with_capacity(rows.min(DEFAULT_ROW_GROUP_ROWS)),
+            rows: Rows::default(),
+            encoders,
         })
     }
 
@@ -201,53 +254,12 @@ impl<W: Write + Send> ParquetWriter<W> {
     }
 
     fn flush_row_group(&mut self) -> Result<(), MergeError> {
-        if self.ids.is_empty() {
+        if self.rows.is_empty() {
             return Ok(());
         }
-        let result = self.write_row_group();
+        let result = self.encoders.submit(&mut self.file, &mut self.rows);
         result.map_err(self.err())?;
         self.row_groups += 1;
-        self.ids.clear();
-        self.shards.clear();
-        self.seqs.clear();
-        self.ends.clear();
-        Ok(())
-    }
-
-    fn write_row_group(&mut self) -> Result<(), ParquetError> {
-        let missing = || ParquetError::General("the schema has fewer columns than written".into());
-        let mut group = self.file.next_row_group()?;
-        let mut col = group.next_column()?.ok_or_else(missing)?;
-        // Sorted: the first and last are the min and max, no comparison needed per value.
-        let (min, max) = (self.ids.first(), self.ids.last());
-        col.typed::<Int64Type>()
-            .write_batch_with_statistics(&self.ids, None, None, min, max, None)?;
-        col.close()?;
-        let mut col = group.next_column()?.ok_or_else(missing)?;
-        col.typed::<Int32Type>()
-            .write_batch(&self.shards, None, None)?;
-        col.close()?;
-        let mut col = group.next_column()?.ok_or_else(missing)?;
-        col.typed::<Int64Type>()
-            .write_batch(&self.seqs, None, None)?;
-        col.close()?;
-        // One buffer for all payloads, each row a slice of it (no copy per value).
-        let all = Bytes::from(std::mem::take(&mut self.payloads));
-        let mut start = 0;
-        let values: Vec<ByteArray> = self
-            .ends
-            .iter()
-            .map(|&end| {
-                let v = ByteArray::from(all.slice(start..end));
-                start = end;
-                v
-            })
-            .collect();
-        let mut col = group.next_column()?.ok_or_else(missing)?;
-        col.typed::<ByteArrayType>()
-            .write_batch(&values, None, None)?;
-        col.close()?;
-        group.close()?;
         Ok(())
     }
 
@@ -259,6 +271,8 @@ impl<W: Write + Send> ParquetWriter<W> {
     /// ([`RunError::Incomplete`]), [`MergeError::Parquet`] for a write error.
     pub fn finish(mut self) -> Result<(W, ParquetSummary), MergeError> {
         self.flush_row_group()?;
+        let encoding = self.encoders.finish(&mut self.file);
+        let encoding = encoding.map_err(self.err())?;
         let shards = self.check.finish().map_err(|error| MergeError::Run {
             name: self.name.clone(),
             error,
@@ -289,8 +303,11 @@ impl<W: Write + Send> ParquetWriter<W> {
             row_groups: self.row_groups,
             shards,
             part,
+            encoding,
         };
         let name = self.name;
+        // The encoders are stopped first: a failing footer write leaves no thread behind.
+        drop(self.encoders);
         let out = self
             .file
             .into_inner()
@@ -312,13 +329,14 @@ impl<W: Write + Send> ParquetWriter<W> {
             name: self.name.clone(),
             error,
         })?;
+        let rows = &mut self.rows;
         // The bits of the u64s: Parquet's INT64 annotated unsigned.
-        self.ids.push(r.id as i64);
-        self.shards.push(r.shard as i32);
-        self.seqs.push(r.seq as i64);
-        self.payloads.extend_from_slice(r.payload);
-        self.ends.push(self.payloads.len());
-        if self.ids.len() >= self.row_group_rows || self.payloads.len() >= ROW_GROUP_BYTES {
+        rows.ids.push(r.id as i64);
+        rows.shards.push(r.shard as i32);
+        rows.seqs.push(r.seq as i64);
+        rows.payloads.extend_from_slice(r.payload);
+        rows.ends.push(rows.payloads.len());
+        if rows.len() >= self.row_group_rows || rows.payloads.len() >= ROW_GROUP_BYTES {
             self.flush_row_group()?;
         }
         Ok(())
@@ -375,6 +393,255 @@ impl<W: Write + Send> ListSink for ParquetWriter<W> {
     }
 
     fn bytes(&self) -> u64 {
-        self.file.bytes_written() as u64 + self.payloads.len() as u64 + 20 * self.ids.len() as u64
+        self.file.bytes_written() as u64 + self.encoders.in_flight_bytes() + self.rows.raw_bytes()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashSet;
+
+    use bytes::Bytes;
+    use parquet::data_type::{ByteArray, ByteArrayType, Int32Type, Int64Type};
+    use parquet::file::reader::{FileReader, SerializedFileReader};
+    use parquet::file::serialized_reader::ReadOptionsBuilder;
+    use qformat::record::{encode_record, Record};
+
+    use super::*;
+
+    const SHARDS: u32 = 3;
+
+    /// `n` records of `SHARDS` shards, IDs with gaps, payloads of varied length and content.
+    fn records(n: u64) -> (Vec<ShardSpec>, Vec<u8>) {
+        let mut seqs = [0u64; SHARDS as usize];
+        let mut bytes = Vec::new();
+        for i in 0..n {
+            let shard = ((i * 7 + i / 5) % u64::from(SHARDS)) as u32;
+            let seq = seqs[shard as usize];
+            seqs[shard as usize] += 1;
+            let len = (i * 37 % 150) as usize;
+            let payload = format!("{i:020}-{}", "x".repeat(len)).into_bytes();
+            let record = Record {
+                id: 1000 + i * 3 + i % 2,
+                shard,
+                seq,
+                payload,
+            };
+            encode_record(&record, &mut bytes);
+        }
+        let specs = (0..SHARDS)
+            .map(|shard| ShardSpec {
+                shard,
+                finished: true,
+                total: seqs[shard as usize],
+            })
+            .collect();
+        (specs, bytes)
+    }
+
+    #[track_caller]
+    fn write(n: u64, opts: ParquetOptions) -> (Vec<u8>, ParquetSummary) {
+        let (specs, bytes) = records(n);
+        let mut w = ParquetWriter::new(Vec::new(), specs, Part::WHOLE, &opts, "test.parquet")
+            .expect("new writer");
+        // In pieces, as a merge hands them over.
+        let mut rest = &bytes[..];
+        while !rest.is_empty() {
+            let mut end = 0;
+            for _ in 0..97 {
+                if end == rest.len() {
+                    break;
+                }
+                let r = BlockRecords::new(&rest[end..]).next().expect("a record");
+                end += qformat::record::RECORD_HEAD_LEN + r.payload.len();
+            }
+            w.write_encoded(&rest[..end]).expect("write");
+            rest = &rest[end..];
+        }
+        w.finish().expect("finish")
+    }
+
+    fn opts(codec: Codec, rows: usize, encoders: usize) -> ParquetOptions {
+        ParquetOptions {
+            codec,
+            row_group_rows: rows,
+            encoders,
+        }
+    }
+
+    #[test]
+    fn the_file_is_the_same_bytes_whatever_the_encoder_threads() {
+        for codec in [Codec::None, Codec::Snappy, Codec::Zstd(ZSTD_DEFAULT_LEVEL)] {
+            let (one, summary) = write(20_000, opts(codec, 300, 0));
+            assert_eq!(summary.row_groups, 67);
+            assert_eq!(summary.encoding.threads_used, 1);
+            for encoders in [1, 2, 3, MAX_ENCODERS] {
+                let (many, summary) = write(20_000, opts(codec, 300, encoders));
+                assert_eq!(summary.row_groups, 67);
+                assert!(
+                    many == one,
+                    "{codec}: {encoders} encoder threads wrote other bytes than one thread"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn row_groups_are_encoded_on_every_encoder_thread() {
+        for encoders in [1, 2, 3, MAX_ENCODERS] {
+            let (_, summary) = write(10_000, opts(Codec::Snappy, 250, encoders));
+            let e = summary.encoding;
+            assert_eq!(e.encoders, encoders);
+            // Row group g goes to encoder g % n: every encoder gets some with 40 groups.
+            assert_eq!(e.threads_used, encoders, "{e:?}");
+        }
+        // And none of them is the writing thread: the merge goes on meanwhile.
+        let (specs, bytes) = records(1000);
+        let o = opts(Codec::Snappy, 100, 2);
+        let mut w = ParquetWriter::new(Vec::new(), specs, Part::WHOLE, &o, "t").expect("new");
+        w.write_encoded(&bytes).expect("write");
+        let (_, summary) = w.finish().expect("finish");
+        assert_eq!(summary.encoding.threads_used, 2);
+    }
+
+    #[test]
+    fn at_most_one_row_group_per_encoder_is_in_flight() {
+        for encoders in [1, 2, MAX_ENCODERS] {
+            // Small row groups fill much faster than they are encoded: without the bound
+            // the writer would hand out all 200 at once.
+            let (_, summary) = write(20_000, opts(Codec::Zstd(9), 100, encoders));
+            let e = summary.encoding;
+            assert_eq!(summary.row_groups, 200);
+            assert!(e.peak_in_flight <= encoders, "{e:?}");
+            assert!(e.peak_in_flight >= 1, "{e:?}");
+            // The buffers of written row groups are reused: one filling, one per encoder.
+            assert!(e.buffers <= encoders + 1, "{e:?}");
+            assert!(e.chunk_buffers <= encoders, "{e:?}");
+        }
+    }
+
+    /// The writer before encoder threads, column by column into the file's own row group
+    /// writer: the spliced chunks must make exactly its bytes.
+    fn write_directly(n: u64, o: &ParquetOptions) -> Vec<u8> {
+        let (_, bytes) = records(n);
+        let schema = Arc::new(schema().expect("schema"));
+        let props = Arc::new(properties(o).expect("props"));
+        let mut file = SerializedFileWriter::new(Vec::new(), schema, props).expect("file");
+        let all: Vec<RecordRef<'_>> = BlockRecords::new(&bytes).collect();
+        for rows in all.chunks(o.row_group_rows) {
+            let ids: Vec<i64> = rows.iter().map(|r| r.id as i64).collect();
+            let shards: Vec<i32> = rows.iter().map(|r| r.shard as i32).collect();
+            let seqs: Vec<i64> = rows.iter().map(|r| r.seq as i64).collect();
+            let payloads: Vec<ByteArray> = rows.iter().map(|r| r.payload.to_vec().into()).collect();
+            let mut group = file.next_row_group().expect("group");
+            let mut col = group.next_column().expect("col").expect("id");
+            let (min, max) = (ids.first(), ids.last());
+            col.typed::<Int64Type>()
+                .write_batch_with_statistics(&ids, None, None, min, max, None)
+                .expect("ids");
+            col.close().expect("close");
+            let mut col = group.next_column().expect("col").expect("shard");
+            col.typed::<Int32Type>()
+                .write_batch(&shards, None, None)
+                .expect("shards");
+            col.close().expect("close");
+            let mut col = group.next_column().expect("col").expect("seq");
+            col.typed::<Int64Type>()
+                .write_batch(&seqs, None, None)
+                .expect("seqs");
+            col.close().expect("close");
+            let mut col = group.next_column().expect("col").expect("payload");
+            col.typed::<ByteArrayType>()
+                .write_batch(&payloads, None, None)
+                .expect("payloads");
+            col.close().expect("close");
+            group.close().expect("group");
+        }
+        file.into_inner().expect("footer")
+    }
+
+    #[test]
+    fn spliced_chunks_make_the_bytes_of_writing_column_by_column() {
+        for codec in [Codec::None, Codec::Snappy] {
+            // Row groups of more rows than the payloads are handed over at once: pages
+            // are cut as one call would cut them.
+            let o = opts(codec, 150_000, 2);
+            let (ours, summary) = write(200_000, o);
+            assert_eq!(summary.row_groups, 2);
+            let direct = write_directly(200_000, &o);
+            // Ours ends with the qlist.list metadata in the footer; the direct one has none.
+            let footer_start = |b: &[u8]| {
+                let n = b.len();
+                let len = u32::from_le_bytes(b[n - 8..n - 4].try_into().expect("4 bytes"));
+                n - 8 - len as usize
+            };
+            let (a, b) = (footer_start(&ours), footer_start(&direct));
+            assert_eq!(a, b, "{codec}: the row groups and indexes differ in length");
+            assert!(
+                ours[..a] == direct[..b],
+                "{codec}: row groups or page indexes differ"
+            );
+        }
+    }
+
+    #[test]
+    fn the_file_keeps_statistics_page_index_and_sorting_columns() {
+        let (bytes, summary) = write(20_000, opts(Codec::Snappy, 3000, 2));
+        let read_opts = ReadOptionsBuilder::new().with_page_index().build();
+        let reader = SerializedFileReader::new_with_options(Bytes::from(bytes), read_opts)
+            .expect("a Parquet file");
+        let meta = reader.metadata();
+        assert_eq!(meta.num_row_groups() as u64, summary.row_groups);
+        assert_eq!(meta.file_metadata().num_rows(), 20_000);
+        let mut prev_max = None;
+        for g in meta.row_groups() {
+            let sorting = g.sorting_columns().expect("sorting columns");
+            assert_eq!(sorting.len(), 1);
+            assert_eq!(sorting[0].column_idx, 0);
+            for c in 0..3 {
+                let stats = g.column(c).statistics().expect("min/max of id, shard, seq");
+                assert!(stats.min_bytes_opt().is_some() && stats.max_bytes_opt().is_some());
+            }
+            assert!(g.column(3).statistics().is_none(), "no payload min/max");
+            let id = g.column(0).statistics().expect("id stats");
+            let min = u64::from_le_bytes(id.min_bytes_opt().expect("min").try_into().expect("8"));
+            assert!(prev_max < Some(min));
+            prev_max = Some(u64::from_le_bytes(
+                id.max_bytes_opt().expect("max").try_into().expect("8"),
+            ));
+        }
+        assert!(meta.page_index().is_some(), "a page index");
+        for g in meta.row_groups() {
+            for c in 0..4 {
+                let chunk = g.column(c);
+                assert!(
+                    chunk.offset_index_offset().is_some(),
+                    "column {c}: no offset index"
+                );
+                // A column index (page min/max) where there are statistics.
+                assert_eq!(chunk.column_index_offset().is_some(), c < 3, "column {c}");
+            }
+        }
+        let encodings: HashSet<Encoding> = meta
+            .row_groups()
+            .iter()
+            .flat_map(|g| g.column(0).encodings().collect::<Vec<_>>())
+            .collect();
+        assert!(
+            encodings.contains(&Encoding::DELTA_BINARY_PACKED),
+            "{encodings:?}"
+        );
+    }
+
+    #[test]
+    fn codec_names() {
+        assert_eq!("snappy".parse(), Ok(Codec::Snappy));
+        assert_eq!("none".parse(), Ok(Codec::None));
+        assert_eq!("zstd".parse(), Ok(Codec::Zstd(ZSTD_DEFAULT_LEVEL)));
+        assert_eq!("zstd:1".parse(), Ok(Codec::Zstd(1)));
+        assert!("zstd:0".parse::<Codec>().is_err());
+        assert!("zstd:23".parse::<Codec>().is_err());
+        assert!("lz4".parse::<Codec>().is_err());
+        assert_eq!(Codec::Zstd(3).to_string(), "zstd:3");
     }
 }

@@ -2,7 +2,8 @@
 //!
 //! ```text
 //! merger --out OUT (--data-dir DIR | --runs SRC | INPUT...) [--expect-shards N] [--part I/K] [--jobs J]
-//!        [--format auto|bin|parquet] [--compression snappy|none] [--row-group-rows N]
+//!        [--format auto|bin|parquet] [--compression snappy|zstd[:L]|none] [--row-group-rows N]
+//!        [--encode-threads N]
 //! merger convert FILE... --out OUT.parquet
 //! merger verify FILE...
 //! merger cat FILE... [--json]
@@ -15,7 +16,9 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use merger::command::{open_and_merge, MergeConfig};
 use merger::output::OutputFormat;
-use merger::parquet_list::{Codec, ParquetOptions, DEFAULT_ROW_GROUP_ROWS};
+use merger::parquet_list::{
+    default_encoders, Codec, ParquetOptions, DEFAULT_ROW_GROUP_ROWS, MAX_ENCODERS,
+};
 use merger::progress::{MergeProgress, Stall};
 use merger::{MergeError, MergeInput};
 use qcli::Cause;
@@ -93,13 +96,19 @@ struct MergeArgs {
 /// How a Parquet output is written.
 #[derive(Args, Clone, Copy)]
 struct ParquetArgs {
-    /// Parquet: compression of the column chunks, snappy or none (BENCHMARKS.md, "Parquet").
+    /// Parquet: compression of the column chunks: snappy, zstd (level 3; zstd:L for level
+    /// L, 1-22) or none (BENCHMARKS.md, "Parquet").
     #[arg(long, value_name = "CODEC", default_value = "snappy")]
     compression: Codec,
     /// Parquet: rows per row group at most (a row group also ends at 64 MiB of payloads).
     /// Smaller groups let an ID-range query skip more of the file.
     #[arg(long, value_name = "N", default_value_t = DEFAULT_ROW_GROUP_ROWS as u64, value_parser = clap::value_parser!(u64).range(1..=1 << 24))]
     row_group_rows: u64,
+    /// Parquet: threads encoding row groups while the merge goes on (default: one per
+    /// CPU, at most 4); 0 encodes on the merge thread. The file is the same either way;
+    /// each thread holds one row group in memory.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u64).range(0..=MAX_ENCODERS as u64))]
+    encode_threads: Option<u64>,
 }
 
 impl ParquetArgs {
@@ -107,6 +116,9 @@ impl ParquetArgs {
         ParquetOptions {
             codec: self.compression,
             row_group_rows: usize::try_from(self.row_group_rows).unwrap_or(DEFAULT_ROW_GROUP_ROWS),
+            encoders: self
+                .encode_threads
+                .map_or_else(default_encoders, |n| n as usize),
         }
     }
 }
