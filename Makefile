@@ -4,7 +4,7 @@
 CARGO_TARGET_DIR ?= /var/tmp/qlist-target
 export CARGO_TARGET_DIR
 
-.PHONY: deps deps-all test-deps build test lint demo bench clean-demo
+.PHONY: deps deps-all test-deps build test lint demo bench bench-peers-smoke clean-demo
 
 # What building and running need (redis-server, libclang, make, a C/C++ compiler): the
 # first `make demo` installs no more than that.
@@ -57,3 +57,9 @@ demo: build
 
 bench: build
 	cargo bench --workspace
+
+# The merge against DuckDB, Polars, cat and sort at the smoke size: every row (each Parquet
+# writer with snappy and with zstd) runs once and its output is checked; the times of so
+# small a list mean nothing (scripts/bench-merge-peers.sh).
+bench-peers-smoke: build
+	QLIST_PEER_ITEMS=20000 QLIST_PEER_SHARDS=4 QLIST_PEER_REPS=1 bash scripts/bench-merge-peers.sh >/dev/null

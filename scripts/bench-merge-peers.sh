@@ -2,7 +2,8 @@
 # The merge against the tools a user would otherwise reach for, in one command and one run:
 #
 #   bash scripts/bench-merge-peers.sh | tee peers.txt      # 10M items, 4 and 64 shards, 3 reps
-#   QLIST_PEER_ITEMS=200000 QLIST_PEER_REPS=1 bash scripts/bench-merge-peers.sh   # a smoke run
+#   make bench-peers-smoke   # the smoke size: 20000 items, 4 shards, 1 rep (about a minute):
+#                            # every row runs and every output is checked; its times mean nothing
 #
 # Needs `make build` (the binaries in $CARGO_TARGET_DIR/release, default
 # /var/tmp/qlist-target) and `bash scripts/deps.sh` (redis-server, and the venv at $QLIST_PY,
@@ -32,27 +33,36 @@
 # the common unit; everything is read from the page cache, nothing is dropped):
 #   cat              cat RUNS/*.bin > OUT/cat.bin && sync OUT/cat.bin   (the limit; checked: size)
 #   merger           merger --runs RUNS --expect-shards S --out OUT/list.bin   (merger verify)
-#   merger-parquet   the same, --out OUT/list.parquet (the default codec, snappy; pyarrow check)
 #   jobs2            the same as merger, --jobs 2   (merger verify)
-#   duckdb           python + duckdb: SET threads=T; COPY (SELECT * FROM read_parquet('PQ/*.parquet')
-#                    ORDER BY id) TO 'OUT/duck.parquet' (FORMAT parquet); fsync   (pyarrow check)
-#   polars           python + polars (POLARS_MAX_THREADS=T): pl.scan_parquet('PQ/*.parquet')
-#                    .sort('id').sink_parquet('OUT/polars.parquet'); fsync   (pyarrow check)
+#   and for each codec C of QLIST_PEER_CODECS (snappy, zstd:L), every Parquet writer the same
+#   codec at the same level (the check reads every column chunk's codec back: pyarrow check):
+#   merger-parquet@C the same as merger, --out OUT/list.parquet --compression C
+#   parquet1@C       (the first codec only) the same, --encode-threads 0: encoded on the merge
+#                    thread alone, as before issue 47
+#   duckdb@C         python + duckdb: SET threads=T; COPY (SELECT * FROM read_parquet('PQ/*.parquet')
+#                    ORDER BY id) TO 'OUT/duck.parquet' (FORMAT parquet, COMPRESSION C
+#                    [, COMPRESSION_LEVEL L]); fsync
+#   polars@C         python + polars (POLARS_MAX_THREADS=T): pl.scan_parquet('PQ/*.parquet')
+#                    .sort('id').sink_parquet('OUT/polars.parquet', compression=C
+#                    [, compression_level=L]); fsync
 #   sort             LC_ALL=C sort -m --batch-size=S -o OUT/sort.txt TXT/*.txt && sync   (sort -c -u, wc -l)
 # Repetitions are interleaved (repetition 1 of every row on every fixture, then 2, ...); the
-# report gives medians of wall seconds, MB/s, items/s, peak RSS (KiB, the largest of the
+# report gives medians of wall seconds, CPU seconds (user + sys), MB/s, items/s, peak RSS (KiB, the largest of the
 # repetitions), the same rows on the 10% fixture and the RSS ratio 100% / 10%, CPU steal per
 # row and over the run (/proc/stat, vmstat's `st`), DuckDB's and Polars' query time without
 # python's start and import, and the ratios (merger / cat, --jobs 2 / merger, merger list.bin
-# and list.parquet / DuckDB and / Polars: throughput, > 1 means qlist is faster), as markdown
-# tables for BENCHMARKS.md, with the machine (nproc, memory, CPU model) and the commit.
+# and list.parquet / DuckDB and / Polars per codec, list.parquet / the best peer and / list.bin:
+# throughput, > 1 means qlist is faster), as markdown tables for BENCHMARKS.md, with the
+# machine (nproc, memory, CPU model), the commit and the versions (DuckDB, Polars, pyarrow,
+# merger).
 #
 # Settings (environment):
 #   QLIST_PEER_ITEMS    items N of the full fixture (default 10000000; the 10% one has N/10)
 #   QLIST_PEER_SHARDS   shard counts, space-separated (default "4 64")
 #   QLIST_PEER_REPS     repetitions of every row (default 3)
 #   QLIST_PEER_THREADS  threads of DuckDB and Polars (default 2)
-#   QLIST_PEER_POLARS_COMPRESSION   Polars' sink_parquet codec (default: Polars' own, zstd)
+#   QLIST_PEER_CODECS   the Parquet passes, space-separated: snappy, zstd:LEVEL (default
+#                       "snappy zstd:3": zstd's own default level)
 #   QLIST_PEER_DIR      parent of the scratch directory (default $TMPDIR or /tmp): a fresh
 #                       mktemp -d under it holds everything and is removed on exit
 #                       (10M items: ~9 GB for both shard counts)
@@ -73,6 +83,7 @@ items="${QLIST_PEER_ITEMS:-10000000}"
 shards_list="${QLIST_PEER_SHARDS:-4 64}"
 reps="${QLIST_PEER_REPS:-3}"
 threads="${QLIST_PEER_THREADS:-2}"
+codecs="${QLIST_PEER_CODECS:-snappy zstd:3}"
 port="${QLIST_PEER_PORT:-7401}"
 parent="${QLIST_PEER_DIR:-${TMPDIR:-/tmp}}"
 
@@ -85,6 +96,10 @@ is_count "$reps" || die "QLIST_PEER_REPS must be a positive integer, not '$reps'
 is_count "$threads" || die "QLIST_PEER_THREADS must be a positive integer, not '$threads'"
 is_count "$port" || die "QLIST_PEER_PORT must be a port number, not '$port'"
 [ -n "${shards_list// /}" ] || die "QLIST_PEER_SHARDS is empty"
+[ -n "${codecs// /}" ] || die "QLIST_PEER_CODECS is empty"
+for c in $codecs; do
+  [[ $c == snappy || $c =~ ^zstd:([1-9]|1[0-9]|2[0-2])$ ]] || die "QLIST_PEER_CODECS: '$c' is not snappy or zstd:LEVEL (1-22)"
+done
 for s in $shards_list; do
   is_count "$s" || die "QLIST_PEER_SHARDS must be positive integers, not '$s'"
   [ $((items / 10)) -ge "$s" ] || die "QLIST_PEER_ITEMS=$items is too small for $s shards (the 10% fixture needs an item per shard)"
@@ -198,7 +213,7 @@ done
 log "stopping the broker and the quorum before the timed rows"
 stop_servers
 
-export QLIST_PEER_ITEMS="$items" QLIST_PEER_SHARDS="$shards_list" QLIST_PEER_REPS="$reps" QLIST_PEER_THREADS="$threads"
+export QLIST_PEER_ITEMS="$items" QLIST_PEER_SHARDS="$shards_list" QLIST_PEER_REPS="$reps" QLIST_PEER_THREADS="$threads" QLIST_PEER_CODECS="$codecs"
 # In the background and waited for, so that a TERM or Ctrl-C reaches the trap at once; the
 # trap then stops it (and it the row it is running).
 "$py" "$here/bench_merge_peers.py" run "$work" "$bin" "$repo" &

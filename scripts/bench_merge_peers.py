@@ -4,8 +4,12 @@ first: it builds the fixtures and calls this). Runs under the venv's python (pya
 duckdb, polars); needs nothing else beyond the standard library.
 
   bench_merge_peers.py run WORK BIN REPO    time every row on the fixtures under WORK, print the report
-  bench_merge_peers.py duckdb GLOB OUT      one peer row: DuckDB COPY ... ORDER BY id, then fsync
-  bench_merge_peers.py polars GLOB OUT      one peer row: Polars sort + sink_parquet, then fsync
+  bench_merge_peers.py duckdb GLOB OUT CODEC   one peer row: DuckDB COPY ... ORDER BY id, then fsync
+  bench_merge_peers.py polars GLOB OUT CODEC   one peer row: Polars sort + sink_parquet, then fsync
+
+CODEC is `snappy` or `zstd:LEVEL`: every Parquet-writing row of one pass writes the same
+codec at the same level (qlist `--compression`, DuckDB `COMPRESSION`/`COMPRESSION_LEVEL`,
+Polars `compression`/`compression_level`), and the check reads it back from the file.
 
 `run` takes its settings from the environment the shell script exported (QLIST_PEER_*).
 """
@@ -41,17 +45,27 @@ def sql_str(s):
     return "'" + s.replace("'", "''") + "'"
 
 
-def peer_duckdb(pq_glob, out):
+def codec_level(codec):
+    """`snappy` -> ("snappy", None); `zstd:3` -> ("zstd", 3)."""
+    name, _, level = codec.partition(":")
+    if name not in ("snappy", "zstd") or (name == "zstd") != bool(level):
+        raise SystemExit(f"bench: codec {codec!r}: expected snappy or zstd:LEVEL")
+    return name, int(level) if level else None
+
+
+def peer_duckdb(pq_glob, out, codec):
     t0 = time.monotonic()
     import duckdb
 
     t1 = time.monotonic()
     threads = int(os.environ.get("QLIST_PEER_THREADS", "2"))
+    name, level = codec_level(codec)
+    opts = f"FORMAT parquet, COMPRESSION {name}" + (f", COMPRESSION_LEVEL {level}" if level else "")
     con = duckdb.connect()
     con.execute(f"SET threads={threads}")
     con.execute(
         f"COPY (SELECT * FROM read_parquet({sql_str(pq_glob)}) ORDER BY id) "
-        f"TO {sql_str(out)} (FORMAT parquet)"
+        f"TO {sql_str(out)} ({opts})"
     )
     con.close()
     fsync_file_and_dir(out)
@@ -59,14 +73,14 @@ def peer_duckdb(pq_glob, out):
     print(json.dumps({"import_s": t1 - t0, "work_s": t2 - t1, "version": duckdb.__version__}))
 
 
-def peer_polars(pq_glob, out):
+def peer_polars(pq_glob, out, codec):
     # POLARS_MAX_THREADS is set by the caller, before the import (Polars reads it once).
     t0 = time.monotonic()
     import polars as pl
 
     t1 = time.monotonic()
-    codec = os.environ.get("QLIST_PEER_POLARS_COMPRESSION", "")
-    kw = {"compression": codec} if codec else {}
+    name, level = codec_level(codec)
+    kw = {"compression": name} | ({"compression_level": level} if level else {})
     pl.scan_parquet(pq_glob).sort("id").sink_parquet(out, **kw)
     fsync_file_and_dir(out)
     t2 = time.monotonic()
@@ -97,8 +111,9 @@ def parquet_ids(path):
     return t.column("id").combine_chunks()
 
 
-def check_parquet(path, fx):
-    """count = N, ids strictly increasing, and the fixture's min, max and sum of ids."""
+def check_parquet(path, fx, codec):
+    """count = N, ids strictly increasing, the fixture's min, max and sum of ids, and every
+    column chunk in the codec the row was asked for."""
     import pyarrow as pa
     import pyarrow.compute as pc
     import pyarrow.parquet as pq
@@ -123,6 +138,8 @@ def check_parquet(path, fx):
         raise CheckFailed(f"ids {mm['min']}..={mm['max']} sum {s}, the fixture has {fx['min_id']}..={fx['max_id']} sum {fx['sum_id']}")
     if set(names) != {"id", "shard", "seq", "payload"}:
         raise CheckFailed(f"columns {names}")
+    if codecs != [codec_level(codec)[0].upper()]:
+        raise CheckFailed(f"codecs {codecs}, the row asked for {codec}")
     return f"{n} rows, ids strictly increasing, {md.num_row_groups} row groups, codec {'/'.join(codecs)}", "/".join(codecs)
 
 
@@ -213,13 +230,14 @@ def on_term(signum, frame):
 
 
 def rss_wrapper():
-    """GNU time -f %M when installed (its own footprint, ~2 MB, is the floor), else a tiny
-    python that forks, execs and reports wait4's ru_maxrss (~9 MB floor)."""
+    """GNU time -f '%M %U %S' when installed (its own footprint, ~2 MB, is the floor), else a
+    tiny python that forks, execs and reports wait4's ru_maxrss (~9 MB floor) and CPU times:
+    peak RSS KiB, user and system CPU seconds of the row's process and what it waited for."""
     t = shutil.which("time", path="/usr/bin:/bin")
     if t:
-        p = subprocess.run([t, "-f", "%M", "-o", "/dev/null", "true"], capture_output=True)
+        p = subprocess.run([t, "-f", "%M %U %S", "-o", "/dev/null", "true"], capture_output=True)
         if p.returncode == 0:
-            return "gnu-time", lambda out: [t, "-f", "%M", "-o", out]
+            return "gnu-time", lambda out: [t, "-f", "%M %U %S", "-o", out]
     code = (
         "import os,sys\n"
         "pid=os.fork()\n"
@@ -227,7 +245,7 @@ def rss_wrapper():
         "  try: os.execvp(sys.argv[2],sys.argv[2:])\n"
         "  finally: os._exit(127)\n"
         "_,st,ru=os.wait4(pid,0)\n"
-        "open(sys.argv[1],'w').write('%d\\n'%ru.ru_maxrss)\n"
+        "open(sys.argv[1],'w').write('%d %.2f %.2f\\n'%(ru.ru_maxrss,ru.ru_utime,ru.ru_stime))\n"
         "sys.exit(os.waitstatus_to_exitcode(st) & 255)\n"
     )
     return "python-wait4", lambda out: ["/usr/bin/python3", "-S", "-c", code, out]
@@ -242,42 +260,54 @@ def run_one(cmd, env, cwd, rss_file, log_file, wrap):
         out, _ = p.communicate()
         t1 = time.monotonic()
         CURRENT["proc"] = None
-    rss = None
+    rss = cpu = None
     try:
         with open(rss_file) as f:
             lines = [l for l in f.read().split("\n") if l.strip()]
-        rss = int(lines[-1])
+        kib, user, system = lines[-1].split()
+        rss, cpu = int(kib), float(user) + float(system)
     except (OSError, ValueError, IndexError):
         pass
-    return p.returncode, t1 - t0, rss, out.decode(errors="replace")
+    return p.returncode, t1 - t0, rss, cpu, out.decode(errors="replace")
 
 
 # ---------------------------------------------------------------------------------------
 # The fixtures and the rows.
 
-ROWS = [
-    # key, label (markdown), output name
-    ("cat", "`cat` runs + fsync (the limit)", "cat.bin"),
-    ("merger", "merger → list.bin", "list.bin"),
-    ("merger-parquet", "merger → list.parquet", "list.parquet"),
-    ("jobs2", "merger → list.bin `--jobs 2`", "list.bin"),
-    ("duckdb", "DuckDB `COPY … ORDER BY id`", "duck.parquet"),
-    ("polars", "Polars `sort` + `sink_parquet`", "polars.parquet"),
-    ("sort", "`LC_ALL=C sort -m` text + fsync", "sort.txt"),
-]
-LABEL = {k: l for k, l, _ in ROWS}
+def make_rows(codecs):
+    """The rows: key, label (markdown), output name. A Parquet-writing row's key ends in
+    `@CODEC`: every codec of QLIST_PEER_CODECS has qlist, DuckDB and Polars rows."""
+    rows = [
+        ("cat", "`cat` runs + fsync (the limit)", "cat.bin"),
+        ("merger", "merger → list.bin", "list.bin"),
+        ("jobs2", "merger → list.bin `--jobs 2`", "list.bin"),
+    ]
+    for i, c in enumerate(codecs):
+        rows.append((f"merger-parquet@{c}", f"merger → list.parquet, {c}", "list.parquet"))
+        if i == 0:
+            # The same on the merge thread alone: what the encoder threads bring, same run.
+            rows.append((f"parquet1@{c}", f"merger → list.parquet, {c}, `--encode-threads 0`", "list.parquet"))
+        rows.append((f"duckdb@{c}", f"DuckDB `COPY … ORDER BY id`, {c}", "duck.parquet"))
+        rows.append((f"polars@{c}", f"Polars `sort` + `sink_parquet`, {c}", "polars.parquet"))
+    rows.append(("sort", "`LC_ALL=C sort -m` text + fsync", "sort.txt"))
+    return rows
 
 
 def row_cmd(key, fx, out, binary, helper, py):
     runs, S = fx["runs"], str(fx["shards"])
+    key, _, codec = key.partition("@")
     if key == "cat":
         return ["sh", "-c", 'cat "$1"/*.bin > "$2" && sync "$2"', "sh", runs, out]
-    if key in ("merger", "merger-parquet"):
+    if key == "merger":
         return [binary, "--runs", runs, "--expect-shards", S, "--out", out]
+    if key == "merger-parquet":
+        return [binary, "--runs", runs, "--expect-shards", S, "--out", out, "--compression", codec]
+    if key == "parquet1":
+        return [binary, "--runs", runs, "--expect-shards", S, "--out", out, "--compression", codec, "--encode-threads", "0"]
     if key == "jobs2":
         return [binary, "--runs", runs, "--expect-shards", S, "--out", out, "--jobs", "2"]
     if key in ("duckdb", "polars"):
-        return [py, helper, key, os.path.join(fx["pq"], "*.parquet"), out]
+        return [py, helper, key, os.path.join(fx["pq"], "*.parquet"), out, codec]
     if key == "sort":
         return [
             "sh",
@@ -293,13 +323,14 @@ def row_cmd(key, fx, out, binary, helper, py):
 
 
 def check(key, out, fx, binary):
+    key, _, codec = key.partition("@")
     if key == "cat":
         return check_cat(out, fx)
     if key in ("merger", "jobs2"):
         return check_listbin(out, fx, binary)
     if key == "sort":
         return check_text(out, fx)
-    return check_parquet(out, fx)
+    return check_parquet(out, fx, codec)
 
 
 def prepare_fixture(fdir, shards, items, binary):
@@ -317,6 +348,7 @@ def prepare_fixture(fdir, shards, items, binary):
         "pq": os.path.join(fdir, "pq"),
         "txt": os.path.join(fdir, "txt"),
         "out": os.path.join(fdir, "out"),
+        "binary": binary,
     }
     with open(os.path.join(fdir, "build.json")) as f:
         fx["build"] = json.load(f)
@@ -387,6 +419,10 @@ def cmd_run(work, binary_dir, repo):
     items = int(env_in["QLIST_PEER_ITEMS"])
     reps = int(env_in["QLIST_PEER_REPS"])
     threads = env_in.get("QLIST_PEER_THREADS", "2")
+    codecs = env_in.get("QLIST_PEER_CODECS", "snappy zstd:3").split()
+    for c in codecs:
+        codec_level(c)
+    rows = make_rows(codecs)
     binary = os.path.join(binary_dir, "merger")
     helper = os.path.abspath(__file__)
     py = sys.executable
@@ -410,7 +446,7 @@ def cmd_run(work, binary_dir, repo):
         for S in shards_list:
             for frac in ("100", "10"):
                 fx = fixtures[(S, frac)]
-                for key, _, outname in ROWS:
+                for key, _, outname in rows:
                     out = os.path.join(fx["out"], outname)
                     clear_dir(fx["out"])
                     cmd = row_cmd(key, fx, out, binary, helper, py)
@@ -419,10 +455,10 @@ def cmd_run(work, binary_dir, repo):
                     if os.path.exists(rss_file):
                         os.remove(rss_file)
                     s0 = proc_stat()
-                    rc, wall, rss, stdout = run_one(cmd, env, work, rss_file, log_file, wrap)
+                    rc, wall, rss, cpu, stdout = run_one(cmd, env, work, rss_file, log_file, wrap)
                     s1 = proc_stat()
-                    r = {"rep": rep, "wall": wall, "rss": rss, "rc": rc, "stat": stat_delta(s0, s1)}
-                    if rc == 0 and key in ("duckdb", "polars"):
+                    r = {"rep": rep, "wall": wall, "rss": rss, "cpu": cpu, "rc": rc, "stat": stat_delta(s0, s1)}
+                    if rc == 0 and key.partition("@")[0] in ("duckdb", "polars"):
                         try:
                             r["peer"] = json.loads(stdout.strip().splitlines()[-1])
                         except (ValueError, IndexError):
@@ -441,7 +477,7 @@ def cmd_run(work, binary_dir, repo):
                             r["error"] = f"check failed: {type(e).__name__}: {e}"
                     results.setdefault((S, frac, key), []).append(r)
                     state = "ok" if "error" not in r else "FAILED: " + r["error"]
-                    log(f"rep {rep}/{reps} {S} shards {frac}% {key}: {wall:.2f} s, {rss} KiB, {state}")
+                    log(f"rep {rep}/{reps} {S} shards {frac}% {key}: {wall:.2f} s, CPU {cpu} s, {rss} KiB, {state}")
                     clear_dir(fx["out"])
     stat_run1 = proc_stat()
     t_run1 = time.time()
@@ -453,7 +489,7 @@ def cmd_run(work, binary_dir, repo):
         pass
 
     report = make_report(
-        fixtures, results, shards_list, items, reps, threads, wrap_name, repo, work,
+        fixtures, results, rows, codecs, shards_list, items, reps, threads, wrap_name, repo, work,
         stat_delta(stat_run0, stat_run1), whole, t_run0, t_run1,
     )
     print(report)
@@ -478,6 +514,7 @@ def summarize(rs, fx):
         "mbs": fx["list_bytes"] / wall / 1e6 if wall else None,
         "ips": fx["items"] / wall if wall else None,
         "rss": max(rss) if rss else None,
+        "cpu": med([r["cpu"] for r in ok if r.get("cpu") is not None]),
         "failed": len(rs) - len(ok),
         "n": len(rs),
         "steal": steal_pct([r["stat"] for r in rs]),
@@ -520,16 +557,18 @@ def machine(repo):
     }
 
 
-def make_report(fixtures, results, shards_list, items, reps, threads, wrap_name, repo, work, run_stat, whole_stat, t0, t1):
+def make_report(fixtures, results, rows, codecs, shards_list, items, reps, threads, wrap_name, repo, work, run_stat, whole_stat, t0, t1):
     import pyarrow
+
+    labels = {k: l for k, l, _ in rows}
 
     L = []
     m = machine(repo)
     versions = {}
-    for rs in results.values():
+    for (_, _, key), rs in results.items():
         for r in rs:
             if "peer" in r:
-                versions.setdefault("polars" if "threads" in r["peer"] else "duckdb", r["peer"]["version"])
+                versions.setdefault(key.partition("@")[0], r["peer"]["version"])
     fs = subprocess.run(["df", "-T", work], capture_output=True, text=True).stdout.strip().splitlines()
     fstype = fs[-1].split()[1] if len(fs) > 1 else "?"
     L.append("## Merge against the data tools: scripts/bench-merge-peers.sh")
@@ -548,8 +587,10 @@ def make_report(fixtures, results, shards_list, items, reps, threads, wrap_name,
     )
     L.append(
         f"Command: `QLIST_PEER_ITEMS={items} QLIST_PEER_SHARDS=\"{' '.join(map(str, shards_list))}\" "
-        f"QLIST_PEER_REPS={reps} bash scripts/bench-merge-peers.sh`. Tools: DuckDB {versions.get('duckdb', '?')} and "
+        f"QLIST_PEER_REPS={reps} QLIST_PEER_CODECS=\"{' '.join(codecs)}\" bash scripts/bench-merge-peers.sh`. "
+        f"Tools: DuckDB {versions.get('duckdb', '?')} and "
         f"Polars {versions.get('polars', '?')} ({threads} threads each), pyarrow {pyarrow.__version__} (checks), "
+        f"merger {merger_version(fixtures)}, "
         f"{m['sort']}; peak RSS by {'GNU time (%M)' if wrap_name == 'gnu-time' else 'a python fork/wait4 wrapper (~9 MB floor)'}."
     )
     L.append("")
@@ -577,12 +618,12 @@ def make_report(fixtures, results, shards_list, items, reps, threads, wrap_name,
             )
     L.append("")
     L.append(
-        "| shards | row | wall s | MB/s | items/s | peak RSS KiB | 10%: wall s | 10%: peak RSS KiB | RSS 100% / 10% | steal % | output | failed |"
+        "| shards | row | wall s | CPU s (user + sys) | MB/s | items/s | peak RSS KiB | 10%: wall s | 10%: peak RSS KiB | RSS 100% / 10% | steal % | output | failed |"
     )
-    L.append("|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|---|--:|")
+    L.append("|--:|---|--:|--:|--:|--:|--:|--:|--:|--:|--:|---|--:|")
     summ = {}
     for S in shards_list:
-        for key, label, _ in ROWS:
+        for key, label, _ in rows:
             a = summ[(S, "100", key)] = summarize(results[(S, "100", key)], fixtures[(S, "100")])
             b = summ[(S, "10", key)] = summarize(results[(S, "10", key)], fixtures[(S, "10")])
             flat = f"{a['rss'] / b['rss']:.2f}" if a["rss"] and b["rss"] else "-"
@@ -591,7 +632,7 @@ def make_report(fixtures, results, shards_list, items, reps, threads, wrap_name,
                 outdesc = f"{a['out_bytes']/1e6:,.1f} MB" + (f", {a['codec'].lower()}" if a["codec"] not in ("-", None) else "")
             f_all = a["failed"] + b["failed"]
             L.append(
-                f"| {S} | {label} | {num(a['wall'], '.2f')} | {num(a['mbs'], ',.1f')} | {num(a['ips'], ',.0f')} | "
+                f"| {S} | {label} | {num(a['wall'], '.2f')} | {num(a['cpu'], '.2f')} | {num(a['mbs'], ',.1f')} | {num(a['ips'], ',.0f')} | "
                 f"{num(a['rss'], ',.0f')} | {num(b['wall'], '.2f')} | {num(b['rss'], ',.0f')} | {flat} | {a['steal']:.1f} | "
                 f"{outdesc} | {'**' + str(f_all) + '**' if f_all else 0} of {a['n'] + b['n']} |"
             )
@@ -601,13 +642,13 @@ def make_report(fixtures, results, shards_list, items, reps, threads, wrap_name,
     L.append("| shards | row | wall s | query + fsync s | python start + import s |")
     L.append("|--:|---|--:|--:|--:|")
     for S in shards_list:
-        for key in ("duckdb", "polars"):
+        for key in [k for k, _, _ in rows if k.partition("@")[0] in ("duckdb", "polars")]:
             a = summ[(S, "100", key)]
             if a["wall"] and a["work"] is not None:
                 imp = a["wall"] - a["work"]
-                L.append(f"| {S} | {LABEL[key]} | {a['wall']:.2f} | {a['work']:.2f} | {imp:.2f} |")
+                L.append(f"| {S} | {labels[key]} | {a['wall']:.2f} | {a['work']:.2f} | {imp:.2f} |")
             else:
-                L.append(f"| {S} | {LABEL[key]} | - | - | - |")
+                L.append(f"| {S} | {labels[key]} | - | - | - |")
     L.append("")
 
     def ratio(S, q, peer):
@@ -618,17 +659,30 @@ def make_report(fixtures, results, shards_list, items, reps, threads, wrap_name,
         a, b = summ[(S, "100", q)]["wall"], summ[(S, "100", peer)]["work"]
         return b / a if a and b else None
 
+    def ratio_best(S, q, peers):
+        a = summ[(S, "100", q)]["wall"]
+        walls = [summ[(S, "100", p)]["wall"] for p in peers]
+        return min(walls) / a if a and all(walls) else None
+
+    c0 = codecs[0]
     specs = [
         ("merger list.bin / `cat` + fsync", "merger", "cat", ">= 0.6", ratio),
         ("merger `--jobs 2` / merger", "jobs2", "merger", ">= 1.6", ratio),
-        ("merger list.bin / DuckDB", "merger", "duckdb", "> 1", ratio),
-        ("merger list.parquet / DuckDB", "merger-parquet", "duckdb", "> 1", ratio),
-        ("merger list.bin / Polars", "merger", "polars", "> 1", ratio),
-        ("merger list.parquet / Polars", "merger-parquet", "polars", "> 1", ratio),
-        ("merger list.bin / `sort -m`", "merger", "sort", "", ratio),
-        ("merger list.parquet / DuckDB's query alone", "merger-parquet", "duckdb", "", ratio_work),
-        ("merger list.parquet / Polars' query alone", "merger-parquet", "polars", "", ratio_work),
+        ("merger list.bin / DuckDB, " + c0, "merger", f"duckdb@{c0}", "> 1", ratio),
+        ("merger list.bin / Polars, " + c0, "merger", f"polars@{c0}", "> 1", ratio),
+        (f"merger list.parquet / the same `--encode-threads 0`, {c0}", f"merger-parquet@{c0}", f"parquet1@{c0}", "", ratio),
     ]
+    for c in codecs:
+        q = f"merger-parquet@{c}"
+        specs += [
+            (f"merger list.parquet / list.bin, {c}", q, "merger", ">= 0.5", ratio),
+            (f"merger list.parquet / DuckDB, both {c}", q, f"duckdb@{c}", "", ratio),
+            (f"merger list.parquet / Polars, both {c}", q, f"polars@{c}", "", ratio),
+            (f"merger list.parquet / the best of DuckDB and Polars, all {c}", q, (f"duckdb@{c}", f"polars@{c}"), ">= 1.5", ratio_best),
+            (f"merger list.parquet / DuckDB's query alone, {c}", q, f"duckdb@{c}", "", ratio_work),
+            (f"merger list.parquet / Polars' query alone, {c}", q, f"polars@{c}", "", ratio_work),
+        ]
+    specs.append(("merger list.bin / `sort -m`", "merger", "sort", "", ratio))
     L.append("Ratios (throughput, from the medians of this run: > 1 means the first is faster):")
     L.append("")
     L.append("| ratio | " + " | ".join(f"{S} shards" for S in shards_list) + " | goal |")
@@ -641,11 +695,13 @@ def make_report(fixtures, results, shards_list, items, reps, threads, wrap_name,
         L.append(f"| {name} | " + " | ".join(cells) + f" | {goal} |")
     L.append("")
     L.append("Rows: `cat` = `cat RUNS/*.bin > out && sync out` (every byte read and written once: the limit); "
-             "merger = `merger --runs RUNS --expect-shards S --out OUT/list.bin` (`.parquet`: the default codec, "
-             "shown under output; `--jobs 2`: two ranges at once); DuckDB = `SET threads=N; COPY (SELECT * FROM "
-             "read_parquet('PQ/*.parquet') ORDER BY id) TO 'OUT/duck.parquet' (FORMAT parquet)` + fsync; Polars = "
-             "`pl.scan_parquet('PQ/*.parquet').sort('id').sink_parquet('OUT/polars.parquet')` + fsync, "
-             "POLARS_MAX_THREADS=N, its default codec; `sort -m` = `LC_ALL=C sort -m --batch-size=S` over one text "
+             "merger = `merger --runs RUNS --expect-shards S --out OUT/list.bin` (`.parquet --compression CODEC`; "
+             "`--jobs 2`: two ranges at once; `--encode-threads 0`: the row groups encoded on the merge thread, as "
+             "before issue 47); DuckDB = `SET threads=N; COPY (SELECT * FROM read_parquet('PQ/*.parquet') ORDER BY "
+             "id) TO 'OUT/duck.parquet' (FORMAT parquet, COMPRESSION C[, COMPRESSION_LEVEL L])` + fsync; Polars = "
+             "`pl.scan_parquet('PQ/*.parquet').sort('id').sink_parquet('OUT/polars.parquet', compression=C[, "
+             "compression_level=L])` + fsync, POLARS_MAX_THREADS=N. Every Parquet row names its codec (zstd:L: "
+             "level L for all three) and its check reads the codec of every column chunk back; `sort -m` = `LC_ALL=C sort -m --batch-size=S` over one text "
              "file per run (`%020d id<TAB>shard<TAB>seq<TAB>payload`), then `sync`. The peers read the runs "
              "converted by `merger convert --compression none`; the 10% columns are the same rows on a fixture of "
              "a tenth of the items built the same way.")
@@ -661,12 +717,20 @@ def make_report(fixtures, results, shards_list, items, reps, threads, wrap_name,
     return "\n".join(L)
 
 
+def merger_version(fixtures):
+    binary = next(iter(fixtures.values()))["binary"]
+    try:
+        return subprocess.run([binary, "--version"], capture_output=True, text=True).stdout.strip().split()[-1]
+    except (OSError, IndexError):
+        return "?"
+
+
 def main(argv):
-    if len(argv) >= 2 and argv[1] == "duckdb" and len(argv) == 4:
-        peer_duckdb(argv[2], argv[3])
+    if len(argv) >= 2 and argv[1] == "duckdb" and len(argv) == 5:
+        peer_duckdb(argv[2], argv[3], argv[4])
         return 0
-    if len(argv) >= 2 and argv[1] == "polars" and len(argv) == 4:
-        peer_polars(argv[2], argv[3])
+    if len(argv) >= 2 and argv[1] == "polars" and len(argv) == 5:
+        peer_polars(argv[2], argv[3], argv[4])
         return 0
     if len(argv) == 5 and argv[1] == "run":
         return cmd_run(argv[2], argv[3], argv[4])
