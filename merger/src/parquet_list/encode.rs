@@ -287,7 +287,10 @@ impl Encoders {
         };
         self.in_flight_bytes += job.rows.raw_bytes();
         let w = (self.sent % self.workers.len() as u64) as usize;
-        let sent = self.workers[w].jobs.as_ref().map(|jobs| jobs.send(job).is_ok());
+        let sent = self.workers[w]
+            .jobs
+            .as_ref()
+            .map(|jobs| jobs.send(job).is_ok());
         if sent != Some(true) {
             return Err(self.stopped(w));
         }
