@@ -100,7 +100,7 @@ struct ParquetArgs {
     /// L, 1-22) or none (BENCHMARKS.md, "Parquet").
     #[arg(long, value_name = "CODEC", default_value = "snappy")]
     compression: Codec,
-    /// Parquet: rows per row group at most (a row group also ends at 64 MiB of payloads).
+    /// Parquet: rows per row group at most (a row group also ends at 32 MiB of payloads).
     /// Smaller groups let an ID-range query skip more of the file.
     #[arg(long, value_name = "N", default_value_t = DEFAULT_ROW_GROUP_ROWS as u64, value_parser = clap::value_parser!(u64).range(1..=1 << 24))]
     row_group_rows: u64,
