@@ -28,15 +28,6 @@ pub struct RunWriter<W: Write> {
     index: Vec<BlockEntry>,
 }
 
-/// Where a range of a list starts ([`RunWriter::range`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RangeStart {
-    /// File offset of its first block.
-    pub offset: u64,
-    /// Record bytes (CRCs not counted) of the whole list before it: a block boundary.
-    pub position: u64,
-}
-
 /// What [`RunWriter::finish_range`] wrote: a range's blocks, for [`RunWriter::join_range`].
 #[derive(Debug, Clone)]
 pub struct RangeWritten {
@@ -52,12 +43,6 @@ pub struct RangeWritten {
     pub records: u64,
 }
 
-/// The position at which a block open at `position` closes: the next multiple of
-/// [`BLOCK_TARGET`] above it.
-pub fn next_boundary(position: u64) -> u64 {
-    (position / BLOCK_TARGET as u64 + 1) * BLOCK_TARGET as u64
-}
-
 impl<W: Write> RunWriter<W> {
     /// Starts a run holding records of the shards in `specs` with IDs in `part`'s range.
     ///
@@ -65,15 +50,7 @@ impl<W: Write> RunWriter<W> {
     /// Writing the header.
     pub fn new(mut out: W, specs: Vec<ShardSpec>, part: Part) -> Result<RunWriter<W>, RunError> {
         out.write_all(&MAGIC)?;
-        Ok(RunWriter::range(
-            out,
-            specs,
-            part,
-            RangeStart {
-                offset: HEADER_LEN,
-                position: 0,
-            },
-        ))
+        Ok(RunWriter::range(out, specs, part, RangeStart::FIRST))
     }
 
     /// A writer of one range of a list: blocks only, the first at `start`, records in
