@@ -701,13 +701,15 @@ pub fn record_at(body: &[u8], pos: usize) -> Result<(RecordRef<'_>, usize), Stri
 }
 
 mod check;
+mod file;
 mod layout;
 mod ranged;
 mod writer;
 pub use check::{holds_all, SeqCheck, ShardSpec, WriteCheck};
+pub use file::RunFile;
 pub use layout::{is_block_boundary, next_boundary, RangeStart};
 pub use ranged::{RangeRead, RangedError, RangedRun, RunBlocks, RunRecords};
-pub use writer::{RangeWritten, RunFile, RunWriter};
+pub use writer::{RangeWritten, RunWriter};
 
 #[cfg(test)]
 mod tests;
