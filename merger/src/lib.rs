@@ -1,8 +1,8 @@
 //! merger: combines the producers' sublists into one list.bin, in ID order.
 //!
 //! - [`merge`]: the k-way merge as a pure function over sorted iterators of
-//!   [`qformat::Record`] (a heap of one head per input; memory bounded by the number of
-//!   inputs). It stops with an error on a duplicate ID across inputs, an input out of
+//!   [`qformat::Record`] (a loser tree of the inputs' heads; memory bounded by the number
+//!   of inputs). It stops with an error on a duplicate ID across inputs, an input out of
 //!   order, or a record carrying the wrong shard number.
 //! - [`find_shards`], [`open_shards`]: finding and opening RocksDB sublists (read-only,
 //!   through [`sublist::shard::ShardReader`]); [`merge_inputs`] merges them and runs into a

@@ -1,7 +1,7 @@
 //! qstore: where qlist's runs live, a local directory or an object store speaking the S3 API.
 //!
 //! Producers seal a finished sublist into a *run* (an immutable file, format owned by the
-//! `sublist` crate) and write it to a [`Location`]: a local directory or `s3://bucket/prefix`.
+//! `qformat` crate) and write it to a [`Location`]: a local directory or `s3://bucket/prefix`.
 //! The merger lists the runs there and reads them with ranged reads.
 //!
 //! - [`Location`]: a parsed place (`/data/runs`, `s3://bucket/runs`) and the runs in it.

@@ -17,7 +17,10 @@
 //! This module is pure: it encodes into any [`Write`] ([`RunWriter`]) and decodes byte
 //! slices ([`Footer::decode`], [`RunMeta::decode`], [`decode_block`]); where the bytes come
 //! from (a file, an S3 object, a range of either) is the caller's business. Every decoding
-//! error names the byte offset in the file.
+//! error names the byte offset in the file. Where blocks start and end, as positions and
+//! file offsets, is computed in one place ([`RangeStart::at_position`], [`next_boundary`],
+//! [`is_block_boundary`], [`BlockEntry::record_bytes`]), so nothing outside this crate
+//! repeats the arithmetic.
 
 use std::io::{self, Write};
 
@@ -698,11 +701,15 @@ pub fn record_at(body: &[u8], pos: usize) -> Result<(RecordRef<'_>, usize), Stri
 }
 
 mod check;
+mod file;
+mod layout;
 mod ranged;
 mod writer;
 pub use check::{holds_all, SeqCheck, ShardSpec, WriteCheck};
+pub use file::RunFile;
+pub use layout::{is_block_boundary, next_boundary, RangeStart};
 pub use ranged::{RangeRead, RangedError, RangedRun, RunBlocks, RunRecords};
-pub use writer::{next_boundary, RangeStart, RangeWritten, RunFile, RunWriter};
+pub use writer::{RangeWritten, RunWriter};
 
 #[cfg(test)]
 mod tests;
