@@ -21,7 +21,11 @@
 //! Liveness is checked bounded: [`Config::quiet`] is the model once faults stop, and
 //! [`Config::quiet_run`] runs it on one fair schedule; with [`Config::liveness`] set,
 //! every state the search reaches must lead to an answer within that many quiet steps.
+//!
+//! [`follow`] is a second, separate model: producers publishing segments and checkpoints
+//! with claims, and a follower emitting the stable prefix up to the watermark (issue #45).
 
+pub mod follow;
 mod model;
 
 pub use model::*;
