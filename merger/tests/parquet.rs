@@ -553,7 +553,7 @@ fn a_parquet_follow_is_read_as_one_dataset() {
     let q = Command::new(python())
         .args([
             "-c",
-            "import duckdb, sys; print(duckdb.sql(f\"SELECT count(*), count(DISTINCT id), max(id) FROM '{sys.argv[1]}'\").fetchone())",
+            "import duckdb, sys; print(duckdb.connect().execute(\"SELECT count(*), count(DISTINCT id), max(id) FROM read_parquet(?)\", [sys.argv[1]]).fetchone())",
             &glob,
         ])
         .output()
