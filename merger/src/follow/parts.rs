@@ -56,14 +56,14 @@ struct OpenPart {
 
 /// A part's writer, in its format.
 enum Sink {
-    Bin(RunSink<Upload>),
+    Bin(Box<RunSink<Upload>>),
     Parquet(Box<ParquetWriter<Upload>>),
 }
 
 impl Sink {
     fn list(&mut self) -> &mut dyn ListSink {
         match self {
-            Sink::Bin(s) => s,
+            Sink::Bin(s) => s.as_mut(),
             Sink::Parquet(p) => p.as_mut(),
         }
     }
@@ -92,9 +92,8 @@ impl Sink {
     fn finish(self) -> Result<(Upload, Vec<ShardEntry>), MergeError> {
         match self {
             Sink::Bin(s) => {
-                let name = s.name;
-                let (upload, meta) = s
-                    .writer
+                let RunSink { writer, name } = *s;
+                let (upload, meta) = writer
                     .finish()
                     .map_err(|error| MergeError::Run { name, error })?;
                 Ok((upload, meta.shards))
@@ -299,7 +298,7 @@ impl Parts {
                         name: name.clone(),
                         error,
                     })?;
-                Sink::Bin(RunSink { writer, name })
+                Sink::Bin(Box::new(RunSink { writer, name }))
             }
             PartFormat::Parquet(opts) => Sink::Parquet(Box::new(ParquetWriter::new(
                 upload, specs, part, &opts, &name,

@@ -110,7 +110,10 @@ impl SeqCheck {
     pub fn restate(&mut self, mut specs: Vec<ShardSpec>) -> Result<(), String> {
         specs.sort_by_key(|s| s.shard);
         let same = specs.len() == self.shards.len()
-            && specs.iter().zip(&self.shards).all(|(a, b)| a.shard == b.0.shard);
+            && specs
+                .iter()
+                .zip(&self.shards)
+                .all(|(a, b)| a.shard == b.0.shard);
         if !same {
             return Err("the shards must stay the same".into());
         }

@@ -441,11 +441,13 @@ fn a_segment_holds_exactly_its_seq_range() {
         for r in records.iter().filter(|r| (from..to).contains(&r.seq)) {
             w.write(r).expect("write");
         }
-        let e = w.finish().err().expect("incomplete segment refused");
+        let e = w.finish().expect_err("incomplete segment refused");
         assert!(matches!(e, RunError::Incomplete { shard: 3, .. }), "{e}");
     }
     let mut w = RunWriter::segment(Vec::new(), 3, 5, 9).expect("new");
-    let e = w.write(&rec(200, 3, 9, b"x")).expect_err("beyond the segment");
+    let e = w
+        .write(&rec(200, 3, 9, b"x"))
+        .expect_err("beyond the segment");
     assert!(e.to_string().contains("beyond its 9 items"), "{e}");
 }
 
@@ -455,7 +457,11 @@ fn restate_narrows_the_part_and_sets_totals() {
     let open = Part::follow(2, 10, u64::MAX);
     let unknown = |total| vec![spec(0, total), spec(1, total)];
     let mut w = RunWriter::new(Vec::new(), unknown(u64::MAX), open).expect("new");
-    for r in [rec(11, 0, 4, b"a"), rec(12, 1, 0, b"b"), rec(15, 0, 5, b"c")] {
+    for r in [
+        rec(11, 0, 4, b"a"),
+        rec(12, 1, 0, b"b"),
+        rec(15, 0, 5, b"c"),
+    ] {
         w.write(&r).expect("write");
     }
     assert_eq!(w.last_id(), Some(15));
