@@ -223,6 +223,11 @@ pub fn merge_jobs(
             path: s.reader.path().to_path_buf(),
         });
     }
+    if let Some(p) = inputs.published.first() {
+        return Err(MergeError::SplitPublished {
+            name: p.name.clone(),
+        });
+    }
     let Some(ranges) = plan(&inputs.runs, jobs)? else {
         tracing::warn!(
             jobs,

@@ -44,12 +44,16 @@ fn verify_runs(files: &[String]) -> anyhow::Result<String> {
     } else {
         String::new()
     };
+    let shards = if s.growing {
+        format!("{} shards, a prefix of a growing list (a follow's parts, the last of which does not end at the last id)", s.shards)
+    } else {
+        format!("{} shards complete", s.shards)
+    };
     Ok(format!(
-        "{}: OK: {} records{parts}, {} bytes, {ids}, strictly increasing, {} shards complete, every block checksum verified",
+        "{}: OK: {} records{parts}, {} bytes, {ids}, strictly increasing, {shards}, every block checksum verified",
         files.join(" "),
         s.records,
         s.bytes,
-        s.shards,
     ))
 }
 

@@ -7,7 +7,6 @@ use std::path::{Path, PathBuf};
 use tempfile::NamedTempFile;
 
 use crate::{Location, StoreError};
-use qformat::names::is_run_name;
 
 /// Writes smaller than this are gathered (the default 8 KiB would cost one syscall per
 /// few records); a run's blocks (~256 KiB) are larger and go to the file as they are,
@@ -23,8 +22,8 @@ const TEMP_RANDOM_CHARS: usize = 6;
 /// memory is dirty, and a 1.3 GB merge spent about a second in its final fsync.
 const WRITEBACK_EVERY: u64 = 32 << 20;
 
-/// The `*.bin` files directly in `dir`, unsorted.
-pub(crate) fn list_runs(dir: &Path) -> Result<Vec<Location>, StoreError> {
+/// The files directly in `dir` whose names `keep` accepts, unsorted.
+pub(crate) fn list_named(dir: &Path, keep: fn(&str) -> bool) -> Result<Vec<Location>, StoreError> {
     let shown = dir.display();
     let entries =
         std::fs::read_dir(dir).map_err(|e| StoreError::io(&shown, "list directory", e))?;
@@ -33,7 +32,7 @@ pub(crate) fn list_runs(dir: &Path) -> Result<Vec<Location>, StoreError> {
         let entry = entry.map_err(|e| StoreError::io(&shown, "list directory", e))?;
         let name = entry.file_name();
         let Some(name) = name.to_str() else { continue };
-        if !is_run_name(name) {
+        if !keep(name) {
             continue;
         }
         // Follows symlinks: a run may be linked in from elsewhere.

@@ -75,21 +75,35 @@ impl Store {
     /// [`StoreError::NotFound`] for a missing directory (an empty one, or an S3 prefix with
     /// nothing under it, gives `Ok(vec![])`); I/O and S3 errors naming `loc`.
     pub fn list_runs(&self, loc: &Location) -> Result<Vec<Location>, StoreError> {
-        let mut runs = match loc {
-            Location::Dir(path) => dir::list_runs(path)?,
+        self.list_named(loc, is_run_name)
+    }
+
+    /// Every file or object directly under `loc` (not recursive) whose name `keep`
+    /// accepts, sorted by name ([`Store::list_runs`] keeps runs; a merge of published
+    /// shards also keeps their checkpoints).
+    ///
+    /// # Errors
+    /// As [`Store::list_runs`].
+    pub fn list_named(
+        &self,
+        loc: &Location,
+        keep: fn(&str) -> bool,
+    ) -> Result<Vec<Location>, StoreError> {
+        let mut found = match loc {
+            Location::Dir(path) => dir::list_named(path, keep)?,
             Location::S3 { .. } => {
                 let target = self.s3_target(loc)?;
                 let metas = self.inner.tasks.run(async move { target.list().await })?;
                 metas
                     .iter()
                     .filter_map(|m| m.location.filename())
-                    .filter(|name| is_run_name(name))
+                    .filter(|name| keep(name))
                     .map(|name| loc.join(name))
                     .collect()
             }
         };
-        runs.sort();
-        Ok(runs)
+        found.sort();
+        Ok(found)
     }
 
     /// Opens one file or object for ranged reads: learns its size (and on S3 its ETag,

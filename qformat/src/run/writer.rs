@@ -52,6 +52,48 @@ impl<W: Write> RunWriter<W> {
         Ok(RunWriter::range(out, specs, part, RangeStart::FIRST))
     }
 
+    /// Starts a *segment*: a run holding exactly the seqs `first_seq..end_seq` of `shard`
+    /// (DESIGN.md, "The list while it grows"), a whole list whose shard entry says first
+    /// seq `first_seq`, total `end_seq`, not finished. [`RunWriter::finish`] refuses it
+    /// unless every one of those seqs was written.
+    ///
+    /// # Errors
+    /// Writing the header.
+    pub fn segment(
+        mut out: W,
+        shard: u32,
+        first_seq: u64,
+        end_seq: u64,
+    ) -> Result<RunWriter<W>, RunError> {
+        out.write_all(&MAGIC)?;
+        let mut w = RunWriter::range(
+            out,
+            Vec::new(),
+            Part::WHOLE,
+            RangeStart {
+                offset: HEADER_LEN,
+                position: 0,
+            },
+        );
+        w.check = WriteCheck::segment(shard, first_seq, end_seq);
+        Ok(w)
+    }
+
+    /// Replaces the part and the shards' specs before [`RunWriter::finish`], for a list
+    /// whose ID range and shard totals are learned while it is written (a follower's
+    /// part): see [`WriteCheck::restate`].
+    ///
+    /// # Errors
+    /// [`RunError::Restate`] when the records written do not fit them.
+    pub fn restate(&mut self, part: Part, specs: Vec<ShardSpec>) -> Result<(), RunError> {
+        self.check.restate(part, specs)
+    }
+
+    /// The last ID written, if any.
+    pub fn last_id(&self) -> Option<u64> {
+        self.check.last_id()
+    }
+
     /// A writer of one range of a list: blocks only, the first at `start`, records in
     /// `range` (a part of the list: its IDs). No header is written; end it with
     /// [`RunWriter::finish_range`].
