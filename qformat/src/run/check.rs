@@ -128,6 +128,8 @@ pub struct WriteCheck {
     seqs: SeqCheck,
     last_id: Option<u64>,
     records: u64,
+    /// Shards whose items here start at a seq above 0 (a segment): (shard, first seq).
+    starts: Vec<(u32, u64)>,
 }
 
 impl WriteCheck {
@@ -138,7 +140,23 @@ impl WriteCheck {
             seqs: SeqCheck::new(specs),
             last_id: None,
             records: 0,
+            starts: Vec::new(),
         }
+    }
+
+    /// The same check, expecting shard `shard`'s records to start at seq `first_seq`: a
+    /// *segment* of it (DESIGN.md, "The list while it grows"), which holds exactly seqs
+    /// `first_seq..total` of the shard. A whole list then holds every item from
+    /// `first_seq` on, none before it.
+    pub fn starting_at(mut self, shard: u32, first_seq: u64) -> WriteCheck {
+        self.starts.retain(|s| s.0 != shard);
+        self.starts.push((shard, first_seq));
+        self
+    }
+
+    /// The seq this list's items of `shard` start at (0 but for a segment).
+    fn start_of(&self, shard: u32) -> u64 {
+        self.starts.iter().find(|s| s.0 == shard).map_or(0, |s| s.1)
     }
 
     /// The part this list holds.
@@ -266,7 +284,11 @@ impl WriteCheck {
     pub fn finish(&self) -> Result<Vec<ShardEntry>, RunError> {
         let shards = self.seqs.table();
         if self.part.is_whole() {
-            if let Some(s) = shards.iter().find(|s| !holds_all(s)) {
+            let holds_its_seqs = |s: &ShardEntry| match self.start_of(s.shard) {
+                0 => holds_all(s),
+                from => s.first_seq == from && s.count == s.total.saturating_sub(from),
+            };
+            if let Some(s) = shards.iter().find(|s| !holds_its_seqs(s)) {
                 return Err(RunError::Incomplete {
                     shard: s.shard,
                     first_seq: s.first_seq,

@@ -76,6 +76,30 @@ impl<W: Write> RunWriter<W> {
         ))
     }
 
+    /// Starts a *segment*: a run holding exactly seqs `first_seq..end_seq` of shard
+    /// `shard`, unfinished (DESIGN.md, "The list while it grows"). Its shard entry says
+    /// first seq `first_seq`, count `end_seq - first_seq`, total `end_seq`;
+    /// [`RunWriter::finish`] refuses it unless exactly those seqs were written.
+    ///
+    /// # Errors
+    /// Writing the header.
+    pub fn segment(
+        out: W,
+        shard: u32,
+        first_seq: u64,
+        end_seq: u64,
+    ) -> Result<RunWriter<W>, RunError> {
+        debug_assert!(first_seq < end_seq, "an empty segment");
+        let spec = ShardSpec {
+            shard,
+            finished: false,
+            total: end_seq,
+        };
+        let mut w = RunWriter::new(out, vec![spec], Part::WHOLE)?;
+        w.check = w.check.starting_at(shard, first_seq);
+        Ok(w)
+    }
+
     /// A writer of one range of a list: blocks only, the first at `start`, records in
     /// `range` (a part of the list: its IDs). No header is written; end it with
     /// [`RunWriter::finish_range`].
