@@ -6,7 +6,9 @@
 //!
 //! - [`Location`]: a parsed place (`/data/runs`, `s3://bucket/runs`) and the runs in it.
 //! - [`Store`]: the entry point, one per process: [`Store::list_runs`], [`Store::open`],
-//!   [`Store::create`], [`Store::exists`]. Synchronous; S3 requests run on a small tokio
+//!   [`Store::create`], [`Store::exists`]; for small objects (a producer's checkpoints and
+//!   segments) [`Store::list_names`], [`Store::read_small`], [`Store::delete`],
+//!   [`Store::make_dirs`]. Synchronous; S3 requests run on a small tokio
 //!   runtime the store owns.
 //! - [`Object`]: one run opened for reading; [`Object::read_ranges`] gives a
 //!   [`RangeReader`] with bounded read-ahead.

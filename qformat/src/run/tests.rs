@@ -494,3 +494,33 @@ fn restate_narrows_the_part_and_sets_totals() {
     assert_eq!((meta.shards[0].first_seq, meta.shards[0].count), (4, 2));
     assert_eq!((meta.shards[1].total, meta.shards[1].finished), (1, false));
 }
+
+#[test]
+fn a_segment_holds_exactly_its_seqs() {
+    let recs: Vec<Record> = (5..9).map(|seq| rec(100 + seq, 2, seq, b"p")).collect();
+    let mut w = RunWriter::segment(Vec::new(), 2, 5, 9).expect("new");
+    for r in &recs {
+        w.write(r).expect("write");
+    }
+    let (bytes, meta) = w.finish().expect("finish");
+    let entry = *meta.shard(2).expect("entry");
+    assert_eq!(
+        (entry.first_seq, entry.count, entry.total, entry.finished),
+        (5, 4, 9, false)
+    );
+    let (read, got) = read_run(&bytes).expect("read");
+    assert_eq!(read.shards, meta.shards);
+    assert_eq!(got, recs);
+    // A segment from 0 is a run of the shard's first items.
+    let mut w = RunWriter::segment(Vec::new(), 2, 0, 1).expect("new");
+    w.write(&rec(7, 2, 0, b"p")).expect("write");
+    assert!(w.finish().is_ok());
+    // Too few, a late start, or a seq beyond its end are refused.
+    for (first, end, seqs) in [(5u64, 9u64, 5..8u64), (5, 9, 6..9), (5, 9, 4..9)] {
+        let mut w = RunWriter::segment(Vec::new(), 2, first, end).expect("new");
+        let wrote = seqs
+            .map(|seq| w.write(&rec(100 + seq, 2, seq, b"p")))
+            .collect::<Result<Vec<_>, _>>();
+        assert!(wrote.is_err() || w.finish().is_err(), "{first}..{end}");
+    }
+}
