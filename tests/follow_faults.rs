@@ -16,7 +16,6 @@ mod common;
 use common::{bin, check_output, Proc};
 use idtools::cluster::test_quorum;
 use std::collections::BTreeSet;
-use std::fs::File;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::time::{Duration, Instant};
@@ -231,7 +230,7 @@ fn follow_keeps_a_prefix_through_kills_pauses_failover_and_s3_restart() {
 
     // The fault schedule: one fault every 0.6 s, snapshots of the parts in between.
     let mut snapshots: Vec<Vec<String>> = Vec::new();
-    let mut snap = |snapshots: &mut Vec<Vec<String>>| {
+    let snap = |snapshots: &mut Vec<Vec<String>>| {
         snapshots.push(cat(&parts(&out_dir), &env));
     };
     let step = Duration::from_millis(600);
@@ -273,10 +272,13 @@ fn follow_keeps_a_prefix_through_kills_pauses_failover_and_s3_restart() {
     // Then everything runs to its end.
     let start = Instant::now();
     loop {
-        let producers_done = producers
+        // Every producer is looked at (and restarted if it failed), not just up to the
+        // first one still running.
+        let done: Vec<bool> = producers
             .iter_mut()
             .map(Restartable::done_or_restart)
-            .fold(true, |a, b| a && b);
+            .collect();
+        let producers_done = done.iter().all(|&d| d);
         let follower_done = follower.done_or_restart();
         if producers_done && follower_done {
             break;
@@ -293,14 +295,24 @@ fn follow_keeps_a_prefix_through_kills_pauses_failover_and_s3_restart() {
 
     let list = tmp.path().join("list.bin");
     let merged = Command::new(bin("merger"))
-        .args(["--runs", &src, "--expect-shards", &SHARDS.to_string(), "--out"])
+        .args([
+            "--runs",
+            &src,
+            "--expect-shards",
+            &SHARDS.to_string(),
+            "--out",
+        ])
         .arg(&list)
         .envs(env.iter().map(|(k, v)| (k.as_str(), v.as_str())))
         .output()
         .expect("run merger");
     check_output(&merged, "merger --runs (the batch merge)");
     let fin = cat(&[list], &env);
-    assert_eq!(fin.len() as u64, u64::from(SHARDS) * ITEMS, "items in list.bin");
+    assert_eq!(
+        fin.len() as u64,
+        u64::from(SHARDS) * ITEMS,
+        "items in list.bin"
+    );
     let followed = cat(&parts(&out_dir), &env);
     assert!(
         followed == fin,
@@ -350,5 +362,4 @@ fn follow_keeps_a_prefix_through_kills_pauses_failover_and_s3_restart() {
         producers.iter().map(|p| p.starts).collect::<Vec<_>>(),
         follower.starts
     );
-    drop(File::open(tmp.path()));
 }
