@@ -44,9 +44,10 @@ test: deps-all test-deps build
 	bash scripts/check-release.sh
 	d=$$(mktemp -d) && QLIST_DEMO_DIR=$$d/demo QLIST_DEMO_ITEMS=20000 bash scripts/demo.sh && rm -rf $$d
 
-# Formatting, lints and docs, on the release profile the tests built (cargo doc --release
+# The layout rules (README, "Layout"), formatting, lints and docs, on the release profile the tests built (cargo doc --release
 # reuses its build scripts; a plain cargo doc would compile RocksDB again in debug).
 lint:
+	bash scripts/check-layout.sh
 	cargo fmt --all --check
 	cargo clippy --release --workspace --all-targets -- -D warnings
 	RUSTDOCFLAGS="-D warnings" cargo doc --release --no-deps --workspace

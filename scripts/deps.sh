@@ -14,6 +14,8 @@
 #                       pip-installed into the same venv)
 #   polars              benchmark-only: the peer scripts/bench-merge-peers.sh measures the
 #                       merger against (with DuckDB; PyPI, pip-installed into the same venv)
+#   systemd-analyze     test-only: `systemd-analyze verify` checks the systemd units in
+#                       deploy/ (idtools/tests/deploy.rs; Debian package systemd)
 #   slurm-wlm, munge    test-only: the Slurm test (tests/slurm.rs) starts its own slurmctld,
 #                       slurmd and munged and submits docs/slurm/*.sbatch with sbatch
 #                       (slurmctld, slurmd, sbatch, sinfo, scontrol; munged and munge)
@@ -169,6 +171,10 @@ survey() {
     problems+=("prometheus or promtool not found (Debian package prometheus)")
     missing+=(prometheus)
   fi
+  if ! find_cmd systemd-analyze >/dev/null; then
+    problems+=("systemd-analyze not found (Debian package systemd; the deploy test verifies the units with it)")
+    missing+=(systemd)
+  fi
   local absent
   absent=$(absent_cmds "${slurm_cmds[@]}")
   if [ -n "$absent" ]; then
@@ -258,7 +264,7 @@ if [ ${#missing[@]} -ne 0 ]; then
   fi
   if ! command -v apt-get >/dev/null 2>&1; then
     report
-    echo "qlist deps: no apt-get here; install by hand: redis-server (>= $min_redis_major), libclang (clang's shared library), make, a C/C++ compiler, redis-cli, redis-py, prometheus (with promtool), Slurm (slurmctld, slurmd, sbatch, sinfo, scontrol) with MUNGE, python3 with venv" >&2
+    echo "qlist deps: no apt-get here; install by hand: redis-server (>= $min_redis_major), libclang (clang's shared library), make, a C/C++ compiler, redis-cli, redis-py, prometheus (with promtool), systemd (systemd-analyze), Slurm (slurmctld, slurmd, sbatch, sinfo, scontrol) with MUNGE, python3 with venv" >&2
     exit 1
   fi
   export DEBIAN_FRONTEND=noninteractive
@@ -274,7 +280,7 @@ if [ ${#missing[@]} -ne 0 ] || [ ${#need_pip[@]} -ne 0 ]; then
   hints=()
   [ ${#missing[@]} -ne 0 ] && hints+=("'apt-get install ${missing[*]}'")
   [ ${#need_pip[@]} -ne 0 ] && hints+=("'python3 -m venv $py && $py/bin/pip install ${need_pip[*]}'")
-  echo "qlist deps: install by hand (e.g. ${hints[*]}), or on other systems: redis-server >= $min_redis_major, libclang, make, a C/C++ compiler, redis-cli, redis-py, prometheus (with promtool), Slurm (slurmctld, slurmd, sbatch, sinfo, scontrol) with MUNGE (munged, munge), SeaweedFS's weed (or set QLIST_WEED to one), and Python's duckdb, pyarrow, polars and kubernetes-validate in the venv $py; then rerun." >&2
+  echo "qlist deps: install by hand (e.g. ${hints[*]}), or on other systems: redis-server >= $min_redis_major, libclang, make, a C/C++ compiler, redis-cli, redis-py, prometheus (with promtool), systemd (systemd-analyze), Slurm (slurmctld, slurmd, sbatch, sinfo, scontrol) with MUNGE (munged, munge), SeaweedFS's weed (or set QLIST_WEED to one), and Python's duckdb, pyarrow, polars and kubernetes-validate in the venv $py; then rerun." >&2
   exit 1
 fi
 echo "qlist deps: ok" >&2

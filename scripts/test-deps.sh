@@ -16,7 +16,7 @@ tree() {
   local t="$tmp/$1"
   mkdir -p "$t/usr/bin" "$t/usr/sbin" "$t/usr/lib/x86_64-linux-gnu" "$t/usr/lib/llvm-14/lib" "$t/usr/lib/python3/dist-packages/redis" \
            "$t/usr/lib/python3.11/ensurepip" "$t/var/tmp/qlist-py/bin"
-  for c in usr/bin/make usr/bin/cc usr/bin/c++ usr/bin/redis-cli usr/bin/python3 usr/bin/prometheus usr/bin/promtool \
+  for c in usr/bin/make usr/bin/cc usr/bin/c++ usr/bin/redis-cli usr/bin/python3 usr/bin/prometheus usr/bin/promtool usr/bin/systemd-analyze \
            usr/sbin/slurmctld usr/sbin/slurmd usr/bin/sbatch usr/bin/sinfo usr/bin/scontrol usr/sbin/munged usr/bin/munge \
            var/tmp/qlist-py/bin/weed var/tmp/qlist-py/bin/kubernetes-validate var/tmp/qlist-py/bin/python; do
     printf '#!/bin/sh\n' > "$t/$c"; chmod +x "$t/$c"
@@ -82,6 +82,11 @@ t=$(tree no-clients 7.0.15)
 touch "$t/usr/lib/llvm-14/lib/libclang.so"
 rm "$t/usr/bin/redis-cli" "$t/usr/lib/python3/dist-packages/redis/__init__.py"
 expect "no redis-cli, no redis-py: both reported" "$t" 1 "to install: redis-tools python3-redis" "!build-essential"
+
+t=$(tree no-systemd-analyze 7.0.15)
+touch "$t/usr/lib/llvm-14/lib/libclang.so"
+rm "$t/usr/bin/systemd-analyze"
+expect "no systemd-analyze: the systemd package is missing" "$t" 1 "systemd-analyze not found" "to install: systemd" "!build-essential"
 
 t=$(tree no-promtool 7.0.15)
 touch "$t/usr/lib/llvm-14/lib/libclang.so"

@@ -97,6 +97,18 @@ fn next_bench_and_stats_through_a_broker() {
     let json: serde_json::Value = serde_json::from_str(&last).expect("JSON");
     assert!(json["requests"].as_u64().expect("requests") > 1, "{last}");
     assert!(json["rounds"].as_u64().expect("rounds") >= 1, "{last}");
+    // Every counter the broker sends, not a hand-picked few (BrokerStats serialized).
+    for key in [
+        "uptime_ms",
+        "connections_open",
+        "requests_ok",
+        "batch_histogram",
+        "max_batch",
+        "mean_round_us",
+        "holes",
+    ] {
+        assert!(json.get(key).is_some(), "no {key} in {last}");
+    }
 }
 
 #[test]

@@ -54,13 +54,27 @@ pub fn plan(runs: &[RunInput]) -> Result<(Vec<ShardSpec>, Part), MergeError> {
     let Some(first) = runs.first() else {
         return Err(MergeError::NoInputs);
     };
+    let mut table = first;
     let part = if runs.len() == 1 {
         first.meta.part()
     } else {
         crate::verify::check_parts(runs)?;
-        Part::WHOLE
+        let last = &runs[runs.len() - 1];
+        match last.meta.part() {
+            // A follow's parts: the last one's table holds the totals; a follow not yet
+            // complete is one part of it, from id 0 to where its parts end.
+            p if p.is_follow() => {
+                table = last;
+                if p.last_id == u64::MAX {
+                    Part::WHOLE
+                } else {
+                    Part::follow(0, 0, p.last_id)
+                }
+            }
+            _ => Part::WHOLE,
+        }
     };
-    let specs = first
+    let specs = table
         .meta
         .shards
         .iter()

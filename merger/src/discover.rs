@@ -4,7 +4,9 @@
 
 use std::path::{Path, PathBuf};
 
-use qformat::names::has_run_suffix;
+use qformat::names::{
+    checkpoint_shard, has_run_suffix, is_run_name, CHECKPOINT_SUFFIX, SEGMENT_SUFFIX,
+};
 use qstore::{Location, Store};
 
 use crate::{check_out_path, find_shards_to_merge, MergeError, MergeInput};
@@ -28,13 +30,23 @@ pub fn find_inputs(
         specs.extend(shards.into_iter().map(MergeInput::Sublist));
     }
     for src in runs {
-        let found = store.list_runs(src).map_err(MergeError::Store)?;
+        // Runs, and the checkpoints of shards published as they go (DESIGN.md, "The list
+        // while it grows"); a shard with both is sorted out when they are opened.
+        let found = store
+            .list_named(src, |n| is_run_name(n) || checkpoint_shard(n).is_some())
+            .map_err(MergeError::Store)?;
         if found.is_empty() {
             return Err(MergeError::NoRuns {
                 src: src.to_string(),
             });
         }
-        specs.extend(found.into_iter().map(MergeInput::Run));
+        specs.extend(found.into_iter().map(|loc| {
+            if checkpoint_shard(loc.name()).is_some() {
+                MergeInput::Checkpoint(loc)
+            } else {
+                MergeInput::Run(loc)
+            }
+        }));
     }
     for arg in inputs {
         specs.push(MergeInput::classify(arg)?);
@@ -59,6 +71,13 @@ pub fn check_out(
         out: PathBuf::from(out.to_string()),
         reason,
     };
+    let name = out.name();
+    if name.ends_with(CHECKPOINT_SUFFIX) || name.ends_with(SEGMENT_SUFFIX) {
+        return Err(bad(
+            "a checkpoint's or a segment's name: a producer publishes those, a merge writes runs"
+                .into(),
+        ));
+    }
     for src in runs {
         if has_run_suffix(&out.to_string()) && same_place(out, src) {
             return Err(bad(format!("it lands among the runs of --runs {src}: the next merge of {src} would read it as an input (write it elsewhere)")));
@@ -77,7 +96,9 @@ pub fn check_out(
         .iter()
         .filter_map(|s| match s {
             MergeInput::Sublist(p) | MergeInput::Run(Location::Dir(p)) => Some(p.clone()),
-            MergeInput::Run(_) => None,
+            // A checkpoint's directory is its shard's publication place, where compaction
+            // writes the shard's run (`shard-<n>.bin`): not guarded like a data dir.
+            MergeInput::Run(_) | MergeInput::Checkpoint(_) => None,
         })
         .collect();
     check_out_path(out, data_dir, &paths)

@@ -5,11 +5,13 @@
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 
-use qformat::names::has_run_suffix;
+use qformat::checkpoint::Checkpoint;
+use qformat::names::{checkpoint_shard, has_run_suffix, CHECKPOINT_SUFFIX};
 use qformat::run::{Part, RunMeta, ShardSpec};
 use qstore::{Location, Store};
 
 use crate::kway::{Input, Merger, RecordBlocks};
+use crate::published::{read_checkpoint, CheckpointRead, SegmentBlocks, Segments};
 use crate::runs::{open_run, RunInput};
 use crate::sink::ListSink;
 use crate::{open_shards, MergeError, OpenShard, PROGRESS_EVERY};
@@ -21,16 +23,23 @@ pub enum MergeInput {
     Sublist(PathBuf),
     /// A run: a file or an S3 object.
     Run(Location),
+    /// A shard's checkpoint (`shard-<n>.checkpoint`): its segments, chained, are the
+    /// input (DESIGN.md, "The list while it grows").
+    Checkpoint(Location),
 }
 
 impl MergeInput {
-    /// An `s3://` URL or a file is a run, a directory a sublist; a path that does not
-    /// exist is a run if it ends in `.bin`, else a sublist (so the error says what is missing).
+    /// A name ending in `.checkpoint` is a checkpoint; otherwise an `s3://` URL or a file
+    /// is a run, a directory a sublist; a path that does not exist is a run if it ends in
+    /// `.bin`, else a sublist (so the error says what is missing).
     ///
     /// # Errors
     /// A malformed `s3://` URL.
     pub fn classify(arg: &str) -> Result<MergeInput, MergeError> {
         let location = Location::parse(arg)?;
+        if location.name().ends_with(CHECKPOINT_SUFFIX) {
+            return Ok(MergeInput::Checkpoint(location));
+        }
         Ok(match location {
             Location::Dir(path) if path.is_dir() => MergeInput::Sublist(path),
             Location::Dir(path) if !path.exists() && !has_run_suffix(arg) => {
@@ -47,6 +56,119 @@ pub struct Inputs {
     pub sublists: Vec<OpenShard>,
     /// Runs, their metadata read.
     pub runs: Vec<RunInput>,
+    /// Published shards: their checkpoints read (segments are opened as the merge reads them).
+    pub published: Vec<Published>,
+}
+
+/// A shard published as it goes, as a merge input: its checkpoint, where its segments are.
+pub struct Published {
+    /// The checkpoint's location, as named to the user.
+    pub name: String,
+    /// What it says.
+    pub checkpoint: Checkpoint,
+    /// Where its segments are (the checkpoint's directory or prefix).
+    pub src: Location,
+    store: Store,
+}
+
+impl Published {
+    /// The shard's records, its segments chained in seq order, as one input of the merge.
+    fn input(&self, part: Part) -> Input<'static> {
+        let chain = Segments::new(
+            self.store.clone(),
+            self.src.clone(),
+            self.checkpoint.shard,
+            &self.checkpoint.segments,
+        );
+        let blocks = SegmentBlocks::new(chain, part.first_id, part.last_id);
+        Input::new(
+            self.name.clone(),
+            vec![self.checkpoint.shard],
+            Box::new(blocks),
+        )
+    }
+}
+
+/// The directory or prefix a checkpoint (or any file) lies in.
+fn parent_of(loc: &Location) -> Location {
+    match loc {
+        Location::Dir(p) => Location::Dir(
+            p.parent()
+                .filter(|d| !d.as_os_str().is_empty())
+                .map_or_else(|| PathBuf::from("."), PathBuf::from),
+        ),
+        Location::S3 { bucket, prefix } => Location::S3 {
+            bucket: bucket.clone(),
+            prefix: prefix.rsplit_once('/').map_or("", |(p, _)| p).to_string(),
+        },
+    }
+}
+
+/// Reads the checkpoints `locs`, and keeps those no run supersedes: a run holding only
+/// the same shard, complete, with as many items as the checkpoint, which is finished
+/// (what compaction writes) is used instead; any other pair is an error naming both. A
+/// checkpoint gone since it was listed is skipped when a run holds its shard (a
+/// compaction finished meanwhile).
+fn open_published(
+    store: &Store,
+    locs: &[Location],
+    runs: &[RunInput],
+) -> Result<Vec<Published>, MergeError> {
+    let mut out = Vec::new();
+    for loc in locs {
+        let holder = |shard: u32| {
+            runs.iter()
+                .find(|r| r.meta.shards.iter().any(|s| s.shard == shard))
+        };
+        let checkpoint = match read_checkpoint(store, loc, None)? {
+            CheckpointRead::Found(c, _) => c,
+            CheckpointRead::Missing | CheckpointRead::Unchanged => {
+                if checkpoint_shard(loc.name()).and_then(holder).is_some() {
+                    continue;
+                }
+                return Err(MergeError::Store(qstore::StoreError::NotFound {
+                    object: loc.to_string(),
+                }));
+            }
+        };
+        let shard = checkpoint.shard;
+        if let Some(run) = holder(shard) {
+            let whole = run.meta.shards.len() == 1 && run.meta.shards[0].complete();
+            let why = if !whole {
+                Some("the run does not hold that shard alone and complete".to_string())
+            } else if !checkpoint.finished {
+                Some("the checkpoint's shard is not finished".to_string())
+            } else if run.meta.shards[0].total != checkpoint.count {
+                Some(format!(
+                    "the run holds {} items, the checkpoint {}",
+                    run.meta.shards[0].total, checkpoint.count
+                ))
+            } else {
+                None
+            };
+            match why {
+                None => {
+                    tracing::debug!(run = %run.name, checkpoint = %loc, "the run of a compacted shard supersedes its checkpoint");
+                    continue;
+                }
+                Some(why) => {
+                    return Err(MergeError::RunAndCheckpoint {
+                        shard,
+                        run: run.name.clone(),
+                        checkpoint: loc.to_string(),
+                        why,
+                    })
+                }
+            }
+        }
+        out.push(Published {
+            name: loc.to_string(),
+            checkpoint,
+            src: parent_of(loc),
+            store: store.clone(),
+        });
+    }
+    Ok(out)
 }
 
 /// Opens every input and checks what spans them: no shard in two inputs, no part of a
@@ -65,10 +187,12 @@ pub fn open_inputs(
     }
     let mut paths = Vec::new();
     let mut runs = Vec::new();
+    let mut checkpoints = Vec::new();
     for spec in specs {
         match spec {
             MergeInput::Sublist(p) => paths.push(p.clone()),
             MergeInput::Run(loc) => runs.push(open_run(store, loc)?),
+            MergeInput::Checkpoint(loc) => checkpoints.push(loc.clone()),
         }
     }
     let sublists = if paths.is_empty() {
@@ -76,7 +200,12 @@ pub fn open_inputs(
     } else {
         open_shards(&paths, allow_unfinished)?
     };
-    let inputs = Inputs { sublists, runs };
+    let published = open_published(store, &checkpoints, &runs)?;
+    let inputs = Inputs {
+        sublists,
+        runs,
+        published,
+    };
     inputs.check_runs(allow_unfinished)?;
     inputs.check_disjoint()?;
     Ok(inputs)
@@ -101,6 +230,14 @@ impl Inputs {
                 }
             }
         }
+        for p in &self.published {
+            if !p.checkpoint.finished && !allow_unfinished {
+                return Err(MergeError::Unfinished {
+                    path: PathBuf::from(&p.name),
+                    written: p.checkpoint.count,
+                });
+            }
+        }
         Ok(())
     }
 
@@ -115,6 +252,9 @@ impl Inputs {
             for s in &run.meta.shards {
                 owners.push((s.shard, run.name.clone()));
             }
+        }
+        for p in &self.published {
+            owners.push((p.checkpoint.shard, p.name.clone()));
         }
         owners
     }
@@ -151,6 +291,11 @@ impl Inputs {
                 total: s.total,
             }));
         }
+        specs.extend(self.published.iter().map(|p| ShardSpec {
+            shard: p.checkpoint.shard,
+            finished: p.checkpoint.finished,
+            total: p.checkpoint.count,
+        }));
         specs.sort_by_key(|s| s.shard);
         specs
     }
@@ -169,6 +314,10 @@ impl Inputs {
             for s in &run.meta.shards {
                 found.insert(s.shard, (s.complete(), run.name.clone()));
             }
+        }
+        for p in &self.published {
+            let c = &p.checkpoint;
+            found.insert(c.shard, (c.finished, p.name.clone()));
         }
         let missing: Vec<u32> = (0..n).filter(|s| !found.contains_key(s)).collect();
         let incomplete: Vec<(u32, String)> = found
@@ -193,7 +342,8 @@ impl Inputs {
     /// Records in all inputs (the progress bar's total).
     pub fn records(&self) -> u64 {
         let sublists: u64 = self.sublists.iter().map(|s| s.items).sum();
-        sublists + self.runs.iter().map(|r| r.meta.records()).sum::<u64>()
+        let published: u64 = self.published.iter().map(|p| p.checkpoint.count).sum();
+        sublists + published + self.runs.iter().map(|r| r.meta.records()).sum::<u64>()
     }
 
     /// The runs' metadata, for split points.
@@ -217,6 +367,12 @@ fn merge_inputs_of(inputs: &Inputs, part: Part) -> Result<Vec<Input<'_>>, MergeE
         let blocks = RecordBlocks::new(name.clone(), records);
         out.push(Input::new(name, vec![s.reader.shard()], Box::new(blocks)));
     }
+    if let Some(p) = inputs.published.first().filter(|_| !part.is_whole()) {
+        return Err(MergeError::SplitPublished {
+            name: p.name.clone(),
+        });
+    }
+    out.extend(inputs.published.iter().map(|p| p.input(part)));
     out.extend(run_inputs(&inputs.runs, part));
     Ok(out)
 }

@@ -21,10 +21,9 @@ use std::io::{BufReader, Seek, SeekFrom, Write};
 use std::os::unix::fs::FileExt;
 use std::path::Path;
 
-use qformat::record::RECORD_HEAD_LEN;
 use qformat::run::{
-    check_block, next_boundary, BlockRecords, Part, RangeStart, RangeWritten, RunError, RunWriter,
-    ShardSpec, BLOCK_CRC_LEN, BLOCK_TARGET, HEADER_LEN,
+    check_block, is_block_boundary, next_boundary, BlockEntry, BlockRecords, Part, RangeStart,
+    RangeWritten, RunError, RunWriter, ShardSpec, BLOCK_TARGET,
 };
 
 use crate::inputs::{run_inputs, write_merged, Inputs};
@@ -52,22 +51,16 @@ pub struct Range {
 /// Reading or checking the blocks around a cut, and the merge's own errors there (a
 /// duplicate, a record out of order).
 pub fn plan(runs: &[RunInput], jobs: u32) -> Result<Option<Vec<Range>>, MergeError> {
-    let big = runs.iter().flat_map(|r| r.meta.blocks.iter()).any(|b| {
-        let body = u64::from(b.len) - BLOCK_CRC_LEN;
-        body - (u64::from(b.records) - 1) * RECORD_HEAD_LEN as u64 > BLOCK_TARGET as u64
-    });
+    let big = runs
+        .iter()
+        .flat_map(|r| r.meta.blocks.iter())
+        .any(BlockEntry::may_hold_long_record);
     if big {
         return Ok(None);
     }
     let metas: Vec<_> = runs.iter().map(|r| &r.meta).collect();
     let parts = crate::split::split(&metas, jobs);
-    let mut starts = vec![(
-        0u64,
-        RangeStart {
-            offset: HEADER_LEN,
-            position: 0,
-        },
-    )];
+    let mut starts = vec![(0u64, RangeStart::FIRST)];
     for p in &parts[1..] {
         let prev = starts[starts.len() - 1].0;
         if p.first_id <= prev {
@@ -101,12 +94,8 @@ fn natural_cut(runs: &[RunInput], x: u64) -> Result<Option<(u64, RangeStart)>, M
     for run in runs {
         position += bytes_below(run, x)?;
     }
-    let at = |position: u64| RangeStart {
-        offset: HEADER_LEN + position + BLOCK_CRC_LEN * (position / BLOCK_TARGET as u64),
-        position,
-    };
-    if position.is_multiple_of(BLOCK_TARGET as u64) {
-        return Ok(Some((x, at(position))));
+    if is_block_boundary(position) {
+        return Ok(Some((x, RangeStart::at_position(position))));
     }
     let boundary = next_boundary(position);
     let rest = Part {
@@ -120,7 +109,8 @@ fn natural_cut(runs: &[RunInput], x: u64) -> Result<Option<(u64, RangeStart)>, M
         for r in stretch.iter() {
             position += r.encoded.len() as u64;
             if position >= boundary {
-                return Ok(r.id.checked_add(1).map(|next| (next, at(position))));
+                let start = RangeStart::at_position(position);
+                return Ok(r.id.checked_add(1).map(|next| (next, start)));
             }
         }
     }
@@ -132,10 +122,7 @@ fn natural_cut(runs: &[RunInput], x: u64) -> Result<Option<(u64, RangeStart)>, M
 fn bytes_below(run: &RunInput, x: u64) -> Result<u64, MergeError> {
     let blocks = &run.meta.blocks;
     let whole = blocks.partition_point(|b| b.last_id < x);
-    let mut bytes: u64 = blocks[..whole]
-        .iter()
-        .map(|b| u64::from(b.len) - BLOCK_CRC_LEN)
-        .sum();
+    let mut bytes: u64 = blocks[..whole].iter().map(BlockEntry::record_bytes).sum();
     if let Some(b) = blocks.get(whole).filter(|b| b.first_id < x) {
         let read = run.read_block(b)?;
         let body = check_block(&read, b, whole as u64).map_err(|error| MergeError::Run {
@@ -234,6 +221,11 @@ pub fn merge_jobs(
     if let Some(s) = inputs.sublists.first() {
         return Err(MergeError::SplitNeedsRuns {
             path: s.reader.path().to_path_buf(),
+        });
+    }
+    if let Some(p) = inputs.published.first() {
+        return Err(MergeError::SplitPublished {
+            name: p.name.clone(),
         });
     }
     let Some(ranges) = plan(&inputs.runs, jobs)? else {

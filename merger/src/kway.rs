@@ -704,7 +704,7 @@ mod tests {
                     )
                 })
                 .collect();
-            let per_record = payload + qformat::record::RECORD_HEAD_LEN;
+            let per_record = qformat::record::encoded_len(payload);
             // Records buffered at most: the cap in records, or the byte cap plus the one
             // record that crossed it, whichever comes first.
             let cap = READ_AHEAD_RECORDS.min(READ_AHEAD_BYTES.div_ceil(per_record).max(1));

@@ -1,8 +1,8 @@
 //! merger: combines the producers' sublists into one list.bin, in ID order.
 //!
 //! - [`merge`]: the k-way merge as a pure function over sorted iterators of
-//!   [`qformat::Record`] (a heap of one head per input; memory bounded by the number of
-//!   inputs). It stops with an error on a duplicate ID across inputs, an input out of
+//!   [`qformat::Record`] (a loser tree of the inputs' heads; memory bounded by the number
+//!   of inputs). It stops with an error on a duplicate ID across inputs, an input out of
 //!   order, or a record carrying the wrong shard number.
 //! - [`find_shards`], [`open_shards`]: finding and opening RocksDB sublists (read-only,
 //!   through [`sublist::shard::ShardReader`]); [`merge_inputs`] merges them and runs into a
@@ -13,18 +13,26 @@
 //!   [`output::write_list`] (the format, the atomic upload, what was written), showing
 //!   [`progress::MergeProgress`].
 //!
+//! - [`published`]: shards published as their producers go (a checkpoint, its segments
+//!   chained into one input); `merger --runs SRC` merges them like runs.
+//! - [`follow::follow`] (`merger follow`): the list while it grows, emitted up to the
+//!   stable watermark into consecutive parts ([`follow::Parts`]) and lines, resumable from
+//!   its parts; [`follow::FollowStats`] its progress and metrics.
+//!
 //! The `merger` binary only parses flags into these and maps errors to exit codes
-//! (`merger --out`, `merger convert`, `merger verify`, `merger cat`).
+//! (`merger --out`, `merger follow`, `merger convert`, `merger verify`, `merger cat`).
 
 pub mod command;
 pub mod convert;
 pub mod discover;
+pub mod follow;
 mod inputs;
 pub mod jobs;
 pub mod kway;
 pub mod output;
 pub mod parquet_list;
 pub mod progress;
+pub mod published;
 pub mod read;
 pub mod runs;
 pub mod sink;
@@ -188,7 +196,7 @@ pub enum MergeError {
         path: PathBuf,
     },
     /// `--runs SRC` found nothing to merge.
-    #[error("no runs found: {src} holds no *.bin run")]
+    #[error("no runs found: {src} holds no *.bin run and no *.checkpoint")]
     NoRuns {
         /// The source of runs given with `--runs`.
         src: String,
@@ -246,6 +254,50 @@ pub enum MergeError {
     /// Writing list.bin failed.
     #[error(transparent)]
     List(#[from] ListError),
+    /// A checkpoint's bytes are not a checkpoint (torn, edited, too long), or it names
+    /// another shard than its name (DESIGN.md, "The list while it grows").
+    #[error("{name}: {what}")]
+    BadCheckpoint {
+        /// The checkpoint, as named to the user.
+        name: String,
+        /// What is wrong.
+        what: String,
+    },
+    /// A published shard breaks the rules of publication: a segment that is not what its
+    /// checkpoint says, a checkpoint that drops what an earlier one published.
+    #[error("{name}: {what}")]
+    Publication {
+        /// The segment or checkpoint, as named to the user.
+        name: String,
+        /// What is wrong.
+        what: String,
+    },
+    /// A shard has both a run and a checkpoint that are not the same finished shard.
+    #[error("{run} and {checkpoint} both hold shard {shard}, but {why}: a run supersedes a checkpoint only once it holds the finished shard's every item (compaction); remove the stale one")]
+    RunAndCheckpoint {
+        /// The shard.
+        shard: u32,
+        /// The run.
+        run: String,
+        /// The checkpoint.
+        checkpoint: String,
+        /// How they differ.
+        why: String,
+    },
+    /// `--part` or `--jobs` with a published shard: split points come from runs' indexes.
+    #[error("{name} is a checkpoint (a shard published as it goes): --part and --jobs split runs by their index; compact the shard into a run first (docs/merger.md)")]
+    SplitPublished {
+        /// The checkpoint, as named to the user.
+        name: String,
+    },
+    /// A follower's output directory holds what its parts cannot continue.
+    #[error("{}: {what}", dir.display())]
+    FollowDir {
+        /// The `--out-dir`.
+        dir: PathBuf,
+        /// What is wrong.
+        what: String,
+    },
     /// Encoding or writing a Parquet list failed.
     #[error("writing {out} as Parquet: {error}")]
     Parquet {

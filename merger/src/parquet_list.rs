@@ -320,6 +320,24 @@ impl<W: Write + Send> ParquetWriter<W> {
 }
 
 impl<W: Write + Send> ParquetWriter<W> {
+    /// Replaces the part and the shards' specs before [`ParquetWriter::finish`] (a
+    /// follower's part learns them as it grows): [`WriteCheck::restate`].
+    ///
+    /// # Errors
+    /// [`MergeError::Run`] when the rows written do not fit them.
+    pub fn restate(&mut self, part: Part, specs: Vec<ShardSpec>) -> Result<(), MergeError> {
+        let restated = self.check.restate(part, specs);
+        restated.map_err(|error| MergeError::Run {
+            name: self.name.clone(),
+            error,
+        })
+    }
+
+    /// The last ID written, if any.
+    pub fn last_id(&self) -> Option<u64> {
+        self.check.last_id()
+    }
+
     /// Appends one record as a row, checked.
     fn write_ref(&mut self, r: &RecordRef<'_>) -> Result<(), MergeError> {
         let checked = self
@@ -341,6 +359,64 @@ impl<W: Write + Send> ParquetWriter<W> {
         }
         Ok(())
     }
+}
+
+/// What a Parquet list's `qlist.list` metadata says (as a run's footer and shard table
+/// would): its part and its shard table. Reads the file's footer only.
+///
+/// # Errors
+/// [`MergeError::ListCheck`] naming the file: not Parquet, not written by qlist, or
+/// metadata that does not parse.
+pub fn read_list_meta(path: &std::path::Path) -> Result<(Part, Vec<ShardEntry>), MergeError> {
+    use parquet::file::reader::{FileReader, SerializedFileReader};
+    let bad = |what: String| MergeError::ListCheck {
+        name: path.display().to_string(),
+        what,
+    };
+    let file = std::fs::File::open(path).map_err(|e| bad(format!("open: {e}")))?;
+    let reader = SerializedFileReader::new(file).map_err(|e| bad(e.to_string()))?;
+    let text = reader
+        .metadata()
+        .file_metadata()
+        .key_value_metadata()
+        .and_then(|kv| kv.iter().find(|k| k.key == META_KEY))
+        .and_then(|k| k.value.clone())
+        .ok_or_else(|| bad(format!("no {META_KEY:?} metadata: not a list qlist wrote")))?;
+    let meta: serde_json::Value =
+        serde_json::from_str(&text).map_err(|e| bad(format!("{META_KEY}: {e}")))?;
+    let field = |v: &serde_json::Value, path: &[&str]| -> Result<u64, MergeError> {
+        let mut at = v;
+        for p in path {
+            at = &at[*p];
+        }
+        at.as_u64()
+            .or_else(|| at.as_str().and_then(|s| s.parse().ok()))
+            .ok_or_else(|| bad(format!("{META_KEY}: {} is not a number", path.join("."))))
+    };
+    let small = |n: u64, what: &str| {
+        u32::try_from(n).map_err(|_| bad(format!("{META_KEY}: {what} {n} is too large")))
+    };
+    let part = Part {
+        index: small(field(&meta, &["part", "index"])?, "part index")?,
+        count: small(field(&meta, &["part", "count"])?, "part count")?,
+        first_id: field(&meta, &["part", "first_id"])?,
+        last_id: field(&meta, &["part", "last_id"])?,
+    };
+    let shards = meta["shards"]
+        .as_array()
+        .ok_or_else(|| bad(format!("{META_KEY}: no shard table")))?
+        .iter()
+        .map(|s| {
+            Ok(ShardEntry {
+                shard: small(field(s, &["shard"])?, "shard")?,
+                finished: s["finished"].as_bool().unwrap_or(false),
+                first_seq: field(s, &["first_seq"])?,
+                count: field(s, &["count"])?,
+                total: field(s, &["total"])?,
+            })
+        })
+        .collect::<Result<Vec<_>, MergeError>>()?;
+    Ok((part, shards))
 }
 
 impl<W: Write + Send> ListSink for ParquetWriter<W> {

@@ -5,8 +5,8 @@ use std::io::Write;
 use std::path::Path;
 
 use anyhow::Context;
-use qformat::listbin::{verify, ListReader};
-use qformat::Record;
+use qformat::listbin::ListReader;
+use qformat::{OpenedList, Record};
 use qstore::{Location, Store, StoreOptions};
 
 use crate::MergeError;
@@ -17,10 +17,16 @@ use crate::MergeError;
 /// # Errors
 /// The first problem, naming the file (and the byte offset where it has one).
 pub fn verify_files(files: &[String]) -> anyhow::Result<String> {
-    let first = files.first().map(String::as_str).unwrap_or_default();
-    if files.len() == 1 && is_version_one(first) {
-        return verify_v1(Path::new(first));
+    let opened = open_files(files, || Ok(()))
+        .with_context(|| format!("{} is not a valid list.bin", files.join(" ")))?;
+    match opened {
+        OpenedList::V1(reader) => verify_v1(Path::new(&files[0]), reader),
+        OpenedList::Run(()) => verify_runs(files),
     }
+}
+
+/// [`verify_files`] of runs: the parts of one list in order.
+fn verify_runs(files: &[String]) -> anyhow::Result<String> {
     let store = Store::new(StoreOptions::default());
     let locations = files
         .iter()
@@ -38,23 +44,36 @@ pub fn verify_files(files: &[String]) -> anyhow::Result<String> {
     } else {
         String::new()
     };
+    let shards = if s.growing {
+        format!("{} shards, a prefix of a growing list (a follow's parts, the last of which does not end at the last id)", s.shards)
+    } else {
+        format!("{} shards complete", s.shards)
+    };
     Ok(format!(
-        "{}: OK: {} records{parts}, {} bytes, {ids}, strictly increasing, {} shards complete, every block checksum verified",
+        "{}: OK: {} records{parts}, {} bytes, {ids}, strictly increasing, {shards}, every block checksum verified",
         files.join(" "),
         s.records,
         s.bytes,
-        s.shards,
     ))
 }
 
-/// A local file that starts with version 1's magic (an old list.bin); an S3 object never
-/// is one (version 1 was never uploaded).
-fn is_version_one(file: &str) -> bool {
-    !file.starts_with("s3://") && qformat::listbin::is_version_one(Path::new(file))
+/// The files opened by their version, through qformat's switch ([`qformat::open_list`]):
+/// only one local file can be version 1 (the parts of a split are runs, and an S3 object
+/// never is one: version 1 was never uploaded); anything else is opened by `open_runs`.
+fn open_files<R>(
+    files: &[String],
+    open_runs: impl FnOnce() -> anyhow::Result<R>,
+) -> anyhow::Result<OpenedList<R>> {
+    match files {
+        [one] if !one.starts_with("s3://") => qformat::open_list(Path::new(one), open_runs),
+        _ => open_runs().map(OpenedList::Run),
+    }
 }
 
-fn verify_v1(file: &Path) -> anyhow::Result<String> {
-    let s = verify(file).with_context(|| format!("{} is not a valid list.bin", file.display()))?;
+fn verify_v1(file: &Path, reader: ListReader<impl std::io::Read>) -> anyhow::Result<String> {
+    let s = reader
+        .verify_rest()
+        .with_context(|| format!("{} is not a valid list.bin", file.display()))?;
     let ids = match (s.first_id, s.last_id) {
         (Some(a), Some(b)) => format!("ids {a}..={b}"),
         _ => "no ids".to_string(),
@@ -77,11 +96,14 @@ pub type BoxedRecords = Box<dyn Iterator<Item = anyhow::Result<Record>>>;
 /// # Errors
 /// A file cannot be opened or its metadata is bad; later problems come as items.
 pub fn records_of(files: &[String]) -> anyhow::Result<BoxedRecords> {
-    let first = files.first().map(String::as_str).unwrap_or_default();
-    if files.len() == 1 && is_version_one(first) {
-        let reader = ListReader::open(Path::new(first))?;
-        return Ok(Box::new(reader.map(|r| r.map_err(anyhow::Error::from))));
+    match open_files(files, || run_records(files))? {
+        OpenedList::V1(reader) => Ok(Box::new(reader.map(|r| r.map_err(anyhow::Error::from)))),
+        OpenedList::Run(records) => Ok(records),
     }
+}
+
+/// [`records_of`] runs: the parts of one list in order.
+fn run_records(files: &[String]) -> anyhow::Result<BoxedRecords> {
     let store = Store::new(StoreOptions::default());
     let mut runs = Vec::new();
     for f in files {
@@ -193,6 +215,12 @@ mod tests {
 
     #[test]
     fn only_a_local_file_can_be_version_one() {
+        let is_version_one = |file: &str| {
+            matches!(
+                open_files(&[file.to_string()], || Ok(())),
+                Ok(OpenedList::V1(_))
+            )
+        };
         assert!(!is_version_one("s3://bucket/list.bin"));
         assert!(!is_version_one("/no/such/list.bin"));
     }

@@ -24,6 +24,8 @@ pub struct ListSummary {
     pub shards: usize,
     /// Files (parts) read.
     pub files: usize,
+    /// The parts of a follow that has not finished: a prefix of the list, which grows.
+    pub growing: bool,
 }
 
 fn bad(run: &RunInput, what: String) -> MergeError {
@@ -59,7 +61,19 @@ pub fn verify_lists(store: &Store, files: &[Location]) -> Result<ListSummary, Me
             *next += s.count;
         }
     }
-    if let Some(last) = runs.last() {
+    let Some(last) = runs.last() else {
+        return Ok(sum);
+    };
+    if last.meta.part().is_follow() {
+        if last.meta.part().last_id != u64::MAX {
+            sum.growing = true;
+            return Ok(sum);
+        }
+        if let Some(s) = last.meta.shards.iter().find(|s| !s.finished) {
+            return Err(bad(last, format!("the follow's last part ends at the last id, but shard {} is not finished there", s.shard)));
+        }
+    }
+    {
         for s in &last.meta.shards {
             let held = next_seq.get(&s.shard).copied().unwrap_or(0);
             let whole = qformat::run::ShardEntry {
@@ -87,6 +101,9 @@ pub(crate) fn check_parts(runs: &[RunInput]) -> Result<(), MergeError> {
     let Some(first) = runs.first() else {
         return Ok(());
     };
+    if first.meta.part().is_follow() {
+        return check_follow_parts(runs);
+    }
     let count = first.meta.part().count;
     for (i, run) in runs.iter().enumerate() {
         let part = run.meta.part();
@@ -125,6 +142,54 @@ pub(crate) fn check_parts(runs: &[RunInput]) -> Result<(), MergeError> {
                 runs.len()
             ),
         ));
+    }
+    Ok(())
+}
+
+/// The parts of a follow (docs/list-format.md, "Parts of a follow"): parts 0..n in order,
+/// ranges that meet from id 0, the same shards in every table, totals that add each
+/// part's items to the ones before, and a finished shard staying finished with no more.
+fn check_follow_parts(runs: &[RunInput]) -> Result<(), MergeError> {
+    for (i, run) in runs.iter().enumerate() {
+        let part = run.meta.part();
+        if !part.is_follow() || part.index as usize != i {
+            return Err(bad(run, format!("is {part}, but it was given as file {} of {}: give the parts of one follow in order, from part 0 (a part is missing or misplaced)", i + 1, runs.len())));
+        }
+        let prev = i.checked_sub(1).map(|p| &runs[p].meta);
+        let starts = prev.map_or(Some(0), |p| p.part().last_id.checked_add(1));
+        if starts != Some(part.first_id) {
+            return Err(bad(run, format!("starts at id {}, but {}: the parts of a follow tile the ids from 0 (a part is missing or misplaced)", part.first_id, prev.map_or("the first part starts at 0".to_string(), |p| format!("the part before ends at {}", p.part().last_id)))));
+        }
+        let shards: Vec<u32> = run.meta.shards.iter().map(|s| s.shard).collect();
+        let first: Vec<u32> = runs[0].meta.shards.iter().map(|s| s.shard).collect();
+        if shards != first {
+            return Err(bad(
+                run,
+                format!("lists shards {shards:?}, part 0 {first:?}: not parts of the same follow"),
+            ));
+        }
+        for (j, s) in run.meta.shards.iter().enumerate() {
+            let before = prev.map(|p| p.shards[j]);
+            let held = before.map_or(0, |b| b.total);
+            if s.total != held + s.count
+                || before.is_some_and(|b| b.finished && (!s.finished || s.count > 0))
+            {
+                return Err(bad(
+                    run,
+                    format!(
+                        "shard {}: total {} with {} items here, but the parts before hold {held}{}",
+                        s.shard,
+                        s.total,
+                        s.count,
+                        if before.is_some_and(|b| b.finished) {
+                            " and it had finished"
+                        } else {
+                            ""
+                        }
+                    ),
+                ));
+            }
+        }
     }
     Ok(())
 }

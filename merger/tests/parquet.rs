@@ -563,3 +563,63 @@ fn parquet_to_and_from_s3() {
         same_rows(&read(&[&local], 0, 0), &want);
     }
 }
+
+/// `merger follow --format parquet`: one Parquet file per part; DuckDB and pyarrow read
+/// the parts as one dataset, exactly the batch merge of the same source, and DuckDB reads
+/// the directory by a glob.
+#[test]
+fn a_parquet_follow_is_read_as_one_dataset() {
+    use common::publish::{part_files, Dest, Plan};
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let src = tmp.path().join("src");
+    let out = tmp.path().join("out");
+    let mut plan = Plan::new(3, 12_000);
+    plan.run(Dest::Dir(&src), 6, |_| {});
+    ok(&merger(&[
+        "follow",
+        "--runs",
+        s(&src),
+        "--expect-shards",
+        "3",
+        "--out-dir",
+        s(&out),
+        "--format",
+        "parquet",
+        "--part-bytes",
+        "200000",
+    ]));
+    let parts = part_files(&out, "parquet");
+    assert!(parts.len() >= 2, "{parts:?}");
+    let list = tmp.path().join("list.bin");
+    ok(&merger(&["--runs", s(&src), "--out", s(&list)]));
+    let want = cat_values(&[&list]);
+    let refs: Vec<&Path> = parts.iter().map(PathBuf::as_path).collect();
+    same_rows(&read(&refs, 1, 100), &want);
+    let glob = format!("{}/*.parquet", out.display());
+    let q = Command::new(python())
+        .args([
+            "-c",
+            "import duckdb, sys; print(duckdb.connect().execute(\"SELECT count(*), count(DISTINCT id), max(id) FROM read_parquet(?)\", [sys.argv[1]]).fetchone())",
+            &glob,
+        ])
+        .output()
+        .expect("python");
+    assert!(q.status.success(), "{}", String::from_utf8_lossy(&q.stderr));
+    assert_eq!(
+        String::from_utf8_lossy(&q.stdout).trim(),
+        "(12000, 12000, 12000)"
+    );
+    // Started again on the complete follow, it writes nothing more.
+    ok(&merger(&[
+        "follow",
+        "--runs",
+        s(&src),
+        "--expect-shards",
+        "3",
+        "--out-dir",
+        s(&out),
+        "--format",
+        "parquet",
+    ]));
+    assert_eq!(part_files(&out, "parquet"), parts);
+}

@@ -410,3 +410,71 @@ fn a_server_that_stays_down_fails_within_the_deadline() {
     );
     assert!(!out.exists());
 }
+
+/// Producers publishing into S3 (segments and checkpoints, one PUT each) while
+/// `merger follow` reads them from there: its parts are the batch merge of the same
+/// prefix; then a shard compacted in S3 (its run written from its checkpoint, the
+/// checkpoint and segments deleted) leaves the batch list the same at every step.
+#[test]
+fn follow_from_s3_is_the_batch_merge_and_compaction_keeps_it() {
+    use common::publish::{part_files, Dest, Plan};
+    let s3 = TestS3::start("follow");
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let out = tmp.path().join("out");
+    let src = s3.url("pub");
+    let mut plan = Plan::new(3, 8_000);
+    let follow = std::thread::scope(|scope| {
+        let follower = scope.spawn(|| {
+            merger_s3(
+                &s3,
+                &[
+                    "follow",
+                    "--runs",
+                    &src,
+                    "--expect-shards",
+                    "3",
+                    "--out-dir",
+                    s(&out),
+                    "--poll-ms",
+                    "20",
+                    "--part-every",
+                    "0.2",
+                ],
+            )
+        });
+        plan.run(Dest::S3(&s3, "pub"), 12, |_| {
+            std::thread::sleep(std::time::Duration::from_millis(60));
+        });
+        follower.join().expect("follower thread")
+    });
+    ok(&follow);
+    let batch = |name: &str| {
+        let local = tmp.path().join(name);
+        ok(&merger_s3(
+            &s3,
+            &["--runs", &src, "--expect-shards", "3", "--out", s(&local)],
+        ));
+        cat(&[&local])
+    };
+    let full = batch("before.bin");
+    assert_eq!(full.len(), 8_000);
+    let parts = part_files(&out, "bin");
+    let refs: Vec<&Path> = parts.iter().map(PathBuf::as_path).collect();
+    assert_eq!(cat(&refs), full, "the follow is the batch merge");
+    // Compaction of shard 2 in S3, checked after each step.
+    ok(&merger_s3(
+        &s3,
+        &[
+            "--out",
+            &s3.url("pub/shard-2.bin"),
+            &s3.url("pub/shard-2.checkpoint"),
+        ],
+    ));
+    assert_eq!(batch("run-and-checkpoint.bin"), full);
+    s3.delete("pub/shard-2.checkpoint");
+    assert_eq!(batch("run-and-segments.bin"), full);
+    for key in s3.keys("pub/segments/shard-2/") {
+        s3.delete(&key);
+    }
+    assert_eq!(batch("run-alone.bin"), full);
+}

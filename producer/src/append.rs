@@ -16,6 +16,15 @@
 //! from that number on ends with every item exactly once. Items appended but not yet
 //! durable when the process died are simply not there (their IDs, if fetched, are holes).
 //!
+//! Publishing as it goes: with [`AppendConfig::publish`], the first [`Appender::append`],
+//! [`Appender::append_batch`] or [`Appender::flush`] call after each interval publishes
+//! what is durable by then (a segment, then the checkpoint; items still buffered wait for
+//! the next), and [`Appender::publish`] publishes everything appended so far now;
+//! [`Appender::finish`] publishes the rest and a finished checkpoint. There is no timer: a
+//! caller that stops calling (a long computation between two appends) holds the shard's
+//! claim, and so the list's stable watermark, where its last publication left it; call
+//! [`Appender::publish`] from time to time during such pauses.
+//!
 //! Order: an item's ID is fetched when its batch is stamped, after `append` accepted it,
 //! so it is above every ID handed out anywhere before `append` was called. To stamp now
 //! (say, before telling another process about the item), call [`Appender::flush`].
@@ -34,8 +43,8 @@
 
 use crate::seal::{seal, SealError, SealSummary};
 use crate::{
-    check_same_input, ProducerError, ProgressDisplay, Reporter, Stamper, Summary, DEFAULT_BATCH,
-    MAX_BATCH_BYTES, MAX_BATCH_ITEMS, MAX_ITEM_BYTES,
+    check_same_input, open_publisher, ProducerError, ProgressDisplay, Publish, Reporter, Stamper,
+    Summary, DEFAULT_BATCH, MAX_BATCH_BYTES, MAX_BATCH_ITEMS, MAX_ITEM_BYTES,
 };
 use idclient::IdSource;
 use qstore::{Location, Store, StoreOptions};
@@ -58,6 +67,9 @@ pub struct AppendConfig {
     /// `producer` binary wrote from a file) is refused with
     /// [`ProducerError::DifferentInput`] instead of mixing the two. Default `"code"`.
     pub name: String,
+    /// Publish as it goes (see the [module docs](self)): a segment and a checkpoint in
+    /// `publish.dest` every `publish.every`. Default `None`.
+    pub publish: Option<Publish>,
 }
 
 impl AppendConfig {
@@ -68,7 +80,22 @@ impl AppendConfig {
             data_dir: data_dir.into(),
             batch: DEFAULT_BATCH,
             name: "code".into(),
+            publish: None,
         }
+    }
+
+    /// The same config, publishing into `dest` (a local directory that exists, or
+    /// `s3://bucket/prefix`) every `every`.
+    ///
+    /// # Errors
+    /// [`ProducerError::Publish`]: `dest` is not a destination, or `every` is zero.
+    pub fn publish_every(
+        mut self,
+        dest: &str,
+        every: std::time::Duration,
+    ) -> Result<AppendConfig, ProducerError> {
+        self.publish = Some(Publish::new(dest, every)?);
+        Ok(self)
     }
 
     /// The fingerprint stored in the progress marker.
@@ -107,7 +134,10 @@ impl<S: IdSource> Appender<S> {
     /// # Errors
     /// A batch size out of range ([`ProducerError::Config`]); the sublist in use by another
     /// process, another shard's, not a sublist, unreadable ([`ProducerError::Shard`]);
-    /// started by something else than this config's name ([`ProducerError::DifferentInput`]).
+    /// started by something else than this config's name ([`ProducerError::DifferentInput`]);
+    /// publishing: the destination's checkpoint bad or someone else's, the destination
+    /// failing ([`ProducerError::Publish`]). Opening with publishing reads the checkpoint
+    /// and removes orphan segments: it blocks on the store.
     pub fn open(config: AppendConfig, source: S) -> Result<Appender<S>, ProducerError> {
         if config.batch == 0 || config.batch > MAX_BATCH_ITEMS {
             return Err(ProducerError::Config(format!(
@@ -129,8 +159,10 @@ impl<S: IdSource> Appender<S> {
                 "reopened a started sublist"
             );
         }
+        let publisher = open_publisher(config.publish.as_ref(), config.shard, progress.as_ref())?;
         let report = Reporter::new(ProgressDisplay::Quiet, config.shard, None, resumed_at);
-        let stamper = Stamper::new(writer, progress.as_ref(), fingerprint, report, None);
+        let mut stamper = Stamper::new(writer, progress.as_ref(), fingerprint, report, None);
+        stamper.set_publisher(publisher);
         Ok(Appender {
             source,
             data_dir: config.data_dir,
@@ -151,8 +183,20 @@ impl<S: IdSource> Appender<S> {
     /// run, failed ID requests, each batch's wait for its IDs), for a job that serves
     /// them itself ([`crate::metrics::endpoints`], or its own Prometheus registry).
     pub fn with_metrics(mut self, metrics: std::sync::Arc<crate::ProducerMetrics>) -> Appender<S> {
+        if let Some(p) = &mut self.stamper.publisher {
+            p.set_metrics(Some(metrics.clone()));
+        }
         self.stamper.metrics = Some(metrics);
         self
+    }
+
+    /// Publishing: items published so far (the last checkpoint's count) and its claim;
+    /// `None` without [`AppendConfig::publish`].
+    pub fn published(&self) -> Option<(u64, u64)> {
+        self.stamper
+            .publisher
+            .as_ref()
+            .map(|p| (p.last.count, p.last.claim))
     }
 
     /// Items that were durable when the sublist was opened: the number of the caller's
@@ -202,6 +246,7 @@ impl<S: IdSource> Appender<S> {
     pub async fn append(&mut self, item: &[u8]) -> Result<u64, ProducerError> {
         self.usable()?;
         self.check_len(self.next_seq, item.len())?;
+        self.publish_if_due().await?;
         let seq = self.push(item.to_vec());
         if self.buffer_full() {
             self.stamp_buffer().await?;
@@ -224,6 +269,7 @@ impl<S: IdSource> Appender<S> {
         for (i, item) in items.iter().enumerate() {
             self.check_len(self.next_seq + i as u64, item.as_ref().len())?;
         }
+        self.publish_if_due().await?;
         let first = self.next_seq;
         for item in items {
             self.push(item.as_ref().to_vec());
@@ -250,11 +296,35 @@ impl<S: IdSource> Appender<S> {
         let waited = self.stamper.finish_pending().await;
         self.note(waited)?;
         debug_assert_eq!(self.stamper.durable, self.next_seq);
+        self.publish_if_due().await?;
         Ok(self.stamper.durable)
     }
 
+    /// Publishes now ([`AppendConfig::publish`]): makes everything appended so far durable
+    /// ([`Appender::flush`]), then writes it as a segment and replaces the checkpoint,
+    /// whose claim moves up even if nothing was appended since the last one (it then costs
+    /// one ID). On a finished sublist, finishes the publication if it is not. Without
+    /// publishing it only flushes. Returns the items published.
+    ///
+    /// # Errors
+    /// As [`Appender::flush`]; the destination failing ([`ProducerError::Publish`]); the
+    /// ID for the claim ([`ProducerError::Ids`]). After an error the appender refuses
+    /// everything, as after a failed append.
+    pub async fn publish(&mut self) -> Result<u64, ProducerError> {
+        let finished = self.finished;
+        if !finished {
+            self.flush().await?;
+        }
+        self.usable_for_publication()?;
+        let published = self.stamper.publish(&self.source, finished).await;
+        self.note(published)?;
+        Ok(self.published().map_or(0, |(count, _)| count))
+    }
+
     /// Flushes, then marks the sublist finished: it takes no more items and can be sealed.
-    /// On a finished sublist it does nothing (the summary says `already_finished`).
+    /// Publishing, it then publishes the rest and a finished checkpoint (claim `u64::MAX`;
+    /// also on a sublist an earlier run finished but was killed before that). On a
+    /// finished sublist it stamps nothing (the summary says `already_finished`).
     ///
     /// # Errors
     /// As [`Appender::flush`].
@@ -265,6 +335,9 @@ impl<S: IdSource> Appender<S> {
             self.note(done)?;
             self.finished = true;
         }
+        self.usable_for_publication()?;
+        let published = self.stamper.publish(&self.source, true).await;
+        self.note(published)?;
         let mut summary = self.stamper.summary(self.opened)?;
         summary.already_finished = self.finished_at_open;
         Ok(summary)
@@ -292,6 +365,28 @@ impl<S: IdSource> Appender<S> {
         .await
         .map_err(|e| ProducerError::Task(e.to_string()))?;
         Ok(sealed?)
+    }
+
+    /// Publishes if publishing and its interval has passed (between two batches: no ID
+    /// request is in flight).
+    async fn publish_if_due(&mut self) -> Result<(), ProducerError> {
+        if self.stamper.publish_due() {
+            let published = self.stamper.publish(&self.source, false).await;
+            self.note(published)?;
+        }
+        Ok(())
+    }
+
+    /// Refuses a publication after an error.
+    fn usable_for_publication(&self) -> Result<(), ProducerError> {
+        match &self.failed {
+            Some(reason) => Err(ProducerError::AppenderFailed {
+                path: self.stamper.path.clone(),
+                durable: self.stamper.durable,
+                reason: reason.clone(),
+            }),
+            None => Ok(()),
+        }
     }
 
     /// Refuses calls on a finished sublist or after an error.

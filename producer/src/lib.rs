@@ -13,7 +13,8 @@
 //! [`generate_payload`] (the deterministic `--generate` items), [`ProducerError`];
 //! [`InputFormat`] (lines or length-prefixed frames, [`mod@input`]);
 //! [`seal()`] turns a finished sublist into a run in a directory or an S3 bucket
-//! ([`mod@seal`]).
+//! ([`mod@seal`]); with [`Publish`] (`--publish-every`), the producer publishes its items
+//! as it goes, as segments and a checkpoint ([`mod@publish`]).
 //!
 //! While batch k is being written (fsync), the ID range of batch k+1 is already being
 //! fetched: the two waits overlap. That is safe: the range of k+1 is requested after the
@@ -22,6 +23,7 @@
 pub mod append;
 pub mod input;
 pub mod metrics;
+pub mod publish;
 pub mod seal;
 #[cfg(feature = "test-hooks")]
 pub mod test_hooks;
@@ -29,12 +31,15 @@ pub mod test_hooks;
 pub use append::{AppendConfig, Appender};
 pub use input::{generate_payload, scan_file, InputFormat, ItemInput, ItemReader};
 pub use metrics::ProducerMetrics;
+pub use publish::{Publish, PublishError};
+pub use qstore::Location;
 pub use seal::{seal, SealError, SealSummary};
 #[cfg(feature = "test-hooks")]
 pub use test_hooks::STALL_ANNOUNCE;
 
 use idclient::{IdError, IdRange, IdSource};
 use indicatif::{ProgressBar, ProgressStyle};
+use publish::Publisher;
 use qformat::shard::ProgressMarker;
 use qformat::Record;
 use std::fmt;
@@ -243,6 +248,12 @@ pub enum ProducerError {
     /// Sealing a finished sublist ([`Appender::seal_to`]) failed.
     #[error(transparent)]
     Seal(#[from] SealError),
+
+    /// Publishing as it goes ([`Publish`]) failed: the checkpoint found is bad or someone
+    /// else's, or the destination failed. What is durable stays durable; run again to
+    /// publish it.
+    #[error(transparent)]
+    Publish(#[from] PublishError),
 }
 
 impl ProducerError {
@@ -268,6 +279,7 @@ impl ProducerError {
             | ProducerError::Ids { .. }
             | ProducerError::IdsWentBackwards { .. } => 5,
             ProducerError::Seal(e) => e.exit_code(),
+            ProducerError::Publish(e) => e.exit_code(),
             ProducerError::BadRange { .. }
             | ProducerError::Task(_)
             | ProducerError::AppenderFailed { .. } => 1,
@@ -301,6 +313,9 @@ pub struct Config {
     pub batch: u64,
     /// How progress is shown while running.
     pub display: ProgressDisplay,
+    /// Publish as it goes (`--seal-to DEST --publish-every SECS`): segments and a
+    /// checkpoint every interval, a finished checkpoint at the end. `None`: no publication.
+    pub publish: Option<Publish>,
 }
 
 impl Config {
@@ -313,6 +328,7 @@ impl Config {
             format: InputFormat::Lines,
             batch: DEFAULT_BATCH,
             display: ProgressDisplay::Quiet,
+            publish: None,
         }
     }
 
@@ -353,6 +369,9 @@ pub struct Summary {
     pub id_span: Option<(u64, u64)>,
     /// Wall-clock time of [`Producer::run`], from its start to its end.
     pub elapsed: Duration,
+    /// Publishing as it goes: items published (the last checkpoint's count), whether the
+    /// checkpoint is finished, and where.
+    pub published: Option<(u64, bool, Location)>,
 }
 
 impl Summary {
@@ -367,16 +386,30 @@ impl Summary {
     }
 }
 
+impl Summary {
+    fn fmt_published(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match &self.published {
+            Some((items, finished, dest)) => write!(
+                f,
+                "; published {items} items to {dest}{}",
+                if *finished { ", finished" } else { "" }
+            ),
+            None => Ok(()),
+        }
+    }
+}
+
 impl fmt::Display for Summary {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if self.already_finished {
-            return write!(
+            write!(
                 f,
                 "shard {}: {} is already finished ({} items): nothing to do",
                 self.shard,
                 self.path.display(),
                 self.total()
-            );
+            )?;
+            return self.fmt_published(f);
         }
         write!(
             f,
@@ -393,7 +426,8 @@ impl fmt::Display for Summary {
         if let Some((lo, hi)) = self.id_span {
             write!(f, ", ids within {lo}..={hi}")?;
         }
-        write!(f, "; {} holds {} items", self.path.display(), self.total())
+        write!(f, "; {} holds {} items", self.path.display(), self.total())?;
+        self.fmt_published(f)
     }
 }
 
@@ -405,6 +439,7 @@ pub struct Producer {
     fingerprint: Vec<u8>,
     total: Option<u64>,
     metrics: Option<Arc<ProducerMetrics>>,
+    publisher: Option<Publisher>,
 }
 
 impl Producer {
@@ -456,6 +491,7 @@ impl Producer {
         if total == Some(0) && progress.is_none() {
             tracing::warn!(input = %config.input.describe(), "the input is empty: writing an empty, finished sublist");
         }
+        let publisher = open_publisher(config.publish.as_ref(), config.shard, progress.as_ref())?;
         Ok(Producer {
             config,
             writer,
@@ -463,6 +499,7 @@ impl Producer {
             fingerprint,
             total,
             metrics: None,
+            publisher,
         })
     }
 
@@ -472,9 +509,16 @@ impl Producer {
         self
     }
 
-    /// The sublist is finished: [`Producer::run`] would do nothing.
+    /// The sublist is finished: [`Producer::run`] would stamp nothing (it may still have
+    /// to publish, [`Producer::needs_ids`]).
     pub fn is_finished(&self) -> bool {
         self.progress.as_ref().is_some_and(|p| p.finished)
+    }
+
+    /// [`Producer::run`] may ask the ID source for IDs: the sublist is not finished.
+    /// (Finishing a publication claims no ID: a finished shard's claim is infinite.)
+    pub fn needs_ids(&self) -> bool {
+        !self.is_finished()
     }
 
     /// Items already in the sublist.
@@ -482,8 +526,8 @@ impl Producer {
         self.progress.as_ref().map_or(0, |p| p.next_seq)
     }
 
-    /// The summary of a run that did nothing (finished sublist).
-    fn nothing_to_do(&self, start: Instant) -> Summary {
+    /// The summary of a run that stamped nothing (finished sublist).
+    fn nothing_to_do(&self, start: Instant, published: Option<&Publisher>) -> Summary {
         Summary {
             shard: self.config.shard,
             path: self.writer.path().to_path_buf(),
@@ -493,7 +537,47 @@ impl Producer {
             batches: 0,
             id_span: None,
             elapsed: start.elapsed(),
+            published: published.map(Publisher::summary),
         }
+    }
+
+    /// A finished sublist: finishes its publication if an earlier run was killed before.
+    async fn finish_publication(self, start: Instant) -> Result<Summary, ProducerError> {
+        let Producer {
+            config,
+            writer,
+            progress,
+            fingerprint,
+            total,
+            metrics,
+            publisher,
+        } = self;
+        let report = Reporter::new(ProgressDisplay::Quiet, config.shard, None, 0);
+        let mut stamper = Stamper::new(
+            writer,
+            progress.as_ref(),
+            fingerprint.clone(),
+            report,
+            metrics.clone(),
+        );
+        stamper.set_publisher(publisher);
+        stamper.publish(&NoIds, true).await?;
+        let Stamper {
+            writer, publisher, ..
+        } = stamper;
+        let Writer::Idle(w) = writer else {
+            return Err(writer_lost());
+        };
+        let p = Producer {
+            config,
+            writer: w.writer,
+            progress,
+            fingerprint,
+            total,
+            metrics,
+            publisher: None,
+        };
+        Ok(p.nothing_to_do(start, publisher.as_ref()))
     }
 
     /// Stamps and writes the rest of the input, then marks the sublist finished.
@@ -504,7 +588,7 @@ impl Producer {
     pub async fn run(self, source: &impl IdSource) -> Result<Summary, ProducerError> {
         let start = Instant::now();
         if self.is_finished() {
-            return Ok(self.nothing_to_do(start));
+            return self.finish_publication(start).await;
         }
         let mut execution = Execution::start(self)?;
         let result = execution.stamp_all(source).await;
@@ -539,6 +623,7 @@ impl Execution {
             fingerprint,
             total,
             metrics,
+            publisher,
         } = producer;
         let shard = config.shard;
         let resumed_at = progress.as_ref().map_or(0, |p| p.next_seq);
@@ -558,7 +643,8 @@ impl Execution {
             tracing::info!(shard, resumed_at, "resuming after the last durable batch");
         }
         let report = Reporter::new(config.display, shard, total, resumed_at);
-        let stamper = Stamper::new(writer, progress.as_ref(), fingerprint, report, metrics);
+        let mut stamper = Stamper::new(writer, progress.as_ref(), fingerprint, report, metrics);
+        stamper.set_publisher(publisher);
         Ok(Execution {
             config,
             total,
@@ -579,7 +665,12 @@ impl Execution {
                 }
             };
             if items.is_empty() {
-                return self.mark_finished().await;
+                self.mark_finished().await?;
+                return self.stamper.publish(source, true).await;
+            }
+            // Between two batches: no ID request is in flight.
+            if self.stamper.publish_due() {
+                self.stamper.publish(source, false).await?;
             }
             let mut items = items;
             self.stamper.stamp_batch(&mut items, source).await?;
@@ -646,6 +737,11 @@ struct Stamper {
     report: Reporter,
     writer: Writer,
     metrics: Option<Arc<ProducerMetrics>>,
+    /// Publishing as it goes; `None` while a publication runs on the blocking pool.
+    publisher: Option<Publisher>,
+    /// The last claim published: every ID this shard gets from now on must be above it,
+    /// as the claim promises (an ID source that went back below it is refused).
+    claimed: u64,
 }
 
 impl Stamper {
@@ -673,7 +769,103 @@ impl Stamper {
                 last_id: progress.map_or(0, |p| p.last_id),
             }),
             metrics,
+            publisher: None,
+            claimed: 0,
         }
+    }
+
+    /// Publishes with `publisher` (opened on this sublist) from now on.
+    fn set_publisher(&mut self, mut publisher: Option<Publisher>) {
+        if let Some(p) = &mut publisher {
+            p.set_metrics(self.metrics.clone());
+            if !p.last.finished {
+                self.claimed = p.last.claim;
+            }
+            self.report.published = Some(p.last.count);
+        }
+        self.publisher = publisher;
+    }
+
+    /// Publishing, and a publication is due.
+    fn publish_due(&self) -> bool {
+        self.publisher.as_ref().is_some_and(Publisher::due)
+    }
+
+    /// Publishes what is durable (nothing without a publisher): waits for the running
+    /// write, takes the claim (`finished`: infinite), then writes the segment and the
+    /// checkpoint on the blocking pool. Called between two batches, so that no ID request
+    /// is in flight when the claim is taken.
+    async fn publish(
+        &mut self,
+        source: &impl IdSource,
+        finished: bool,
+    ) -> Result<(), ProducerError> {
+        let Some((last_count, last_claim, last_finished)) = self
+            .publisher
+            .as_ref()
+            .map(|p| (p.last.count, p.last.claim, p.last.finished))
+        else {
+            return Ok(());
+        };
+        self.finish_pending().await?;
+        let durable = self.idle()?.next_seq;
+        if finished && last_finished && last_count == durable {
+            return Ok(());
+        }
+        let claim = if finished {
+            u64::MAX
+        } else {
+            self.claim(source, last_claim).await?
+        };
+        let w = self.take_writer()?;
+        let mut p = self.publisher.take().ok_or_else(writer_lost)?;
+        let done = tokio::task::spawn_blocking(move || {
+            let r = p.publish(&w.writer, durable, claim, finished);
+            (w, p, r)
+        })
+        .await
+        .map_err(|e| ProducerError::Task(e.to_string()))?;
+        let (w, p, published) = done;
+        self.writer = Writer::Idle(w);
+        self.publisher = Some(p);
+        published?;
+        if !finished {
+            self.claimed = claim;
+        }
+        self.report.published = Some(durable);
+        Ok(())
+    }
+
+    /// The claim to publish, with the writer idle (the last write durable) and no ID
+    /// request in flight: the largest ID returned to this producer if it is above the last
+    /// claim, else one fresh ID (a hole), so that an idle producer does not hold the
+    /// watermark back.
+    async fn claim(
+        &mut self,
+        source: &impl IdSource,
+        last_claim: u64,
+    ) -> Result<u64, ProducerError> {
+        let w = self.idle()?;
+        let (last_id, next_seq) = (w.last_id, w.next_seq);
+        if last_id > last_claim {
+            return Ok(last_id);
+        }
+        let asked = Instant::now();
+        let ids = source.next_ids(1).await;
+        if let Some(m) = &self.metrics {
+            m.ids_fetched(asked.elapsed(), ids.is_ok());
+        }
+        let got = ids.map_err(|error| ProducerError::Ids { next_seq, error })?;
+        let floor = last_claim.max(last_id);
+        if got.lo <= floor {
+            return Err(ProducerError::IdsWentBackwards {
+                path: self.path.clone(),
+                last_id: floor,
+                next_seq,
+                got,
+            });
+        }
+        Ok(got.hi)
     }
 
     /// Gets one ID range for `items` and starts writing them with it: the write runs
@@ -726,10 +918,12 @@ impl Stamper {
                 got: range,
             });
         }
-        if range.lo <= w.last_id {
+        // Above the last published claim too: a claim promises the shard's later IDs.
+        let floor = w.last_id.max(self.claimed);
+        if range.lo <= floor {
             return Err(ProducerError::IdsWentBackwards {
                 path: self.path.clone(),
-                last_id: w.last_id,
+                last_id: floor,
                 next_seq: w.next_seq,
                 got: range,
             });
@@ -751,6 +945,7 @@ impl Stamper {
             batches: state.batches,
             id_span: state.first_id.map(|lo| (lo, state.last_id)),
             elapsed: start.elapsed(),
+            published: self.publisher.as_ref().map(Publisher::summary),
         })
     }
 
@@ -823,6 +1018,35 @@ impl Stamper {
         }
         Ok(())
     }
+}
+
+/// The ID source of a finished sublist, which asks for none (finishing a publication
+/// claims no ID).
+struct NoIds;
+
+impl IdSource for NoIds {
+    async fn next_ids(&self, _n: u64) -> Result<IdRange, IdError> {
+        Err(IdError::BadRequest(
+            "a finished sublist asks for no ID".into(),
+        ))
+    }
+}
+
+/// Opens the publisher of `publish` for a sublist with `progress` (blocks on the store).
+fn open_publisher(
+    publish: Option<&Publish>,
+    shard: u32,
+    progress: Option<&ProgressMarker>,
+) -> Result<Option<Publisher>, ProducerError> {
+    let Some(publish) = publish else {
+        return Ok(None);
+    };
+    let store = qstore::Store::new(qstore::StoreOptions::default());
+    let durable = progress.map_or(0, |p| p.next_seq);
+    let finished = progress.is_some_and(|p| p.finished);
+    Ok(Some(Publisher::open(
+        publish, store, shard, durable, finished,
+    )?))
 }
 
 /// A started sublist continues only from the input it was started with: its progress
@@ -965,6 +1189,8 @@ struct Reporter {
     start: Instant,
     start_seq: u64,
     last_log: Instant,
+    /// Publishing as it goes: items published so far.
+    published: Option<u64>,
 }
 
 impl Reporter {
@@ -997,7 +1223,15 @@ impl Reporter {
             start: now,
             start_seq,
             last_log: now,
+            published: None,
         }
+    }
+
+    /// ", N published" when publishing.
+    fn published_text(&self) -> String {
+        self.published
+            .map(|n| format!(", {n} published"))
+            .unwrap_or_default()
     }
 
     fn update(&mut self, next_seq: u64) {
@@ -1007,7 +1241,7 @@ impl Reporter {
                     let rate = (next_seq - self.start_seq) as f64
                         / self.start.elapsed().as_secs_f64().max(1e-9);
                     b.set_position(next_seq);
-                    b.set_message(format!("{rate:.0} items/s"));
+                    b.set_message(format!("{rate:.0} items/s{}", self.published_text()));
                 }
             }
             ProgressDisplay::Log(every) => {
@@ -1017,8 +1251,9 @@ impl Reporter {
                     let rate = done as f64 / self.start.elapsed().as_secs_f64().max(1e-9);
                     let of = self.total.map(|t| format!(" of {t}")).unwrap_or_default();
                     tracing::info!(
-                        "shard {}: {next_seq}{of} items, {rate:.0} items/s",
-                        self.shard
+                        "shard {}: {next_seq}{of} items, {rate:.0} items/s{}",
+                        self.shard,
+                        self.published_text()
                     );
                 }
             }

@@ -2,10 +2,12 @@
 //! enable it through a dev-dependency, so `cargo build` (and `make build`, the demo, a
 //! deployment) makes a producer with no hook at all.
 //!
-//! Both hooks let a test stop the producer at an exact point, without racing a fast
+//! The hooks let a test stop the producer at an exact point, without racing a fast
 //! machine: [`STALL_ENV`] once that many items are durable (the test then kills it or
 //! changes its input, and lets it go on with a line on stdin), [`SEAL_STALL_ENV`] once
-//! sealing has written that many items into the run (the test kills it mid-upload).
+//! sealing has written that many items into the run (the test kills it mid-upload),
+//! [`PUBLISH_ABORT_ENV`] right after a publication's segment or checkpoint (the process
+//! aborts, as kill -9 would leave it).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::OnceLock;
@@ -20,7 +22,21 @@ pub const STALL_ENV: &str = "QLIST_PRODUCER_TEST_STALL_AFTER";
 /// Stall for good once sealing has written this many items into the run.
 pub const SEAL_STALL_ENV: &str = "QLIST_PRODUCER_TEST_SEAL_STALL_AFTER";
 
+/// Abort (SIGABRT, no cleanup) right after the K-th segment (`segment:K`: before its
+/// checkpoint) or the K-th checkpoint (`checkpoint:K`) this process publishes.
+pub const PUBLISH_ABORT_ENV: &str = "QLIST_PRODUCER_TEST_PUBLISH_ABORT";
+
+/// Where [`PUBLISH_ABORT_ENV`] aborts.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum PublishPoint {
+    /// A segment's upload finished; its checkpoint is not written.
+    Segment,
+    /// A checkpoint was written.
+    Checkpoint,
+}
+
 static STALL_AFTER: OnceLock<Option<u64>> = OnceLock::new();
+static PUBLISH_ABORT: OnceLock<Option<(PublishPoint, u64)>> = OnceLock::new();
 static SEAL_STALL_AFTER: OnceLock<Option<u64>> = OnceLock::new();
 /// The durable-items stall happens once per process (one run).
 static STALLED: AtomicBool = AtomicBool::new(false);
@@ -39,7 +55,33 @@ pub fn from_env() -> Result<(), String> {
     };
     let _ = STALL_AFTER.set(read(STALL_ENV)?);
     let _ = SEAL_STALL_AFTER.set(read(SEAL_STALL_ENV)?);
+    let abort = match std::env::var(PUBLISH_ABORT_ENV) {
+        Ok(v) => Some(parse_publish_abort(&v).ok_or_else(|| {
+            format!("{PUBLISH_ABORT_ENV}={v:?} is not segment:K or checkpoint:K")
+        })?),
+        Err(_) => None,
+    };
+    let _ = PUBLISH_ABORT.set(abort);
     Ok(())
+}
+
+fn parse_publish_abort(v: &str) -> Option<(PublishPoint, u64)> {
+    let (point, k) = v.split_once(':')?;
+    let point = match point {
+        "segment" => PublishPoint::Segment,
+        "checkpoint" => PublishPoint::Checkpoint,
+        _ => return None,
+    };
+    Some((point, k.parse().ok()?))
+}
+
+/// With the `nth` segment or checkpoint of this process just written: aborts the process
+/// at the [`PUBLISH_ABORT_ENV`] point.
+pub(crate) fn maybe_abort_publishing(point: PublishPoint, nth: u64) {
+    if PUBLISH_ABORT.get().copied().flatten() == Some((point, nth)) {
+        eprintln!("{STALL_ANNOUNCE} aborting after {point:?} {nth}");
+        std::process::abort();
+    }
 }
 
 /// With `durable` items durable and the writer idle: stalls here the first time the

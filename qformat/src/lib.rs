@@ -12,8 +12,10 @@
 //!   writer that tests make version 1 files with; nothing in the pipeline writes them).
 //! - [`run`]: `list.bin` version 2 (`QLIST002`), a *run*: a sealed sublist, a merged list or
 //!   one part of a split merge; checksummed blocks, an index, a shard table, a footer. Its
-//!   writer, its checks, a local reader ([`run::RunFile`]) and a reader over ranged reads
-//!   ([`run::RangedRun`], over any [`run::RangeRead`]).
+//!   layout's arithmetic, writer, checks, a local reader ([`run::RunFile`]) and a reader
+//!   over ranged reads ([`run::RangedRun`], over any [`run::RangeRead`]).
+//! - [`open_list`]: the one switch between the versions ([`read_list`] reads a local file
+//!   of either).
 
 pub mod checkpoint;
 pub mod listbin;
@@ -35,29 +37,47 @@ pub enum ReadListError {
     V2(#[from] run::RunError),
 }
 
+/// A local list.bin opened by its version ([`open_list`]).
+pub enum OpenedList<R> {
+    /// Version 1 (`QLIST001`), streamed with every check by its reader.
+    V1(listbin::ListReader<std::io::BufReader<std::fs::File>>),
+    /// Anything else: a run (version 2), opened by the caller's reader.
+    Run(R),
+}
+
+/// The one switch between list.bin's versions: a local file at `path` that starts with
+/// version 1's magic is opened as version 1; anything else (a run, or a file that cannot
+/// be read, whose reader then says why) by `open_run`, the caller's run reader (a local
+/// [`run::RunFile`] for [`read_list`], ranged reads for the merger).
+///
+/// # Errors
+/// Opening a version 1 list ([`listbin::ListReader::open`]), or `open_run`'s.
+pub fn open_list<R, E: From<listbin::ListError>>(
+    path: &std::path::Path,
+    open_run: impl FnOnce() -> Result<R, E>,
+) -> Result<OpenedList<R>, E> {
+    if listbin::is_version_one(path) {
+        return Ok(OpenedList::V1(listbin::ListReader::open(path)?));
+    }
+    open_run().map(OpenedList::Run)
+}
+
 /// A list.bin's records, streamed ([`read_list`]).
 pub type ListRecords = Box<dyn Iterator<Item = Result<Record, ReadListError>>>;
 
-/// The records of a local list.bin of either version, in order, every check made as they
-/// stream (version 1: framing, order, count, CRC; version 2: metadata and each block).
+/// The records of a local list.bin of either version ([`open_list`]), in order, every
+/// check made as they stream (version 1: framing, order, count, CRC; version 2: metadata
+/// and each block).
 ///
 /// # Errors
 /// The file cannot be opened, or its first bytes or (version 2) metadata are bad; later
 /// problems come as the iterator's items.
 pub fn read_list(path: &std::path::Path) -> Result<ListRecords, ReadListError> {
-    use std::io::Read;
-    let mut magic = [0u8; 8];
-    let n = std::fs::File::open(path)
-        .and_then(|mut f| f.read(&mut magic))
-        .map_err(|error| run::RunError::File {
-            path: path.to_path_buf(),
-            op: "open",
-            error,
-        })?;
-    if n == 8 && magic == listbin::MAGIC {
-        let reader = listbin::ListReader::open(path)?;
-        return Ok(Box::new(reader.map(|r| r.map_err(Into::into))));
-    }
-    let run = run::RunFile::open(path)?;
-    Ok(Box::new(run.map(|r| r.map_err(Into::into))))
+    let opened = open_list(path, || {
+        run::RunFile::open(path).map_err(ReadListError::from)
+    })?;
+    Ok(match opened {
+        OpenedList::V1(reader) => Box::new(reader.map(|r| r.map_err(Into::into))),
+        OpenedList::Run(run) => Box::new(run.map(|r| r.map_err(Into::into))),
+    })
 }

@@ -130,6 +130,14 @@ pub fn follow_part_index(name: &str, ext: &str) -> Option<u64> {
     digits.parse::<u64>().ok().filter(|_| digits.len() >= 8)
 }
 
+/// Whether `name` is what an unfinished write of a follower's part leaves in its
+/// directory: a hidden `.part-<i>.<ext>.XXXXXX.tmp` (a follower killed while writing a
+/// part; the next one removes it).
+pub fn is_follow_part_temp(name: &str) -> bool {
+    name.strip_prefix('.')
+        .is_some_and(|n| n.starts_with(FOLLOW_PART_PREFIX) && n.ends_with(".tmp"))
+}
+
 /// A run's name: `*.bin`, not hidden.
 pub fn is_run_name(name: &str) -> bool {
     has_run_suffix(name) && !name.starts_with('.') && name.len() > RUN_SUFFIX.len()
@@ -214,5 +222,8 @@ mod tests {
         assert_eq!(follow_part_index("part-00000012.parquet", "bin"), None);
         assert_eq!(follow_part_index("part-12.bin", "bin"), None);
         assert_eq!(follow_part_index(".part-00000012.bin", "bin"), None);
+        assert!(is_follow_part_temp(".part-00000012.bin.a1B2c3.tmp"));
+        assert!(!is_follow_part_temp("part-00000012.bin"));
+        assert!(!is_follow_part_temp(".shard-1.bin.a1B2c3.tmp"));
     }
 }

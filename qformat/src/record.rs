@@ -67,6 +67,12 @@ impl RecordRef<'_> {
 /// Fixed part of a record before its payload: id u64, shard u32, seq u64, length u64.
 pub const RECORD_HEAD_LEN: usize = 8 + 4 + 8 + 8;
 
+/// Bytes of one record encoded with a payload of `payload_len` bytes: its head, then the
+/// payload.
+pub fn encoded_len(payload_len: usize) -> usize {
+    RECORD_HEAD_LEN + payload_len
+}
+
 /// Encodes the fixed part of a record (everything but the payload bytes): the same bytes
 /// `bincode::serialize` produces for the first four fields, written by hand for speed.
 pub fn encode_record_head(record: &Record) -> [u8; RECORD_HEAD_LEN] {
@@ -120,5 +126,13 @@ mod tests {
         ]
         .concat();
         assert_eq!(ours, expected);
+    }
+
+    #[test]
+    fn encoded_len_is_head_and_payload() {
+        let mut bytes = Vec::new();
+        encode_record(&rec(1, 2, 3, b"four"), &mut bytes);
+        assert_eq!(encoded_len(4), bytes.len());
+        assert_eq!(encoded_len(0), 28);
     }
 }

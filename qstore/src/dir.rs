@@ -7,7 +7,6 @@ use std::path::{Path, PathBuf};
 use tempfile::NamedTempFile;
 
 use crate::{Location, StoreError};
-use qformat::names::is_run_name;
 
 /// Writes smaller than this are gathered (the default 8 KiB would cost one syscall per
 /// few records); a run's blocks (~256 KiB) are larger and go to the file as they are,
@@ -23,8 +22,8 @@ const TEMP_RANDOM_CHARS: usize = 6;
 /// memory is dirty, and a 1.3 GB merge spent about a second in its final fsync.
 const WRITEBACK_EVERY: u64 = 32 << 20;
 
-/// The `*.bin` files directly in `dir`, unsorted.
-pub(crate) fn list_runs(dir: &Path) -> Result<Vec<Location>, StoreError> {
+/// The files directly in `dir` whose names `keep` accepts, unsorted.
+pub(crate) fn list_named(dir: &Path, keep: fn(&str) -> bool) -> Result<Vec<Location>, StoreError> {
     let shown = dir.display();
     let entries =
         std::fs::read_dir(dir).map_err(|e| StoreError::io(&shown, "list directory", e))?;
@@ -33,7 +32,7 @@ pub(crate) fn list_runs(dir: &Path) -> Result<Vec<Location>, StoreError> {
         let entry = entry.map_err(|e| StoreError::io(&shown, "list directory", e))?;
         let name = entry.file_name();
         let Some(name) = name.to_str() else { continue };
-        if !is_run_name(name) {
+        if !keep(name) {
             continue;
         }
         // Follows symlinks: a run may be linked in from elsewhere.
@@ -43,6 +42,90 @@ pub(crate) fn list_runs(dir: &Path) -> Result<Vec<Location>, StoreError> {
         }
     }
     Ok(runs)
+}
+
+/// The names of the regular files directly in `dir` that are not hidden; none for a
+/// directory that does not exist.
+pub(crate) fn list_names(dir: &Path) -> Result<Vec<String>, StoreError> {
+    let shown = dir.display();
+    let entries = match std::fs::read_dir(dir) {
+        Ok(entries) => entries,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(Vec::new()),
+        Err(e) => return Err(StoreError::io(&shown, "list directory", e)),
+    };
+    let mut names = Vec::new();
+    for entry in entries {
+        let entry = entry.map_err(|e| StoreError::io(&shown, "list directory", e))?;
+        let Ok(name) = entry.file_name().into_string() else {
+            continue;
+        };
+        if !name.starts_with('.') && entry.path().is_file() {
+            names.push(name);
+        }
+    }
+    Ok(names)
+}
+
+/// The whole of the file `path`, refused if it is larger than `max` bytes.
+pub(crate) fn read_small(path: &Path, max: u64) -> Result<Vec<u8>, StoreError> {
+    use std::io::Read;
+    let shown = path.display();
+    let file = File::open(path).map_err(|e| StoreError::io(&shown, "open", e))?;
+    let mut bytes = Vec::new();
+    // Read one byte more than allowed: a file that grows after a stat is caught too.
+    file.take(max.saturating_add(1))
+        .read_to_end(&mut bytes)
+        .map_err(|e| StoreError::io(&shown, "read", e))?;
+    if bytes.len() as u64 > max {
+        let len = std::fs::metadata(path).map_or(bytes.len() as u64, |m| m.len());
+        return Err(StoreError::TooLarge {
+            object: shown.to_string(),
+            len,
+            max,
+        });
+    }
+    Ok(bytes)
+}
+
+/// Removes the file `path` durably (its directory is fsynced); a missing file is no error.
+pub(crate) fn delete(path: &Path) -> Result<(), StoreError> {
+    match std::fs::remove_file(path) {
+        Ok(()) => {}
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(StoreError::io(path.display(), "remove", e)),
+    }
+    sync_dir(&parent(path))
+}
+
+/// Creates the directory `dir` and its missing parents, durably: each directory created
+/// and the one that holds it are fsynced, so that a file renamed into `dir` later survives
+/// a crash with its path.
+pub(crate) fn make_dirs(dir: &Path) -> Result<(), StoreError> {
+    if dir.is_dir() {
+        return Ok(());
+    }
+    let mut missing = Vec::new();
+    let mut at = dir;
+    while !at.exists() {
+        missing.push(at.to_path_buf());
+        match at.parent() {
+            Some(p) if !p.as_os_str().is_empty() => at = p,
+            _ => break,
+        }
+    }
+    std::fs::create_dir_all(dir)
+        .map_err(|e| StoreError::io(dir.display(), "create directory", e))?;
+    for created in missing.iter().rev() {
+        sync_dir(created)?;
+        sync_dir(&parent(created))?;
+    }
+    Ok(())
+}
+
+fn sync_dir(dir: &Path) -> Result<(), StoreError> {
+    File::open(dir)
+        .and_then(|d| d.sync_all())
+        .map_err(|e| StoreError::io(dir.display(), "fsync directory", e))
 }
 
 /// An atomic write of one file: a hidden temporary file in the same directory, renamed

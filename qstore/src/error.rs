@@ -57,6 +57,16 @@ pub enum StoreError {
         /// The object's size in bytes.
         len: u64,
     },
+    /// An object read whole is larger than the caller allows ([`crate::Store::read_small`]).
+    #[error("{object} is {len} bytes, above the limit of {max} for it")]
+    TooLarge {
+        /// The location it is about, as shown (`s3://bucket/key` or a path).
+        object: String,
+        /// Its size in bytes.
+        len: u64,
+        /// The limit.
+        max: u64,
+    },
     /// An operating-system error on a local file or directory.
     #[error("{object}: {op}: {error}")]
     Io {

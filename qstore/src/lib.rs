@@ -1,12 +1,14 @@
 //! qstore: where qlist's runs live, a local directory or an object store speaking the S3 API.
 //!
 //! Producers seal a finished sublist into a *run* (an immutable file, format owned by the
-//! `sublist` crate) and write it to a [`Location`]: a local directory or `s3://bucket/prefix`.
+//! `qformat` crate) and write it to a [`Location`]: a local directory or `s3://bucket/prefix`.
 //! The merger lists the runs there and reads them with ranged reads.
 //!
 //! - [`Location`]: a parsed place (`/data/runs`, `s3://bucket/runs`) and the runs in it.
 //! - [`Store`]: the entry point, one per process: [`Store::list_runs`], [`Store::open`],
-//!   [`Store::create`], [`Store::exists`]. Synchronous; S3 requests run on a small tokio
+//!   [`Store::create`], [`Store::exists`]; for small objects (a producer's checkpoints and
+//!   segments) [`Store::list_names`], [`Store::read_small`], [`Store::delete`],
+//!   [`Store::make_dirs`]. Synchronous; S3 requests run on a small tokio
 //!   runtime the store owns.
 //! - [`Object`]: one run opened for reading; [`Object::read_ranges`] gives a
 //!   [`RangeReader`] with bounded read-ahead.

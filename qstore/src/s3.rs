@@ -441,6 +441,52 @@ impl S3Target {
         .await
     }
 
+    /// One GET of the whole object, refused once its size is above `max` (its body is then
+    /// never read).
+    pub async fn get_small(&self, max: u64) -> Result<Bytes, StoreError> {
+        self.retry("GET", || async {
+            let res = match self.client.get_opts(&self.key, GetOptions::default()).await {
+                Ok(res) => res,
+                Err(e) => return Err(self.classify("GET", &e)),
+            };
+            if res.meta.size > max {
+                return Err(Failure::Fatal(StoreError::TooLarge {
+                    object: self.name.to_string(),
+                    len: res.meta.size,
+                    max,
+                }));
+            }
+            let want = res.meta.size;
+            let body = res
+                .bytes()
+                .await
+                .map_err(|e| Failure::Transient(chain(&e)))?;
+            if body.len() as u64 != want {
+                return Err(Failure::Transient(format!(
+                    "the server sent {} bytes of a {want}-byte object",
+                    body.len()
+                )));
+            }
+            Ok(body)
+        })
+        .await
+    }
+
+    /// DELETE; an object that is not there is no error.
+    pub async fn delete(&self) -> Result<(), StoreError> {
+        let res = self
+            .retry("DELETE", || async {
+                ObjectStoreExt::delete(&*self.client, &self.key)
+                    .await
+                    .map_err(|e| self.classify("DELETE", &e))
+            })
+            .await;
+        match res {
+            Err(StoreError::NotFound { .. }) => Ok(()),
+            other => other,
+        }
+    }
+
     /// One PUT of the whole object (small uploads).
     pub async fn put(&self, payload: PutPayload) -> Result<(), StoreError> {
         self.retry("PUT", || async {

@@ -240,3 +240,44 @@ fn get_bodies_are_read_into_again_only_once_every_slice_is_dropped() {
     }
     assert_eq!(again.len(), 20);
 }
+
+/// The same small-object calls against a real server: names under a nested prefix, a
+/// small object read whole with a cap, deletes (of a missing object too), and a
+/// checkpoint-sized upload that is one PUT (no multipart upload left or made).
+#[test]
+fn small_objects_listing_and_removal() {
+    let s3 = TestS3::start("qstore-small");
+    let store = store_for(&s3, small_opts());
+    let dest = Location::parse(&s3.url("pub")).unwrap();
+    let segs = dest.join("segments/shard-3");
+    assert!(store.list_names(&segs).unwrap().is_empty());
+    store.make_dirs(&segs).unwrap();
+    write_run(&store, &segs.join("b.seg"), b"bb");
+    write_run(&store, &segs.join("a.seg"), b"a");
+    s3.put("pub/segments/shard-3/.hidden", b"x");
+    s3.put("pub/segments/shard-3/deeper/c.seg", b"x");
+    assert_eq!(store.list_names(&segs).unwrap(), ["a.seg", "b.seg"]);
+
+    let cp = dest.join("shard-3.checkpoint");
+    let bytes = pattern(5000, 3);
+    write_run(&store, &cp, &bytes);
+    assert_eq!(s3.multipart_uploads(), Vec::<String>::new());
+    assert_eq!(store.read_small(&cp, 5000).unwrap(), bytes);
+    match store.read_small(&cp, 4999) {
+        Err(StoreError::TooLarge {
+            len: 5000,
+            max: 4999,
+            ..
+        }) => {}
+        other => panic!("{other:?}"),
+    }
+    assert!(store
+        .read_small(&dest.join("none"), 10)
+        .unwrap_err()
+        .is_not_found());
+
+    store.delete(&segs.join("a.seg")).unwrap();
+    store.delete(&segs.join("a.seg")).unwrap();
+    assert_eq!(store.list_names(&segs).unwrap(), ["b.seg"]);
+    assert_eq!(s3.get("pub/segments/shard-3/a.seg"), None);
+}

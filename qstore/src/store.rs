@@ -75,21 +75,109 @@ impl Store {
     /// [`StoreError::NotFound`] for a missing directory (an empty one, or an S3 prefix with
     /// nothing under it, gives `Ok(vec![])`); I/O and S3 errors naming `loc`.
     pub fn list_runs(&self, loc: &Location) -> Result<Vec<Location>, StoreError> {
-        let mut runs = match loc {
-            Location::Dir(path) => dir::list_runs(path)?,
+        self.list_named(loc, is_run_name)
+    }
+
+    /// Every file or object directly under `loc` (not recursive) whose name `keep`
+    /// accepts, sorted by name ([`Store::list_runs`] keeps runs; a merge of published
+    /// shards also keeps their checkpoints).
+    ///
+    /// # Errors
+    /// As [`Store::list_runs`].
+    pub fn list_named(
+        &self,
+        loc: &Location,
+        keep: fn(&str) -> bool,
+    ) -> Result<Vec<Location>, StoreError> {
+        let mut found = match loc {
+            Location::Dir(path) => dir::list_named(path, keep)?,
             Location::S3 { .. } => {
                 let target = self.s3_target(loc)?;
                 let metas = self.inner.tasks.run(async move { target.list().await })?;
                 metas
                     .iter()
                     .filter_map(|m| m.location.filename())
-                    .filter(|name| is_run_name(name))
+                    .filter(|name| keep(name))
                     .map(|name| loc.join(name))
                     .collect()
             }
         };
-        runs.sort();
-        Ok(runs)
+        found.sort();
+        Ok(found)
+    }
+
+    /// The names of the files or objects directly under `loc` (not recursive; names
+    /// starting with '.' are skipped), sorted: whatever they are named, unlike
+    /// [`Store::list_runs`]. A directory that does not exist holds none, like an S3
+    /// prefix with nothing under it.
+    ///
+    /// # Errors
+    /// I/O and S3 errors naming `loc`.
+    pub fn list_names(&self, loc: &Location) -> Result<Vec<String>, StoreError> {
+        let mut names = match loc {
+            Location::Dir(path) => dir::list_names(path)?,
+            Location::S3 { .. } => {
+                let target = self.s3_target(loc)?;
+                let metas = self.inner.tasks.run(async move { target.list().await })?;
+                metas
+                    .iter()
+                    .filter_map(|m| m.location.filename())
+                    .filter(|name| !name.starts_with('.'))
+                    .map(str::to_string)
+                    .collect()
+            }
+        };
+        names.sort();
+        Ok(names)
+    }
+
+    /// The whole of a small file or object (a checkpoint), in one read: refused, before
+    /// its bytes are read, when it is larger than `max_bytes`.
+    ///
+    /// # Errors
+    /// [`StoreError::NotFound`] if it does not exist; [`StoreError::TooLarge`]; I/O, S3
+    /// and configuration errors.
+    pub fn read_small(&self, loc: &Location, max_bytes: u64) -> Result<Vec<u8>, StoreError> {
+        match loc {
+            Location::Dir(path) => dir::read_small(path, max_bytes),
+            Location::S3 { .. } => {
+                let target = self.s3_object(loc)?;
+                let body = self
+                    .inner
+                    .tasks
+                    .run(async move { target.get_small(max_bytes).await })?;
+                Ok(body.to_vec())
+            }
+        }
+    }
+
+    /// Removes a file or object; one that does not exist is no error. A directory's
+    /// removal is made durable (the directory is fsynced).
+    ///
+    /// # Errors
+    /// I/O, S3 and configuration errors.
+    pub fn delete(&self, loc: &Location) -> Result<(), StoreError> {
+        match loc {
+            Location::Dir(path) => dir::delete(path),
+            Location::S3 { .. } => {
+                let target = self.s3_object(loc)?;
+                self.inner.tasks.run(async move { target.delete().await })
+            }
+        }
+    }
+
+    /// Makes sure `loc` can hold files: a local directory is created with its missing
+    /// parents, durably (each created directory and its parent fsynced); an S3 prefix
+    /// needs nothing. Call it before [`Store::create`] of a name in a directory that may
+    /// not exist yet (`segments/shard-<n>/...`).
+    ///
+    /// # Errors
+    /// I/O errors naming the directory.
+    pub fn make_dirs(&self, loc: &Location) -> Result<(), StoreError> {
+        match loc {
+            Location::Dir(path) => dir::make_dirs(path),
+            Location::S3 { .. } => Ok(()),
+        }
     }
 
     /// Opens one file or object for ranged reads: learns its size (and on S3 its ETag,
@@ -121,6 +209,7 @@ impl Store {
 
     /// Starts an atomic write of `loc`: nothing is visible under `loc` until
     /// [`Upload::finish`] succeeds; dropping the upload without finishing removes it.
+    /// An S3 object smaller than one part (a checkpoint) is written by one PUT.
     ///
     /// # Errors
     /// [`StoreError::NotFound`] if the directory does not exist; I/O and configuration

@@ -332,3 +332,44 @@ fn s3_config_errors_are_clear() {
         .unwrap_err();
     assert!(e.to_string().contains("not an object"), "{e}");
 }
+
+/// What a producer publishing as it goes needs of a directory: nested directories made
+/// durably, names listed whatever they end with, small files read whole with a cap, files
+/// removed (twice is no error).
+#[test]
+fn dir_small_objects_listing_and_removal() {
+    let tmp = tempfile::tempdir().unwrap();
+    let store = Store::new(StoreOptions::default());
+    let dest = Location::Dir(tmp.path().to_path_buf());
+    let segs = dest.join("segments/shard-3");
+    assert!(store.list_names(&segs).unwrap().is_empty(), "missing: none");
+    assert!(
+        store.create(&segs.join("a.seg")).is_err(),
+        "no directory yet"
+    );
+    store.make_dirs(&segs).unwrap();
+    store.make_dirs(&segs).unwrap();
+    write_run(&store, &segs.join("b.seg"), b"bb");
+    write_run(&store, &segs.join("a.seg"), b"a");
+    std::fs::write(tmp.path().join("segments/shard-3/.hidden.tmp"), b"x").unwrap();
+    std::fs::create_dir(tmp.path().join("segments/shard-3/sub")).unwrap();
+    assert_eq!(store.list_names(&segs).unwrap(), ["a.seg", "b.seg"]);
+
+    let cp = dest.join("shard-3.checkpoint");
+    write_run(&store, &cp, &pattern(100));
+    assert_eq!(store.read_small(&cp, 100).unwrap(), pattern(100));
+    match store.read_small(&cp, 99) {
+        Err(StoreError::TooLarge {
+            len: 100, max: 99, ..
+        }) => {}
+        other => panic!("{other:?}"),
+    }
+    assert!(store
+        .read_small(&dest.join("none"), 10)
+        .unwrap_err()
+        .is_not_found());
+
+    store.delete(&segs.join("a.seg")).unwrap();
+    store.delete(&segs.join("a.seg")).unwrap();
+    assert_eq!(store.list_names(&segs).unwrap(), ["b.seg"]);
+}

@@ -4,6 +4,8 @@
 //! merger --out OUT (--data-dir DIR | --runs SRC | INPUT...) [--expect-shards N] [--part I/K] [--jobs J]
 //!        [--format auto|bin|parquet] [--compression snappy|zstd[:L]|none] [--row-group-rows N]
 //!        [--encode-threads N]
+//! merger follow --runs SRC --expect-shards K --out-dir DIR [--format bin|parquet] [--stdout [--json]]
+//!        [--poll-ms 200] [--part-bytes N] [--part-every SECS] [--metrics-listen ADDR]
 //! merger convert FILE... --out OUT.parquet
 //! merger verify FILE...
 //! merger cat FILE... [--json]
@@ -15,6 +17,7 @@ use std::time::Duration;
 
 use clap::{Args, Parser, Subcommand};
 use merger::command::{open_and_merge, MergeConfig};
+use merger::follow::{FollowConfig, FollowStats, Lines, PartFormat};
 use merger::output::OutputFormat;
 use merger::parquet_list::{
     default_encoders, Codec, ParquetOptions, DEFAULT_ROW_GROUP_ROWS, MAX_ENCODERS,
@@ -143,8 +146,69 @@ fn parse_part(s: &str) -> Result<(u32, u32), String> {
 /// More parts than this would be ranges smaller than a block of most lists.
 const MAX_PARTS: u32 = 1 << 16;
 
+/// `merger follow`'s flags.
+#[derive(Args)]
+struct FollowArgs {
+    /// Where the producers publish (`--publish-every`): a directory or s3://bucket/prefix
+    /// holding shard-<n>.checkpoint and segments/.
+    #[arg(long, required = true, value_name = "SRC")]
+    runs: String,
+    /// The list is made of shards 0..K-1: W waits for every one of them (a shard without
+    /// a checkpoint yet holds it back).
+    #[arg(long, required = true, value_name = "K", value_parser = clap::value_parser!(u32).range(1..=i64::from(merger::follow::MAX_SHARDS)))]
+    expect_shards: u32,
+    /// Write the list as consecutive parts DIR/part-<i>.bin (or .parquet), each appearing
+    /// atomically; a follower started again resumes after the last one.
+    #[arg(long, value_name = "DIR", required_unless_present = "stdout")]
+    out_dir: Option<PathBuf>,
+    /// The parts' format: bin (list.bin runs: merger verify and cat read them in order as
+    /// one list) or parquet (a directory DuckDB, pyarrow, Polars and Spark read as one dataset).
+    #[arg(long, value_name = "FORMAT", default_value = "bin", value_parser = ["bin", "parquet"])]
+    format: String,
+    /// Also print each record as `merger cat` does, flushed as W moves (for pipes). Without
+    /// --out-dir it starts from the beginning every time; with it, from the last part.
+    #[arg(long)]
+    stdout: bool,
+    /// With --stdout: JSON lines, as `merger cat --json`.
+    #[arg(long, requires = "stdout")]
+    json: bool,
+    /// Read the checkpoints this often while the list moves (backing off to 2 s while it
+    /// does not).
+    #[arg(long, value_name = "MS", default_value_t = 200, value_parser = clap::value_parser!(u64).range(1..=60_000))]
+    poll_ms: u64,
+    /// Close a part once it holds this many bytes.
+    #[arg(long, value_name = "N", default_value_t = merger::follow::DEFAULT_PART_BYTES, value_parser = clap::value_parser!(u64).range(1..))]
+    part_bytes: u64,
+    /// Close a part holding records once it has been open this long (fractions allowed).
+    #[arg(long, value_name = "SECS", default_value = "10", value_parser = parse_secs)]
+    part_every: Duration,
+    /// Serve /metrics (qlist_follow_*), /healthz and /readyz on ADDR (e.g. 127.0.0.1:9464).
+    #[arg(long, value_name = "ADDR")]
+    metrics_listen: Option<String>,
+    /// An S3 operation may take this long, retries included, before the follower stops.
+    #[arg(long, value_name = "SECS", default_value_t = 60)]
+    store_deadline_secs: u64,
+    #[command(flatten)]
+    parquet: ParquetArgs,
+}
+
+/// Seconds, fractions allowed, more than 0 and at most a day.
+fn parse_secs(s: &str) -> Result<Duration, String> {
+    let secs: f64 = s
+        .parse()
+        .map_err(|_| format!("{s:?} is not a number of seconds"))?;
+    if !(secs > 0.0 && secs <= 86_400.0) {
+        return Err(format!("{s}: need more than 0 and at most 86400 seconds"));
+    }
+    Ok(Duration::from_secs_f64(secs))
+}
+
 #[derive(Subcommand)]
 enum Command {
+    /// Follow a list while its producers publish (--publish-every): write the records
+    /// that can no longer change, in ID order, as consecutive parts (and/or print them),
+    /// until every shard has finished.
+    Follow(Box<FollowArgs>),
     /// Write a list already merged as Parquet: a list.bin, a sealed run, one part, or the
     /// K parts of a split in order (one file). The same checks as a merge.
     Convert {
@@ -180,6 +244,7 @@ fn main() -> ExitCode {
     qcli::init_logging("info");
     let cli: Cli = qcli::parse(|cmd| cmd);
     match cli.command {
+        Some(Command::Follow(args)) => qcli::exit("merger", run_follow(&args), merge_cause),
         Some(Command::Verify { files }) => qcli::exit("merger", run_verify(&files), read_cause),
         Some(Command::Convert {
             files,
@@ -218,9 +283,10 @@ fn merge_cause(e: &(dyn std::error::Error + 'static)) -> Option<Cause> {
     Some(match e.downcast_ref::<MergeError>()? {
         MergeError::BadOut { .. } => Cause::Usage,
         MergeError::Store(StoreError::BadLocation { .. }) => Cause::Usage,
-        MergeError::List(_) | MergeError::Output { .. } | MergeError::Parquet { .. } => {
-            Cause::Output
-        }
+        MergeError::List(_)
+        | MergeError::Output { .. }
+        | MergeError::Parquet { .. }
+        | MergeError::FollowDir { .. } => Cause::Output,
         MergeError::Run {
             error: RunError::Io(_),
             ..
@@ -283,7 +349,7 @@ fn run_merge(cfg: &MergeConfig) -> anyhow::Result<()> {
     let s3 = cfg.out.is_s3()
         || specs
             .iter()
-            .any(|s| matches!(s, MergeInput::Run(l) if l.is_s3()));
+            .any(|s| matches!(s, MergeInput::Run(l) | MergeInput::Checkpoint(l) if l.is_s3()));
     let store = Store::new(merger::runs::read_options(cfg.store, specs.len(), jobs, s3));
     // Fail on a bad --out before spending time opening inputs.
     if let Location::Dir(out) = &cfg.out {
@@ -376,6 +442,90 @@ fn check_out_dir(out: &std::path::Path) -> anyhow::Result<()> {
         )));
     }
     Ok(())
+}
+
+/// `merger follow`: the flags into a [`FollowConfig`], the metrics endpoint, the follow.
+fn run_follow(args: &FollowArgs) -> anyhow::Result<()> {
+    let src = Location::parse(&args.runs).map_err(|e| qcli::usage(format!("--runs: {e}")))?;
+    let format = match args.format.as_str() {
+        "parquet" => PartFormat::Parquet(args.parquet.options()),
+        _ => PartFormat::Bin,
+    };
+    let cfg = FollowConfig {
+        format,
+        poll: Duration::from_millis(args.poll_ms),
+        part_bytes: args.part_bytes,
+        part_every: args.part_every,
+        ..FollowConfig::new(src, args.expect_shards, args.out_dir.clone())
+    };
+    let opts = StoreOptions {
+        deadline: Duration::from_secs(args.store_deadline_secs.max(1)),
+        ..StoreOptions::default()
+    };
+    let s3 = cfg.src.is_s3();
+    let store = Store::new(merger::runs::read_options(
+        opts,
+        cfg.expect_shards as usize,
+        1,
+        s3,
+    ));
+    let stats = std::sync::Arc::new(FollowStats::new(cfg.expect_shards));
+    // Kept alive while the follow runs: its worker thread serves the endpoint.
+    let _metrics = match &args.metrics_listen {
+        Some(addr) => Some(serve_metrics(addr, std::sync::Arc::clone(&stats))?),
+        None => None,
+    };
+    let stdout = std::io::stdout();
+    let mut out = std::io::BufWriter::new(stdout.lock());
+    let lines = args.stdout.then_some(Lines {
+        out: &mut out,
+        json: args.json,
+    });
+    let summary = merger::follow::follow(&store, &cfg, lines, &stats)?;
+    drop(out);
+    let mut line = format!(
+        "followed {} records into {} parts",
+        summary.records, summary.parts
+    );
+    if let Some(dir) = &cfg.out_dir {
+        line.push_str(&format!(" in {}", dir.display()));
+    }
+    if let Some(after) = summary.resumed_after {
+        line.push_str(&format!(" (resumed after id {after})"));
+    }
+    line.push_str(if summary.complete {
+        ": every shard finished, the list is complete"
+    } else {
+        ": stopped, the reader of stdout closed it"
+    });
+    if args.stdout {
+        eprintln!("{line}");
+    } else {
+        println!("{line}");
+    }
+    Ok(())
+}
+
+/// Starts `--metrics-listen` on a runtime of its own (one worker thread); logs the bound
+/// address. The endpoint stops when the runtime is dropped.
+fn serve_metrics(
+    addr: &str,
+    stats: std::sync::Arc<FollowStats>,
+) -> anyhow::Result<tokio::runtime::Runtime> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(1)
+        .enable_all()
+        .build()?;
+    let listener = rt.block_on(qmetrics::bind(addr))?;
+    let bound = listener.local_addr()?;
+    tracing::info!("metrics listening on {bound}");
+    let endpoints = std::sync::Arc::new(merger::follow::stats::endpoints(stats));
+    rt.spawn(qmetrics::serve(
+        listener,
+        endpoints,
+        qmetrics::Limits::default(),
+    ));
+    Ok(rt)
 }
 
 fn run_verify(files: &[String]) -> anyhow::Result<()> {

@@ -10,6 +10,8 @@ use qformat::shard::ProgressMarker;
 use qformat::Record;
 use sublist::shard::ShardWriter;
 
+pub mod publish;
+
 pub const MERGER: &str = env!("CARGO_BIN_EXE_merger");
 pub const USAGE: i32 = 2;
 pub const INPUT: i32 = 3;

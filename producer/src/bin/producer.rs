@@ -7,8 +7,8 @@ use idclient::broker_client::{BrokerClient, BrokerClientConfig};
 use idclient::{IdError, QuorumClient};
 use idflags::IdsFrom;
 use producer::{
-    Config, InputFormat, ItemInput, Producer, ProducerError, ProgressDisplay, SealError,
-    DEFAULT_BATCH, DEFAULT_PAYLOAD_SIZE,
+    Config, InputFormat, ItemInput, Producer, ProducerError, ProgressDisplay, Publish,
+    PublishError, SealError, DEFAULT_BATCH, DEFAULT_PAYLOAD_SIZE,
 };
 use qcli::{Cause, SourceArgs};
 use qstore::{Location, Store, StoreError, StoreOptions};
@@ -136,8 +136,18 @@ struct Flags {
     /// Once the input is finished (now, or by an earlier run), seal the sublist into the
     /// run DEST/shard-<N>.bin: a local directory or s3://bucket/prefix (see `producer seal
     /// --help`). Killed while sealing, run again with the same arguments: it seals again.
+    /// With --publish-every, publish into DEST as it goes instead.
     #[arg(long, value_name = "DEST")]
     seal_to: Option<String>,
+    /// Publish into --seal-to's DEST as it goes, every SECS seconds (fractions allowed,
+    /// e.g. 0.2): between two batches, the items made durable since the last publication
+    /// become one segment, DEST/segments/shard-<N>/<a>-<b>.seg, then the checkpoint
+    /// DEST/shard-<N>.checkpoint is replaced (its segments, its count, its claim). At the
+    /// end of the input: the last segment and a finished checkpoint (no run
+    /// DEST/shard-<N>.bin). Killed or stopped at any moment and run again with the same
+    /// arguments, it publishes the same items, none twice (docs/producer.md).
+    #[arg(long, value_name = "SECS", requires = "seal_to")]
+    publish_every: Option<f64>,
 }
 
 /// `--input-format`.
@@ -222,8 +232,22 @@ fn config(flags: &Flags) -> anyhow::Result<(Config, IdsFrom)> {
         format: flags.input_format.unwrap_or(Format::Lines).into(),
         batch: flags.batch,
         display,
+        publish: publication(flags)?,
     };
     Ok((cfg, ids))
+}
+
+/// `--seal-to DEST --publish-every SECS`: publishing as it goes (checked again here, as
+/// the library takes it, after clap's `requires`).
+fn publication(flags: &Flags) -> anyhow::Result<Option<Publish>> {
+    let Some(secs) = flags.publish_every else {
+        return Ok(None);
+    };
+    let every = seconds("publish-every", secs)?;
+    let Some(dest) = &flags.seal_to else {
+        return Err(qcli::usage("--publish-every needs --seal-to DEST"));
+    };
+    Ok(Some(Publish::new(dest, every)?))
 }
 
 async fn run_with_broker(
@@ -252,8 +276,8 @@ async fn run(flags: &Flags) -> anyhow::Result<()> {
         }
         None => None,
     };
-    let summary = if p.is_finished() {
-        // No ID generator needed to do nothing.
+    let summary = if !p.needs_ids() {
+        // No ID generator needed to stamp nothing (and to finish a publication).
         p.run(&NoIds).await?
     } else {
         match ids {
@@ -331,6 +355,9 @@ fn classify(e: &(dyn std::error::Error + 'static)) -> Option<Cause> {
     if let Some(s) = e.downcast_ref::<SealError>() {
         return Some(Cause::from_code(s.exit_code()));
     }
+    if let Some(p) = e.downcast_ref::<PublishError>() {
+        return Some(Cause::from_code(p.exit_code()));
+    }
     e.downcast_ref::<StoreError>().map(|e| match e {
         StoreError::BadLocation { .. } => Cause::Usage,
         _ => Cause::Output,
@@ -340,6 +367,8 @@ fn classify(e: &(dyn std::error::Error + 'static)) -> Option<Cause> {
 fn start(flags: &Flags) -> anyhow::Result<()> {
     // A bad DEST fails now, not after the whole input is stamped.
     let dest = flags.seal_to.as_deref().map(Dest::parse).transpose()?;
+    // Publishing as it goes ends with a finished checkpoint, not a run.
+    let dest = dest.filter(|_| flags.publish_every.is_none());
     let (shard, data_dir) = target(flags)?;
     let rt = tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)

@@ -1,6 +1,8 @@
 //! What the producer's process tests share: a local quorum, the binary run as a user runs
 //! it, and its exit.
-#![allow(dead_code)] // each test file uses its own subset
+#![allow(dead_code, unused_imports)] // each test file uses its own subset
+
+pub mod publish;
 
 use qformat::names::shard_db_path;
 use qformat::Record;

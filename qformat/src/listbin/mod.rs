@@ -460,15 +460,24 @@ pub fn is_version_one(path: &Path) -> bool {
 /// # Errors
 /// The first problem found, with its byte offset; [`ListError::Io`] if the file cannot be read.
 pub fn verify(path: &Path) -> Result<Summary, ListError> {
-    let mut reader = ListReader::open(path)?;
-    for item in reader.by_ref() {
-        item?;
+    ListReader::open(path)?.verify_rest()
+}
+
+impl<R: Read> ListReader<R> {
+    /// Reads the rest of the list, checking every record, and returns its summary.
+    ///
+    /// # Errors
+    /// The first problem found, with its byte offset, as [`verify`].
+    pub fn verify_rest(mut self) -> Result<Summary, ListError> {
+        for item in self.by_ref() {
+            item?;
+        }
+        self.summary().ok_or_else(|| ListError::Io {
+            path: self.path.clone(),
+            op: "verify",
+            error: io::Error::other("reader stopped without a verdict"),
+        })
     }
-    reader.summary().ok_or_else(|| ListError::Io {
-        path: path.to_path_buf(),
-        op: "verify",
-        error: io::Error::other("reader stopped without a verdict"),
-    })
 }
 
 #[cfg(test)]

@@ -102,6 +102,34 @@ impl SeqCheck {
         Ok(())
     }
 
+    /// Replaces the specs (the same shards, in any order) by `specs`, whose totals must
+    /// still hold every seq seen.
+    ///
+    /// # Errors
+    /// A message saying which shard does not fit.
+    pub fn restate(&mut self, mut specs: Vec<ShardSpec>) -> Result<(), String> {
+        specs.sort_by_key(|s| s.shard);
+        let same = specs.len() == self.shards.len()
+            && specs
+                .iter()
+                .zip(&self.shards)
+                .all(|(a, b)| a.shard == b.0.shard);
+        if !same {
+            return Err("the shards must stay the same".into());
+        }
+        for (spec, (old, first, count)) in specs.into_iter().zip(&mut self.shards) {
+            let end = first.map_or(0, |f| f + *count);
+            if end > spec.total {
+                return Err(format!(
+                    "shard {}: seqs up to {end} are written, above a total of {}",
+                    spec.shard, spec.total
+                ));
+            }
+            *old = spec;
+        }
+        Ok(())
+    }
+
     /// The shard table of what was seen: every expected shard, in shard order.
     pub fn table(&self) -> Vec<ShardEntry> {
         self.shards
@@ -126,8 +154,12 @@ impl SeqCheck {
 pub struct WriteCheck {
     part: Part,
     seqs: SeqCheck,
+    first_id: Option<u64>,
     last_id: Option<u64>,
     records: u64,
+    /// Where a whole list's shards start: 0, or a segment's first seq
+    /// ([`WriteCheck::segment`]).
+    from_seq: u64,
 }
 
 impl WriteCheck {
@@ -136,9 +168,50 @@ impl WriteCheck {
         WriteCheck {
             part,
             seqs: SeqCheck::new(specs),
+            first_id: None,
             last_id: None,
             records: 0,
+            from_seq: 0,
         }
+    }
+
+    /// Expects a *segment* (DESIGN.md, "The list while it grows"): a whole list holding
+    /// exactly the seqs `first_seq..end_seq` of `shard` (its shard entry: not finished,
+    /// total `end_seq`).
+    pub fn segment(shard: u32, first_seq: u64, end_seq: u64) -> WriteCheck {
+        let spec = ShardSpec {
+            shard,
+            finished: false,
+            total: end_seq,
+        };
+        WriteCheck {
+            from_seq: first_seq,
+            ..WriteCheck::new(vec![spec], Part::WHOLE)
+        }
+    }
+
+    /// Replaces the part and the shards' specs, for a list whose range and totals are
+    /// learned while it is written (a follower's part grows as its producers publish):
+    /// the records accepted so far must lie in the new part, the shards stay the same and
+    /// their totals hold every seq accepted.
+    ///
+    /// # Errors
+    /// [`RunError::Restate`] saying what no longer fits.
+    pub fn restate(&mut self, part: Part, specs: Vec<ShardSpec>) -> Result<(), RunError> {
+        let ids = self.first_id.zip(self.last_id);
+        if let Some((first, last)) = ids.filter(|&(f, l)| !part.contains(f) || !part.contains(l)) {
+            return Err(RunError::Restate {
+                what: format!(
+                    "ids {first}..={last} are written, outside {part}'s range {}..={}",
+                    part.first_id, part.last_id
+                ),
+            });
+        }
+        self.seqs
+            .restate(specs)
+            .map_err(|what| RunError::Restate { what })?;
+        self.part = part;
+        Ok(())
     }
 
     /// The part this list holds.
@@ -198,6 +271,7 @@ impl WriteCheck {
             )));
         }
         self.seqs.see(shard, seq).map_err(refuse)?;
+        self.first_id = self.first_id.or(Some(id));
         self.last_id = Some(id);
         self.records += 1;
         Ok(())
@@ -248,6 +322,7 @@ impl WriteCheck {
                 .see_span(s.shard, s.first_seq, s.count)
                 .map_err(refuse)?;
         }
+        self.first_id = self.first_id.or(Some(first_id));
         self.last_id = Some(last_id);
         self.records += records;
         Ok(())
@@ -266,7 +341,12 @@ impl WriteCheck {
     pub fn finish(&self) -> Result<Vec<ShardEntry>, RunError> {
         let shards = self.seqs.table();
         if self.part.is_whole() {
-            if let Some(s) = shards.iter().find(|s| !holds_all(s)) {
+            // A segment holds its shard from its first seq on: no gap up to its total.
+            let from = self.from_seq;
+            let holds = |s: &ShardEntry| {
+                s.count == s.total.saturating_sub(from) && (s.count == 0 || s.first_seq == from)
+            };
+            if let Some(s) = shards.iter().find(|s| !holds(s)) {
                 return Err(RunError::Incomplete {
                     shard: s.shard,
                     first_seq: s.first_seq,

@@ -17,7 +17,10 @@
 //! This module is pure: it encodes into any [`Write`] ([`RunWriter`]) and decodes byte
 //! slices ([`Footer::decode`], [`RunMeta::decode`], [`decode_block`]); where the bytes come
 //! from (a file, an S3 object, a range of either) is the caller's business. Every decoding
-//! error names the byte offset in the file.
+//! error names the byte offset in the file. Where blocks start and end, as positions and
+//! file offsets, is computed in one place ([`RangeStart::at_position`], [`next_boundary`],
+//! [`is_block_boundary`], [`BlockEntry::record_bytes`]), so nothing outside this crate
+//! repeats the arithmetic.
 
 use std::io::{self, Write};
 
@@ -128,10 +131,34 @@ impl Part {
     pub fn is_whole(&self) -> bool {
         self.count == 1
     }
+
+    /// The `count` that marks a follower's part ([`Part::follow`]): a follow has no
+    /// known number of parts, so no split of a merge ever uses this one.
+    pub const FOLLOW_COUNT: u32 = u32::MAX;
+
+    /// Part number `index` of a follow (`merger follow`), holding IDs `first_id..=last_id`:
+    /// the parts of a follow, in order, tile the ID space from 0 as far as the follower
+    /// got; the last part of a finished follow ends at `u64::MAX`.
+    pub fn follow(index: u32, first_id: u64, last_id: u64) -> Part {
+        Part {
+            index,
+            count: Part::FOLLOW_COUNT,
+            first_id,
+            last_id,
+        }
+    }
+
+    /// One part of a follow ([`Part::follow`]) rather than of a split.
+    pub fn is_follow(&self) -> bool {
+        self.count == Part::FOLLOW_COUNT
+    }
 }
 
 impl std::fmt::Display for Part {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        if self.is_follow() {
+            return write!(f, "follow part {}", self.index);
+        }
         write!(f, "part {}/{}", self.index, self.count)
     }
 }
@@ -219,6 +246,12 @@ pub enum RunError {
         count: u64,
         /// How many items the shard has.
         total: u64,
+    },
+    /// [`RunWriter::restate`] was given a part or shards the records written do not fit.
+    #[error("cannot restate the list being written: {what}")]
+    Restate {
+        /// What does not fit.
+        what: String,
     },
     /// Reading a local run file failed.
     #[error("{}: {op}: {error}", path.display())]
@@ -698,11 +731,15 @@ pub fn record_at(body: &[u8], pos: usize) -> Result<(RecordRef<'_>, usize), Stri
 }
 
 mod check;
+mod file;
+mod layout;
 mod ranged;
 mod writer;
 pub use check::{holds_all, SeqCheck, ShardSpec, WriteCheck};
+pub use file::RunFile;
+pub use layout::{is_block_boundary, next_boundary, RangeStart};
 pub use ranged::{RangeRead, RangedError, RangedRun, RunBlocks, RunRecords};
-pub use writer::{next_boundary, RangeStart, RangeWritten, RunFile, RunWriter};
+pub use writer::{RangeWritten, RunWriter};
 
 #[cfg(test)]
 mod tests;

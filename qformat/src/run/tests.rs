@@ -412,3 +412,115 @@ fn check_block_refuses_what_decode_block_refuses() {
     assert_eq!(a, d);
     assert!(a.contains("checksum mismatch"), "{a}");
 }
+
+/// A segment holds seqs a..b of one shard: its entry says so, and nothing else passes.
+#[test]
+fn a_segment_holds_exactly_its_seq_range() {
+    let records: Vec<Record> = (5..9).map(|s| rec(100 + s, 3, s, b"x")).collect();
+    let mut w = RunWriter::segment(Vec::new(), 3, 5, 9).expect("new");
+    for r in &records {
+        w.write(r).expect("write");
+    }
+    let (bytes, _) = w.finish().expect("finish");
+    let (meta, back) = read_run(&bytes).expect("read");
+    assert_eq!(back, records);
+    assert!(meta.part().is_whole());
+    assert_eq!(
+        meta.shards,
+        vec![ShardEntry {
+            shard: 3,
+            finished: false,
+            first_seq: 5,
+            count: 4,
+            total: 9,
+        }]
+    );
+    // A seq missing at either end, or one beyond, is refused.
+    for (from, to) in [(5u64, 8u64), (6, 9)] {
+        let mut w = RunWriter::segment(Vec::new(), 3, 5, 9).expect("new");
+        for r in records.iter().filter(|r| (from..to).contains(&r.seq)) {
+            w.write(r).expect("write");
+        }
+        let e = w.finish().expect_err("incomplete segment refused");
+        assert!(matches!(e, RunError::Incomplete { shard: 3, .. }), "{e}");
+    }
+    let mut w = RunWriter::segment(Vec::new(), 3, 5, 9).expect("new");
+    let e = w
+        .write(&rec(200, 3, 9, b"x"))
+        .expect_err("beyond the segment");
+    assert!(e.to_string().contains("beyond its 9 items"), "{e}");
+}
+
+/// A follower's part learns its range and totals as it grows: restated before finish.
+#[test]
+fn restate_narrows_the_part_and_sets_totals() {
+    let open = Part::follow(2, 10, u64::MAX);
+    let unknown = |total| vec![spec(0, total), spec(1, total)];
+    let mut w = RunWriter::new(Vec::new(), unknown(u64::MAX), open).expect("new");
+    for r in [
+        rec(11, 0, 4, b"a"),
+        rec(12, 1, 0, b"b"),
+        rec(15, 0, 5, b"c"),
+    ] {
+        w.write(&r).expect("write");
+    }
+    assert_eq!(w.last_id(), Some(15));
+    let e = w
+        .restate(Part::follow(2, 10, 14), unknown(6))
+        .expect_err("a record above the new range");
+    assert!(matches!(e, RunError::Restate { .. }), "{e}");
+    let e = w
+        .restate(Part::follow(2, 10, 20), unknown(5))
+        .expect_err("a total below a seq written");
+    assert!(e.to_string().contains("shard 0: seqs up to 6"), "{e}");
+    let e = w
+        .restate(Part::follow(2, 10, 20), vec![spec(0, 6)])
+        .expect_err("a shard dropped");
+    assert!(e.to_string().contains("the same"), "{e}");
+    let specs = vec![
+        spec(0, 6),
+        ShardSpec {
+            shard: 1,
+            finished: false,
+            total: 1,
+        },
+    ];
+    w.restate(Part::follow(2, 10, 20), specs).expect("fits");
+    let (bytes, _) = w.finish().expect("finish");
+    let (meta, _) = read_run(&bytes).expect("read");
+    assert_eq!(meta.part(), Part::follow(2, 10, 20));
+    assert!(meta.part().is_follow() && !meta.part().is_whole());
+    assert_eq!(meta.part().to_string(), "follow part 2");
+    assert_eq!((meta.shards[0].first_seq, meta.shards[0].count), (4, 2));
+    assert_eq!((meta.shards[1].total, meta.shards[1].finished), (1, false));
+}
+
+#[test]
+fn a_segment_holds_exactly_its_seqs() {
+    let recs: Vec<Record> = (5..9).map(|seq| rec(100 + seq, 2, seq, b"p")).collect();
+    let mut w = RunWriter::segment(Vec::new(), 2, 5, 9).expect("new");
+    for r in &recs {
+        w.write(r).expect("write");
+    }
+    let (bytes, meta) = w.finish().expect("finish");
+    let entry = *meta.shard(2).expect("entry");
+    assert_eq!(
+        (entry.first_seq, entry.count, entry.total, entry.finished),
+        (5, 4, 9, false)
+    );
+    let (read, got) = read_run(&bytes).expect("read");
+    assert_eq!(read.shards, meta.shards);
+    assert_eq!(got, recs);
+    // A segment from 0 is a run of the shard's first items.
+    let mut w = RunWriter::segment(Vec::new(), 2, 0, 1).expect("new");
+    w.write(&rec(7, 2, 0, b"p")).expect("write");
+    assert!(w.finish().is_ok());
+    // Too few, a late start, or a seq beyond its end are refused.
+    for (first, end, seqs) in [(5u64, 9u64, 5..8u64), (5, 9, 6..9), (5, 9, 4..9)] {
+        let mut w = RunWriter::segment(Vec::new(), 2, first, end).expect("new");
+        let wrote = seqs
+            .map(|seq| w.write(&rec(100 + seq, 2, seq, b"p")))
+            .collect::<Result<Vec<_>, _>>();
+        assert!(wrote.is_err() || w.finish().is_err(), "{first}..{end}");
+    }
+}

@@ -1,5 +1,4 @@
-//! Writing a run ([`RunWriter`], into any [`Write`]) and reading one from a local file
-//! from start to end ([`RunFile`]).
+//! Writing a run ([`RunWriter`], into any [`Write`]).
 
 use super::*;
 
@@ -28,15 +27,6 @@ pub struct RunWriter<W: Write> {
     index: Vec<BlockEntry>,
 }
 
-/// Where a range of a list starts ([`RunWriter::range`]).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub struct RangeStart {
-    /// File offset of its first block.
-    pub offset: u64,
-    /// Record bytes (CRCs not counted) of the whole list before it: a block boundary.
-    pub position: u64,
-}
-
 /// What [`RunWriter::finish_range`] wrote: a range's blocks, for [`RunWriter::join_range`].
 #[derive(Debug, Clone)]
 pub struct RangeWritten {
@@ -52,12 +42,6 @@ pub struct RangeWritten {
     pub records: u64,
 }
 
-/// The position at which a block open at `position` closes: the next multiple of
-/// [`BLOCK_TARGET`] above it.
-pub fn next_boundary(position: u64) -> u64 {
-    (position / BLOCK_TARGET as u64 + 1) * BLOCK_TARGET as u64
-}
-
 impl<W: Write> RunWriter<W> {
     /// Starts a run holding records of the shards in `specs` with IDs in `part`'s range.
     ///
@@ -65,15 +49,49 @@ impl<W: Write> RunWriter<W> {
     /// Writing the header.
     pub fn new(mut out: W, specs: Vec<ShardSpec>, part: Part) -> Result<RunWriter<W>, RunError> {
         out.write_all(&MAGIC)?;
-        Ok(RunWriter::range(
+        Ok(RunWriter::range(out, specs, part, RangeStart::FIRST))
+    }
+
+    /// Starts a *segment*: a run holding exactly the seqs `first_seq..end_seq` of `shard`
+    /// (DESIGN.md, "The list while it grows"), a whole list whose shard entry says first
+    /// seq `first_seq`, total `end_seq`, not finished. [`RunWriter::finish`] refuses it
+    /// unless every one of those seqs was written.
+    ///
+    /// # Errors
+    /// Writing the header.
+    pub fn segment(
+        mut out: W,
+        shard: u32,
+        first_seq: u64,
+        end_seq: u64,
+    ) -> Result<RunWriter<W>, RunError> {
+        out.write_all(&MAGIC)?;
+        let mut w = RunWriter::range(
             out,
-            specs,
-            part,
+            Vec::new(),
+            Part::WHOLE,
             RangeStart {
                 offset: HEADER_LEN,
                 position: 0,
             },
-        ))
+        );
+        w.check = WriteCheck::segment(shard, first_seq, end_seq);
+        Ok(w)
+    }
+
+    /// Replaces the part and the shards' specs before [`RunWriter::finish`], for a list
+    /// whose ID range and shard totals are learned while it is written (a follower's
+    /// part): see [`WriteCheck::restate`].
+    ///
+    /// # Errors
+    /// [`RunError::Restate`] when the records written do not fit them.
+    pub fn restate(&mut self, part: Part, specs: Vec<ShardSpec>) -> Result<(), RunError> {
+        self.check.restate(part, specs)
+    }
+
+    /// The last ID written, if any.
+    pub fn last_id(&self) -> Option<u64> {
+        self.check.last_id()
     }
 
     /// A writer of one range of a list: blocks only, the first at `start`, records in
@@ -369,106 +387,4 @@ fn copy_exactly<R: io::Read + ?Sized>(
         )));
     }
     Ok(())
-}
-
-/// A run in a local file, read from start to end with every check: its metadata from
-/// the tail, then each block in order (for tools, tests and examples; the merger reads
-/// runs anywhere, by ranges, through `qstore`).
-pub struct RunFile {
-    /// The run's metadata.
-    pub meta: RunMeta,
-    input: io::BufReader<std::fs::File>,
-    path: std::path::PathBuf,
-    next_block: usize,
-    out: std::collections::VecDeque<Record>,
-    failed: bool,
-}
-
-impl RunFile {
-    /// Opens `path` and decodes its metadata.
-    ///
-    /// # Errors
-    /// [`RunError::File`] on an I/O error, and the metadata's errors.
-    pub fn open(path: &std::path::Path) -> Result<RunFile, RunError> {
-        use std::io::{Read, Seek, SeekFrom};
-        let file_err = |op: &'static str| {
-            move |error| RunError::File {
-                path: path.to_path_buf(),
-                op,
-                error,
-            }
-        };
-        let mut file = std::fs::File::open(path).map_err(file_err("open"))?;
-        let len = file.metadata().map_err(file_err("stat"))?.len();
-        if len < HEADER_LEN + FOOTER_LEN {
-            return Err(RunError::TooShort {
-                len,
-                min: HEADER_LEN + FOOTER_LEN,
-            });
-        }
-        let mut footer = [0u8; FOOTER_LEN as usize];
-        file.seek(SeekFrom::Start(len - FOOTER_LEN))
-            .and_then(|_| file.read_exact(&mut footer))
-            .map_err(file_err("read footer"))?;
-        let meta_len = Footer::decode(&footer, len)?.meta_len(len);
-        let mut tail = vec![0u8; meta_len as usize];
-        file.seek(SeekFrom::Start(len - meta_len))
-            .and_then(|_| file.read_exact(&mut tail))
-            .map_err(file_err("read metadata"))?;
-        let meta = RunMeta::decode(len, &tail)?;
-        let mut head = [0u8; HEADER_LEN as usize];
-        file.seek(SeekFrom::Start(0))
-            .and_then(|_| file.read_exact(&mut head))
-            .map_err(file_err("read header"))?;
-        if head != MAGIC {
-            return Err(RunError::BadMagic {
-                offset: 0,
-                found: head,
-            });
-        }
-        Ok(RunFile {
-            meta,
-            input: io::BufReader::with_capacity(1 << 20, file),
-            path: path.to_path_buf(),
-            next_block: 0,
-            out: std::collections::VecDeque::new(),
-            failed: false,
-        })
-    }
-
-    fn fill(&mut self) -> Result<(), RunError> {
-        use std::io::Read;
-        while self.out.is_empty() {
-            let Some(b) = self.meta.blocks.get(self.next_block).copied() else {
-                return Ok(());
-            };
-            let mut bytes = vec![0u8; b.len as usize];
-            self.input
-                .read_exact(&mut bytes)
-                .map_err(|error| RunError::File {
-                    path: self.path.clone(),
-                    op: "read block",
-                    error,
-                })?;
-            self.out
-                .extend(decode_block(&bytes, &b, self.next_block as u64)?);
-            self.next_block += 1;
-        }
-        Ok(())
-    }
-}
-
-impl Iterator for RunFile {
-    type Item = Result<Record, RunError>;
-
-    fn next(&mut self) -> Option<Self::Item> {
-        if self.failed {
-            return None;
-        }
-        if let Err(e) = self.fill() {
-            self.failed = true;
-            return Some(Err(e));
-        }
-        self.out.pop_front().map(Ok)
-    }
 }

@@ -430,11 +430,21 @@ impl ShardWriter {
     /// The stored items in ascending ID order (the writer's own view, for a producer that
     /// checks its input against what it already wrote before resuming).
     pub fn items(&self) -> impl Iterator<Item = Result<Record, ShardError>> + '_ {
+        self.items_from(0)
+    }
+
+    /// The stored items with IDs `first_id` and above, in ascending ID order: a producer
+    /// publishing as it goes reads what it made durable since its last publication.
+    pub fn items_from(
+        &self,
+        first_id: u64,
+    ) -> impl Iterator<Item = Result<Record, ShardError>> + '_ {
         let mut ro = ReadOptions::default();
         ro.fill_cache(false);
         ro.set_readahead_size(SCAN_READAHEAD);
+        let from = encode_key(first_id);
         self.db
-            .iterator_opt(IteratorMode::Start, ro)
+            .iterator_opt(IteratorMode::From(&from, rocksdb::Direction::Forward), ro)
             .map(move |kv| {
                 let (k, v) = kv.map_err(rocks(&self.path))?;
                 decode_item(&k, &v).map_err(|reason| ShardError::Corrupt {

@@ -56,6 +56,16 @@ fn write_then_read_in_id_order() {
         w.progress().expect("progress"),
         Some(prog(3, 1 << 40, true))
     );
+    // The writer reads from an ID on: the first item at or above it, then the rest.
+    let from = |id: u64| -> Vec<u64> {
+        w.items_from(id)
+            .map(|r| r.expect("item").seq)
+            .collect::<Vec<_>>()
+    };
+    assert_eq!(from(0), [0, 1, 2]);
+    assert_eq!(from(256), [1, 2]);
+    assert_eq!(from(257), [2]);
+    assert_eq!(from(u64::MAX), Vec::<u64>::new());
 }
 
 /// Shard 0 in `dir`, finished with IDs 10, 11 and 12 (seqs 0 to 2), then the items
