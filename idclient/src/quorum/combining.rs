@@ -228,9 +228,13 @@ impl<N: Register> QuorumClient<N> {
             Venue::Preferred
                 if rv == self.combine.rendezvous[0] && rv != self.combine.rendezvous[1] =>
             {
+                bump(&self.counters.to_fallback, 1);
                 Venue::Fallback { until }
             }
-            _ => Venue::Off { until },
+            _ => {
+                bump(&self.counters.to_own_rounds, 1);
+                Venue::Off { until }
+            }
         };
     }
 }
@@ -286,6 +290,11 @@ impl<N: Register + Rendezvous> QuorumClient<N> {
                 node = self.nodes[rv].addr(),
                 "rendezvous unavailable: no results channel within {patience:?}"
             );
+            let why = match rx {
+                Err(_) => &self.counters.rendezvous_slow,
+                Ok(_) => &self.counters.rendezvous_errors,
+            };
+            bump(why, 1);
             self.rendezvous_failed(rv);
             return Next::Unavailable;
         };
@@ -387,11 +396,13 @@ impl<N: Register + Rendezvous> QuorumClient<N> {
             // The connection to the rendezvous ended (the node died or restarted): its
             // batches are gone with it.
             Err(WaitEnd::Closed) => {
+                bump(&self.counters.rendezvous_errors, 1);
                 self.rendezvous_failed(c.rv);
                 Next::Unavailable
             }
             // The leader vanished: its batch's IDs, if any, stay unused.
             Err(WaitEnd::TimedOut) => {
+                bump(&self.counters.rendezvous_stalls, 1);
                 c.stalls += 1;
                 Next::Rejoin
             }
@@ -426,6 +437,7 @@ impl<N: Register + Rendezvous> QuorumClient<N> {
                 Ok(Close::Closed { ids }) => return Next::Done(self.lead(c, nonce, ids).await),
                 Ok(Close::Busy { busy: b, .. }) if b == busy => {
                     // Still in flight after its lease: no progress.
+                    bump(&self.counters.rendezvous_stalls, 1);
                     c.stalls += 1;
                     if c.stalls >= MAX_STALLS {
                         let reason = format!("batch {busy} in flight past its lease");
@@ -439,6 +451,7 @@ impl<N: Register + Rendezvous> QuorumClient<N> {
                 // leaders join, wait and find their batch expired, over and over until
                 // their deadline.)
                 Ok(Close::Gone) => {
+                    bump(&self.counters.rendezvous_stalls, 1);
                     c.stalls += 1;
                     return Next::Rejoin;
                 }
@@ -474,6 +487,7 @@ impl<N: Register + Rendezvous> QuorumClient<N> {
     fn leave(&self, c: &Combining, op: &str, reason: String) -> Next {
         let node = self.nodes[c.rv].addr();
         tracing::debug!(node, op, error = %reason, "rendezvous unavailable");
+        bump(&self.counters.rendezvous_left, 1);
         self.rendezvous_failed(c.rv);
         Next::Unavailable
     }
@@ -520,11 +534,21 @@ impl<N: Register + Rendezvous> QuorumClient<N> {
         call: impl std::future::Future<Output = Result<T, NodeError>>,
     ) -> Result<T, Stop> {
         let until = deadline.min(Instant::now() + patience);
+        let heard = self.combine.results.heard(rv);
         let error = match tokio::time::timeout_at(until, call).await {
             Ok(Ok(value)) => return Ok(value),
             Err(_) if Instant::now() >= deadline => return Err(Stop::Deadline),
-            Err(_) => format!("no reply within {patience:?}"),
-            Ok(Err(e)) => format!("{e:?}"),
+            Err(_) => {
+                bump(&self.counters.rendezvous_slow, 1);
+                if self.combine.results.heard(rv) != heard {
+                    bump(&self.counters.rendezvous_slow_alive, 1);
+                }
+                format!("no reply within {patience:?}")
+            }
+            Ok(Err(e)) => {
+                bump(&self.counters.rendezvous_errors, 1);
+                format!("{e:?}")
+            }
         };
         tracing::debug!(node = self.nodes[rv].addr(), op, %error, "rendezvous unavailable");
         self.rendezvous_failed(rv);
