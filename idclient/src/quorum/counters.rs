@@ -25,16 +25,19 @@ pub struct Counters {
     /// Batches this client led (its own request, and its members' if any).
     pub batches: u64,
     /// Rendezvous calls (join, close, finish, subscribe) that got no reply within their
-    /// patience: the rendezvous counted as failed.
+    /// patience while the node published nothing (or within the reply timeout): the
+    /// rendezvous counted as failed.
     pub rendezvous_slow: u64,
-    /// Of `rendezvous_slow`, the calls during which the node published results on its
-    /// channel: it was running scripts, slow but alive.
+    /// Rendezvous calls without a reply within their patience while the node published
+    /// results: slow, not paused or gone, so not counted as failed. The call waits on
+    /// (up to the reply timeout), then the request joins again.
     pub rendezvous_slow_alive: u64,
     /// Rendezvous calls that failed (an error reply, a broken connection), and results
     /// subscriptions that ended: the rendezvous counted as failed.
     pub rendezvous_errors: u64,
-    /// Rendezvous waits that ended without progress (a leader past its lease, a batch in
-    /// flight past its lease, an open batch expired).
+    /// Rendezvous waits that ended without the batch's result (a leader past its lease,
+    /// a batch in flight past its lease, an open batch expired); only those at a
+    /// rendezvous that published nothing meanwhile count towards leaving it.
     pub rendezvous_stalls: u64,
     /// Requests that left a rendezvous for lack of progress (two waits without it, a
     /// short batch): the rendezvous counted as failed.
