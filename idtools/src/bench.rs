@@ -481,7 +481,11 @@ mod tests {
         ];
         assert_eq!(r.longest_stall(), Duration::from_nanos(7_000));
         r.events.clear();
-        assert_eq!(r.longest_stall(), Duration::from_nanos(9_000), "nothing at all");
+        assert_eq!(
+            r.longest_stall(),
+            Duration::from_nanos(9_000),
+            "nothing at all"
+        );
     }
 
     #[test]
