@@ -36,6 +36,8 @@
 use crate::register::{Register, Rendezvous};
 use crate::rendezvous::{BatchResult, Nonce};
 use futures::StreamExt;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
 use tokio::sync::broadcast;
 use tokio::task::AbortHandle;
 use tokio::time::Instant;
@@ -56,6 +58,8 @@ struct Subscription {
     index: usize,
     sender: broadcast::WeakSender<BatchResult>,
     task: AbortHandle,
+    /// Messages received on it so far: a node that publishes is running its scripts.
+    heard: Arc<AtomicU64>,
 }
 
 /// Results a slow task may fall behind by before it loses some (it then waits until its
@@ -91,9 +95,12 @@ impl Results {
         }
         let (tx, rx) = broadcast::channel(BACKLOG);
         let sender = tx.downgrade();
+        let heard = Arc::new(AtomicU64::new(0));
+        let counter = Arc::clone(&heard);
         // The task owns the only sender: when the connection ends, receivers see Closed.
         let task = tokio::spawn(async move {
             while let Some(message) = messages.next().await {
+                counter.fetch_add(1, Ordering::Relaxed);
                 if let Some(result) = BatchResult::parse(&message) {
                     let _ = tx.send(result);
                 }
@@ -103,8 +110,19 @@ impl Results {
             index,
             sender,
             task: task.abort_handle(),
+            heard,
         });
         Some(rx)
+    }
+
+    /// How many messages the subscription to node `index` has received (0 without one).
+    /// A count that grows while a call to the node waits shows the node is running
+    /// scripts: it is slow, not paused or gone.
+    pub fn heard(&self, index: usize) -> u64 {
+        self.lock()
+            .iter()
+            .find(|s| s.index == index)
+            .map_or(0, |s| s.heard.load(Ordering::Relaxed))
     }
 
     /// A receiver on the live subscription to node `index`, if there is one.

@@ -115,6 +115,8 @@ pub struct BenchReport {
     /// Every request, in no particular order, including those that returned after the
     /// run's end (they count in the history, not in the rates).
     pub events: Vec<Event>,
+    /// The timed window, as [`monotonic_ns`] readings: its start and its end.
+    pub window_ns: (u64, u64),
 }
 
 impl BenchReport {
@@ -142,6 +144,28 @@ impl BenchReport {
         }
         let span = (hi - lo + 1) as f64;
         100.0 * (span - got as f64) / span
+    }
+
+    /// The longest time within the timed window in which no request returned IDs (from
+    /// the start to the first success, between two successes, from the last to the end):
+    /// a stall. Whole seconds of progress lines would hide one under a second long, and
+    /// split a longer one in two.
+    pub fn longest_stall(&self) -> Duration {
+        let (start, stop) = self.window_ns;
+        let mut returns: Vec<u64> = self
+            .events
+            .iter()
+            .filter(|e| e.outcome.is_some() && e.return_ns <= stop)
+            .map(|e| e.return_ns.max(start))
+            .collect();
+        returns.sort_unstable();
+        let mut last = start;
+        let mut longest = 0;
+        for t in returns.into_iter().chain([stop]) {
+            longest = longest.max(t - last);
+            last = t;
+        }
+        Duration::from_nanos(longest)
     }
 
     pub fn ids_per_sec(&self) -> f64 {
@@ -214,6 +238,7 @@ impl BenchReport {
             "p99_us": self.percentile_us(0.99),
             "max_us": self.percentile_us(1.0),
             "holes_pct": (self.holes_pct() * 1000.0).round() / 1000.0,
+            "stall_ms": self.longest_stall().as_millis() as u64,
             "errors": self.errors,
             "requests_started": self.requests_started,
             "wrong_counts": self.wrong_counts,
@@ -228,7 +253,7 @@ impl BenchReport {
     /// One line for people.
     pub fn summary_line(&self) -> String {
         let mut line = format!(
-            "{} clients x {} IDs/request for {:.1}s: {:.0} IDs/s, {:.0} requests/s, p50 {} us, p99 {} us, holes {:.2}%, {} errors",
+            "{} clients x {} IDs/request for {:.1}s: {:.0} IDs/s, {:.0} requests/s, p50 {} us, p99 {} us, holes {:.2}%, longest stall {} ms, {} errors",
             self.clients,
             self.count,
             self.elapsed.as_secs_f64(),
@@ -237,6 +262,7 @@ impl BenchReport {
             self.percentile_us(0.5),
             self.percentile_us(0.99),
             self.holes_pct(),
+            self.longest_stall().as_millis(),
             self.errors
         );
         if let Some(e) = &self.first_error {
@@ -258,6 +284,7 @@ pub async fn run<S: IdSource + 'static>(config: &BenchConfig, sources: &[Arc<S>]
     let stop = Arc::new(AtomicBool::new(false));
     let ids_done = Arc::new(AtomicU64::new(0));
     let started = tokio::time::Instant::now();
+    let start_ns = monotonic_ns();
     let tasks: Vec<_> = (0..config.clients)
         .map(|i| {
             let source = Arc::clone(&sources[i % sources.len()]);
@@ -289,6 +316,7 @@ pub async fn run<S: IdSource + 'static>(config: &BenchConfig, sources: &[Arc<S>]
         first_error: None,
         latencies_us: Vec::new(),
         events: Vec::new(),
+        window_ns: (start_ns, stop_ns),
     };
     for task in tasks {
         let (events, first_error) = match task.await {
@@ -433,6 +461,31 @@ mod tests {
         assert_eq!(json["errors"], 4);
         assert_eq!(json["requests_started"], 4);
         assert!(r.first_error.is_some());
+    }
+
+    #[test]
+    fn the_longest_stall_is_the_longest_gap_between_successes_in_the_window() {
+        let mut r = bench(Answer::Ids { len: 3 }, Duration::from_millis(1));
+        let event = |return_ns, ok: bool| Event {
+            invoke_ns: 0,
+            return_ns,
+            outcome: ok.then_some(IdRange { lo: 1, hi: 3 }),
+        };
+        r.window_ns = (1_000, 10_000);
+        // Successes at 2k and 3k, a failure at 8k (no progress), a success after the end.
+        r.events = vec![
+            event(3_000, true),
+            event(2_000, true),
+            event(8_000, false),
+            event(20_000, true),
+        ];
+        assert_eq!(r.longest_stall(), Duration::from_nanos(7_000));
+        r.events.clear();
+        assert_eq!(
+            r.longest_stall(),
+            Duration::from_nanos(9_000),
+            "nothing at all"
+        );
     }
 
     #[test]

@@ -12,7 +12,7 @@ use crate::combine::{self, WaitEnd};
 use crate::register::{NodeError, Register, Rendezvous};
 use crate::rendezvous::{member_range, BatchResult, Close, Join, Leases, Nonce};
 use crate::script::MAX_RENDEZVOUS_TTL_MS;
-use crate::{IdError, IdRange};
+use crate::{IdError, IdRange, MovingAverage};
 use std::sync::atomic::{AtomicBool, AtomicU32, Ordering};
 use std::sync::Mutex;
 use std::time::Duration;
@@ -49,6 +49,11 @@ pub const MAX_STALLS: u32 = 2;
 /// A rendezvous call (one script, no fsync) may take this many leases before the client
 /// gives up on the rendezvous: a paused node must not hold requests for a reply timeout.
 pub const RENDEZVOUS_PATIENCE_LEASES: u32 = 2;
+
+/// A rendezvous call may also take this many of the rendezvous calls' own measured
+/// times: under hundreds of callers the node's queue of joins, not the round, sets how
+/// long a healthy reply takes, and a patience of rounds alone counted it failed.
+pub const RENDEZVOUS_PATIENCE_CALLS: u32 = 8;
 
 /// A leader polling `close` (its results subscription ended) waits at least this long
 /// between calls, so a batch in flight without expiry cannot make it spin.
@@ -87,6 +92,9 @@ enum Stop {
     Deadline,
     /// The rendezvous failed or is too slow (already marked failed).
     Unavailable,
+    /// No reply in time, but the node published results meanwhile: it runs scripts,
+    /// slowly (not marked failed; the request joins again).
+    Slow,
 }
 
 /// One request's way through the rendezvous (see `QuorumClient::combined`).
@@ -101,6 +109,9 @@ struct Combining {
     patience: Duration,
     /// Waits that ended without progress so far (see [`MAX_STALLS`]).
     stalls: u32,
+    /// Messages the rendezvous had published when this request began there
+    /// (`combine::Results::heard`): more since then means it is making progress.
+    heard: u64,
     /// The longest wait an answer of the rendezvous is believed.
     longest: Duration,
 }
@@ -132,6 +143,7 @@ impl Combining {
         match stop {
             Stop::Deadline => self.past_deadline(),
             Stop::Unavailable => Next::Unavailable,
+            Stop::Slow => Next::Rejoin,
         }
     }
 
@@ -160,6 +172,9 @@ pub(super) struct CombineState {
     /// Which rendezvous is in use.
     venue: Mutex<Venue>,
     results: combine::Results,
+    /// How long a rendezvous call takes (answered calls only, so a paused node's
+    /// silence does not lengthen the patience it is found with).
+    call_time: MovingAverage,
     /// Upper bound of a batch leader's lease (`QuorumClient::lease`).
     pub(super) max_lease: Duration,
 }
@@ -175,6 +190,7 @@ impl CombineState {
             rendezvous,
             venue: Mutex::new(Venue::Preferred),
             results: combine::Results::default(),
+            call_time: MovingAverage::new(super::INITIAL_ROUND),
             max_lease: DEFAULT_MAX_LEASE,
         }
     }
@@ -183,11 +199,15 @@ impl CombineState {
 /// Leases and where to combine: these need only the rounds' timing.
 impl<N: Register> QuorumClient<N> {
     /// How long a rendezvous call may take, and a member may wait for the results
-    /// channel: [`RENDEZVOUS_PATIENCE_LEASES`] leases, at most the reply timeout. A call
-    /// is one script without fsync, so a reply slower than that means a paused or
-    /// overloaded node, and the client does better on its own rounds.
+    /// channel: [`RENDEZVOUS_PATIENCE_LEASES`] leases or [`RENDEZVOUS_PATIENCE_CALLS`]
+    /// measured calls, whichever is longer, at most the reply timeout. A call is one
+    /// script without fsync, so a node silent for longer is paused or gone (a slow one
+    /// that publishes is waited for, see `ask`).
     fn rendezvous_patience(&self) -> Duration {
-        (self.lease() * RENDEZVOUS_PATIENCE_LEASES).min(self.reply_timeout)
+        let calls = self.combine.call_time.get() * RENDEZVOUS_PATIENCE_CALLS;
+        (self.lease() * RENDEZVOUS_PATIENCE_LEASES)
+            .max(calls)
+            .min(self.reply_timeout)
     }
 
     /// How long a batch leader may take for its round before its members stop waiting and
@@ -228,9 +248,13 @@ impl<N: Register> QuorumClient<N> {
             Venue::Preferred
                 if rv == self.combine.rendezvous[0] && rv != self.combine.rendezvous[1] =>
             {
+                bump(&self.counters.to_fallback, 1);
                 Venue::Fallback { until }
             }
-            _ => Venue::Off { until },
+            _ => {
+                bump(&self.counters.to_own_rounds, 1);
+                Venue::Off { until }
+            }
         };
     }
 }
@@ -286,6 +310,11 @@ impl<N: Register + Rendezvous> QuorumClient<N> {
                 node = self.nodes[rv].addr(),
                 "rendezvous unavailable: no results channel within {patience:?}"
             );
+            let why = match rx {
+                Err(_) => &self.counters.rendezvous_slow,
+                Ok(_) => &self.counters.rendezvous_errors,
+            };
+            bump(why, 1);
             self.rendezvous_failed(rv);
             return Next::Unavailable;
         };
@@ -296,6 +325,7 @@ impl<N: Register + Rendezvous> QuorumClient<N> {
             started,
             patience,
             stalls: 0,
+            heard: self.combine.results.heard(rv),
             // No wait the rendezvous announces is believed beyond what any leader could hold.
             longest: self.combine.max_lease * 2 + LEADER_GRACE,
         };
@@ -314,7 +344,7 @@ impl<N: Register + Rendezvous> QuorumClient<N> {
             return c.past_deadline();
         }
         if c.stalls >= MAX_STALLS {
-            return self.leave(c, "join", format!("{} waits without progress", c.stalls));
+            return self.leave_stuck(c, "join", format!("{} waits without progress", c.stalls));
         }
         let nonce = Nonce::random();
         let remaining = c.deadline - now;
@@ -387,12 +417,13 @@ impl<N: Register + Rendezvous> QuorumClient<N> {
             // The connection to the rendezvous ended (the node died or restarted): its
             // batches are gone with it.
             Err(WaitEnd::Closed) => {
+                bump(&self.counters.rendezvous_errors, 1);
                 self.rendezvous_failed(c.rv);
                 Next::Unavailable
             }
-            // The leader vanished: its batch's IDs, if any, stay unused.
+            // The leader vanished (or is slow): its batch's IDs, if any, stay unused.
             Err(WaitEnd::TimedOut) => {
-                c.stalls += 1;
+                self.no_progress(c);
                 Next::Rejoin
             }
         }
@@ -425,11 +456,15 @@ impl<N: Register + Rendezvous> QuorumClient<N> {
                 }
                 Ok(Close::Closed { ids }) => return Next::Done(self.lead(c, nonce, ids).await),
                 Ok(Close::Busy { busy: b, .. }) if b == busy => {
-                    // Still in flight after its lease: no progress.
-                    c.stalls += 1;
+                    // Still in flight after its lease: no progress, unless the rendezvous
+                    // publishes other results (then wait another lease for it).
+                    if !self.no_progress(c) {
+                        wait = self.lease();
+                        continue;
+                    }
                     if c.stalls >= MAX_STALLS {
                         let reason = format!("batch {busy} in flight past its lease");
-                        return self.leave(c, "close", reason);
+                        return self.leave_stuck(c, "close", reason);
                     }
                     wait = MIN_POLL;
                 }
@@ -439,7 +474,7 @@ impl<N: Register + Rendezvous> QuorumClient<N> {
                 // leaders join, wait and find their batch expired, over and over until
                 // their deadline.)
                 Ok(Close::Gone) => {
-                    c.stalls += 1;
+                    self.no_progress(c);
                     return Next::Rejoin;
                 }
                 Err(stop) => return c.stopped(stop),
@@ -462,6 +497,21 @@ impl<N: Register + Rendezvous> QuorumClient<N> {
         }
     }
 
+    /// A wait of request `c` ended without the batch's result. It counts towards
+    /// [`MAX_STALLS`] (and says so) only if the rendezvous has published nothing since
+    /// the request began there: a stuck rendezvous (a stray mark) publishes nothing,
+    /// while a busy one finishes other batches, and leaving it would send clients to
+    /// the fallback, as loaded, then to contended rounds of their own (issue 47). A node
+    /// paused mid-request is found by the calls that follow, which it leaves unanswered.
+    fn no_progress(&self, c: &mut Combining) -> bool {
+        bump(&self.counters.rendezvous_stalls, 1);
+        let stuck = self.combine.results.heard(c.rv) == c.heard;
+        if stuck {
+            c.stalls += 1;
+        }
+        stuck
+    }
+
     /// A published batch result teaches the register's progress (the next fast guess).
     fn learn(&self, result: &BatchResult) {
         if let Some(range) = result.range {
@@ -474,8 +524,25 @@ impl<N: Register + Rendezvous> QuorumClient<N> {
     fn leave(&self, c: &Combining, op: &str, reason: String) -> Next {
         let node = self.nodes[c.rv].addr();
         tracing::debug!(node, op, error = %reason, "rendezvous unavailable");
+        bump(&self.counters.rendezvous_left, 1);
         self.rendezvous_failed(c.rv);
         Next::Unavailable
+    }
+
+    /// Leaves a rendezvous that answers but makes no progress (see [`MAX_STALLS`]): the
+    /// preferred one is marked failed (a stray mark there: the fallback); at the
+    /// fallback (or the only one) this request alone runs its own rounds, and combining
+    /// goes on. Marking the fallback failed too sent whole clients to contended rounds
+    /// of their own for [`RENDEZVOUS_RETRY`], which collapsed (issue 47).
+    fn leave_stuck(&self, c: &Combining, op: &str, reason: String) -> Next {
+        let [preferred, fallback] = self.combine.rendezvous;
+        if c.rv == preferred && preferred != fallback {
+            return self.leave(c, op, reason);
+        }
+        let node = self.nodes[c.rv].addr();
+        tracing::debug!(node, op, error = %reason, "rendezvous makes no progress: own rounds for this request");
+        bump(&self.counters.rendezvous_left, 1);
+        Next::OwnRounds
     }
 
     /// Runs the batch `nonce` of `ids` IDs (the leader's own share first) and publishes
@@ -510,7 +577,13 @@ impl<N: Register + Rendezvous> QuorumClient<N> {
     }
 
     /// One rendezvous call, given `patience` (and the deadline) to answer. A call that
-    /// fails or times out marks the rendezvous failed: own rounds for a while.
+    /// fails, or gets no reply in time while the node publishes nothing on its results
+    /// channel (paused, gone), marks the rendezvous failed: the fallback, or own rounds,
+    /// for a while. A node that publishes runs scripts, only slowly (a queue of joins, a
+    /// starved CPU, an fsync): the call waits on, a patience at a time, up to the reply
+    /// timeout, and then the request joins again ([`Stop::Slow`]); leaving a loaded
+    /// rendezvous sends clients to contended rounds of their own, which collapse (issue
+    /// 47).
     async fn ask<T>(
         &self,
         rv: usize,
@@ -519,12 +592,56 @@ impl<N: Register + Rendezvous> QuorumClient<N> {
         patience: Duration,
         call: impl std::future::Future<Output = Result<T, NodeError>>,
     ) -> Result<T, Stop> {
-        let until = deadline.min(Instant::now() + patience);
-        let error = match tokio::time::timeout_at(until, call).await {
-            Ok(Ok(value)) => return Ok(value),
-            Err(_) if Instant::now() >= deadline => return Err(Stop::Deadline),
-            Err(_) => format!("no reply within {patience:?}"),
-            Ok(Err(e)) => format!("{e:?}"),
+        let sent = Instant::now();
+        let longest = deadline.min(sent + self.reply_timeout.max(patience));
+        let first = self.combine.results.heard(rv);
+        let mut heard = first;
+        let mut until = deadline.min(sent + patience);
+        let mut late = false;
+        tokio::pin!(call);
+        let error = loop {
+            match tokio::time::timeout_at(until, &mut call).await {
+                Ok(Ok(value)) => {
+                    self.combine.call_time.record(sent.elapsed());
+                    return Ok(value);
+                }
+                // The node's own reply timeout: no reply in time, as below.
+                Ok(Err(NodeError::Unavailable(reason))) if reason == "timed out" => {}
+                Ok(Err(e)) => {
+                    bump(&self.counters.rendezvous_errors, 1);
+                    break format!("{e:?}");
+                }
+                Err(_) if Instant::now() >= deadline => return Err(Stop::Deadline),
+                Err(_) => {
+                    let now_heard = self.combine.results.heard(rv);
+                    if now_heard != heard && until < longest {
+                        if !late {
+                            late = true;
+                            bump(&self.counters.rendezvous_slow_alive, 1);
+                        }
+                        heard = now_heard;
+                        until = longest.min(Instant::now() + patience);
+                        continue;
+                    }
+                }
+            }
+            if Instant::now() >= deadline {
+                return Err(Stop::Deadline);
+            }
+            if self.combine.results.heard(rv) != first {
+                if !late {
+                    bump(&self.counters.rendezvous_slow_alive, 1);
+                }
+                tracing::debug!(
+                    node = self.nodes[rv].addr(),
+                    op,
+                    "rendezvous slow: no reply within {:?}, but it publishes; joining again",
+                    sent.elapsed()
+                );
+                return Err(Stop::Slow);
+            }
+            bump(&self.counters.rendezvous_slow, 1);
+            break format!("no reply within {:?}", sent.elapsed());
         };
         tracing::debug!(node = self.nodes[rv].addr(), op, %error, "rendezvous unavailable");
         self.rendezvous_failed(rv);

@@ -24,6 +24,71 @@ pub struct Counters {
     pub combined: u64,
     /// Batches this client led (its own request, and its members' if any).
     pub batches: u64,
+    /// Rendezvous calls (join, close, finish, subscribe) that got no reply within their
+    /// patience while the node published nothing (or within the reply timeout): the
+    /// rendezvous counted as failed.
+    pub rendezvous_slow: u64,
+    /// Rendezvous calls without a reply within their patience while the node published
+    /// results: slow, not paused or gone, so not counted as failed. The call waits on
+    /// (up to the reply timeout), then the request joins again.
+    pub rendezvous_slow_alive: u64,
+    /// Rendezvous calls that failed (an error reply, a broken connection), and results
+    /// subscriptions that ended: the rendezvous counted as failed.
+    pub rendezvous_errors: u64,
+    /// Rendezvous waits that ended without the batch's result (a leader past its lease,
+    /// a batch in flight past its lease, an open batch expired); only those at a
+    /// rendezvous that published nothing meanwhile count towards leaving it.
+    pub rendezvous_stalls: u64,
+    /// Requests that left a rendezvous for lack of progress (two waits without it, a
+    /// short batch): the rendezvous counted as failed.
+    pub rendezvous_left: u64,
+    /// Moves from the preferred rendezvous node to the fallback.
+    pub to_fallback: u64,
+    /// Moves to own rounds for a while: both rendezvous nodes failed.
+    pub to_own_rounds: u64,
+    /// Requests of a contended client that ran their own rounds (no rendezvous, a failed
+    /// or full batch).
+    pub uncombined: u64,
+}
+
+/// Field by field: the counters of several clients added up (a benchmark's total).
+impl std::ops::AddAssign for Counters {
+    fn add_assign(&mut self, c: Counters) {
+        let Counters {
+            requests,
+            rounds,
+            rejects,
+            retries,
+            burned,
+            errors,
+            combined,
+            batches,
+            rendezvous_slow,
+            rendezvous_slow_alive,
+            rendezvous_errors,
+            rendezvous_stalls,
+            rendezvous_left,
+            to_fallback,
+            to_own_rounds,
+            uncombined,
+        } = c;
+        self.requests += requests;
+        self.rounds += rounds;
+        self.rejects += rejects;
+        self.retries += retries;
+        self.burned += burned;
+        self.errors += errors;
+        self.combined += combined;
+        self.batches += batches;
+        self.rendezvous_slow += rendezvous_slow;
+        self.rendezvous_slow_alive += rendezvous_slow_alive;
+        self.rendezvous_errors += rendezvous_errors;
+        self.rendezvous_stalls += rendezvous_stalls;
+        self.rendezvous_left += rendezvous_left;
+        self.to_fallback += to_fallback;
+        self.to_own_rounds += to_own_rounds;
+        self.uncombined += uncombined;
+    }
 }
 
 /// One node's failures seen by this client's rounds (monotonic), for per-node metrics.
@@ -55,6 +120,14 @@ pub(super) struct AtomicCounters {
     pub(super) errors: AtomicU64,
     pub(super) combined: AtomicU64,
     pub(super) batches: AtomicU64,
+    pub(super) rendezvous_slow: AtomicU64,
+    pub(super) rendezvous_slow_alive: AtomicU64,
+    pub(super) rendezvous_errors: AtomicU64,
+    pub(super) rendezvous_stalls: AtomicU64,
+    pub(super) rendezvous_left: AtomicU64,
+    pub(super) to_fallback: AtomicU64,
+    pub(super) to_own_rounds: AtomicU64,
+    pub(super) uncombined: AtomicU64,
     /// Per node, in `nodes` order.
     nodes: Vec<NodeAtomics>,
 }
@@ -87,6 +160,14 @@ impl<N: Register> QuorumClient<N> {
             errors: get(&c.errors),
             combined: get(&c.combined),
             batches: get(&c.batches),
+            rendezvous_slow: get(&c.rendezvous_slow),
+            rendezvous_slow_alive: get(&c.rendezvous_slow_alive),
+            rendezvous_errors: get(&c.rendezvous_errors),
+            rendezvous_stalls: get(&c.rendezvous_stalls),
+            rendezvous_left: get(&c.rendezvous_left),
+            to_fallback: get(&c.to_fallback),
+            to_own_rounds: get(&c.to_own_rounds),
+            uncombined: get(&c.uncombined),
         }
     }
 

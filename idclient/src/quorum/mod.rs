@@ -657,6 +657,10 @@ impl<N: Register + Rendezvous> QuorumClient<N> {
                 return result;
             }
         } else {
+            if fast && self.combine.contended.load(Ordering::Relaxed) {
+                // Contended, but no rendezvous to be had (both failed): own rounds.
+                bump(&self.counters.uncombined, 1);
+            }
             // Yield a lost round to combining only when combining can happen now; else the
             // rounds go on with their backoff intact.
             match self
@@ -680,6 +684,7 @@ impl<N: Register + Rendezvous> QuorumClient<N> {
             }
         }
         // No rendezvous (or a failed batch): rounds of our own, with backoff.
+        bump(&self.counters.uncombined, 1);
         self.own_rounds(n, deadline, started, None).await
     }
 }

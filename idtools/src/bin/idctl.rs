@@ -377,14 +377,21 @@ fn bench_ids(
         idtools::history::write_events(std::io::BufWriter::new(file), &report.events)
             .with_context(|| format!("cannot write history file {}", path.display()))?;
     }
+    let mut json: serde_json::Value =
+        serde_json::from_str(&report.json()).context("the bench summary is not JSON")?;
     if let Some(c) = counters {
         eprintln!(
             "direct clients in all: {} requests, {} write rounds ({} retries), {} node rejects, {} IDs burned by lost rounds; {} batches led, {} requests served by another client's batch",
             c.requests, c.rounds, c.retries, c.rejects, c.burned, c.batches, c.combined
         );
+        eprintln!(
+            "rendezvous: {} calls too slow ({} while it published), {} failed, {} waits without progress, {} left for it; {} moves to the fallback, {} to own rounds; {} requests on own rounds while contended",
+            c.rendezvous_slow, c.rendezvous_slow_alive, c.rendezvous_errors, c.rendezvous_stalls, c.rendezvous_left, c.to_fallback, c.to_own_rounds, c.uncombined
+        );
+        json["counters"] = serde_json::to_value(c).context("counters as JSON")?;
     }
     eprintln!("{}", report.summary_line());
-    println!("{}", report.json());
+    println!("{json}");
     Ok(())
 }
 
@@ -408,19 +415,11 @@ fn chart(input: &Path, out: &Path, count: u64, title: &str) -> Result<()> {
 
 /// The direct clients' counters, added up.
 fn sum_counters(clients: &[std::sync::Arc<QuorumClient>]) -> idclient::Counters {
-    clients
-        .iter()
-        .map(|c| c.counters())
-        .fold(idclient::Counters::default(), |a, c| idclient::Counters {
-            requests: a.requests + c.requests,
-            rounds: a.rounds + c.rounds,
-            rejects: a.rejects + c.rejects,
-            retries: a.retries + c.retries,
-            burned: a.burned + c.burned,
-            errors: a.errors + c.errors,
-            combined: a.combined + c.combined,
-            batches: a.batches + c.batches,
-        })
+    let mut sum = idclient::Counters::default();
+    for c in clients {
+        sum += c.counters();
+    }
+    sum
 }
 
 fn runtime() -> Result<tokio::runtime::Runtime> {
