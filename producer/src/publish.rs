@@ -9,7 +9,7 @@
 //! The order is the contract: the segment's upload has finished before the checkpoint
 //! that names it is written, and a reader takes segments from the checkpoint only. A
 //! producer killed between the two leaves an *orphan* segment that no checkpoint names;
-//! the restarted producer removes it when it opens ([`Publisher::open`]) and publishes the
+//! the restarted producer removes it when it opens (`Publisher::open`) and publishes the
 //! same seqs again (sealing is deterministic).
 //!
 //! The claim is taken by the stamper (`Stamper::publish` in the crate root) at a moment
