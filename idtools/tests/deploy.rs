@@ -400,7 +400,9 @@ fn systemd_analyze_verify() {
     let out = Command::new("systemd-analyze")
         .arg("--version")
         .output()
-        .expect("systemd-analyze (Debian package systemd) is not installed: run `bash scripts/deps.sh`");
+        .expect(
+            "systemd-analyze (Debian package systemd) is not installed: run `bash scripts/deps.sh`",
+        );
     assert!(out.status.success(), "{}", text(&out));
     let redis = Command::new("sh")
         .args(["-c", "command -v redis-server"])
