@@ -425,6 +425,123 @@ async fn connection_cap_refuses_resp_clients_in_redis_words() {
     assert_eq!(got, "-ERR max number of clients reached\r\n");
 }
 
+/// How a RESP connection ended up at the cap: still served, evicted, or refused.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+enum Fate {
+    Served,
+    Evicted,
+    Refused,
+}
+
+/// Sends PING (if the connection is still open) and reads until PONG or the close: the
+/// connection's fate. No timing: an open connection answers, a closed one was told why
+/// first (the deadline only stops a hang).
+async fn fate(s: &mut TcpStream) -> Fate {
+    let _ = s.write_all(b"*1\r\n$4\r\nPING\r\n").await;
+    let mut all = Vec::new();
+    let mut chunk = [0u8; 256];
+    let until = Instant::now() + Duration::from_secs(30);
+    loop {
+        let text = String::from_utf8_lossy(&all);
+        if text == "+PONG\r\n" {
+            return Fate::Served;
+        }
+        match tokio::time::timeout_at(until, s.read(&mut chunk)).await {
+            Err(_) => panic!("neither PONG nor a close: {text:?}"),
+            Ok(Ok(0)) | Ok(Err(_)) => break,
+            Ok(Ok(n)) => all.extend_from_slice(&chunk[..n]),
+        }
+    }
+    let text = String::from_utf8_lossy(&all);
+    if text.starts_with("-ERR evicted: idle for ") {
+        Fate::Evicted
+    } else if text == "-ERR max number of clients reached\r\n" {
+        Fate::Refused
+    } else {
+        panic!("closed with {text:?}")
+    }
+}
+
+/// How many of `conns` met each fate, in the order Served, Evicted, Refused.
+async fn fates(conns: &mut [TcpStream]) -> [usize; 3] {
+    let mut n = [0; 3];
+    for s in conns {
+        n[fate(s).await as usize] += 1;
+    }
+    n
+}
+
+/// Issue #48's run at `--max-connections 100` with `--evict-min-idle-ms min_idle_ms`: 100
+/// RESP connections, each PINGed then left idle for 1.5 s (longer than the default
+/// minimum), then 60 more left open without a word, then a fresh client's PING. The
+/// fates of the 100, the 60 and the fresh client.
+async fn at_a_full_cap(min_idle_ms: &str) -> ([usize; 3], [usize; 3], Fate) {
+    let q = test_quorum(3);
+    let b = broker(
+        &q,
+        &[
+            "--max-connections",
+            "100",
+            "--evict-min-idle-ms",
+            min_idle_ms,
+            // Far beyond the test: no connection closes for being idle.
+            "--idle-timeout-ms",
+            "600000",
+        ],
+    );
+    let mut idle = Vec::new();
+    for _ in 0..100 {
+        let mut s = TcpStream::connect(&b.resp).await.expect("connect");
+        assert_eq!(fate(&mut s).await, Fate::Served);
+        idle.push(s);
+    }
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let mut silent = Vec::new();
+    for _ in 0..60 {
+        silent.push(TcpStream::connect(&b.resp).await.expect("connect"));
+    }
+    let mut fresh = TcpStream::connect(&b.resp).await.expect("connect");
+    let fresh = fate(&mut fresh).await;
+    (fates(&mut idle).await, fates(&mut silent).await, fresh)
+}
+
+/// The eviction policy (docs/broker.md, "Connection slots"), one end: with
+/// `--evict-min-idle-ms 0` every connection not busy may be evicted, so every newcomer
+/// at the cap is admitted, each evicting one connection and taking its slot: 61
+/// evicted, none refused. Which 61 is not pinned here (choose_victim's unit tests pin
+/// the order): mostly the idle ones, but a silent newcomer whose task has not run yet
+/// is not admitted yet, and those go first.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_the_cap_with_no_minimum_idle_every_newcomer_evicts_one() {
+    let (idle, silent, fresh) = at_a_full_cap("0").await;
+    assert_eq!(fresh, Fate::Served, "the fresh client is admitted at once");
+    let all: Vec<usize> = idle.iter().zip(silent).map(|(i, s)| i + s).collect();
+    assert_eq!(
+        all,
+        [99, 61, 0],
+        "served, evicted, refused of the 160 (idle {idle:?}, silent {silent:?})"
+    );
+}
+
+/// The other end: with a minimum idle time longer than any connection has been idle,
+/// none may be evicted, so every newcomer at the cap is refused in Redis's words and
+/// the connections it found keep their slots, however long they had been idle.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_the_cap_with_no_connection_idle_long_enough_a_newcomer_is_refused() {
+    let (idle, silent, fresh) = at_a_full_cap("3600000").await;
+    assert_eq!(fresh, Fate::Refused, "the fresh client is refused");
+    assert_eq!(
+        idle,
+        [100, 0, 0],
+        "of the 100 idle: served, evicted, refused"
+    );
+    assert_eq!(
+        silent,
+        [0, 0, 60],
+        "of the 60 silent: served, evicted, refused"
+    );
+}
+
 /// A fake quorum whose rounds wait for the test: each round records its size, then takes
 /// one permit of `gate` before it answers from a counter.
 struct Gated {

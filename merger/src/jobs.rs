@@ -16,6 +16,7 @@
 //! the block target. Inputs whose index cannot rule that out (payloads of more than
 //! ~200 KiB) are merged by one thread, which says so.
 
+use std::collections::HashSet;
 use std::fs::File;
 use std::io::{BufReader, Seek, SeekFrom, Write};
 use std::os::unix::fs::FileExt;
@@ -237,30 +238,67 @@ pub fn merge_jobs(
         return crate::inputs::merge_inputs(inputs, Part::WHOLE, writer, progress);
     };
     tracing::debug!(?ranges, "--jobs ranges");
+    let target = match files {
+        RangeFile::InPlace(file) => RangeTarget {
+            file,
+            shift: 0,
+            in_place: true,
+        },
+        RangeFile::Apart(dir) => RangeTarget {
+            file: temp_file(&dir, out)?,
+            shift: ranges.get(1).map_or(0, |r| r.start.offset),
+            in_place: false,
+        },
+    };
+    let threads = merge_ranges(inputs, &ranges, &target, writer, out, progress)?;
+    // Distinct threads, counted where the ranges were merged: the one figure that shows
+    // the ranges did not run one after another on a single thread (merger/tests/runs.rs).
+    tracing::info!(
+        ranges = ranges.len(),
+        threads,
+        "--jobs: {} ranges merged by {threads} threads",
+        ranges.len()
+    );
+    Ok(())
+}
+
+/// Where the ranges after the first are written ([`RangeFile`], opened): at their
+/// offsets less `shift` in `file`, which is the output itself if `in_place`.
+struct RangeTarget {
+    file: File,
+    shift: u64,
+    in_place: bool,
+}
+
+/// Merges `ranges[0]` into `writer` on this thread while a thread each merges the
+/// others into `target`, then joins those into `writer` in order: how many distinct
+/// threads merged ranges.
+fn merge_ranges(
+    inputs: &Inputs,
+    ranges: &[Range],
+    target: &RangeTarget,
+    writer: &mut dyn ListSink,
+    out: &str,
+    progress: &mut dyn FnMut(u64, u64),
+) -> Result<usize, MergeError> {
     let run_err = |error| MergeError::Run {
         name: out.to_string(),
         error,
     };
-    let (file, shift, in_place) = match files {
-        RangeFile::InPlace(f) => (f, 0, true),
-        RangeFile::Apart(dir) => {
-            let f = temp_file(&dir, out)?;
-            let shift = ranges.get(1).map_or(0, |r| r.start.offset);
-            (f, shift, false)
-        }
-    };
-    let specs = inputs.shard_specs();
-    let first = ranges[0].ids;
+    let (file, shift, specs) = (&target.file, target.shift, inputs.shard_specs());
     std::thread::scope(|scope| {
         let handles: Vec<_> = ranges[1..]
             .iter()
             .map(|&range| {
-                let (specs, file) = (specs.clone(), &file);
-                scope.spawn(move || merge_range(inputs, specs, range, file, shift, out))
+                let specs = specs.clone();
+                scope.spawn(move || {
+                    let merged = merge_range(inputs, specs, range, file, shift, out);
+                    (std::thread::current().id(), merged)
+                })
             })
             .collect();
-        let first_inputs = run_inputs(&inputs.runs, first);
-        let merged = write_merged(writer, first_inputs, progress);
+        let mut threads = HashSet::from([std::thread::current().id()]);
+        let merged = write_merged(writer, run_inputs(&inputs.runs, ranges[0].ids), progress);
         // Every thread is joined before an error is returned: none outlives the output.
         let mut written = Vec::with_capacity(handles.len());
         for handle in handles {
@@ -271,21 +309,22 @@ pub fn merge_jobs(
             }));
         }
         merged?;
-        let mut apart = if in_place {
+        let mut apart = if target.in_place {
             None
         } else {
             let mut f = file.try_clone().map_err(|e| run_err(e.into()))?;
             f.seek(SeekFrom::Start(0)).map_err(|e| run_err(e.into()))?;
             Some(BufReader::with_capacity(RANGE_BUFFER, f))
         };
-        for range in written {
-            let range = range??;
+        for joined in written {
+            let (thread, range) = joined?;
+            threads.insert(thread);
             let bytes = apart.as_mut().map(|r| r as &mut dyn std::io::Read);
-            writer.join_range(&range, bytes)?;
+            writer.join_range(&range?, bytes)?;
             progress(writer.records(), writer.bytes());
         }
         progress(writer.records(), writer.bytes());
-        Ok(())
+        Ok(threads.len())
     })
 }
 

@@ -523,6 +523,35 @@ fn jobs_write_the_list_one_merge_writes() {
     assert!(left.is_empty(), "{left:?}");
 }
 
+/// `--jobs J` merges its J ranges each on a thread of its own: the merger reports how
+/// many distinct threads merged ranges, counted by thread ID where each range is merged
+/// (no timing). Ranges merged one after another on the calling thread would report 1
+/// thread, which the byte-for-byte test above cannot tell apart.
+#[test]
+fn jobs_merge_their_ranges_on_as_many_threads() {
+    let tmp = tempfile::tempdir().expect("tempdir");
+    let (_, runs) = sealed_shards(tmp.path(), 4, 50_000);
+    for j in 2..=4 {
+        let out = tmp.path().join(format!("jobs-{j}.bin"));
+        let done = Command::new(MERGER)
+            .args([
+                "--out",
+                s(&out),
+                "--runs",
+                s(&runs),
+                "--jobs",
+                &j.to_string(),
+            ])
+            .env("RUST_LOG", "info")
+            .output()
+            .expect("run merger");
+        ok(&done);
+        let stderr = String::from_utf8_lossy(&done.stderr);
+        let want = format!("--jobs: {j} ranges merged by {j} threads");
+        assert!(stderr.contains(&want), "want {want:?} in: {stderr}");
+    }
+}
+
 /// Records longer than a block cannot be placed in advance: `--jobs` merges them with one
 /// thread, says so, and still writes the bytes one merge writes.
 #[test]

@@ -19,7 +19,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 use tokio::net::TcpStream;
-use tokio::sync::{mpsc, watch, Notify, OwnedSemaphorePermit, Semaphore};
+use tokio::sync::{mpsc, oneshot, watch, Notify, OwnedSemaphorePermit, Semaphore};
 use tokio::time::{sleep_until, Instant};
 
 /// Replies sent without an in-flight permit (Welcome, Refused, the error before a
@@ -61,10 +61,21 @@ pub(crate) struct SlotHolder {
     /// The client completed its handshake and, with a token configured, authenticated.
     /// Until then nothing it does counts as activity (see [`SlotHolder::idle_for`]).
     admitted: AtomicBool,
-    /// Chosen as an eviction victim (or closing): not to be chosen again.
+    /// Chosen as an eviction victim (or closing): not to be chosen again. Changed under
+    /// the `slot` lock (read without it), so that a choice and a release do not cross.
     leaving: AtomicBool,
-    /// The connection slot it holds; released when it leaves, before any linger.
-    slot: Mutex<Option<OwnedSemaphorePermit>>,
+    /// The connection slot it holds, and who inherits it.
+    slot: Mutex<Slot>,
+}
+
+/// A connection's slot, released when it leaves (before any linger), and the newcomer
+/// that evicted it, if one did: the slot passes to that newcomer, never through the
+/// pool, where a connection accepted meanwhile could take it and leave the newcomer
+/// that made room refused.
+#[derive(Debug, Default)]
+struct Slot {
+    permit: Option<OwnedSemaphorePermit>,
+    heir: Option<oneshot::Sender<OwnedSemaphorePermit>>,
 }
 
 impl SlotHolder {
@@ -78,8 +89,21 @@ impl SlotHolder {
             evict: Notify::new(),
             admitted: AtomicBool::new(false),
             leaving: AtomicBool::new(false),
-            slot: Mutex::new(None),
+            slot: Mutex::default(),
         }
+    }
+
+    /// A connection idle for `idle` at `now` (connected then, nothing since), admitted
+    /// or not: what `choose_victim`'s tests set up without waiting.
+    #[cfg(test)]
+    pub(crate) fn idle_at(now: Instant, idle: Duration, admitted: bool) -> SlotHolder {
+        let holder = SlotHolder::new(1);
+        let holder = SlotHolder {
+            epoch: now - idle,
+            ..holder
+        };
+        holder.admitted.store(admitted, Relaxed);
+        holder
     }
 
     pub(crate) fn touch(&self) {
@@ -114,10 +138,17 @@ impl SlotHolder {
         self.admitted.load(Relaxed)
     }
 
-    /// Marks the connection as an eviction victim; `false` if it already was one (or
-    /// is closing), so that concurrent admissions each pick a different victim.
-    pub(crate) fn choose_to_evict(&self) -> bool {
-        !self.leaving.swap(true, Relaxed)
+    /// Marks the connection as an eviction victim, its slot promised to the receiver
+    /// returned; `None` if it already was one (or is closing), so that concurrent
+    /// admissions each pick a different victim.
+    pub(crate) fn choose_to_evict(&self) -> Option<oneshot::Receiver<OwnedSemaphorePermit>> {
+        let mut slot = self.lock_slot();
+        if self.leaving.swap(true, Relaxed) {
+            return None;
+        }
+        let (heir, inherits) = oneshot::channel();
+        slot.heir = Some(heir);
+        Some(inherits)
     }
 
     /// Asks the connection to close if it is (still) idle.
@@ -130,21 +161,37 @@ impl SlotHolder {
         self.leaving.load(Relaxed)
     }
 
-    /// An eviction request found the connection busy: it may be chosen again later.
+    /// An eviction request found the connection busy: it may be chosen again later,
+    /// and the newcomer that chose it inherits nothing (it is refused at once).
     pub(crate) fn stay(&self) {
+        let mut slot = self.lock_slot();
         self.leaving.store(false, Relaxed);
+        slot.heir = None;
     }
 
     /// Holds `slot` until [`SlotHolder::release_slot`].
-    pub(crate) fn hold_slot(&self, slot: OwnedSemaphorePermit) {
-        *self.slot.lock().unwrap_or_else(|p| p.into_inner()) = Some(slot);
+    pub(crate) fn hold_slot(&self, permit: OwnedSemaphorePermit) {
+        self.lock_slot().permit = Some(permit);
     }
 
-    /// Gives the connection slot back now: the connection is leaving (evicted, or
-    /// lingering only so its client reads why), and a waiting client may have it.
+    /// Gives the connection slot up now: the connection is leaving (evicted, or
+    /// lingering only so its client reads why). It goes to the newcomer that evicted
+    /// the connection, if one did and still waits; else back to the pool.
     pub(crate) fn release_slot(&self) {
-        self.leaving.store(true, Relaxed);
-        drop(self.slot.lock().unwrap_or_else(|p| p.into_inner()).take());
+        let (permit, heir) = {
+            let mut slot = self.lock_slot();
+            self.leaving.store(true, Relaxed);
+            (slot.permit.take(), slot.heir.take())
+        };
+        if let (Some(permit), Some(heir)) = (permit, heir) {
+            // A newcomer that gave up waiting: the slot goes back to the pool.
+            let _ = heir.send(permit);
+        }
+    }
+
+    fn lock_slot(&self) -> std::sync::MutexGuard<'_, Slot> {
+        // Plain field moves: a panic elsewhere cannot leave it inconsistent.
+        self.slot.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
