@@ -30,7 +30,7 @@ pub struct Config {
     /// fires only once the network has delivered all it can and the operation still
     /// waits, as it does on a quiet network with long enough timeouts.
     pub faults: bool,
-    /// Adds the liveness property ([`props::LIVE`]): from every state the check reaches,
+    /// Adds the liveness property ([`crate::props::LIVE`]): from every state the check reaches,
     /// [`Config::quiet_run`] answers a request within this many steps.
     pub liveness: Option<usize>,
     /// A liveness bug planted in the model, to show the liveness check finds it.
